@@ -1,0 +1,5 @@
+//! hcp-dr: back up, restore, migrate and repair OpenShift hosted control planes.
+//!
+//! The library's front door is `ops` (one function per user-visible
+//! operation); `pipeline` is the staged runner every operation is built on.
+pub mod pipeline;

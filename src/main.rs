@@ -1,0 +1,3 @@
+fn main() {
+    println!("hcp-dr {}", env!("CARGO_PKG_VERSION"));
+}

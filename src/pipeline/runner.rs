@@ -1,0 +1,782 @@
+//! The runner: executes a playbook's stages against an operation's context,
+//! journaling every step, and undoes every completed stage (newest first)
+//! when a stage fails or the run is interrupted.
+//!
+//! Dry-run goes through the same loop: stages that only read run for real
+//! (so the plan is built from the live cluster), stages that change anything
+//! print what they would do instead, and no journal is written.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::journal::{Event, Header, Journal, JournalError, JournalState, StageState};
+use super::playbook::Playbook;
+use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
+
+/// Why a run could not be carried out (a stage failing is not one of these:
+/// that is a [`RunOutcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    /// The playbook names a stage this operation has no implementation for.
+    #[error("playbook {origin}: stage `{stage}` is not implemented by the {operation} operation")]
+    MissingStage {
+        origin: String,
+        operation: String,
+        stage: String,
+    },
+    /// The journal could not be written or read.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The journal being resumed is for another operation or playbook.
+    #[error("journal {path} is for `{found}`, not `{expected}`: resume it with the command that wrote it")]
+    JournalMismatch {
+        path: String,
+        found: String,
+        expected: String,
+    },
+    /// A succeeded stage's journaled output could not be restored on resume.
+    #[error("resume: stage `{stage}`: its journaled output cannot be used: {message}")]
+    Restore { stage: String, message: String },
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// Every stage succeeded.
+    Succeeded,
+    /// Dry-run: nothing was changed.
+    Planned,
+    /// A stage failed (or the run was interrupted) and every completed stage was undone.
+    RolledBack { stage: String, error: String },
+    /// A stage failed and at least one undo failed too: the cluster needs attention.
+    UndoFailed {
+        stage: String,
+        error: String,
+        undo_errors: Vec<String>,
+    },
+}
+
+impl RunOutcome {
+    pub fn is_success(&self) -> bool {
+        matches!(self, RunOutcome::Succeeded | RunOutcome::Planned)
+    }
+}
+
+/// What happened to one stage in this run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageStatus {
+    /// Ran and succeeded in this run.
+    Succeeded,
+    /// Succeeded in an earlier run (resume) and was not run again.
+    Resumed,
+    /// Dry-run: what it would do.
+    Planned { actions: Vec<String> },
+    Failed { error: String },
+    Undone,
+    UndoFailed { error: String },
+    /// Not reached.
+    Skipped,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageReport {
+    pub name: String,
+    pub status: StageStatus,
+    #[serde(serialize_with = "ser_duration")]
+    pub duration: Duration,
+    pub output: Option<Value>,
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// The result of a run: its outcome and a line per stage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    pub operation: String,
+    #[serde(flatten)]
+    pub outcome: RunOutcome,
+    pub stages: Vec<StageReport>,
+    pub journal: Option<String>,
+}
+
+impl RunReport {
+    /// The output a stage produced (this run or a resumed one).
+    pub fn output(&self, stage: &str) -> Option<&Value> {
+        self.stages
+            .iter()
+            .find(|s| s.name == stage)
+            .and_then(|s| s.output.as_ref())
+    }
+}
+
+/// The stages an operation implements, by name.
+pub struct Catalog<C> {
+    stages: BTreeMap<&'static str, Box<dyn Stage<C>>>,
+}
+
+impl<C> Default for Catalog<C> {
+    fn default() -> Self {
+        Catalog {
+            stages: BTreeMap::new(),
+        }
+    }
+}
+
+impl<C> Catalog<C> {
+    pub fn with(mut self, stage: impl Stage<C> + 'static) -> Self {
+        self.stages.insert(stage.name(), Box::new(stage));
+        self
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.stages.keys().copied().collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&dyn Stage<C>> {
+        self.stages.get(name).map(|s| s.as_ref())
+    }
+}
+
+/// How to run: fresh with a new journal, resumed from one, or as a dry-run.
+pub enum Mode<'a> {
+    /// Write a new journal at this path.
+    Fresh { journal: &'a std::path::Path, inputs: Value },
+    /// Continue (or finish undoing) the run recorded in this journal.
+    Resume { journal: &'a std::path::Path },
+    /// Change nothing; write no journal.
+    DryRun,
+}
+
+/// Runs one playbook for one operation.
+pub struct Runner<'a, C> {
+    pub operation: &'a str,
+    pub playbook: &'a Playbook,
+    pub catalog: &'a Catalog<C>,
+}
+
+struct Planned<'a, C> {
+    stage: &'a dyn Stage<C>,
+    params: &'a Value,
+}
+
+impl<'a, C: Send + Sync> Runner<'a, C> {
+    fn resolve(&self) -> Result<Vec<Planned<'a, C>>, RunnerError> {
+        self.playbook
+            .stages
+            .iter()
+            .map(|entry| {
+                self.catalog
+                    .get(&entry.name)
+                    .map(|stage| Planned {
+                        stage,
+                        params: &entry.params,
+                    })
+                    .ok_or_else(|| RunnerError::MissingStage {
+                        origin: self.playbook.origin.clone(),
+                        operation: self.operation.to_string(),
+                        stage: entry.name.clone(),
+                    })
+            })
+            .collect()
+    }
+
+    /// Run the playbook. `interrupt` fires on SIGINT/SIGTERM: the current
+    /// stage is stopped and everything done so far is undone.
+    pub async fn run(
+        &self,
+        ctx: &mut C,
+        mode: Mode<'_>,
+        interrupt: &mut Interrupt,
+    ) -> Result<RunReport, RunnerError> {
+        let plan = self.resolve()?;
+        let mut journal = match mode {
+            Mode::DryRun => return Ok(self.dry_run(ctx, &plan).await),
+            Mode::Fresh { journal, inputs } => Journal::create(
+                journal,
+                Header {
+                    operation: self.operation.to_string(),
+                    playbook: self.playbook.origin.clone(),
+                    stages: self.playbook.stage_names(),
+                    inputs,
+                    tool_version: env!("CARGO_PKG_VERSION").to_string(),
+                },
+            )?,
+            Mode::Resume { journal } => {
+                let journal = Journal::open(journal)?;
+                if journal.state().header.operation != self.operation
+                    || journal.state().header.stages != self.playbook.stage_names()
+                {
+                    return Err(RunnerError::JournalMismatch {
+                        path: journal.path().display().to_string(),
+                        found: format!(
+                            "{} ({})",
+                            journal.state().header.operation,
+                            journal.state().header.stages.join(", ")
+                        ),
+                        expected: format!("{} ({})", self.operation, self.playbook.stage_names().join(", ")),
+                    });
+                }
+                journal
+            }
+        };
+        let mut reports: Vec<StageReport> = plan
+            .iter()
+            .map(|p| StageReport {
+                name: p.stage.name().to_string(),
+                status: StageStatus::Skipped,
+                duration: Duration::ZERO,
+                output: None,
+            })
+            .collect();
+
+        let state = journal.state().clone();
+        if let Some(outcome) = &state.outcome {
+            return Ok(self.finished_report(&state, outcome, reports, &journal));
+        }
+
+        // Put back what earlier runs produced, then go on (or go on undoing).
+        let mut failure: Option<(String, String)> = None;
+        for (index, planned) in plan.iter().enumerate() {
+            let record = state.stage(planned.stage.name());
+            match record.state {
+                StageState::Succeeded => {
+                    let output = record.output.clone().unwrap_or(Value::Null);
+                    planned.stage.restore(ctx, &output).map_err(|err| RunnerError::Restore {
+                        stage: planned.stage.name().to_string(),
+                        message: error_chain(err.as_ref()),
+                    })?;
+                    reports[index].status = StageStatus::Resumed;
+                    reports[index].output = Some(output);
+                }
+                StageState::Failed | StageState::UndoStarted | StageState::UndoFailed | StageState::Undone => {
+                    failure.get_or_insert((
+                        planned.stage.name().to_string(),
+                        record.error.clone().unwrap_or_else(|| "failed in an earlier run".into()),
+                    ));
+                }
+                StageState::NotStarted | StageState::Started => {}
+            }
+        }
+        if state.rolling_back && failure.is_none() {
+            failure = Some(("(earlier run)".into(), "an earlier run was rolling back".into()));
+        }
+
+        if failure.is_none() {
+            for (index, planned) in plan.iter().enumerate() {
+                if reports[index].status == StageStatus::Resumed {
+                    continue;
+                }
+                let name = planned.stage.name().to_string();
+                journal.append(Event::Started { stage: name.clone() })?;
+                let started = Instant::now();
+                let result = {
+                    let mut step = Step::new(&mut journal, &name, planned.params);
+                    tokio::select! {
+                        result = planned.stage.run(ctx, &mut step) => result.map_err(|e| error_chain(e.as_ref())),
+                        signal = interrupt.wait() => Err(format!("interrupted by {signal}")),
+                    }
+                };
+                reports[index].duration = started.elapsed();
+                match result {
+                    Ok(output) => {
+                        journal.append(Event::Succeeded {
+                            stage: name,
+                            output: output.clone(),
+                        })?;
+                        reports[index].status = StageStatus::Succeeded;
+                        reports[index].output = Some(output);
+                    }
+                    Err(error) => {
+                        journal.append(Event::Failed {
+                            stage: name.clone(),
+                            error: error.clone(),
+                        })?;
+                        reports[index].status = StageStatus::Failed { error: error.clone() };
+                        failure = Some((name, error));
+                        break;
+                    }
+                }
+            }
+        }
+
+        let outcome = match failure {
+            None => RunOutcome::Succeeded,
+            Some((stage, error)) => {
+                let undo_errors = self.undo_all(ctx, &plan, &mut journal, &mut reports).await?;
+                if undo_errors.is_empty() {
+                    RunOutcome::RolledBack { stage, error }
+                } else {
+                    RunOutcome::UndoFailed {
+                        stage,
+                        error,
+                        undo_errors,
+                    }
+                }
+            }
+        };
+        // An undo that failed leaves the run open so `--resume` can retry it.
+        if !matches!(outcome, RunOutcome::UndoFailed { .. }) {
+            journal.append(Event::End {
+                outcome: match outcome {
+                    RunOutcome::Succeeded => "succeeded".into(),
+                    _ => "undone".into(),
+                },
+            })?;
+        }
+        Ok(RunReport {
+            operation: self.operation.to_string(),
+            outcome,
+            stages: reports,
+            journal: Some(journal.path().display().to_string()),
+        })
+    }
+
+    /// Undo, newest first, every stage that changed something and is not undone yet.
+    async fn undo_all(
+        &self,
+        ctx: &mut C,
+        plan: &[Planned<'a, C>],
+        journal: &mut Journal,
+        reports: &mut [StageReport],
+    ) -> Result<Vec<String>, RunnerError> {
+        let mut errors = Vec::new();
+        for (index, planned) in plan.iter().enumerate().rev() {
+            let name = planned.stage.name().to_string();
+            let record = journal.state().stage(&name);
+            let needs_undo = matches!(
+                record.state,
+                StageState::Succeeded
+                    | StageState::Failed
+                    | StageState::Started
+                    | StageState::UndoStarted
+                    | StageState::UndoFailed
+            );
+            if !needs_undo || !planned.stage.undoable() {
+                continue;
+            }
+            journal.append(Event::UndoStarted { stage: name.clone() })?;
+            let input = UndoInput {
+                output: record.output.as_ref(),
+                progress: record.progress.as_ref(),
+                params: planned.params,
+            };
+            match planned.stage.undo(ctx, input).await {
+                Ok(()) => {
+                    journal.append(Event::Undone { stage: name.clone() })?;
+                    reports[index].status = StageStatus::Undone;
+                }
+                Err(err) => {
+                    let error = error_chain(err.as_ref());
+                    journal.append(Event::UndoFailed {
+                        stage: name.clone(),
+                        error: error.clone(),
+                    })?;
+                    errors.push(format!("{name}: {error}"));
+                    reports[index].status = StageStatus::UndoFailed { error };
+                }
+            }
+        }
+        Ok(errors)
+    }
+
+    async fn dry_run(&self, ctx: &mut C, plan: &[Planned<'a, C>]) -> RunReport {
+        let mut reports = Vec::new();
+        let mut outcome = RunOutcome::Planned;
+        for planned in plan {
+            let name = planned.stage.name().to_string();
+            let started = Instant::now();
+            let status = if planned.stage.mutates() {
+                StageStatus::Planned {
+                    actions: planned.stage.plan(ctx, planned.params),
+                }
+            } else {
+                let mut step = Step::detached(&name, planned.params);
+                match planned.stage.run(ctx, &mut step).await {
+                    Ok(output) => {
+                        reports.push(StageReport {
+                            name,
+                            status: StageStatus::Succeeded,
+                            duration: started.elapsed(),
+                            output: Some(output),
+                        });
+                        continue;
+                    }
+                    Err(err) => {
+                        let error = error_chain(err.as_ref());
+                        outcome = RunOutcome::RolledBack {
+                            stage: name.clone(),
+                            error: error.clone(),
+                        };
+                        reports.push(StageReport {
+                            name,
+                            status: StageStatus::Failed { error },
+                            duration: started.elapsed(),
+                            output: None,
+                        });
+                        break;
+                    }
+                }
+            };
+            reports.push(StageReport {
+                name,
+                status,
+                duration: started.elapsed(),
+                output: None,
+            });
+        }
+        RunReport {
+            operation: self.operation.to_string(),
+            outcome,
+            stages: reports,
+            journal: None,
+        }
+    }
+
+    fn finished_report(
+        &self,
+        state: &JournalState,
+        outcome: &str,
+        mut reports: Vec<StageReport>,
+        journal: &Journal,
+    ) -> RunReport {
+        for report in &mut reports {
+            let record = state.stage(&report.name);
+            report.status = match record.state {
+                StageState::Succeeded => StageStatus::Resumed,
+                StageState::Undone => StageStatus::Undone,
+                StageState::Failed => StageStatus::Failed {
+                    error: record.error.clone().unwrap_or_default(),
+                },
+                _ => StageStatus::Skipped,
+            };
+            report.output = record.output.clone();
+        }
+        let failed = state
+            .stages
+            .iter()
+            .find(|(_, r)| r.error.is_some())
+            .map(|(name, r)| (name.clone(), r.error.clone().unwrap_or_default()));
+        RunReport {
+            operation: self.operation.to_string(),
+            outcome: match (outcome, failed) {
+                ("succeeded", _) => RunOutcome::Succeeded,
+                (_, Some((stage, error))) => RunOutcome::RolledBack { stage, error },
+                (_, None) => RunOutcome::RolledBack {
+                    stage: "(unknown)".into(),
+                    error: "the run was undone".into(),
+                },
+            },
+            stages: reports,
+            journal: Some(journal.path().display().to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::playbook::Playbook;
+    use crate::pipeline::stage::StageFailure;
+    use async_trait::async_trait;
+    use serde_json::json;
+    use std::sync::Mutex;
+
+    /// A context that records what the stages did.
+    #[derive(Default)]
+    struct Ctx {
+        log: Mutex<Vec<String>>,
+        fail_at: Option<&'static str>,
+        fail_undo_at: Option<&'static str>,
+        hang_at: Option<&'static str>,
+        restored: Vec<String>,
+    }
+
+    struct Fake {
+        name: &'static str,
+        mutates: bool,
+    }
+
+    #[async_trait]
+    impl Stage<Ctx> for Fake {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn summary(&self) -> &'static str {
+            "fake"
+        }
+        fn mutates(&self) -> bool {
+            self.mutates
+        }
+        fn undoable(&self) -> bool {
+            self.mutates
+        }
+        fn plan(&self, _ctx: &Ctx, params: &Value) -> Vec<String> {
+            vec![format!("would {} with {params}", self.name)]
+        }
+        async fn run(&self, ctx: &mut Ctx, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+            step.record(json!({"before": self.name}))?;
+            ctx.log.lock().unwrap().push(format!("run {}", self.name));
+            if ctx.hang_at == Some(self.name) {
+                futures_pending().await;
+            }
+            if ctx.fail_at == Some(self.name) {
+                return Err(format!("{} broke", self.name).into());
+            }
+            Ok(json!({"did": self.name}))
+        }
+        fn restore(&self, ctx: &mut Ctx, output: &Value) -> Result<(), StageFailure> {
+            ctx.restored.push(output["did"].as_str().unwrap_or("?").to_string());
+            Ok(())
+        }
+        async fn undo(&self, ctx: &mut Ctx, input: UndoInput<'_>) -> Result<(), StageFailure> {
+            ctx.log.lock().unwrap().push(format!(
+                "undo {} output={} progress={}",
+                self.name,
+                input.output.is_some(),
+                input.progress.is_some()
+            ));
+            if ctx.fail_undo_at == Some(self.name) {
+                return Err("undo broke".into());
+            }
+            Ok(())
+        }
+    }
+
+    async fn futures_pending() {
+        std::future::pending::<()>().await
+    }
+
+    fn catalog() -> Catalog<Ctx> {
+        Catalog::default()
+            .with(Fake { name: "check", mutates: false })
+            .with(Fake { name: "pause", mutates: true })
+            .with(Fake { name: "scale", mutates: true })
+            .with(Fake { name: "copy", mutates: false })
+    }
+
+    fn playbook() -> Playbook {
+        Playbook::parse(
+            "operation: test\nstages:\n  - name: check\n  - name: pause\n  - name: scale\n    with: {replicas: 0}\n  - name: copy\n",
+            "builtin:test",
+        )
+        .unwrap()
+    }
+
+    fn log(ctx: &Ctx) -> Vec<String> {
+        ctx.log.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn runs_every_stage_and_journals_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx::default();
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, RunOutcome::Succeeded);
+        assert_eq!(log(&ctx), vec!["run check", "run pause", "run scale", "run copy"]);
+        assert_eq!(report.output("scale"), Some(&json!({"did": "scale"})));
+        let state = Journal::read(&path).unwrap();
+        assert_eq!(state.outcome.as_deref(), Some("succeeded"));
+        assert!(["check", "pause", "scale", "copy"]
+            .iter()
+            .all(|s| state.stage(s).state == StageState::Succeeded));
+    }
+
+    #[tokio::test]
+    async fn a_failure_undoes_completed_stages_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx { fail_at: Some("copy"), ..Default::default() };
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(
+            report.outcome,
+            RunOutcome::RolledBack { stage: "copy".into(), error: "copy broke".into() }
+        );
+        assert_eq!(
+            log(&ctx),
+            vec![
+                "run check",
+                "run pause",
+                "run scale",
+                "run copy",
+                // copy and check do not change anything: nothing to undo
+                "undo scale output=true progress=true",
+                "undo pause output=true progress=true",
+            ]
+        );
+        let state = Journal::read(&path).unwrap();
+        assert_eq!(state.stage("scale").state, StageState::Undone);
+        assert_eq!(state.stage("pause").state, StageState::Undone);
+        assert_eq!(state.stage("copy").state, StageState::Failed);
+        assert_eq!(state.outcome.as_deref(), Some("undone"));
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_stops_the_stage_and_undoes_it_from_its_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx { hang_at: Some("scale"), ..Default::default() };
+        let (trigger, mut interrupt) = Interrupt::manual();
+        let handle = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            trigger.fire("SIGTERM");
+        });
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut interrupt)
+            .await
+            .unwrap();
+        handle.await.unwrap();
+        assert_eq!(
+            report.outcome,
+            RunOutcome::RolledBack { stage: "scale".into(), error: "interrupted by SIGTERM".into() }
+        );
+        // the interrupted stage had recorded progress but no output
+        assert!(log(&ctx).contains(&"undo scale output=false progress=true".to_string()));
+        assert!(log(&ctx).contains(&"undo pause output=true progress=true".to_string()));
+    }
+
+    #[tokio::test]
+    async fn resume_after_a_crash_skips_what_succeeded_and_reruns_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (catalog, playbook) = (catalog(), playbook());
+        // A crash in `scale`: the journal says check and pause succeeded, scale started.
+        {
+            let mut journal = Journal::create(
+                &path,
+                Header {
+                    operation: "test".into(),
+                    playbook: "builtin:test".into(),
+                    stages: playbook.stage_names(),
+                    inputs: json!({}),
+                    tool_version: "test".into(),
+                },
+            )
+            .unwrap();
+            for stage in ["check", "pause"] {
+                journal.append(Event::Started { stage: stage.into() }).unwrap();
+                journal
+                    .append(Event::Succeeded { stage: stage.into(), output: json!({"did": stage}) })
+                    .unwrap();
+            }
+            journal.append(Event::Started { stage: "scale".into() }).unwrap();
+        }
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx::default();
+        let report = runner
+            .run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, RunOutcome::Succeeded);
+        assert_eq!(ctx.restored, vec!["check", "pause"]);
+        assert_eq!(log(&ctx), vec!["run scale", "run copy"]);
+        assert_eq!(report.stages[0].status, StageStatus::Resumed);
+        assert_eq!(report.stages[2].status, StageStatus::Succeeded);
+
+        // Resuming a finished run changes nothing.
+        let mut again = Ctx::default();
+        let report = runner
+            .run(&mut again, Mode::Resume { journal: &path }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, RunOutcome::Succeeded);
+        assert!(log(&again).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_undo_is_reported_and_resume_retries_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx { fail_at: Some("copy"), fail_undo_at: Some("pause"), ..Default::default() };
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&report.outcome, RunOutcome::UndoFailed { undo_errors, .. } if undo_errors == &vec!["pause: undo broke".to_string()])
+        );
+        assert_eq!(Journal::read(&path).unwrap().outcome, None, "the run stays open");
+
+        let mut ctx = Ctx::default();
+        let report = runner
+            .run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert!(matches!(report.outcome, RunOutcome::RolledBack { .. }));
+        // only pause still needed undoing; nothing ran forward
+        assert_eq!(log(&ctx), vec!["undo pause output=true progress=true"]);
+        assert_eq!(Journal::read(&path).unwrap().outcome.as_deref(), Some("undone"));
+    }
+
+    #[tokio::test]
+    async fn dry_run_runs_readers_plans_writers_and_writes_no_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx::default();
+        let report = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap();
+        assert_eq!(report.outcome, RunOutcome::Planned);
+        assert_eq!(log(&ctx), vec!["run check", "run copy"]);
+        assert_eq!(
+            report.stages[2].status,
+            StageStatus::Planned { actions: vec!["would scale with {\"replicas\":0}".into()] }
+        );
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn resume_refuses_a_journal_of_another_operation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        Journal::create(
+            &path,
+            Header {
+                operation: "restore".into(),
+                playbook: "x".into(),
+                stages: vec![],
+                inputs: Value::Null,
+                tool_version: "t".into(),
+            },
+        )
+        .unwrap();
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let err = runner
+            .run(&mut Ctx::default(), Mode::Resume { journal: &path }, &mut Interrupt::never())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is for `restore"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_stage_missing_from_the_catalog_is_refused_before_anything_runs() {
+        let playbook = Playbook::parse("operation: test\nstages:\n  - name: nope\n", "p").unwrap();
+        let catalog = catalog();
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let mut ctx = Ctx::default();
+        let err = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap_err();
+        assert!(matches!(err, RunnerError::MissingStage { .. }));
+        assert!(log(&ctx).is_empty());
+    }
+}
