@@ -1,0 +1,243 @@
+//! The local-directory store, hcp-dr's default. Backups hold secrets, so
+//! folders are created 0700 and files 0600. A put writes `<key>.partial`,
+//! fsyncs it and renames it into place, so a reader never sees half an object.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::io::AsyncWriteExt;
+
+use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key};
+
+const CHUNK: usize = 1 << 20;
+const PARTIAL: &str = ".partial";
+
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl LocalStore {
+    pub fn new(root: impl Into<PathBuf>) -> LocalStore {
+        LocalStore { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
+        check_key(key)?;
+        Ok(self.root.join(key))
+    }
+
+    async fn create_dirs(&self, dir: &Path) -> Result<(), StoreError> {
+        let mut builder = tokio::fs::DirBuilder::new();
+        builder.recursive(true).mode(0o700);
+        builder.create(dir).await.map_err(io(dir))
+    }
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    fn url(&self) -> String {
+        format!("file://{}", std::path::absolute(&self.root).unwrap_or(self.root.clone()).display())
+    }
+
+    async fn put(&self, key: &str, mut body: Body<'_>) -> Result<PutReport, StoreError> {
+        let path = self.path(key)?;
+        if let Some(parent) = path.parent() {
+            self.create_dirs(parent).await?;
+        }
+        let partial = PathBuf::from(format!("{}{PARTIAL}", path.display()));
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&partial)
+            .await
+            .map_err(io(&partial))?;
+        let mut hasher = Hasher::default();
+        let mut buf = vec![0u8; CHUNK];
+        let result: Result<(), StoreError> = async {
+            loop {
+                let n = super::read_full(&mut body, &mut buf)
+                    .await
+                    .map_err(|source| StoreError::Body {
+                        key: key.to_string(),
+                        source,
+                    })?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                file.write_all(&buf[..n]).await.map_err(io(&partial))?;
+            }
+            file.flush().await.map_err(io(&partial))?;
+            file.sync_all().await.map_err(io(&partial))
+        }
+        .await;
+        drop(file);
+        if let Err(err) = result {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(err);
+        }
+        tokio::fs::rename(&partial, &path).await.map_err(io(&path))?;
+        if let Some(parent) = path.parent() {
+            // make the rename durable
+            if let Ok(dir) = tokio::fs::File::open(parent).await {
+                let _ = dir.sync_all().await;
+            }
+        }
+        Ok(hasher.finish())
+    }
+
+    async fn get(&self, key: &str) -> Result<Body<'static>, StoreError> {
+        let path = self.path(key)?;
+        match tokio::fs::File::open(&path).await {
+            Ok(file) => Ok(Box::new(file)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound {
+                url: self.url(),
+                key: key.to_string(),
+            }),
+            Err(err) => Err(io(&path)(err)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let mut entries = match tokio::fs::read_dir(&dir).await {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(io(&dir)(err)),
+            };
+            while let Some(entry) = entries.next_entry().await.map_err(io(&dir))? {
+                let path = entry.path();
+                let meta = entry.metadata().await.map_err(io(&path))?;
+                if meta.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let Ok(rel) = path.strip_prefix(&self.root) else { continue };
+                let key = rel.to_string_lossy().replace('\\', "/");
+                if key.ends_with(PARTIAL) || !key.starts_with(prefix) {
+                    continue;
+                }
+                out.push(ObjectInfo {
+                    key,
+                    size: meta.len(),
+                    modified: meta.modified().ok().map(DateTime::<Utc>::from),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let path = self.path(key)?;
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(io(&path)(err)),
+        }
+    }
+
+    async fn presign_get(&self, _key: &str, _ttl: Duration) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn put_get_list_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("store"));
+        let data = vec![7u8; 3 * CHUNK + 5];
+        let report = store.put("b/1/snap.db", Box::new(&data[..])).await.unwrap();
+        assert_eq!(report.size, data.len() as u64);
+        let mut h = Hasher::default();
+        h.update(&data);
+        assert_eq!(report.sha256, h.finish().sha256);
+
+        let mut back = Vec::new();
+        store.get("b/1/snap.db").await.unwrap().read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, data);
+
+        store.put("b/1/manifest.json", Box::new(&b"{}"[..])).await.unwrap();
+        store.put("c/x", Box::new(&b"x"[..])).await.unwrap();
+        let keys: Vec<_> = store.list("b/").await.unwrap().into_iter().map(|o| o.key).collect();
+        assert_eq!(keys, vec!["b/1/manifest.json", "b/1/snap.db"]);
+
+        store.delete("b/1/snap.db").await.unwrap();
+        store.delete("b/1/snap.db").await.unwrap();
+        assert!(matches!(store.get("b/1/snap.db").await, Err(StoreError::NotFound { .. })));
+        assert_eq!(store.presign_get("c/x", Duration::from_secs(1)).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn files_and_folders_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("store"));
+        store.put("a/b/secret", Box::new(&b"s"[..])).await.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("store/a/b/secret")), 0o600);
+        assert_eq!(mode(&dir.path().join("store/a/b")), 0o700);
+        assert_eq!(mode(&dir.path().join("store/a")), 0o700);
+    }
+
+    /// A reader that fails part-way, like a snapshot stream cut by etcd.
+    struct Broken(usize);
+    impl tokio::io::AsyncRead for Broken {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if self.0 == 0 {
+                return std::task::Poll::Ready(Err(std::io::Error::other("stream cut")));
+            }
+            let n = self.0.min(buf.remaining()).min(1000);
+            buf.put_slice(&vec![1u8; n]);
+            self.0 -= n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_put_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path());
+        let err = store.put("x/snap.db", Box::new(Broken(5000))).await.unwrap_err();
+        assert!(err.to_string().contains("stream cut"), "{err}");
+        assert!(store.list("").await.unwrap().is_empty());
+        assert!(!dir.path().join("x/snap.db.partial").exists());
+    }
+
+    #[tokio::test]
+    async fn bad_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path());
+        assert!(matches!(
+            store.put("../escape", Box::new(&b""[..])).await,
+            Err(StoreError::BadKey { .. })
+        ));
+    }
+}
