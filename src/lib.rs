@@ -2,5 +2,6 @@
 //!
 //! The library's front door is `ops` (one function per user-visible
 //! operation); `pipeline` is the staged runner every operation is built on.
+pub mod archive;
 pub mod pipeline;
 pub mod store;

@@ -1,0 +1,387 @@
+//! The backup archive format, defined here and nowhere else.
+//!
+//! One backup is a folder of a store:
+//!
+//! ```text
+//! <namespace>/<hosted-cluster>/<backup-id>/
+//!     etcd/<member>.db         one snapshot per etcd member, as etcd streamed it
+//!     objects.tar.gz           the exported objects, one JSON document per object
+//!     SHA256SUMS               `sha256sum -c` compatible list of every artifact
+//!     manifest.json            written LAST: a backup without it is incomplete
+//! ```
+//!
+//! `backup-id` is `YYYYMMDDTHHMMSSZ-xxxxxx` (UTC start time and a random
+//! suffix), so ids sort by time. The manifest names every artifact with its
+//! size and SHA-256; readers check `format_version` before anything else.
+
+pub mod objects;
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The format this code writes; readers accept exactly the versions they know.
+pub const FORMAT_VERSION: u32 = 1;
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The checksum list's file name.
+pub const SHA256SUMS: &str = "SHA256SUMS";
+/// The objects tarball's file name.
+pub const OBJECTS: &str = "objects.tar.gz";
+
+/// Why an archive or manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The manifest is not JSON of the manifest's shape.
+    #[error("manifest: {0}")]
+    ManifestParse(#[source] serde_json::Error),
+    /// The manifest was written by a format this version cannot read.
+    #[error("manifest: format version {found} is not supported (this hcp-dr reads version {FORMAT_VERSION}); use the hcp-dr release that wrote it")]
+    UnknownFormat { found: u32 },
+    /// The manifest does not name an artifact it must have.
+    #[error("manifest: {0}")]
+    Incomplete(String),
+    /// A backup id that is not of the id format.
+    #[error("backup id `{0}` is not of the form YYYYMMDDTHHMMSSZ-xxxxxx")]
+    BadId(String),
+    /// Building or reading the objects tarball failed.
+    #[error("objects archive: {0}")]
+    Objects(String),
+}
+
+/// Where each part of one backup lives in a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub namespace: String,
+    pub hosted_cluster: String,
+    pub backup_id: String,
+}
+
+impl Layout {
+    pub fn new(namespace: &str, hosted_cluster: &str, backup_id: &str) -> Layout {
+        Layout {
+            namespace: namespace.to_string(),
+            hosted_cluster: hosted_cluster.to_string(),
+            backup_id: backup_id.to_string(),
+        }
+    }
+
+    /// The folder of all backups of one hosted cluster.
+    pub fn cluster_prefix(namespace: &str, hosted_cluster: &str) -> String {
+        format!("{namespace}/{hosted_cluster}/")
+    }
+
+    pub fn dir(&self) -> String {
+        format!("{}/{}/{}", self.namespace, self.hosted_cluster, self.backup_id)
+    }
+
+    pub fn manifest(&self) -> String {
+        format!("{}/{MANIFEST}", self.dir())
+    }
+
+    pub fn sums(&self) -> String {
+        format!("{}/{SHA256SUMS}", self.dir())
+    }
+
+    pub fn objects(&self) -> String {
+        format!("{}/{OBJECTS}", self.dir())
+    }
+
+    /// Path of a member's snapshot relative to the backup folder.
+    pub fn snapshot_name(member: &str) -> String {
+        format!("etcd/{member}.db")
+    }
+
+    /// Full key of an artifact named relative to the backup folder.
+    pub fn artifact(&self, name: &str) -> String {
+        format!("{}/{name}", self.dir())
+    }
+
+    /// Parse `<ns>/<hc>/<id>/manifest.json` (or the folder) back into a layout.
+    pub fn from_key(key: &str) -> Option<Layout> {
+        let key = key.strip_suffix(MANIFEST).unwrap_or(key).trim_end_matches('/');
+        let mut parts = key.split('/');
+        let (ns, hc, id) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || parse_backup_id(id).is_err() {
+            return None;
+        }
+        Some(Layout::new(ns, hc, id))
+    }
+}
+
+/// A new backup id for a backup started at `at`.
+pub fn new_backup_id(at: DateTime<Utc>) -> String {
+    let suffix: String = uuid_suffix();
+    format!("{}-{suffix}", at.format("%Y%m%dT%H%M%SZ"))
+}
+
+fn uuid_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    format!("{:06x}", hasher.finish() & 0xff_ffff)
+}
+
+/// The start time encoded in a backup id.
+pub fn parse_backup_id(id: &str) -> Result<DateTime<Utc>, ArchiveError> {
+    let bad = || ArchiveError::BadId(id.to_string());
+    let (stamp, suffix) = id.split_once('-').ok_or_else(bad)?;
+    if suffix.len() != 6 || !suffix.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ")
+        .map(|t| t.and_utc())
+        .map_err(|_| bad())
+}
+
+/// One file of a backup, relative to its folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// One etcd member's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberSnapshot {
+    /// Pod name, e.g. `etcd-0`.
+    pub member: String,
+    /// Artifact name, e.g. `etcd/etcd-0.db`.
+    pub artifact: String,
+    /// etcd revision when the snapshot was taken.
+    pub revision: i64,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// Which hosted cluster a backup is of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterIdentity {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `spec.clusterID` when set.
+    pub cluster_id: Option<String>,
+    /// `spec.infraID` when set.
+    pub infra_id: Option<String>,
+    pub hcp_namespace: String,
+    pub platform: String,
+    pub availability_policy: String,
+    pub release_image: String,
+    /// The secret holding the etcd encryption key (restores need it).
+    pub encryption_key_secret: Option<String>,
+}
+
+/// When each part of the backup ran (RFC 3339) and how long the API was down.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    pub started: Option<DateTime<Utc>>,
+    pub finished: Option<DateTime<Utc>>,
+    /// From the first writer scaled down to the last one back.
+    pub api_downtime_seconds: Option<f64>,
+    /// Seconds per stage.
+    #[serde(default)]
+    pub stages: BTreeMap<String, f64>,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub tool_version: String,
+    pub backup_id: String,
+    pub cluster: ClusterIdentity,
+    pub etcd: Vec<MemberSnapshot>,
+    /// Every artifact except the manifest itself (snapshots, objects, SHA256SUMS).
+    pub artifacts: Vec<Artifact>,
+    /// Objects exported, by kind.
+    #[serde(default)]
+    pub object_counts: BTreeMap<String, usize>,
+    pub timings: Timings,
+    /// Whether the artifacts are encrypted client-side, and for whom.
+    #[serde(default)]
+    pub encryption: Option<Encryption>,
+}
+
+/// Client-side encryption of artifacts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encryption {
+    pub scheme: String,
+    pub recipients: Vec<String>,
+}
+
+impl Manifest {
+    /// Parse and check the version first, then the shape.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest, ArchiveError> {
+        #[derive(Deserialize)]
+        struct Version {
+            format_version: u32,
+        }
+        let version: Version = serde_json::from_slice(bytes).map_err(ArchiveError::ManifestParse)?;
+        if version.format_version != FORMAT_VERSION {
+            return Err(ArchiveError::UnknownFormat {
+                found: version.format_version,
+            });
+        }
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(ArchiveError::ManifestParse)?;
+        manifest.check()?;
+        Ok(manifest)
+    }
+
+    /// What every complete manifest has.
+    pub fn check(&self) -> Result<(), ArchiveError> {
+        parse_backup_id(&self.backup_id)?;
+        if self.etcd.is_empty() {
+            return Err(ArchiveError::Incomplete("no etcd snapshot is listed".into()));
+        }
+        for name in self
+            .etcd
+            .iter()
+            .map(|m| m.artifact.as_str())
+            .chain([OBJECTS, SHA256SUMS])
+        {
+            if self.artifact(name).is_none() {
+                return Err(ArchiveError::Incomplete(format!("artifact `{name}` is not listed")));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn artifact(&self, name: &str) -> Option<&Artifact> {
+        self.artifacts.iter().find(|a| a.name == name)
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
+    /// The member snapshot a restore should use: the highest revision, then
+    /// the lowest member name (members agree when writers were stopped).
+    pub fn best_snapshot(&self) -> Option<&MemberSnapshot> {
+        self.etcd
+            .iter()
+            .max_by(|a, b| a.revision.cmp(&b.revision).then(b.member.cmp(&a.member)))
+    }
+}
+
+/// `SHA256SUMS` text for the given artifacts (`sha256sum -c` format).
+pub fn sha256sums(artifacts: &[Artifact]) -> String {
+    let mut lines: Vec<String> = artifacts
+        .iter()
+        .filter(|a| a.name != SHA256SUMS)
+        .map(|a| format!("{}  {}\n", a.sha256, a.name))
+        .collect();
+    lines.sort();
+    lines.concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        let art = |name: &str| Artifact {
+            name: name.into(),
+            size: 1,
+            sha256: "ab".repeat(32),
+        };
+        Manifest {
+            format_version: FORMAT_VERSION,
+            tool_version: "0.1.0".into(),
+            backup_id: "20261121T180000Z-0a1b2c".into(),
+            cluster: ClusterIdentity {
+                namespace: "clusters".into(),
+                name: "demo".into(),
+                uid: "u".into(),
+                cluster_id: None,
+                infra_id: None,
+                hcp_namespace: "clusters-demo".into(),
+                platform: "None".into(),
+                availability_policy: "HighlyAvailable".into(),
+                release_image: "img".into(),
+                encryption_key_secret: Some("demo-etcd-encryption-key".into()),
+            },
+            etcd: ["etcd-0", "etcd-1"]
+                .iter()
+                .map(|m| MemberSnapshot {
+                    member: m.to_string(),
+                    artifact: Layout::snapshot_name(m),
+                    revision: 42,
+                    size: 1,
+                    sha256: "ab".repeat(32),
+                })
+                .collect(),
+            artifacts: vec![art("etcd/etcd-0.db"), art("etcd/etcd-1.db"), art(OBJECTS), art(SHA256SUMS)],
+            object_counts: BTreeMap::new(),
+            timings: Timings::default(),
+            encryption: None,
+        }
+    }
+
+    #[test]
+    fn layout_keys() {
+        let layout = Layout::new("clusters", "demo", "20261121T180000Z-0a1b2c");
+        assert_eq!(layout.manifest(), "clusters/demo/20261121T180000Z-0a1b2c/manifest.json");
+        assert_eq!(layout.artifact(&Layout::snapshot_name("etcd-1")), "clusters/demo/20261121T180000Z-0a1b2c/etcd/etcd-1.db");
+        assert_eq!(Layout::from_key(&layout.manifest()), Some(layout.clone()));
+        assert_eq!(Layout::from_key("clusters/demo/not-an-id/manifest.json"), None);
+        assert_eq!(Layout::from_key("clusters/demo"), None);
+    }
+
+    #[test]
+    fn backup_ids_sort_by_time_and_parse_back() {
+        let at = DateTime::parse_from_rfc3339("2026-11-21T18:00:00Z").unwrap().with_timezone(&Utc);
+        let id = new_backup_id(at);
+        assert!(id.starts_with("20261121T180000Z-"), "{id}");
+        assert_eq!(parse_backup_id(&id).unwrap(), at);
+        assert!(parse_backup_id("20261121T180000Z").is_err());
+        assert!(parse_backup_id("2026-11-21-abcdef").is_err());
+    }
+
+    #[test]
+    fn manifest_round_trips_and_checks_version_first() {
+        let m = manifest();
+        assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
+        let mut future = serde_json::to_value(&m).unwrap();
+        future["format_version"] = 2.into();
+        future["something_new"] = true.into();
+        let err = Manifest::parse(&serde_json::to_vec(&future).unwrap()).unwrap_err();
+        assert!(matches!(err, ArchiveError::UnknownFormat { found: 2 }), "{err}");
+        assert!(Manifest::parse(b"{not json").is_err());
+    }
+
+    #[test]
+    fn incomplete_manifests_are_refused() {
+        let mut m = manifest();
+        m.artifacts.retain(|a| a.name != OBJECTS);
+        assert!(Manifest::parse(&m.to_json()).unwrap_err().to_string().contains("objects.tar.gz"));
+        let mut m = manifest();
+        m.etcd.clear();
+        assert!(Manifest::parse(&m.to_json()).is_err());
+    }
+
+    #[test]
+    fn best_snapshot_prefers_revision_then_member_order() {
+        let mut m = manifest();
+        assert_eq!(m.best_snapshot().unwrap().member, "etcd-0");
+        m.etcd[1].revision = 43;
+        assert_eq!(m.best_snapshot().unwrap().member, "etcd-1");
+    }
+
+    #[test]
+    fn sums_are_sha256sum_format() {
+        let sums = sha256sums(&manifest().artifacts);
+        assert_eq!(sums.lines().count(), 3);
+        assert!(sums.lines().all(|l| l.len() > 66 && &l[64..66] == "  "));
+        assert!(!sums.contains(SHA256SUMS));
+    }
+}
