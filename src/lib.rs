@@ -3,5 +3,6 @@
 //! The library's front door is `ops` (one function per user-visible
 //! operation); `pipeline` is the staged runner every operation is built on.
 pub mod archive;
+pub mod etcd;
 pub mod pipeline;
 pub mod store;

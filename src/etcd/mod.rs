@@ -1,0 +1,316 @@
+//! The etcd adapter: connect to one member with client TLS, read its status,
+//! and stream a snapshot (Maintenance/Snapshot over gRPC) straight into a
+//! store while hashing it, in constant memory.
+//!
+//! etcd ends every snapshot stream with the SHA-256 of the database bytes
+//! before it; [`TrailingHash`] checks that on the fly, so a snapshot cut
+//! short or corrupted in transit is caught before the backup is called good.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use futures::StreamExt;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::store::{Store, StoreError, hex};
+
+/// Why talking to etcd failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// The member could not be reached or refused the TLS handshake.
+    #[error("connecting to etcd member {member} at {url}: {source}")]
+    Connect {
+        member: String,
+        url: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A request to the member failed.
+    #[error("etcd member {member}: {action}: {source}")]
+    Request {
+        member: String,
+        action: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// Writing the snapshot to the store failed.
+    #[error("etcd member {member}: storing the snapshot: {source}")]
+    Store {
+        member: String,
+        #[source]
+        source: StoreError,
+    },
+    /// The snapshot's trailing SHA-256 does not match its content.
+    #[error("etcd member {member}: the snapshot is corrupt: etcd's trailing SHA-256 {expected} does not match the data ({actual}); {size} bytes received")]
+    Integrity {
+        member: String,
+        expected: String,
+        actual: String,
+        size: u64,
+    },
+    /// The revision moved while the snapshot was taken: something still writes.
+    #[error("etcd member {member}: revision moved from {before} to {after} during the snapshot: a writer is still running")]
+    RevisionMoved { member: String, before: i64, after: i64 },
+}
+
+/// Client TLS for a member. The server certificate carries DNS names, not
+/// pod IPs, so `server_name` is what the certificate is checked against.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub server_name: String,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One member and how to reach it.
+#[derive(Debug, Clone)]
+pub struct Member {
+    /// Pod name, e.g. `etcd-0`.
+    pub name: String,
+    /// `https://<pod IP>:2379` or a port-forwarded `https://127.0.0.1:<port>`.
+    pub url: String,
+    pub tls: Option<ClientTls>,
+}
+
+/// What a member says about itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberStatus {
+    pub member_id: u64,
+    pub leader_id: u64,
+    pub is_leader: bool,
+    pub revision: i64,
+    pub raft_term: u64,
+    pub raft_index: u64,
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    pub version: String,
+    pub errors: Vec<String>,
+}
+
+/// What a snapshot produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotReport {
+    pub member: String,
+    pub revision: i64,
+    pub size: u64,
+    /// SHA-256 of the whole stream as stored (database plus etcd's trailing hash).
+    pub sha256: String,
+}
+
+impl Member {
+    /// Connect with short timeouts (a dead member must not hang a backup).
+    pub async fn connect(&self) -> Result<Client, EtcdError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(30));
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(
+                TlsOptions::new()
+                    .ca_certificate(Certificate::from_pem(tls.ca_pem.as_bytes()))
+                    .identity(Identity::from_pem(tls.cert_pem.as_bytes(), tls.key_pem.as_bytes()))
+                    .domain_name(tls.server_name.clone()),
+            );
+        }
+        Client::connect([self.url.as_str()], Some(options))
+            .await
+            .map_err(|source| EtcdError::Connect {
+                member: self.name.clone(),
+                url: self.url.clone(),
+                source,
+            })
+    }
+
+    fn request(&self, action: &'static str) -> impl FnOnce(etcd_client::Error) -> EtcdError + '_ {
+        move |source| EtcdError::Request {
+            member: self.name.clone(),
+            action,
+            source,
+        }
+    }
+
+    pub async fn status(&self, client: &mut Client) -> Result<MemberStatus, EtcdError> {
+        let status = client.status().await.map_err(self.request("status"))?;
+        let header = status.header();
+        let member_id = header.map(|h| h.member_id()).unwrap_or_default();
+        Ok(MemberStatus {
+            member_id,
+            leader_id: status.leader(),
+            is_leader: member_id != 0 && member_id == status.leader(),
+            revision: header.map(|h| h.revision()).unwrap_or_default(),
+            raft_term: status.raft_term(),
+            raft_index: status.raft_index(),
+            db_size: status.db_size(),
+            db_size_in_use: status.raft_used_db_size(),
+            version: status.version().to_string(),
+            errors: status.errors().to_vec(),
+        })
+    }
+
+    /// Stream a snapshot of this member into `store` at `key`, checking etcd's
+    /// trailing hash on the way and that the revision did not move.
+    pub async fn snapshot_to(&self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
+        let mut client = self.connect().await?;
+        let before = self.status(&mut client).await?.revision;
+        let stream = client
+            .maintenance_client()
+            .snapshot()
+            .await
+            .map_err(self.request("snapshot"))?;
+        let check = std::sync::Arc::new(std::sync::Mutex::new(TrailingHash::default()));
+        let tap = check.clone();
+        let member = self.name.clone();
+        let chunks = futures::stream::unfold(stream, |mut stream| async move {
+            match stream.message().await {
+                Ok(Some(response)) => Some((Ok(Bytes::copy_from_slice(response.blob())), stream)),
+                Ok(None) => None,
+                Err(err) => Some((Err(std::io::Error::other(err)), stream)),
+            }
+        })
+        .map(move |chunk: std::io::Result<Bytes>| {
+            if let Ok(bytes) = &chunk {
+                if let Ok(mut check) = tap.lock() {
+                    check.update(bytes);
+                }
+            }
+            chunk
+        });
+        let reader = tokio_util::io::StreamReader::new(Box::pin(chunks));
+        let put = store
+            .put(key, Box::new(reader))
+            .await
+            .map_err(|source| EtcdError::Store {
+                member: member.clone(),
+                source,
+            })?;
+        let verdict = check.lock().map(|c| c.clone().finish()).unwrap_or(Verdict::TooShort);
+        match verdict {
+            Verdict::Ok => {}
+            Verdict::TooShort => {
+                let _ = store.delete(key).await;
+                return Err(EtcdError::Integrity {
+                    member,
+                    expected: "(none)".into(),
+                    actual: "(stream shorter than a hash)".into(),
+                    size: put.size,
+                });
+            }
+            Verdict::Mismatch { expected, actual } => {
+                let _ = store.delete(key).await;
+                return Err(EtcdError::Integrity {
+                    member,
+                    expected,
+                    actual,
+                    size: put.size,
+                });
+            }
+        }
+        let after = self.status(&mut client).await?.revision;
+        if after != before {
+            return Err(EtcdError::RevisionMoved {
+                member,
+                before,
+                after,
+            });
+        }
+        Ok(SnapshotReport {
+            member,
+            revision: before,
+            size: put.size,
+            sha256: put.sha256,
+        })
+    }
+}
+
+/// Checks that the last 32 bytes of a stream are the SHA-256 of the bytes
+/// before them, holding back only those 32 bytes.
+#[derive(Clone, Default)]
+pub struct TrailingHash {
+    sha: Sha256,
+    tail: Vec<u8>,
+}
+
+/// The result of [`TrailingHash::finish`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Ok,
+    TooShort,
+    Mismatch { expected: String, actual: String },
+}
+
+impl TrailingHash {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > 32 {
+            let spill = self.tail.len() - 32;
+            self.sha.update(&self.tail[..spill]);
+            self.tail.drain(..spill);
+        }
+    }
+
+    pub fn finish(self) -> Verdict {
+        if self.tail.len() < 32 {
+            return Verdict::TooShort;
+        }
+        let actual = self.sha.finalize();
+        if actual.as_slice() == self.tail.as_slice() {
+            Verdict::Ok
+        } else {
+            Verdict::Mismatch {
+                expected: hex(&self.tail),
+                actual: hex(&actual),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_hash(data: &[u8]) -> Vec<u8> {
+        let mut out = data.to_vec();
+        out.extend_from_slice(&Sha256::digest(data));
+        out
+    }
+
+    #[test]
+    fn trailing_hash_accepts_any_chunking() {
+        let stream = with_hash(&[5u8; 10_000]);
+        for chunk in [1, 7, 31, 32, 33, 4096, 20_000] {
+            let mut check = TrailingHash::default();
+            for piece in stream.chunks(chunk) {
+                check.update(piece);
+            }
+            assert_eq!(check.finish(), Verdict::Ok, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn trailing_hash_catches_flips_and_truncation() {
+        let mut stream = with_hash(b"some database bytes");
+        stream[3] ^= 1;
+        let mut check = TrailingHash::default();
+        check.update(&stream);
+        assert!(matches!(check.finish(), Verdict::Mismatch { .. }));
+
+        let stream = with_hash(b"some database bytes");
+        let mut check = TrailingHash::default();
+        check.update(&stream[..stream.len() - 5]);
+        assert!(matches!(check.finish(), Verdict::Mismatch { .. }));
+
+        let mut check = TrailingHash::default();
+        check.update(b"short");
+        assert_eq!(check.finish(), Verdict::TooShort);
+    }
+}
