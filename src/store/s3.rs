@@ -52,6 +52,9 @@ pub struct S3Options {
     pub parallelism: usize,
     /// Attempts per request (with exponential backoff).
     pub max_attempts: u32,
+    /// Access key and secret to use instead of the SDK's credential chain
+    /// (environment, profile, web identity). For embedding and tests.
+    pub static_credentials: Option<(String, String)>,
 }
 
 impl Default for S3Options {
@@ -65,6 +68,7 @@ impl Default for S3Options {
             part_size: 8 << 20,
             parallelism: 4,
             max_attempts: 5,
+            static_credentials: None,
         }
     }
 }
@@ -128,6 +132,15 @@ impl S3Store {
             .retry_config(RetryConfig::standard().with_max_attempts(options.max_attempts));
         if let Some(region) = &options.region {
             loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some((key, secret)) = &options.static_credentials {
+            loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+                key.clone(),
+                secret.clone(),
+                None,
+                None,
+                "hcp-dr",
+            ));
         }
         let shared = loader.load().await;
         let mut config = aws_sdk_s3::config::Builder::from(&shared);
