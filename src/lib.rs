@@ -3,6 +3,11 @@
 //! The library's front door is `ops` (one function per user-visible
 //! operation); `pipeline` is the staged runner every operation is built on.
 pub mod archive;
+pub mod cli;
 pub mod etcd;
+pub mod hosted;
+pub mod kube;
+pub mod ops;
+pub mod stages;
 pub mod pipeline;
 pub mod store;

@@ -15,6 +15,7 @@
 //! size and SHA-256; readers check `format_version` before anything else.
 
 pub mod objects;
+pub mod sanitize;
 
 use std::collections::BTreeMap;
 

@@ -99,7 +99,7 @@ pub struct MemberStatus {
 }
 
 /// What a snapshot produced.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct SnapshotReport {
     pub member: String,
     pub revision: i64,

@@ -1,6 +1,7 @@
 //! The pipeline core: playbooks (what to run), stages (how), the journal
 //! (what happened) and the runner (doing it, undoing it on failure,
 //! resuming it after a crash).
+pub mod builtin;
 pub mod journal;
 pub mod playbook;
 pub mod runner;

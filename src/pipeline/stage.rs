@@ -77,6 +77,11 @@ impl<'a> Step<'a> {
         }
     }
 
+    /// What the journal says so far (None in dry-run): stage times, outputs.
+    pub fn history(&self) -> Option<&super::journal::JournalState> {
+        self.journal.as_deref().map(|j| j.state())
+    }
+
     /// The stage's `with:` parameters from the playbook (Null when none).
     pub fn params(&self) -> &Value {
         self.params

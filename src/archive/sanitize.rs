@@ -1,0 +1,172 @@
+//! Per-object clean-ups applied on export: small named transforms, each
+//! saying what it applies to. Everything they do not name is kept, unknown
+//! fields included.
+
+use serde_json::Value;
+
+/// One clean-up.
+pub struct Sanitizer {
+    pub name: &'static str,
+    /// What it applies to, for docs and `--dry-run`.
+    pub applies_to: &'static str,
+    pub applies: fn(&Value) -> bool,
+    pub apply: fn(&mut Value),
+}
+
+fn all(_: &Value) -> bool {
+    true
+}
+
+fn strip_server_metadata(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+            "selfLink",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            meta.remove(field);
+        }
+    }
+}
+
+fn strip_status(obj: &mut Value) {
+    if let Some(map) = obj.as_object_mut() {
+        map.remove("status");
+    }
+}
+
+fn strip_last_applied(obj: &mut Value) {
+    if let Some(annotations) = obj
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        if annotations.is_empty() {
+            if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("annotations");
+            }
+        }
+    }
+}
+
+fn strip_owner_references(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("ownerReferences");
+    }
+}
+
+fn remove_paused_until(obj: &mut Value) {
+    if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("pausedUntil");
+    }
+}
+
+fn is_hypershift_top(obj: &Value) -> bool {
+    obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("hypershift.openshift.io/"))
+        && matches!(obj["kind"].as_str(), Some("HostedCluster" | "NodePool" | "HostedControlPlane"))
+}
+
+/// Applied to every exported object.
+pub const EXPORT: &[Sanitizer] = &[
+    Sanitizer {
+        name: "strip-server-metadata",
+        applies_to: "every object",
+        applies: all,
+        apply: strip_server_metadata,
+    },
+    Sanitizer {
+        name: "strip-status",
+        applies_to: "every object (status is rebuilt by controllers)",
+        applies: all,
+        apply: strip_status,
+    },
+    Sanitizer {
+        name: "strip-last-applied",
+        applies_to: "every object (the annotation can hold a second copy of a Secret)",
+        applies: all,
+        apply: strip_last_applied,
+    },
+];
+
+/// Applied when replaying a backup onto a cluster.
+pub const REPLAY: &[Sanitizer] = &[
+    Sanitizer {
+        name: "strip-server-metadata",
+        applies_to: "every object",
+        applies: all,
+        apply: strip_server_metadata,
+    },
+    Sanitizer {
+        name: "drop-owner-references",
+        applies_to: "every object (the owners' uids do not exist on the destination)",
+        applies: all,
+        apply: strip_owner_references,
+    },
+    Sanitizer {
+        name: "remove-paused-until",
+        applies_to: "HostedCluster, NodePool, HostedControlPlane (the backup's pause must not travel)",
+        applies: is_hypershift_top,
+        apply: remove_paused_until,
+    },
+];
+
+/// Run every applicable sanitizer; returns the names that applied.
+pub fn apply(sanitizers: &[Sanitizer], obj: &mut Value) -> Vec<&'static str> {
+    let mut applied = Vec::new();
+    for s in sanitizers {
+        if (s.applies)(obj) {
+            (s.apply)(obj);
+            applied.push(s.name);
+        }
+    }
+    applied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn export_keeps_everything_but_server_state() {
+        let mut obj = json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+            "metadata": {"name": "demo", "namespace": "clusters", "uid": "u", "resourceVersion": "7",
+                         "creationTimestamp": "t", "managedFields": [], "generation": 3,
+                         "labels": {"a": "b"}, "finalizers": ["hypershift.openshift.io/finalizer"],
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                         "ownerReferences": [{"uid": "x"}]},
+            "spec": {"pausedUntil": "2026-01-01T00:00:00Z", "unknownField": {"kept": true}},
+            "status": {"conditions": []}
+        });
+        let applied = apply(EXPORT, &mut obj);
+        assert_eq!(applied, vec!["strip-server-metadata", "strip-status", "strip-last-applied"]);
+        assert_eq!(
+            obj,
+            json!({
+                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"name": "demo", "namespace": "clusters", "labels": {"a": "b"},
+                             "finalizers": ["hypershift.openshift.io/finalizer"],
+                             "ownerReferences": [{"uid": "x"}]},
+                "spec": {"pausedUntil": "2026-01-01T00:00:00Z", "unknownField": {"kept": true}}
+            })
+        );
+        let applied = apply(REPLAY, &mut obj);
+        assert!(applied.contains(&"remove-paused-until"));
+        assert!(obj["metadata"].get("ownerReferences").is_none());
+        assert!(obj["spec"].get("pausedUntil").is_none());
+        assert_eq!(obj["spec"]["unknownField"]["kept"], true);
+    }
+
+    #[test]
+    fn replay_leaves_other_kinds_paused_until_alone() {
+        let mut obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "spec": {"pausedUntil": "keep"}});
+        apply(REPLAY, &mut obj);
+        assert_eq!(obj["spec"]["pausedUntil"], "keep");
+    }
+}

@@ -1,0 +1,251 @@
+//! `hcp-dr backup`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+
+use super::{Exit, Output};
+use crate::ops::backup::{BackupOptions, BackupResult, backup, default_journal_dir};
+use crate::pipeline::{Interrupt, RunOutcome, StageStatus};
+use crate::stages::context::{EtcdAccess, TlsOverride};
+use crate::store::{S3Options, ServerSideEncryption};
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The HostedCluster to back up.
+    #[arg(long, required_unless_present = "resume")]
+    pub hosted_cluster: Option<String>,
+    /// Its namespace.
+    #[arg(short = 'n', long, default_value = "clusters")]
+    pub namespace: String,
+    /// Management cluster kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Where to write the backup: a directory, file:///path or s3://bucket/prefix.
+    #[arg(long, env = "HCP_DR_STORE", required_unless_present = "resume")]
+    pub to: Option<String>,
+    /// How long the pause lasts at most if hcp-dr dies (e.g. 30m, 1h).
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub pause_ttl: Duration,
+    /// How to reach etcd members.
+    #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]
+    pub etcd_access: EtcdAccess,
+    /// Upper bound for each wait (pods gone, pods back).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub wait_timeout: Duration,
+    /// etcd CA file (PEM), instead of the HCP namespace's.
+    #[arg(long)]
+    pub etcd_ca: Option<PathBuf>,
+    /// etcd client certificate file (PEM).
+    #[arg(long)]
+    pub etcd_cert: Option<PathBuf>,
+    /// etcd client key file (PEM).
+    #[arg(long)]
+    pub etcd_key: Option<PathBuf>,
+    /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Extra CA bundle (PEM) to trust for the S3 endpoint.
+    #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+    /// Server-side encryption: none, s3 (SSE-S3) or kms:KEY-ID (SSE-KMS).
+    #[arg(long, default_value = "none")]
+    pub sse: String,
+    /// A playbook file instead of the embedded one.
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue (or finish undoing) the run recorded in this journal.
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "to"])]
+    pub resume: Option<PathBuf>,
+    /// Print what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `30m`, `1h`, `90s`, `2h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("`{text}` is not a duration like 90s, 30m or 1h"))?;
+        number.clear();
+        total += n * match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(format!("`{text}`: unknown unit `{c}` (use s, m, h or d)")),
+        };
+    }
+    if !number.is_empty() || total == 0 {
+        return Err(format!("`{text}` is not a duration like 90s, 30m or 1h"));
+    }
+    Ok(Duration::from_secs(total))
+}
+
+fn read_pem(what: &str, path: &Option<PathBuf>) -> Result<Option<String>, String> {
+    path.as_ref()
+        .map(|p| std::fs::read_to_string(p).map_err(|e| format!("--{what} {}: {e}", p.display())))
+        .transpose()
+}
+
+fn sse(value: &str) -> Result<ServerSideEncryption, String> {
+    match value {
+        "none" => Ok(ServerSideEncryption::None),
+        "s3" => Ok(ServerSideEncryption::S3),
+        other => match other.strip_prefix("kms:") {
+            Some(key) if !key.is_empty() => Ok(ServerSideEncryption::Kms { key_id: key.to_string() }),
+            _ => Err(format!("--sse `{other}`: use none, s3 or kms:KEY-ID")),
+        },
+    }
+}
+
+fn options(args: Args) -> Result<BackupOptions, String> {
+    let tls = TlsOverride {
+        ca_pem: read_pem("etcd-ca", &args.etcd_ca)?,
+        cert_pem: read_pem("etcd-cert", &args.etcd_cert)?,
+        key_pem: read_pem("etcd-key", &args.etcd_key)?,
+    };
+    if tls.cert_pem.is_some() != tls.key_pem.is_some() {
+        return Err("--etcd-cert and --etcd-key go together".into());
+    }
+    Ok(BackupOptions {
+        kubeconfig: args.kubeconfig,
+        context: args.context,
+        hosted_cluster: args.hosted_cluster.unwrap_or_default(),
+        namespace: args.namespace,
+        store: args.to.unwrap_or_default(),
+        s3: S3Options {
+            endpoint: args.s3_endpoint,
+            ca_bundle: args.ca_bundle,
+            sse: sse(&args.sse)?,
+            ..S3Options::default()
+        },
+        pause_ttl: args.pause_ttl,
+        etcd_access: args.etcd_access,
+        wait_timeout: args.wait_timeout,
+        extra_scale_down: Vec::new(),
+        tls,
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+    })
+}
+
+pub async fn exec(args: Args, output: Output) -> Exit {
+    let options = match options(args) {
+        Ok(o) => o,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Exit::Usage;
+        }
+    };
+    let mut interrupt = match Interrupt::on_signals() {
+        Ok(i) => i,
+        Err(err) => {
+            eprintln!("error: installing signal handlers: {err}");
+            return Exit::Failed;
+        }
+    };
+    match backup(options, &mut interrupt).await {
+        Ok(result) => {
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
+                Output::Text => print!("{}", render(&result)),
+            }
+            match &result.run.outcome {
+                RunOutcome::Succeeded | RunOutcome::Planned => Exit::Success,
+                RunOutcome::RolledBack { .. } => Exit::Failed,
+                RunOutcome::UndoFailed { .. } => Exit::NeedsAttention,
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+        }
+    }
+}
+
+/// The text report.
+pub fn render(result: &BackupResult) -> String {
+    let mut out = String::new();
+    let headline = match &result.run.outcome {
+        RunOutcome::Succeeded => "backup succeeded".to_string(),
+        RunOutcome::Planned => "backup plan (dry run: nothing was changed)".to_string(),
+        RunOutcome::RolledBack { stage, error } => {
+            format!("backup FAILED at `{stage}`: {error}\neverything it changed was undone")
+        }
+        RunOutcome::UndoFailed { stage, error, undo_errors } => format!(
+            "backup FAILED at `{stage}`: {error}\nUNDO FAILED, the cluster may still be paused or scaled down: {}\nfix the cause and run `hcp-dr backup --resume {}` to finish undoing",
+            undo_errors.join("; "),
+            result.run.journal.as_deref().unwrap_or("JOURNAL")
+        ),
+    };
+    out.push_str(&headline);
+    out.push('\n');
+    for stage in &result.run.stages {
+        let status = match &stage.status {
+            StageStatus::Succeeded => "done".to_string(),
+            StageStatus::Resumed => "done earlier".to_string(),
+            StageStatus::Planned { actions } => format!("would:\n{}", actions.iter().map(|a| format!("{:>22}- {a}", "")).collect::<Vec<_>>().join("\n")),
+            StageStatus::Failed { error } => format!("FAILED: {error}"),
+            StageStatus::Undone => "undone".to_string(),
+            StageStatus::UndoFailed { error } => format!("UNDO FAILED: {error}"),
+            StageStatus::Skipped => "not run".to_string(),
+        };
+        out.push_str(&format!("  {:<14} {:>6.2}s  {status}\n", stage.name, stage.duration.as_secs_f64()));
+    }
+    if let Some(backup) = &result.backup {
+        out.push_str(&format!("backup: {backup}\n"));
+    }
+    if let Some(revision) = result.etcd_revision {
+        out.push_str(&format!("etcd revision: {revision}\n"));
+    }
+    if let Some(downtime) = result.api_downtime_seconds {
+        out.push_str(&format!("API downtime: {downtime:.1}s\n"));
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("2h30m").unwrap(), Duration::from_secs(9000));
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        for bad in ["", "30", "m", "5x", "0s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sse_values() {
+        assert_eq!(sse("kms:alias/x").unwrap(), ServerSideEncryption::Kms { key_id: "alias/x".into() });
+        assert!(sse("kms:").is_err());
+        assert!(sse("aes").is_err());
+    }
+}

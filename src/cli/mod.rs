@@ -1,0 +1,54 @@
+//! Command-line definitions: one file per command, each with its clap
+//! arguments and an `exec` that builds the operation's options and calls
+//! `ops`. Settings resolve as flag > environment > default.
+
+pub mod backup;
+pub mod playbook;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes")]
+pub struct Cli {
+    /// Output format of the final report.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Back up one hosted cluster (etcd snapshots and objects) to a store.
+    Backup(backup::Args),
+    /// Inspect playbooks.
+    #[command(subcommand)]
+    Playbook(playbook::Command),
+}
+
+/// How a command ended, mapped to the process exit code by `main`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Done (or planned, with --dry-run).
+    Success = 0,
+    /// Failed; everything that was changed was undone.
+    Failed = 1,
+    /// Bad input; nothing was changed.
+    Usage = 2,
+    /// Failed and an undo failed too: the cluster needs attention (see the report and resume the journal).
+    NeedsAttention = 3,
+}
+
+/// Run the parsed command.
+pub async fn run(cli: Cli) -> Exit {
+    match cli.command {
+        Command::Backup(args) => backup::exec(args, cli.output).await,
+        Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
+    }
+}

@@ -1,0 +1,52 @@
+//! `hcp-dr playbook show NAME [--playbook FILE]`.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde_json::json;
+
+use super::{Exit, Output};
+use crate::ops;
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the stages an operation runs, in order, and what each does.
+    Show {
+        /// The operation (backup).
+        name: String,
+        /// Check and show this file instead of the embedded playbook.
+        #[arg(long)]
+        playbook: Option<PathBuf>,
+    },
+}
+
+pub fn exec(command: Command, output: Output) -> Exit {
+    let Command::Show { name, playbook } = command;
+    let result = match name.as_str() {
+        "backup" => ops::backup::describe_playbook(playbook.as_deref()),
+        other => Err(ops::OpsError::Input(format!(
+            "no operation `{other}` has a playbook yet; known: backup"
+        ))),
+    };
+    match result {
+        Ok(stages) => {
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    json!({"operation": name, "stages": stages.iter().map(|(n, s, u)| json!({"name": n, "summary": s, "undoable": u})).collect::<Vec<_>>()})
+                ),
+                Output::Text => {
+                    println!("{name} ({})", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
+                    for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
+                        println!("  {:>2}. {stage:<14} {summary}{}", index + 1, if *undoable { "  [undone on failure]" } else { "" });
+                    }
+                }
+            }
+            Exit::Success
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Typed views of the HyperShift objects hcp-dr works on, and the naming
+//! rules that tie them together (HCP namespace, secret names, writers).
+//! Views wrap the object as JSON so nothing the tool does not know is lost.
+
+use kube::core::ApiResource;
+use serde_json::Value;
+
+/// `(group, version, kind, plural)` of an API type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gvk {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+}
+
+impl Gvk {
+    pub fn api_resource(&self) -> ApiResource {
+        ApiResource {
+            group: self.group.to_string(),
+            version: self.version.to_string(),
+            api_version: if self.group.is_empty() {
+                self.version.to_string()
+            } else {
+                format!("{}/{}", self.group, self.version)
+            },
+            kind: self.kind.to_string(),
+            plural: self.plural.to_string(),
+        }
+    }
+}
+
+pub const HOSTED_CLUSTER: Gvk = Gvk {
+    group: "hypershift.openshift.io",
+    version: "v1beta1",
+    kind: "HostedCluster",
+    plural: "hostedclusters",
+};
+pub const NODE_POOL: Gvk = Gvk {
+    group: "hypershift.openshift.io",
+    version: "v1beta1",
+    kind: "NodePool",
+    plural: "nodepools",
+};
+pub const HOSTED_CONTROL_PLANE: Gvk = Gvk {
+    group: "hypershift.openshift.io",
+    version: "v1beta1",
+    kind: "HostedControlPlane",
+    plural: "hostedcontrolplanes",
+};
+
+/// The Deployments that write to etcd: scaled to zero for a consistent snapshot.
+pub const ETCD_WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
+/// Also stopped when migrating, so nothing reconciles the source behind our back.
+pub const CONTROL_PLANE_OPERATOR: &str = "control-plane-operator";
+/// The etcd StatefulSet and its pods' label.
+pub const ETCD_STATEFULSET: &str = "etcd";
+pub const ETCD_POD_SELECTOR: &str = "app=etcd";
+pub const ETCD_CLIENT_PORT: u16 = 2379;
+
+/// The HCP namespace of a hosted cluster: `<namespace>-<name>`.
+pub fn hcp_namespace(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{name}")
+}
+
+/// The name an etcd member's serving certificate is valid for.
+pub fn etcd_member_server_name(member: &str, hcp_namespace: &str) -> String {
+    format!("{member}.etcd-discovery.{hcp_namespace}.svc")
+}
+
+/// A HostedCluster as JSON, with accessors for what DR needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostedCluster(pub Value);
+
+impl HostedCluster {
+    pub fn name(&self) -> &str {
+        self.0["metadata"]["name"].as_str().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> &str {
+        self.0["metadata"]["namespace"].as_str().unwrap_or_default()
+    }
+    pub fn uid(&self) -> &str {
+        self.0["metadata"]["uid"].as_str().unwrap_or_default()
+    }
+    pub fn hcp_namespace(&self) -> String {
+        hcp_namespace(self.namespace(), self.name())
+    }
+    /// `Managed`, `Unmanaged`, or "" when unset.
+    pub fn etcd_management_type(&self) -> &str {
+        self.0["spec"]["etcd"]["managementType"].as_str().unwrap_or_default()
+    }
+    /// `SingleReplica` (the API default) or `HighlyAvailable`.
+    pub fn availability_policy(&self) -> &str {
+        self.0["spec"]["controllerAvailabilityPolicy"]
+            .as_str()
+            .unwrap_or("SingleReplica")
+    }
+    pub fn expected_etcd_members(&self) -> usize {
+        if self.availability_policy() == "HighlyAvailable" { 3 } else { 1 }
+    }
+    pub fn platform(&self) -> &str {
+        self.0["spec"]["platform"]["type"].as_str().unwrap_or_default()
+    }
+    pub fn release_image(&self) -> &str {
+        self.0["spec"]["release"]["image"].as_str().unwrap_or_default()
+    }
+    pub fn paused_until(&self) -> Option<&str> {
+        self.0["spec"]["pausedUntil"].as_str()
+    }
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.0["spec"]["clusterID"].as_str()
+    }
+    pub fn infra_id(&self) -> Option<&str> {
+        self.0["spec"]["infraID"].as_str()
+    }
+    pub fn restore_snapshot_url(&self) -> Option<&str> {
+        self.0["spec"]["etcd"]["managed"]["storage"]["restoreSnapshotURL"][0].as_str()
+    }
+    /// Names of the secrets the spec points at in the HC namespace: pull
+    /// secret, etcd encryption key, SSH key, and any other `...Ref`/`...Secret`
+    /// name fields under spec (found by walking, so new fields are not missed).
+    pub fn referenced_secrets(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for path in [
+            &["pullSecret", "name"][..],
+            &["secretEncryption", "aescbc", "activeKey", "name"],
+            &["secretEncryption", "aescbc", "backupKey", "name"],
+            &["sshKey", "name"],
+            &["auditWebhook", "name"],
+            &["serviceAccountSigningKey", "name"],
+        ] {
+            let mut v = &self.0["spec"];
+            for p in path {
+                v = &v[*p];
+            }
+            if let Some(name) = v.as_str().filter(|n| !n.is_empty()) {
+                out.push(name.to_string());
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+    pub fn encryption_key_secret(&self) -> Option<&str> {
+        self.0["spec"]["secretEncryption"]["aescbc"]["activeKey"]["name"].as_str()
+    }
+    /// The value of a status condition (`True`/`False`/`Unknown`).
+    pub fn condition(&self, kind: &str) -> Option<&str> {
+        condition(&self.0, kind)
+    }
+}
+
+/// The value of condition `kind` in `obj.status.conditions`.
+pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .and_then(|c| c["status"].as_str())
+}
+
+/// Whether a `pausedUntil` value pauses reconciliation at `now`, as HyperShift reads it.
+pub fn pauses(paused_until: Option<&str>, now: chrono::DateTime<chrono::Utc>) -> bool {
+    match paused_until {
+        Some("true") | Some("True") => true,
+        Some(value) => chrono::DateTime::parse_from_rfc3339(value)
+            .map(|t| t > now)
+            .unwrap_or(false),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn views_read_the_spec() {
+        let hc = HostedCluster(json!({
+            "metadata": {"name": "demo", "namespace": "clusters", "uid": "u1"},
+            "spec": {"etcd": {"managementType": "Managed"}, "platform": {"type": "None"},
+                     "pullSecret": {"name": "demo-pull-secret"},
+                     "secretEncryption": {"aescbc": {"activeKey": {"name": "demo-etcd-encryption-key"}}},
+                     "sshKey": {"name": ""}}
+        }));
+        assert_eq!(hc.hcp_namespace(), "clusters-demo");
+        assert_eq!(hc.availability_policy(), "SingleReplica");
+        assert_eq!(hc.expected_etcd_members(), 1);
+        assert_eq!(hc.referenced_secrets(), vec!["demo-etcd-encryption-key", "demo-pull-secret"]);
+        assert_eq!(etcd_member_server_name("etcd-1", "clusters-demo"), "etcd-1.etcd-discovery.clusters-demo.svc");
+    }
+
+    #[test]
+    fn paused_until_semantics() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-21T18:00:00Z").unwrap().to_utc();
+        assert!(pauses(Some("true"), now));
+        assert!(pauses(Some("True"), now));
+        assert!(!pauses(Some("false"), now));
+        assert!(pauses(Some("2026-11-21T18:30:00Z"), now));
+        assert!(!pauses(Some("2026-11-21T17:30:00Z"), now));
+        assert!(!pauses(None, now));
+    }
+}

@@ -1,0 +1,195 @@
+//! `hcp-dr backup`: one hosted cluster, through the backup playbook.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+
+use super::OpsError;
+use crate::archive::new_backup_id;
+use crate::pipeline::{Interrupt, Journal, Mode, RunReport, Runner, builtin};
+use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
+use crate::stages::{BACKUP_RULES, backup_catalog};
+use crate::store::{self, S3Options};
+
+/// Everything `hcp-dr backup` was asked.
+#[derive(Debug, Clone)]
+pub struct BackupOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    pub hosted_cluster: String,
+    pub namespace: String,
+    pub store: String,
+    pub s3: S3Options,
+    pub pause_ttl: Duration,
+    pub etcd_access: EtcdAccess,
+    pub wait_timeout: Duration,
+    pub extra_scale_down: Vec<String>,
+    pub tls: TlsOverride,
+    pub playbook: Option<PathBuf>,
+    /// Where the journal goes (default: under `journal_dir`).
+    pub journal: Option<PathBuf>,
+    pub journal_dir: PathBuf,
+    pub dry_run: bool,
+    /// Continue the run recorded in this journal.
+    pub resume: Option<PathBuf>,
+}
+
+/// What a backup run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackupResult {
+    #[serde(flatten)]
+    pub run: RunReport,
+    /// The backup's folder in the store, when it completed.
+    pub backup: Option<String>,
+    pub etcd_revision: Option<i64>,
+    pub api_downtime_seconds: Option<f64>,
+    pub warnings: Vec<String>,
+}
+
+fn holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("hcp-dr@{host}/pid-{}", std::process::id())
+}
+
+/// Default journal location: `$HCP_DR_STATE_DIR`, else `$XDG_STATE_HOME/hcp-dr`,
+/// else `~/.local/state/hcp-dr`, then `journals/`.
+pub fn default_journal_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("HCP_DR_STATE_DIR") {
+        return PathBuf::from(dir).join("journals");
+    }
+    let base = std::env::var("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/tmp".into())).join(".local/state")
+        });
+    base.join("hcp-dr/journals")
+}
+
+fn check_name(what: &str, value: &str) -> Result<(), OpsError> {
+    let ok = !value.is_empty()
+        && value.len() <= 253
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(OpsError::Input(format!(
+            "{what} `{value}` is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
+        )))
+    }
+}
+
+/// Run (or resume, or dry-run) a backup.
+pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result<BackupResult, OpsError> {
+    let playbook = builtin::load("backup", options.playbook.as_deref())?;
+    playbook.check(&BACKUP_RULES)?;
+
+    let inputs = match &options.resume {
+        Some(journal) => {
+            let state = Journal::read(journal)?;
+            if state.header.operation != "backup" {
+                return Err(OpsError::Input(format!(
+                    "{} is a `{}` journal; resume it with `hcp-dr {}`",
+                    journal.display(),
+                    state.header.operation,
+                    state.header.operation
+                )));
+            }
+            serde_json::from_value::<BackupInputs>(state.header.inputs.clone())
+                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
+        }
+        None => {
+            check_name("hosted cluster", &options.hosted_cluster)?;
+            check_name("namespace", &options.namespace)?;
+            store::StoreUrl::parse(&options.store)?;
+            let started = Utc::now();
+            BackupInputs {
+                hosted_cluster: options.hosted_cluster.clone(),
+                namespace: options.namespace.clone(),
+                store: options.store.clone(),
+                pause_ttl_seconds: options.pause_ttl.as_secs(),
+                etcd_access: options.etcd_access,
+                extra_scale_down: options.extra_scale_down.clone(),
+                wait_timeout_seconds: options.wait_timeout.as_secs(),
+                holder: holder(),
+                backup_id: new_backup_id(started),
+                started,
+            }
+        }
+    };
+    if inputs.pause_ttl_seconds < 60 {
+        return Err(OpsError::Input(format!(
+            "--pause-ttl {}s is too short: the pause must outlast the snapshot; use at least 1m (default 30m)",
+            inputs.pause_ttl_seconds
+        )));
+    }
+
+    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let store = store::open(&inputs.store, options.s3.clone()).await?;
+    let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
+    let catalog = backup_catalog();
+    let runner = Runner {
+        operation: "backup",
+        playbook: &playbook,
+        catalog: &catalog,
+    };
+    let journal_path = journal_path(&options, &inputs);
+    let mode = if options.dry_run {
+        Mode::DryRun
+    } else if let Some(path) = &options.resume {
+        Mode::Resume { journal: path }
+    } else {
+        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume)");
+        Mode::Fresh {
+            journal: &journal_path,
+            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+        }
+    };
+    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let package = run.output("package");
+    Ok(BackupResult {
+        backup: package.and_then(|p| p["backup"].as_str()).map(str::to_string),
+        etcd_revision: package.and_then(|p| p["revision"].as_i64()),
+        api_downtime_seconds: run
+            .output("resume")
+            .and_then(|r| r["api_downtime_seconds"].as_f64())
+            .or(ctx.downtime_seconds),
+        warnings: ctx.warnings.clone(),
+        run,
+    })
+}
+
+fn journal_path(options: &BackupOptions, inputs: &BackupInputs) -> PathBuf {
+    if let Some(path) = &options.resume {
+        return path.clone();
+    }
+    options.journal.clone().unwrap_or_else(|| {
+        options.journal_dir.join(format!(
+            "backup-{}-{}-{}.jsonl",
+            inputs.namespace, inputs.hosted_cluster, inputs.backup_id
+        ))
+    })
+}
+
+/// For `playbook show`: the stages and what each does.
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    let playbook = builtin::load("backup", file)?;
+    playbook.check(&BACKUP_RULES)?;
+    let catalog = backup_catalog();
+    Ok(playbook
+        .stages
+        .iter()
+        .filter_map(|s| {
+            catalog
+                .get(&s.name)
+                .map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable()))
+        })
+        .collect())
+}

@@ -1,0 +1,48 @@
+//! The playbooks shipped in `playbooks/`, embedded in the binary.
+
+use super::playbook::{Playbook, PlaybookError};
+
+/// `(name, text)` of every embedded playbook.
+pub const BUILTIN: &[(&str, &str)] = &[("backup", include_str!("../../playbooks/backup.yaml"))];
+
+/// The embedded playbook `name`, parsed.
+pub fn builtin(name: &str) -> Option<Result<Playbook, PlaybookError>> {
+    BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, text)| Playbook::parse(text, &format!("builtin:{n}")))
+}
+
+/// Load `--playbook FILE` or the embedded default for `operation`.
+pub fn load(operation: &str, file: Option<&std::path::Path>) -> Result<Playbook, PlaybookError> {
+    match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| PlaybookError::Syntax {
+                origin: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+            Playbook::parse(&text, &path.display().to_string())
+        }
+        None => builtin(operation).unwrap_or_else(|| {
+            Err(PlaybookError::Syntax {
+                origin: format!("builtin:{operation}"),
+                message: format!("no embedded playbook for `{operation}`"),
+            })
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_playbooks_parse_and_check() {
+        let backup = builtin("backup").unwrap().unwrap();
+        backup.check(&crate::stages::BACKUP_RULES).unwrap();
+        let catalog = crate::stages::backup_catalog();
+        for stage in backup.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What the backup stages share: the management cluster, the hosted cluster
+//! they work on, the store, and what earlier stages found or did.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::Client;
+use serde::{Deserialize, Serialize};
+
+use crate::archive::{ClusterIdentity, Layout};
+use crate::etcd::{ClientTls, SnapshotReport};
+use crate::store::Store;
+
+/// How hcp-dr reaches etcd members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum EtcdAccess {
+    /// Pod IP when reachable from here, else port-forward through the API server.
+    Auto,
+    /// `https://<pod IP>:2379` (hcp-dr runs inside the management cluster).
+    PodIp,
+    /// `pods/portforward` through the API server.
+    PortForward,
+}
+
+/// TLS files given on the command line instead of the HCP namespace's.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOverride {
+    pub ca_pem: Option<String>,
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<String>,
+}
+
+/// The inputs of a backup (journaled on start, minus anything secret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackupInputs {
+    pub hosted_cluster: String,
+    pub namespace: String,
+    pub store: String,
+    pub pause_ttl_seconds: u64,
+    pub etcd_access: EtcdAccess,
+    /// Deployments scaled down besides the etcd writers (migrate adds
+    /// `control-plane-operator`).
+    pub extra_scale_down: Vec<String>,
+    /// Upper bound for each wait (pods gone, pods back).
+    pub wait_timeout_seconds: u64,
+    /// Who holds the lock (`user@host pid N`).
+    pub holder: String,
+    /// Set once when the run starts, so a resumed run writes the same backup.
+    pub backup_id: String,
+    pub started: DateTime<Utc>,
+}
+
+impl BackupInputs {
+    pub fn pause_ttl(&self) -> Duration {
+        Duration::from_secs(self.pause_ttl_seconds)
+    }
+    pub fn wait_timeout(&self) -> Duration {
+        Duration::from_secs(self.wait_timeout_seconds)
+    }
+    pub fn layout(&self) -> Layout {
+        Layout::new(&self.namespace, &self.hosted_cluster, &self.backup_id)
+    }
+}
+
+/// One etcd member found by preflight.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberTarget {
+    pub pod: String,
+    pub pod_ip: String,
+    pub revision: i64,
+}
+
+/// What `pause` changed: each object's previous `spec.pausedUntil`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PauseRecord {
+    pub until: String,
+    /// `(kind, name, previous value)`; `None` when the field was absent.
+    pub previous: Vec<(String, String, Option<String>)>,
+}
+
+/// A Deployment `scale-down` scaled, and its replicas before.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScaledDeployment {
+    pub name: String,
+    pub replicas: i32,
+}
+
+/// The context of one backup run.
+pub struct BackupContext {
+    pub client: Client,
+    pub store: Box<dyn Store>,
+    pub inputs: BackupInputs,
+    pub tls_override: TlsOverride,
+    /// Found by preflight.
+    pub identity: Option<ClusterIdentity>,
+    pub node_pools: Vec<String>,
+    pub members: Vec<MemberTarget>,
+    pub etcd_tls: Option<EtcdTlsMaterial>,
+    pub warnings: Vec<String>,
+    /// Done by the stages (restored from the journal on resume).
+    pub paused: Option<PauseRecord>,
+    pub scaled: Vec<ScaledDeployment>,
+    pub snapshots: Vec<SnapshotReport>,
+    pub downtime_started: Option<DateTime<Utc>>,
+    pub downtime_seconds: Option<f64>,
+}
+
+/// etcd client TLS from the HCP namespace (never journaled, never printed).
+#[derive(Clone)]
+pub struct EtcdTlsMaterial {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// Where each piece came from, for messages.
+    pub source: String,
+}
+
+impl std::fmt::Debug for EtcdTlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTlsMaterial")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdTlsMaterial {
+    /// Client TLS for one member (its certificate names it, not its IP).
+    pub fn for_member(&self, member: &str, hcp_namespace: &str) -> ClientTls {
+        ClientTls {
+            ca_pem: self.ca_pem.clone(),
+            cert_pem: self.cert_pem.clone(),
+            key_pem: self.key_pem.clone(),
+            server_name: crate::hosted::etcd_member_server_name(member, hcp_namespace),
+        }
+    }
+}
+
+impl BackupContext {
+    pub fn new(client: Client, store: Box<dyn Store>, inputs: BackupInputs, tls_override: TlsOverride) -> Self {
+        BackupContext {
+            client,
+            store,
+            inputs,
+            tls_override,
+            identity: None,
+            node_pools: Vec::new(),
+            members: Vec::new(),
+            etcd_tls: None,
+            warnings: Vec::new(),
+            paused: None,
+            scaled: Vec::new(),
+            snapshots: Vec::new(),
+            downtime_started: None,
+            downtime_seconds: None,
+        }
+    }
+
+    pub fn hcp_namespace(&self) -> String {
+        crate::hosted::hcp_namespace(&self.inputs.namespace, &self.inputs.hosted_cluster)
+    }
+
+    /// The Deployments this backup scales down, in order.
+    pub fn writers(&self) -> Vec<String> {
+        crate::hosted::ETCD_WRITERS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(self.inputs.extra_scale_down.iter().cloned())
+            .collect()
+    }
+
+    pub fn hc_label(&self) -> String {
+        format!("HostedCluster {}/{}", self.inputs.namespace, self.inputs.hosted_cluster)
+    }
+}

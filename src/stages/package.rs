@@ -1,0 +1,99 @@
+//! `package`: write `SHA256SUMS` and then `manifest.json`, last, so a backup
+//! is listed as complete only when every artifact is in the store.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde_json::{Value, json};
+
+use super::context::BackupContext;
+use super::{StageError, from_output};
+use crate::archive::{self, Artifact, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
+use crate::pipeline::{Stage, StageFailure, StageState, Step};
+
+pub struct Package;
+
+#[async_trait]
+impl Stage<BackupContext> for Package {
+    fn name(&self) -> &'static str {
+        "package"
+    }
+    fn summary(&self) -> &'static str {
+        "write SHA256SUMS, then manifest.json last (a backup without its manifest is incomplete)"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+        let layout = ctx.inputs.layout();
+        vec![format!("write {} and then {} to {}", layout.sums(), layout.manifest(), ctx.store.url())]
+    }
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let layout = ctx.inputs.layout();
+        let history = step.history().ok_or(StageError::Missing("journal"))?;
+        let export = history.stage("export");
+        let export_output = export.output.ok_or(StageError::Missing("export output"))?;
+        let objects: Artifact = from_output("export", &export_output["artifact"])?;
+        let object_counts = from_output("export", &export_output["object_counts"])?;
+        let mut stages = std::collections::BTreeMap::new();
+        for (name, record) in &history.stages {
+            if let (StageState::Succeeded, Some(start), Some(end)) = (record.state, record.started_at, record.finished_at) {
+                stages.insert(name.clone(), (end - start).num_milliseconds() as f64 / 1000.0);
+            }
+        }
+        if ctx.snapshots.is_empty() {
+            return Err(StageError::Missing("etcd snapshots").into());
+        }
+        let identity = ctx.identity.clone().ok_or(StageError::Missing("cluster identity"))?;
+
+        let mut artifacts: Vec<Artifact> = ctx
+            .snapshots
+            .iter()
+            .map(|s| Artifact {
+                name: archive::Layout::snapshot_name(&s.member),
+                size: s.size,
+                sha256: s.sha256.clone(),
+            })
+            .collect();
+        artifacts.push(objects);
+        let sums = archive::sha256sums(&artifacts);
+        let put = ctx.store.put(&layout.sums(), Box::new(sums.as_bytes())).await?;
+        artifacts.push(Artifact {
+            name: SHA256SUMS.into(),
+            size: put.size,
+            sha256: put.sha256,
+        });
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            backup_id: ctx.inputs.backup_id.clone(),
+            cluster: identity,
+            etcd: ctx
+                .snapshots
+                .iter()
+                .map(|s| MemberSnapshot {
+                    member: s.member.clone(),
+                    artifact: archive::Layout::snapshot_name(&s.member),
+                    revision: s.revision,
+                    size: s.size,
+                    sha256: s.sha256.clone(),
+                })
+                .collect(),
+            artifacts,
+            object_counts,
+            timings: Timings {
+                started: Some(ctx.inputs.started),
+                finished: Some(Utc::now()),
+                api_downtime_seconds: ctx.downtime_seconds,
+                stages,
+            },
+            encryption: None,
+        };
+        manifest.check()?;
+        ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;
+        Ok(json!({
+            "backup": format!("{}/{}", ctx.store.url(), layout.dir()),
+            "manifest": layout.manifest(),
+            "revision": manifest.best_snapshot().map(|s| s.revision),
+        }))
+    }
+}

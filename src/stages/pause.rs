@@ -1,0 +1,116 @@
+//! `pause`: set `spec.pausedUntil` on the HostedCluster and each of its
+//! NodePools to an RFC 3339 deadline (now + pause TTL), never to "true": a
+//! crashed run then cannot leave the cluster paused for ever. The previous
+//! values are journaled before anything changes, and put back by `resume`
+//! or by undo.
+
+use async_trait::async_trait;
+use chrono::{SecondsFormat, Utc};
+use serde_json::Value;
+
+use super::context::{BackupContext, PauseRecord};
+use super::{StageError, from_output};
+use crate::hosted::{HOSTED_CLUSTER, NODE_POOL};
+use crate::kube::{api, get_json, set_paused_until};
+use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+
+pub struct Pause;
+
+fn targets(ctx: &BackupContext) -> Vec<(String, String)> {
+    std::iter::once(("HostedCluster".to_string(), ctx.inputs.hosted_cluster.clone()))
+        .chain(ctx.node_pools.iter().map(|np| ("NodePool".to_string(), np.clone())))
+        .collect()
+}
+
+/// Put every object back to its recorded value.
+pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), StageFailure> {
+    for (kind, name, previous) in &record.previous {
+        let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
+        let live = get_json(&api(&ctx.client, gvk, &ctx.inputs.namespace), name, &format!("{kind} {name}")).await?;
+        let Some(live) = live else {
+            tracing::warn!("{kind} {}/{name} is gone; nothing to unpause", ctx.inputs.namespace);
+            continue;
+        };
+        // Someone else changed the pause since: leave their value alone.
+        let current = live["spec"]["pausedUntil"].as_str();
+        if current != Some(record.until.as_str()) && current != previous.as_deref() {
+            tracing::warn!(
+                "{kind} {}/{name} has pausedUntil={current:?}, set by someone else since; leaving it",
+                ctx.inputs.namespace
+            );
+            continue;
+        }
+        set_paused_until(&ctx.client, gvk, &ctx.inputs.namespace, name, previous.as_deref()).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Stage<BackupContext> for Pause {
+    fn name(&self) -> &'static str {
+        "pause"
+    }
+    fn summary(&self) -> &'static str {
+        "pause reconciliation of the HostedCluster and its NodePools until a deadline (never \"true\")"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+        targets(ctx)
+            .into_iter()
+            .map(|(kind, name)| {
+                format!(
+                    "set spec.pausedUntil on {kind} {}/{name} to now + {}s",
+                    ctx.inputs.namespace, ctx.inputs.pause_ttl_seconds
+                )
+            })
+            .collect()
+    }
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let until = (Utc::now() + chrono::Duration::seconds(ctx.inputs.pause_ttl_seconds as i64))
+            .to_rfc3339_opts(SecondsFormat::Secs, true);
+        let mut record = PauseRecord {
+            until: until.clone(),
+            previous: Vec::new(),
+        };
+        for (kind, name) in targets(ctx) {
+            let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
+            let live = get_json(&api(&ctx.client, gvk, &ctx.inputs.namespace), &name, &format!("{kind} {name}"))
+                .await?
+                .ok_or_else(|| StageError::Precondition(format!("{kind} {}/{name} disappeared", ctx.inputs.namespace)))?;
+            record.previous.push((kind, name, live["spec"]["pausedUntil"].as_str().map(str::to_string)));
+        }
+        // A rerun after a crash part-way must keep the values from before the first try.
+        if let Some(first) = step
+            .history()
+            .and_then(|h| h.stage("pause").progress)
+            .and_then(|p| serde_json::from_value::<PauseRecord>(p).ok())
+        {
+            record.previous = first.previous;
+        }
+        // Journal what will change before changing it.
+        step.record(serde_json::to_value(&record)?)?;
+        for (kind, name, _) in &record.previous {
+            let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
+            set_paused_until(&ctx.client, gvk, &ctx.inputs.namespace, name, Some(&until)).await?;
+        }
+        let output = serde_json::to_value(&record)?;
+        ctx.paused = Some(record);
+        Ok(output)
+    }
+    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.paused = Some(from_output("pause", output)?);
+        Ok(())
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        let Some(value) = input.output.or(input.progress) else {
+            return Ok(());
+        };
+        let record: PauseRecord = from_output("pause", value)?;
+        put_back(ctx, &record).await
+    }
+}

@@ -1,0 +1,69 @@
+//! `resume`: as soon as the snapshots are safe, scale the writers back and
+//! lift the pause (to exactly what it was). The API downtime window, from
+//! the first writer scaled down until the writers are available again, is
+//! measured here.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+use super::context::BackupContext;
+use super::{StageError, from_output, pause, scale_down};
+use crate::kube::{request, wait_for};
+use crate::pipeline::{Stage, StageFailure, Step};
+
+pub struct Resume;
+
+#[async_trait]
+impl Stage<BackupContext> for Resume {
+    fn name(&self) -> &'static str {
+        "resume"
+    }
+    fn summary(&self) -> &'static str {
+        "scale the writers back, wait until they are available, lift the pause; report the API downtime"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+        vec![
+            format!("scale {} back to their replicas", ctx.writers().join(", ")),
+            "put spec.pausedUntil back to its previous value".into(),
+        ]
+    }
+    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let ns = ctx.hcp_namespace();
+        scale_down::scale_back(ctx, &ctx.scaled).await?;
+        let mut warnings = Vec::new();
+        for d in ctx.scaled.iter().filter(|d| d.replicas > 0) {
+            let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+            let what = format!("Deployment {ns}/{} to be available again", d.name);
+            let waited = wait_for(&what, ctx.inputs.wait_timeout(), Duration::from_millis(250), || async {
+                let dep = api.get(&d.name).await.map_err(request(format!("reading Deployment {ns}/{}", d.name)))?;
+                let available = dep.status.and_then(|s| s.available_replicas).unwrap_or(0);
+                Ok((available >= d.replicas).then_some(()))
+            })
+            .await;
+            if let Err(err) = waited {
+                // Scaled back already: the cluster is resumed; say so rather than undo.
+                warnings.push(err.to_string());
+            }
+        }
+        let downtime = ctx
+            .downtime_started
+            .map(|start| (Utc::now() - start).num_milliseconds() as f64 / 1000.0);
+        let record = ctx.paused.clone().ok_or(StageError::Missing("pause record"))?;
+        pause::put_back(ctx, &record).await?;
+        ctx.downtime_seconds = downtime;
+        ctx.warnings.extend(warnings.iter().cloned());
+        Ok(json!({"api_downtime_seconds": downtime, "warnings": warnings}))
+    }
+    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.downtime_seconds = from_output("resume", &output["api_downtime_seconds"])?;
+        Ok(())
+    }
+}

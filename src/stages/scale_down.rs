@@ -1,0 +1,109 @@
+//! `scale-down`: stop every etcd writer (kube-apiserver, openshift-apiserver,
+//! openshift-oauth-apiserver, and control-plane-operator when migrating) so
+//! the members converge on one revision; the API is down from here until
+//! `resume`. Original replica counts are journaled before scaling.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::context::{BackupContext, ScaledDeployment};
+use super::from_output;
+use crate::kube::{deployment_pods, deployment_replicas, scale_deployment, wait_for};
+use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    scaled: Vec<ScaledDeployment>,
+    /// When the first writer was scaled down (API downtime starts).
+    started: chrono::DateTime<Utc>,
+}
+
+pub struct ScaleDown;
+
+/// Scale the recorded Deployments back to their replicas.
+pub async fn scale_back(ctx: &BackupContext, scaled: &[ScaledDeployment]) -> Result<(), StageFailure> {
+    let ns = ctx.hcp_namespace();
+    for d in scaled {
+        if deployment_replicas(&ctx.client, &ns, &d.name).await?.is_some() {
+            scale_deployment(&ctx.client, &ns, &d.name, d.replicas).await?;
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Stage<BackupContext> for ScaleDown {
+    fn name(&self) -> &'static str {
+        "scale-down"
+    }
+    fn summary(&self) -> &'static str {
+        "scale the etcd writers to zero and wait until their pods are gone (API downtime starts)"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+        ctx.writers()
+            .iter()
+            .map(|w| format!("scale Deployment {}/{w} to 0 and wait until its pods are gone", ctx.hcp_namespace()))
+            .collect()
+    }
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let ns = ctx.hcp_namespace();
+        let mut scaled = Vec::new();
+        for name in ctx.writers() {
+            match deployment_replicas(&ctx.client, &ns, &name).await? {
+                Some(replicas) => scaled.push(ScaledDeployment { name, replicas }),
+                None => ctx.warnings.push(format!("Deployment {ns}/{name} does not exist; not scaled")),
+            }
+        }
+        // A resumed run finds writers already at 0: keep the counts journaled first.
+        if let Some(previous) = step
+            .history()
+            .and_then(|h| h.stage("scale-down").progress)
+            .and_then(|p| serde_json::from_value::<Record>(p).ok())
+        {
+            scaled = previous.scaled;
+        }
+        let record = Record {
+            scaled: scaled.clone(),
+            started: Utc::now(),
+        };
+        step.record(serde_json::to_value(&record)?)?;
+        ctx.scaled = scaled.clone();
+        ctx.downtime_started = Some(record.started);
+        for d in &scaled {
+            scale_deployment(&ctx.client, &ns, &d.name, 0).await?;
+        }
+        let timeout = ctx.inputs.wait_timeout();
+        for d in &scaled {
+            let what = format!("the pods of Deployment {ns}/{} to terminate", d.name);
+            wait_for(&what, timeout, Duration::from_millis(250), || async {
+                let pods = deployment_pods(&ctx.client, &ns, &d.name).await?;
+                Ok(pods.is_empty().then_some(()))
+            })
+            .await?;
+        }
+        Ok(serde_json::to_value(record)?)
+    }
+    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+        let record: Record = from_output("scale-down", output)?;
+        ctx.scaled = record.scaled;
+        ctx.downtime_started = Some(record.started);
+        Ok(())
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        let Some(value) = input.output.or(input.progress) else {
+            return Ok(());
+        };
+        let record: Record = from_output("scale-down", value)?;
+        scale_back(ctx, &record.scaled).await
+    }
+}
