@@ -1,1 +1,236 @@
-fn main() {}
+//! `hcp-dr-sandbox`: start, inspect and stop the management-cluster sandbox,
+//! and run the local DR drill.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use hcp_dr_e2e::sandbox::{Sandbox, SandboxState};
+
+#[derive(Parser)]
+#[command(name = "hcp-dr-sandbox", version, about = "Emulated management clusters on real etcd, for hcp-dr")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start mgmt-a, mgmt-b, the S3 and the Route53 endpoints; write kubeconfigs, ca.crt and env into DIR.
+    Up {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Return once everything is ready, leaving the sandbox running in the background.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Stop the sandbox running in DIR.
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Show what runs in DIR and whether it answers.
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// The local DR drill: a sandbox, the hosted cluster `demo`, workloads, a report.
+    Drill {
+        /// Where the sandbox lives (default: a temporary directory, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,hcp_dr_e2e::drill=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: starting the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Up { dir, detach: true } => detach(&dir).await,
+            Command::Up { dir, detach: false } => up(&dir).await,
+            Command::Down { dir } => down(&dir).await,
+            Command::Status { dir } => status(&dir).await,
+            Command::Drill { dir, json } => drill(dir, json).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn up(dir: &Path) -> anyhow::Result<()> {
+    if let Ok(state) = SandboxState::load(dir) {
+        if process_alive(state.pid) {
+            anyhow::bail!(
+                "a sandbox (pid {}) already runs in {}: stop it with `hcp-dr-sandbox down --dir {}`",
+                state.pid,
+                dir.display(),
+                dir.display()
+            );
+        }
+    }
+    let sandbox = Sandbox::up(dir).await?;
+    println!("sandbox up in {} (pid {})", sandbox.dir.display(), std::process::id());
+    for c in &sandbox.clusters {
+        println!("  {}: {}  kubeconfig {}", c.name, c.api.url(), c.kubeconfig.display());
+    }
+    println!("  S3: {} (bucket {})", sandbox.s3.https_url(), hcp_dr_e2e::sandbox::BUCKET);
+    println!("  Route53: {} (zone {})", sandbox.route53.url(), sandbox.zone_id);
+    println!("  source {}/env for the endpoints and credentials", sandbox.dir.display());
+    std::fs::write(sandbox.dir.join("ready"), b"ready\n")?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    let _ = std::fs::remove_file(sandbox.dir.join("ready"));
+    println!("stopping the sandbox");
+    sandbox.shutdown().await;
+    Ok(())
+}
+
+async fn detach(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(dir)?;
+    let dir = dir.canonicalize()?;
+    let _ = std::fs::remove_file(dir.join("ready"));
+    let log = std::fs::File::create(dir.join("sandbox.log"))?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["up", "--dir"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        if dir.join("ready").exists() {
+            print!("{}", std::fs::read_to_string(dir.join("sandbox.log"))?);
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!(
+                "the sandbox exited ({status}) before it was ready; its log:\n{}",
+                std::fs::read_to_string(dir.join("sandbox.log")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("the sandbox was not ready after 120s; see {}", dir.join("sandbox.log").display())
+}
+
+fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+async fn down(dir: &Path) -> anyhow::Result<()> {
+    let state = SandboxState::load(dir)?;
+    if !process_alive(state.pid) {
+        let _ = std::fs::remove_file(dir.join("sandbox.json"));
+        println!("no sandbox process (pid {}) is running; cleaned up {}", state.pid, dir.display());
+        return Ok(());
+    }
+    let _ = std::process::Command::new("kill").args(["-TERM", &state.pid.to_string()]).status();
+    let start = Instant::now();
+    while process_alive(state.pid) {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = std::process::Command::new("kill").args(["-KILL", &state.pid.to_string()]).status();
+            anyhow::bail!("the sandbox (pid {}) did not stop in 30s and was killed; its etcd processes may remain", state.pid);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("sandbox in {} stopped", dir.display());
+    Ok(())
+}
+
+async fn status(dir: &Path) -> anyhow::Result<()> {
+    let state = SandboxState::load(dir)?;
+    let alive = process_alive(state.pid);
+    println!("sandbox {} in {}: process {} {}", state.sandbox_id, dir.display(), state.pid, if alive { "running" } else { "NOT running" });
+    println!("  CRDs: {}", state.crds);
+    let mut healthy = alive;
+    for c in &state.clusters {
+        let answer = match cluster_summary(&c.kubeconfig).await {
+            Ok(summary) => summary,
+            Err(err) => {
+                healthy = false;
+                format!("not answering: {err:#}")
+            }
+        };
+        println!("  {}: {}  {}", c.name, c.api_url, answer);
+    }
+    println!("  S3: {} bucket {}", state.s3_url, state.bucket);
+    println!("  Route53: {} zone {}", state.route53_url, state.zone_id);
+    if !healthy {
+        anyhow::bail!("the sandbox in {} is not healthy", dir.display());
+    }
+    Ok(())
+}
+
+async fn cluster_summary(kubeconfig: &str) -> anyhow::Result<String> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default()).await?;
+    let client = kube::Client::try_from(config)?;
+    let api = hcp_dr_e2e::sandbox::api_for(
+        &client,
+        &serde_json::json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster"}),
+    );
+    let list = api.list(&Default::default()).await?;
+    let names: Vec<String> = list
+        .items
+        .iter()
+        .map(|hc| {
+            let value = serde_json::to_value(hc).unwrap_or_default();
+            format!(
+                "{}/{} (Available={})",
+                hc.metadata.namespace.clone().unwrap_or_default(),
+                hc.metadata.name.clone().unwrap_or_default(),
+                hcp_dr_e2e::sandbox::condition(&value, "Available").unwrap_or_else(|| "?".into())
+            )
+        })
+        .collect();
+    Ok(format!("ready; hosted clusters: {}", if names.is_empty() { "none".into() } else { names.join(", ") }))
+}
+
+async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let temp;
+    let dir = match dir {
+        Some(dir) => dir,
+        None => {
+            temp = tempfile::Builder::new().prefix("hcp-dr-sandbox-").tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    let report = hcp_dr_e2e::drill::run(&dir).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(())
+}

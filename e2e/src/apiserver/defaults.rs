@@ -1,0 +1,256 @@
+//! Server-side defaulting and conversion of built-in kinds that clients
+//! observe: `Secret.stringData` folded into `data`, replica counts, the
+//! StatefulSet PVC retention policy, Service cluster IPs and ports.
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+
+use super::schema::FieldErrorKind;
+use super::status::{ApiError, field_error};
+
+fn obj_at<'a>(v: &'a mut Value, key: &str) -> &'a mut Map<String, Value> {
+    if !v.get(key).is_some_and(Value::is_object) {
+        v[key] = json!({});
+    }
+    match v.get_mut(key) {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("{key} was just made an object"),
+    }
+}
+
+fn default_field(m: &mut Map<String, Value>, key: &str, value: Value) {
+    if m.get(key).is_none_or(Value::is_null) {
+        m.insert(key.to_string(), value);
+    }
+}
+
+/// Fold `stringData` into `data` and check that `data` values are base64, as
+/// the API server's Secret decoding does.
+fn secret(obj: &mut Value) -> Result<(), ApiError> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if let Some(Value::Object(data)) = obj.get("data") {
+        for (k, v) in data {
+            let s = v.as_str().unwrap_or("");
+            if base64::engine::general_purpose::STANDARD.decode(s).is_err() {
+                return Err(ApiError::bad_request(format!(
+                    "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data in data[{k}] of secret {name}"
+                )));
+            }
+        }
+    }
+    if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|o| o.remove("stringData")) {
+        let data = obj_at(obj, "data");
+        for (k, v) in sd {
+            let s = v.as_str().unwrap_or("").to_string();
+            data.insert(
+                k,
+                json!(base64::engine::general_purpose::STANDARD.encode(s)),
+            );
+        }
+    }
+    if let Some(o) = obj.as_object_mut() {
+        default_field(o, "type", json!("Opaque"));
+    }
+    Ok(())
+}
+
+fn service(obj: &mut Value, allocate_ip: &dyn Fn() -> String) {
+    let spec = obj_at(obj, "spec");
+    default_field(spec, "type", json!("ClusterIP"));
+    default_field(spec, "sessionAffinity", json!("None"));
+    let ip = match spec.get("clusterIP").and_then(Value::as_str) {
+        Some(ip) if !ip.is_empty() => ip.to_string(),
+        _ if spec.get("type").and_then(Value::as_str) == Some("ExternalName") => String::new(),
+        _ => allocate_ip(),
+    };
+    if !ip.is_empty() {
+        spec.insert("clusterIP".into(), json!(ip));
+        default_field(spec, "clusterIPs", json!([ip]));
+        default_field(spec, "ipFamilies", json!(["IPv4"]));
+        default_field(spec, "ipFamilyPolicy", json!("SingleStack"));
+        default_field(spec, "internalTrafficPolicy", json!("Cluster"));
+    }
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            if let Some(pm) = p.as_object_mut() {
+                default_field(pm, "protocol", json!("TCP"));
+                if let Some(port) = pm.get("port").cloned() {
+                    default_field(pm, "targetPort", port);
+                }
+            }
+        }
+    }
+}
+
+/// Defaults applied on create (and update) of built-in kinds. Service
+/// cluster IPs come from `allocate_ip`.
+pub(crate) fn apply(
+    kind: &str,
+    obj: &mut Value,
+    allocate_ip: &dyn Fn() -> String,
+) -> Result<(), ApiError> {
+    match kind {
+        "Secret" => secret(obj)?,
+        "ConfigMap" => {}
+        "Deployment" | "ReplicaSet" => {
+            let spec = obj_at(obj, "spec");
+            default_field(spec, "replicas", json!(1));
+            default_field(spec, "revisionHistoryLimit", json!(10));
+            if kind == "Deployment" {
+                default_field(spec, "progressDeadlineSeconds", json!(600));
+                default_field(
+                    spec,
+                    "strategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+                );
+            }
+        }
+        "StatefulSet" => {
+            let spec = obj_at(obj, "spec");
+            default_field(spec, "replicas", json!(1));
+            default_field(spec, "podManagementPolicy", json!("OrderedReady"));
+            default_field(spec, "revisionHistoryLimit", json!(10));
+            default_field(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+            );
+            default_field(
+                spec,
+                "persistentVolumeClaimRetentionPolicy",
+                json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+            );
+        }
+        "Service" => service(obj, allocate_ip),
+        "Pod" => {
+            let spec = obj_at(obj, "spec");
+            default_field(spec, "restartPolicy", json!("Always"));
+            default_field(spec, "terminationGracePeriodSeconds", json!(30));
+            default_field(spec, "dnsPolicy", json!("ClusterFirst"));
+            default_field(spec, "schedulerName", json!("default-scheduler"));
+            default_field(spec, "serviceAccountName", json!("default"));
+        }
+        "PersistentVolumeClaim" => {
+            let spec = obj_at(obj, "spec");
+            default_field(spec, "volumeMode", json!("Filesystem"));
+        }
+        "Job" => {
+            let spec = obj_at(obj, "spec");
+            default_field(spec, "backoffLimit", json!(6));
+            default_field(spec, "completions", json!(1));
+            default_field(spec, "parallelism", json!(1));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Validate `metadata.labels` keys and values as upstream ObjectMeta validation does.
+pub(crate) fn validate_labels(obj: &Value) -> Vec<super::schema::FieldError> {
+    let mut errs = Vec::new();
+    let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) else {
+        return errs;
+    };
+    for (k, v) in labels {
+        let (prefix, name) = match k.split_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, k.as_str()),
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_ascii_alphanumeric());
+        let prefix_ok = prefix.is_none_or(|p| super::validation::dns1123_subdomain(p).is_none());
+        if !name_ok || !prefix_ok {
+            errs.push(field_error(
+                FieldErrorKind::Invalid,
+                "metadata.labels",
+                format!("Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"),
+            ));
+        }
+        let val = v.as_str().unwrap_or("");
+        let val_ok = val.is_empty()
+            || (val.len() <= 63
+                && val
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && val
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphanumeric())
+                && val
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_ascii_alphanumeric()));
+        if !val_ok || !v.is_string() {
+            errs.push(field_error(
+                FieldErrorKind::Invalid,
+                "metadata.labels",
+                format!("Invalid value: \"{val}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"),
+            ));
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_string_data_is_folded_into_data() {
+        let mut s =
+            json!({"metadata": {"name": "x"}, "stringData": {"k": "v"}, "data": {"a": "eA=="}});
+        apply("Secret", &mut s, &|| String::new()).expect("valid");
+        assert_eq!(s["data"], json!({"a": "eA==", "k": "dg=="}));
+        assert!(s.get("stringData").is_none());
+        assert_eq!(s["type"], "Opaque");
+        let mut bad = json!({"metadata": {"name": "x"}, "data": {"a": "%%%"}});
+        assert_eq!(
+            apply("Secret", &mut bad, &|| String::new())
+                .expect_err("bad base64")
+                .code,
+            400
+        );
+    }
+
+    #[test]
+    fn statefulset_and_service_defaults() {
+        let mut sts = json!({"spec": {}});
+        apply("StatefulSet", &mut sts, &|| String::new()).expect("ok");
+        assert_eq!(sts["spec"]["replicas"], 1);
+        assert_eq!(
+            sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"],
+            "Retain"
+        );
+        let mut svc = json!({"spec": {"ports": [{"port": 2379}]}});
+        apply("Service", &mut svc, &|| "172.30.0.10".to_string()).expect("ok");
+        assert_eq!(svc["spec"]["clusterIP"], "172.30.0.10");
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], 2379);
+        let mut headless = json!({"spec": {"clusterIP": "None"}});
+        apply("Service", &mut headless, &|| "172.30.0.11".to_string()).expect("ok");
+        assert_eq!(headless["spec"]["clusterIP"], "None");
+    }
+
+    #[test]
+    fn label_validation() {
+        assert!(validate_labels(&json!({"metadata": {"labels": {"app": "etcd", "hypershift.openshift.io/hosted-control-plane": "clusters-demo"}}})).is_empty());
+        assert_eq!(
+            validate_labels(&json!({"metadata": {"labels": {"app": "bad value"}}})).len(),
+            1
+        );
+    }
+}

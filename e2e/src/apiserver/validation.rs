@@ -1,0 +1,246 @@
+//! The little validation the emulator does on built-in kinds: names, and the
+//! immutable fields disaster recovery runs into.
+
+use serde_json::Value;
+
+use super::schema::{FieldError, FieldErrorKind};
+use super::status::field_error;
+
+/// DNS-1123 subdomain (most object names).
+pub fn dns1123_subdomain(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if ok {
+        None
+    } else {
+        Some(format!(
+            "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        ))
+    }
+}
+
+/// DNS-1123 label (namespaces, services).
+pub fn dns1123_label(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        None
+    } else {
+        Some(format!(
+            "Invalid value: \"{name}\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        ))
+    }
+}
+
+/// Name validation for a kind (RBAC kinds accept path-segment names as upstream).
+pub fn validate_name(kind: &str, name: &str) -> Vec<FieldError> {
+    let problem = match kind {
+        "Namespace" | "Service" => dns1123_label(name),
+        "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => {
+            if name.is_empty()
+                || name == "."
+                || name == ".."
+                || name.contains('/')
+                || name.contains('%')
+            {
+                Some(format!(
+                    "Invalid value: \"{name}\": may not contain '/' or '%'"
+                ))
+            } else {
+                None
+            }
+        }
+        _ => dns1123_subdomain(name),
+    };
+    problem
+        .map(|p| vec![field_error(FieldErrorKind::Invalid, "metadata.name", p)])
+        .unwrap_or_default()
+}
+
+fn at<'a>(v: &'a Value, ptr: &str) -> &'a Value {
+    v.pointer(ptr).unwrap_or(&Value::Null)
+}
+
+fn without(v: &Value, keys: &[&str]) -> Value {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        for k in keys {
+            o.remove(*k);
+        }
+    }
+    v
+}
+
+/// Immutable-field checks on update of built-in kinds.
+pub fn validate_builtin_update(kind: &str, old: &Value, new: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    match kind {
+        "StatefulSet" => {
+            let keep = [
+                "replicas",
+                "ordinals",
+                "template",
+                "updateStrategy",
+                "persistentVolumeClaimRetentionPolicy",
+                "minReadySeconds",
+            ];
+            let o = without(at(old, "/spec"), &keep);
+            let n = without(at(new, "/spec"), &keep);
+            if o != n {
+                errs.push(field_error(
+                    FieldErrorKind::Forbidden,
+                    "spec",
+                    "Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden",
+                ));
+            }
+        }
+        "Deployment" | "ReplicaSet" | "Job"
+            if at(old, "/spec/selector") != at(new, "/spec/selector") =>
+        {
+            errs.push(field_error(
+                FieldErrorKind::Invalid,
+                "spec.selector",
+                format!(
+                    "Invalid value: {}: field is immutable",
+                    at(new, "/spec/selector")
+                ),
+            ));
+        }
+        "Secret" | "ConfigMap" => {
+            if at(old, "/immutable") == &Value::Bool(true) {
+                if at(new, "/immutable") != &Value::Bool(true) {
+                    errs.push(field_error(
+                        FieldErrorKind::Forbidden,
+                        "immutable",
+                        "Forbidden: field is immutable when `immutable` is set",
+                    ));
+                }
+                for f in ["data", "binaryData", "stringData"] {
+                    if at(old, &format!("/{f}")) != at(new, &format!("/{f}")) {
+                        errs.push(field_error(
+                            FieldErrorKind::Forbidden,
+                            f,
+                            "Forbidden: field is immutable when `immutable` is set",
+                        ));
+                    }
+                }
+            }
+            if kind == "Secret"
+                && at(old, "/type") != at(new, "/type")
+                && !at(old, "/type").is_null()
+            {
+                errs.push(field_error(
+                    FieldErrorKind::Invalid,
+                    "type",
+                    format!("Invalid value: {}: field is immutable", at(new, "/type")),
+                ));
+            }
+        }
+        "PersistentVolumeClaim" => {
+            let o = without(
+                at(old, "/spec"),
+                &["resources", "volumeAttributesClassName"],
+            );
+            let n = without(
+                at(new, "/spec"),
+                &["resources", "volumeAttributesClassName"],
+            );
+            if o != n {
+                errs.push(field_error(
+                    FieldErrorKind::Forbidden,
+                    "spec",
+                    "Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+                ));
+            }
+        }
+        "Service" => {
+            let oc = at(old, "/spec/clusterIP");
+            let nc = at(new, "/spec/clusterIP");
+            if !oc.is_null() && oc != nc {
+                errs.push(field_error(
+                    FieldErrorKind::Invalid,
+                    "spec.clusterIPs[0]",
+                    format!("Invalid value: {}: may not change once set", nc),
+                ));
+            }
+        }
+        "Pod" => {
+            let strip = |spec: &Value| -> Value {
+                let mut s = without(spec, &["activeDeadlineSeconds", "tolerations"]);
+                for list in ["containers", "initContainers"] {
+                    if let Some(cs) = s.get_mut(list).and_then(Value::as_array_mut) {
+                        for c in cs {
+                            if let Some(o) = c.as_object_mut() {
+                                o.remove("image");
+                            }
+                        }
+                    }
+                }
+                s
+            };
+            if strip(at(old, "/spec")) != strip(at(new, "/spec")) {
+                errs.push(field_error(
+                    FieldErrorKind::Forbidden,
+                    "spec",
+                    "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+                ));
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names() {
+        assert!(dns1123_subdomain("etcd-0").is_none());
+        assert!(dns1123_subdomain("a.b-c").is_none());
+        assert!(dns1123_subdomain("Bad").is_some());
+        assert!(dns1123_label("a.b").is_some());
+        assert_eq!(validate_name("Namespace", "clusters-demo"), vec![]);
+        assert_eq!(validate_name("ConfigMap", "x_y").len(), 1);
+    }
+
+    #[test]
+    fn statefulset_selector_is_immutable_replicas_not() {
+        let old = json!({"spec": {"replicas": 3, "selector": {"matchLabels": {"app": "etcd"}}, "serviceName": "etcd-discovery"}});
+        let mut scaled = old.clone();
+        scaled["spec"]["replicas"] = json!(0);
+        assert!(validate_builtin_update("StatefulSet", &old, &scaled).is_empty());
+        let mut bad = old.clone();
+        bad["spec"]["serviceName"] = json!("other");
+        let errs = validate_builtin_update("StatefulSet", &old, &bad);
+        assert_eq!(errs.len(), 1);
+        assert!(
+            errs[0]
+                .detail
+                .starts_with("Forbidden: updates to statefulset spec")
+        );
+    }
+
+    #[test]
+    fn immutable_secret_data() {
+        let old = json!({"immutable": true, "data": {"a": "eA=="}});
+        let new = json!({"immutable": true, "data": {"a": "eQ=="}});
+        assert_eq!(validate_builtin_update("Secret", &old, &new).len(), 1);
+        assert!(validate_builtin_update("Secret", &old, &old).is_empty());
+    }
+}

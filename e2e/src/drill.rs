@@ -1,0 +1,502 @@
+//! The sandbox drill: the README's first command. It brings a sandbox up,
+//! creates the hosted cluster `demo` on `mgmt-a`, writes sample workloads into
+//! its hosted API, checks where they landed (the hosted cluster's own etcd
+//! members, real processes), runs the hcp-dr operations that exist, and prints
+//! a timed report.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use kube::api::{Api, ListParams, PostParams};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::procs::etcd::{ClientTls, connect_client};
+use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, create_all, wait_available};
+
+/// Namespace of the sample workloads in the hosted cluster.
+pub const WORKLOAD_NS: &str = "drill-app";
+/// How many ConfigMaps and Secrets the drill writes.
+pub const WORKLOAD_OBJECTS: usize = 20;
+
+/// One timed step of the drill.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub name: String,
+    pub seconds: f64,
+    pub detail: String,
+}
+
+/// One etcd member of the hosted cluster, as seen over its client port.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberReport {
+    pub pod: String,
+    pub pod_ip: String,
+    pub revision: i64,
+    pub db_size: i64,
+    pub leader: bool,
+    pub workload_keys: usize,
+}
+
+/// What the drill found.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillReport {
+    pub sandbox_dir: String,
+    pub crds: String,
+    pub hosted_cluster: String,
+    pub steps: Vec<Step>,
+    pub members: Vec<MemberReport>,
+    pub not_yet_available: Vec<String>,
+}
+
+impl DrillReport {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!("hcp-dr sandbox drill: {}\n", self.hosted_cluster));
+        out.push_str(&format!("  sandbox dir: {}\n  CRDs: {}\n\n", self.sandbox_dir, self.crds));
+        out.push_str(&format!("  {:<34} {:>8}  {}\n", "step", "seconds", "detail"));
+        for step in &self.steps {
+            out.push_str(&format!("  {:<34} {:>8.2}  {}\n", step.name, step.seconds, step.detail));
+        }
+        out.push_str(&format!(
+            "\n  hosted etcd members (real etcd processes; keys under /kubernetes.io/.../{WORKLOAD_NS}/):\n"
+        ));
+        out.push_str(&format!(
+            "  {:<8} {:<16} {:>9} {:>10} {:>7} {:>14}\n",
+            "pod", "pod IP", "revision", "db bytes", "leader", "workload keys"
+        ));
+        for m in &self.members {
+            out.push_str(&format!(
+                "  {:<8} {:<16} {:>9} {:>10} {:>7} {:>14}\n",
+                m.pod, m.pod_ip, m.revision, m.db_size, m.leader, m.workload_keys
+            ));
+        }
+        if !self.not_yet_available.is_empty() {
+            out.push_str("\n  not run (not implemented in hcp-dr yet):\n");
+            for item in &self.not_yet_available {
+                out.push_str(&format!("    - {item}\n"));
+            }
+        }
+        out
+    }
+}
+
+fn kube_err(action: &str) -> impl FnOnce(kube::Error) -> SandboxError + '_ {
+    move |source| SandboxError::Kube {
+        action: action.to_string(),
+        source,
+    }
+}
+
+async fn timed<T, F>(steps: &mut Vec<Step>, name: &str, fut: F) -> Result<T, SandboxError>
+where
+    F: std::future::Future<Output = Result<(T, String), SandboxError>>,
+{
+    let start = Instant::now();
+    let (value, detail) = fut.await?;
+    let step = Step {
+        name: name.to_string(),
+        seconds: start.elapsed().as_secs_f64(),
+        detail,
+    };
+    tracing::info!(step = %step.name, seconds = step.seconds, "{}", step.detail);
+    steps.push(step);
+    Ok(value)
+}
+
+/// A kube client for the hosted cluster from its `<name>-admin-kubeconfig` secret.
+pub async fn hosted_client(
+    mgmt: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<kube::Client, SandboxError> {
+    let secret_name = format!("{name}-admin-kubeconfig");
+    let secret = Api::<Secret>::namespaced(mgmt.clone(), ns)
+        .get(&secret_name)
+        .await
+        .map_err(kube_err("reading the admin kubeconfig secret"))?;
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("kubeconfig"))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| SandboxError::Timeout {
+            what: format!("{secret_name} to hold a kubeconfig"),
+            seconds: 0,
+        })?;
+    let text = String::from_utf8_lossy(&bytes).to_string();
+    let config = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|err| SandboxError::Kube {
+            action: format!("parsing {secret_name}"),
+            source: kube::Error::InferKubeconfig(err),
+        })?;
+    let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|err| SandboxError::Kube {
+            action: format!("loading {secret_name}"),
+            source: kube::Error::InferKubeconfig(err),
+        })?;
+    kube::Client::try_from(config).map_err(kube_err("building the hosted cluster client"))
+}
+
+/// Write the sample workloads into the hosted cluster.
+pub async fn write_workloads(hosted: &kube::Client) -> Result<usize, SandboxError> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": WORKLOAD_NS}}))
+        .map_err(|e| SandboxError::Kube { action: "namespace".into(), source: kube::Error::SerdeError(e) })?;
+    match Api::<Namespace>::all(hosted.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(kube_err("creating the workload namespace")(e)),
+    }
+    let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS);
+    let secrets = Api::<Secret>::namespaced(hosted.clone(), WORKLOAD_NS);
+    for i in 0..WORKLOAD_OBJECTS {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("config-{i:02}"), "labels": {"app": "drill"}},
+            "data": {"index": i.to_string(), "payload": "x".repeat(256)}
+        }))
+        .map_err(|e| SandboxError::Kube { action: "configmap".into(), source: kube::Error::SerdeError(e) })?;
+        cms.create(&PostParams::default(), &cm).await.map_err(kube_err("creating a workload ConfigMap"))?;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("secret-{i:02}"), "labels": {"app": "drill"}},
+            "stringData": {"token": format!("drill-secret-{i}")}
+        }))
+        .map_err(|e| SandboxError::Kube { action: "secret".into(), source: kube::Error::SerdeError(e) })?;
+        secrets.create(&PostParams::default(), &secret).await.map_err(kube_err("creating a workload Secret"))?;
+    }
+    Ok(WORKLOAD_OBJECTS * 2)
+}
+
+/// Look at each etcd member of the hosted cluster directly over its client
+/// port, with the client TLS of the HCP namespace.
+pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<MemberReport>, SandboxError> {
+    let secret = Api::<Secret>::namespaced(mgmt.clone(), hcp_ns)
+        .get("etcd-client-tls")
+        .await
+        .map_err(kube_err("reading etcd-client-tls"))?;
+    let ca = Api::<ConfigMap>::namespaced(mgmt.clone(), hcp_ns)
+        .get("etcd-ca")
+        .await
+        .map_err(kube_err("reading etcd-ca"))?;
+    let get = |key: &str| -> String {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).to_string())
+            .unwrap_or_default()
+    };
+    let ca_pem = ca.data.as_ref().and_then(|d| d.get("ca.crt")).cloned().unwrap_or_default();
+    let pods = Api::<Pod>::namespaced(mgmt.clone(), hcp_ns)
+        .list(&ListParams::default().labels("app=etcd"))
+        .await
+        .map_err(kube_err("listing etcd pods"))?;
+    let mut members = Vec::new();
+    for pod in pods.items {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+        let tls = ClientTls {
+            ca_pem: ca_pem.clone(),
+            cert_pem: get("etcd-client.crt"),
+            key_pem: get("etcd-client.key"),
+            server_name: format!("{pod_name}.etcd-discovery.{hcp_ns}.svc"),
+        };
+        let mut client = connect_client(&[format!("https://{pod_ip}:2379")], Some(&tls)).await?;
+        let status = client.status().await.map_err(crate::procs::ProcError::Etcd)?;
+        let (header_member, leader) = (
+            status.header().map(|h| h.member_id()).unwrap_or_default(),
+            status.leader(),
+        );
+        let mut keys = 0;
+        for resource in ["configmaps", "secrets"] {
+            let prefix = format!("/kubernetes.io/{resource}/{WORKLOAD_NS}/");
+            let resp = client
+                .get(
+                    prefix.as_bytes(),
+                    Some(etcd_client::GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .map_err(crate::procs::ProcError::Etcd)?;
+            keys += resp.count() as usize;
+        }
+        members.push(MemberReport {
+            pod: pod_name,
+            pod_ip,
+            revision: status.header().map(|h| h.revision()).unwrap_or_default(),
+            db_size: status.db_size(),
+            leader: header_member == leader,
+            workload_keys: keys,
+        });
+    }
+    members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    Ok(members)
+}
+
+/// Run the drill in `dir` (a running sandbox is started there and stopped at the end).
+pub async fn run(dir: &Path) -> Result<DrillReport, SandboxError> {
+    let mut steps = Vec::new();
+    let sandbox = timed(&mut steps, "sandbox up", async {
+        let sandbox = Sandbox::up(dir).await?;
+        let detail = format!(
+            "mgmt-a {} / mgmt-b {}, S3 {}, Route53 {}",
+            sandbox.clusters[0].api.url(),
+            sandbox.clusters[1].api.url(),
+            sandbox.s3.https_url(),
+            sandbox.route53.url()
+        );
+        Ok((sandbox, detail))
+    })
+    .await?;
+    let result = drill_on(&sandbox, &mut steps).await;
+    let crds = crate::sandbox::crd_dir().1.to_string();
+    let sandbox_dir = sandbox.dir.display().to_string();
+    sandbox.shutdown().await;
+    let (hosted_cluster, members) = result?;
+    Ok(DrillReport {
+        sandbox_dir,
+        crds,
+        hosted_cluster,
+        steps,
+        members,
+        not_yet_available: vec![
+            "hcp-dr restore / migrate mgmt-a -> mgmt-b with workload verification (issue 4)".into(),
+            "hcp-dr drill on mgmt-b with RTO/RPO (issue 7)".into(),
+        ],
+    })
+}
+
+async fn drill_on(
+    sandbox: &Sandbox,
+    steps: &mut Vec<Step>,
+) -> Result<(String, Vec<MemberReport>), SandboxError> {
+    let spec = HostedClusterSpec::demo();
+    let mgmt = sandbox.clusters[0]
+        .api
+        .client()
+        .await
+        .map_err(|source| SandboxError::ApiServer { cluster: "mgmt-a".into(), source })?;
+    timed(steps, "create HostedCluster demo", async {
+        create_all(&mgmt, &spec.objects()).await?;
+        Ok(((), format!("{} in {}, {} nodes", spec.availability, spec.namespace, spec.node_pool_replicas)))
+    })
+    .await?;
+    timed(steps, "wait for Available", async {
+        wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(180)).await?;
+        Ok(((), "HostedCluster condition Available=True".to_string()))
+    })
+    .await?;
+    let hosted = timed(steps, "connect to the hosted API", async {
+        let hosted = hosted_client(&mgmt, &spec.namespace, &spec.name).await?;
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(hosted.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing hosted nodes"))?;
+        Ok((hosted, format!("{} nodes", nodes.items.len())))
+    })
+    .await?;
+    timed(steps, "write sample workloads", async {
+        let n = write_workloads(&hosted).await?;
+        Ok(((), format!("{n} objects in namespace {WORKLOAD_NS}")))
+    })
+    .await?;
+    let hcp_ns = format!("{}-{}", spec.namespace, spec.name);
+    let members = timed(steps, "inspect hosted etcd members", async {
+        let members = inspect_members(&mgmt, &hcp_ns).await?;
+        let expected_members = if spec.availability == "HighlyAvailable" { 3 } else { 1 };
+        if members.len() != expected_members {
+            return Err(SandboxError::Check(format!(
+                "{} etcd members answer, {expected_members} expected", members.len()
+            )));
+        }
+        for m in &members {
+            if m.workload_keys != WORKLOAD_OBJECTS * 2 {
+                return Err(SandboxError::Check(format!(
+                    "member {} holds {} of the {} workload keys", m.pod, m.workload_keys, WORKLOAD_OBJECTS * 2
+                )));
+            }
+        }
+        Ok((members.clone(), format!("{} members, each holding all {} workload keys", members.len(), WORKLOAD_OBJECTS * 2)))
+    })
+    .await?;
+    let backup = timed(steps, "hcp-dr backup to S3", async {
+        let report = run_backup(sandbox, &spec).await?;
+        let detail = format!(
+            "{} (revision {}, API down {:.1}s)",
+            report["backup"].as_str().unwrap_or("?"),
+            report["etcd_revision"].as_i64().unwrap_or_default(),
+            report["api_downtime_seconds"].as_f64().unwrap_or_default()
+        );
+        Ok((report, detail))
+    })
+    .await?;
+    timed(steps, "verify the backup", async {
+        let detail = verify_backup(sandbox, &backup).await?;
+        Ok(((), detail))
+    })
+    .await?;
+    timed(steps, "cluster back in service", async {
+        wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(120)).await?;
+        let hc = crate::sandbox::api_for(
+            &mgmt,
+            &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": spec.namespace}}),
+        )
+        .get(&spec.name)
+        .await
+        .map_err(kube_err("reading the HostedCluster"))?;
+        let value = serde_json::to_value(&hc).unwrap_or_default();
+        if !value["spec"]["pausedUntil"].is_null() {
+            return Err(SandboxError::Check(format!(
+                "the HostedCluster is still paused after the backup: pausedUntil={}",
+                value["spec"]["pausedUntil"]
+            )));
+        }
+        let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing workloads after the backup"))?;
+        Ok(((), format!("Available, not paused, hosted API serves {} ConfigMaps", cms.items.len())))
+    })
+    .await?;
+    Ok((format!("{}/{}", spec.namespace, spec.name), members))
+}
+
+/// The hcp-dr binary: `$HCP_DR_BIN`, else next to this executable.
+pub fn hcp_dr_binary() -> Result<std::path::PathBuf, SandboxError> {
+    if let Ok(path) = std::env::var("HCP_DR_BIN") {
+        return Ok(path.into());
+    }
+    let exe = std::env::current_exe().map_err(|source| SandboxError::Io { path: "current_exe".into(), source })?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    // test binaries live in target/debug/deps
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("hcp-dr");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(SandboxError::Check(format!(
+            "the hcp-dr binary is not at {}: build it (cargo build -p hcp-dr) or set HCP_DR_BIN",
+            bin.display()
+        )))
+    }
+}
+
+/// Run `hcp-dr backup` of `spec` on mgmt-a into the sandbox's S3 bucket; returns its JSON report.
+pub async fn run_backup(sandbox: &Sandbox, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
+    let bin = hcp_dr_binary()?;
+    let journal = sandbox.dir.join("journals").join("drill-backup.jsonl");
+    let output = tokio::process::Command::new(&bin)
+        .args(["backup", "--hosted-cluster", &spec.name, "-n", &spec.namespace, "-o", "json"])
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[0].kubeconfig)
+        .args(["--to", &format!("s3://{}/backups", crate::sandbox::BUCKET)])
+        .args(["--s3-endpoint", sandbox.s3.https_url()])
+        .arg("--ca-bundle")
+        .arg(sandbox.dir.join("ca.crt"))
+        .arg("--journal")
+        .arg(&journal)
+        .env("AWS_ACCESS_KEY_ID", sandbox.s3.access_key())
+        .env("AWS_SECRET_ACCESS_KEY", sandbox.s3.secret_key())
+        .env("AWS_REGION", sandbox.s3.region())
+        .env("HCP_DR_STATE_DIR", sandbox.dir.join("state"))
+        .output()
+        .await
+        .map_err(|source| SandboxError::Io { path: bin.clone(), source })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(SandboxError::Check(format!(
+            "hcp-dr backup exited with {}:\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    serde_json::from_str(&stdout)
+        .map_err(|e| SandboxError::Check(format!("hcp-dr backup printed no JSON report ({e}):\n{stdout}")))
+}
+
+/// Check the backup independently of hcp-dr: the manifest's hashes against
+/// the bytes s3s-fs stored, then every member snapshot restored with
+/// `etcdctl snapshot restore` into a scratch etcd holding all the workload keys.
+pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Result<String, SandboxError> {
+    use sha2::{Digest, Sha256};
+    let url = report["backup"].as_str().unwrap_or_default();
+    let rel = url
+        .strip_prefix(&format!("s3://{}/", crate::sandbox::BUCKET))
+        .ok_or_else(|| SandboxError::Check(format!("backup URL {url} is not in the sandbox bucket")))?;
+    let folder = sandbox.s3.root().join(crate::sandbox::BUCKET).join(rel);
+    let read = |p: std::path::PathBuf| std::fs::read(&p).map_err(|source| SandboxError::Io { path: p, source });
+    let manifest: serde_json::Value = serde_json::from_slice(&read(folder.join("manifest.json"))?)
+        .map_err(|e| SandboxError::Check(format!("manifest.json: {e}")))?;
+    let artifacts = manifest["artifacts"].as_array().cloned().unwrap_or_default();
+    for artifact in &artifacts {
+        let name = artifact["name"].as_str().unwrap_or_default();
+        let bytes = read(folder.join(name))?;
+        let sha = format!("{:x}", Sha256::digest(&bytes));
+        if Some(sha.as_str()) != artifact["sha256"].as_str() || Some(bytes.len() as u64) != artifact["size"].as_u64() {
+            return Err(SandboxError::Check(format!("artifact {name} does not match the manifest")));
+        }
+    }
+    let snapshots = manifest["etcd"].as_array().cloned().unwrap_or_default();
+    let mut restored = Vec::new();
+    for snapshot in &snapshots {
+        let member = snapshot["member"].as_str().unwrap_or_default().to_string();
+        let path = folder.join(snapshot["artifact"].as_str().unwrap_or_default());
+        let scratch = sandbox.dir.join("verify").join(&member);
+        let keys = count_keys_in_snapshot(&path, &scratch, &[
+            &format!("/kubernetes.io/configmaps/{WORKLOAD_NS}/"),
+            &format!("/kubernetes.io/secrets/{WORKLOAD_NS}/"),
+        ])
+        .await?;
+        if keys != WORKLOAD_OBJECTS * 2 {
+            return Err(SandboxError::Check(format!(
+                "snapshot of {member} restores {keys} of the {} workload keys",
+                WORKLOAD_OBJECTS * 2
+            )));
+        }
+        restored.push(member);
+    }
+    Ok(format!(
+        "{} artifacts match the manifest; snapshots of {} each restore all {} workload keys",
+        artifacts.len(),
+        restored.join(", "),
+        WORKLOAD_OBJECTS * 2
+    ))
+}
+
+/// Restore `snapshot` with `etcdctl snapshot restore` into a scratch member in
+/// `dir`, start it, and count the keys under `prefixes`.
+pub async fn count_keys_in_snapshot(snapshot: &Path, dir: &Path, prefixes: &[&str]) -> Result<usize, SandboxError> {
+    use crate::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, etcdctl_snapshot_restore};
+    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let ports = crate::procs::free_ports(ip, 2)?;
+    let peer = format!("http://127.0.0.1:{}", ports[1]);
+    let cluster = vec![("scratch".to_string(), peer.clone())];
+    let data_dir = dir.join("data");
+    etcdctl_snapshot_restore(snapshot, &data_dir, "scratch", &cluster, &peer)?;
+    let mut member = EtcdProcess::start(EtcdMemberConfig {
+        name: "scratch".into(),
+        data_dir,
+        log_dir: dir.to_path_buf(),
+        client_ip: ip,
+        client_port: ports[0],
+        peer_port: ports[1],
+        initial_cluster: cluster,
+        initial_cluster_state: ClusterState::New,
+        tls: None,
+        quota_backend_bytes: None,
+    })?;
+    member.wait_healthy(Duration::from_secs(30), None).await?;
+    let mut client = connect_client(&[member.client_url()], None).await?;
+    let mut total = 0;
+    for prefix in prefixes {
+        let resp = client
+            .get(*prefix, Some(etcd_client::GetOptions::new().with_prefix().with_count_only()))
+            .await
+            .map_err(crate::procs::ProcError::Etcd)?;
+        total += resp.count() as usize;
+    }
+    member.kill();
+    Ok(total)
+}

@@ -1,0 +1,582 @@
+//! The parts of kube-controller-manager and the kubelet the sandbox needs:
+//! Deployments and StatefulSets become Pods and PVCs, pods "run" (status
+//! Running/Ready with a loopback pod IP), PVCs get a data directory, the
+//! garbage collector deletes objects whose controller is gone, the
+//! PVC-protection controller holds PVCs used by pods. (Garbage collection by
+//! ownerReferences and namespace termination run inside the API emulator.)
+//!
+//! Differences from a real cluster: Deployments own their pods directly (no
+//! ReplicaSets); there is no scheduler or node (pods get `spec.nodeName` of a
+//! virtual node); rolling updates are not simulated (a template change does not
+//! replace pods).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::objects::{
+    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, controller_of, is_deleting,
+    name_of, ns_of, owner_ref, str_at, uid_of,
+};
+use super::{Ctx, OperatorError, io_err, log_failure};
+
+/// Annotation on a StatefulSet PVC holding the pod IP of its ordinal: the
+/// sandbox's stand-in for the stable DNS name `<pod>.<service>.<ns>.svc`.
+pub const POD_IP_ANNOTATION: &str = "sandbox.hcp-dr.io/pod-ip";
+/// The finalizer real clusters put on PVCs in use.
+pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// Marker file in a PV directory naming the PVC uid it belongs to.
+const PV_OWNER_FILE: &str = ".sandbox-pvc-uid";
+
+/// Whether a pod's containers are run by the etcd "kubelet" (a real etcd
+/// process) rather than marked running here.
+pub fn is_etcd_pod(pod: &Value) -> bool {
+    matches!(controller_of(pod), Some(("StatefulSet", "etcd", _)))
+        && str_at(pod, "/metadata/labels/hypershift.openshift.io~1control-plane-component") == Some("etcd")
+}
+
+/// The data directory of a PVC (`state_dir/pv/<ns>/<pvc>`).
+pub fn pv_path(state_dir: &Path, ns: &str, pvc: &str) -> PathBuf {
+    state_dir.join("pv").join(ns).join(pvc)
+}
+
+/// The data directory of `pvc`, created on first use. A directory left by an
+/// earlier PVC of the same name (another uid) is wiped first: a new claim is a
+/// new, empty volume.
+pub fn ensure_pv_dir(state_dir: &Path, pvc: &Value) -> Result<PathBuf, OperatorError> {
+    let dir = pv_path(state_dir, ns_of(pvc), name_of(pvc));
+    let marker = dir.join(PV_OWNER_FILE);
+    let uid = uid_of(pvc);
+    match std::fs::read_to_string(&marker) {
+        Ok(owner) if owner.trim() == uid => return Ok(dir),
+        Ok(_) => std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?,
+        Err(_) if dir.exists() => std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?,
+        Err(_) => {}
+    }
+    std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+    std::fs::write(&marker, uid).map_err(io_err("writing", &marker))?;
+    Ok(dir)
+}
+
+/// The existing data directory of `pvc`, if it was provisioned for this uid.
+pub fn existing_pv_dir(state_dir: &Path, pvc: &Value) -> Option<PathBuf> {
+    let dir = pv_path(state_dir, ns_of(pvc), name_of(pvc));
+    let owner = std::fs::read_to_string(dir.join(PV_OWNER_FILE)).ok()?;
+    (owner.trim() == uid_of(pvc)).then_some(dir)
+}
+
+/// Everything listed once per pass.
+struct World {
+    pods: Vec<Value>,
+    pvcs: Vec<Value>,
+}
+
+/// One pass of every workload controller.
+pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
+    let deployments = ctx.kube.list(&DEPLOYMENT, None, None).await?;
+    let statefulsets = ctx.kube.list(&STATEFULSET, None, None).await?;
+    let world = World {
+        pods: ctx.kube.list(&POD, None, None).await?,
+        pvcs: ctx.kube.list(&PVC, None, None).await?,
+    };
+    release_storage(&ctx, &world).await;
+    for d in &deployments {
+        if let Err(e) = sync_deployment(&ctx, d, &world).await {
+            log_failure("deployment", &format!("{}/{}", ns_of(d), name_of(d)), &e);
+        }
+    }
+    for s in &statefulsets {
+        if let Err(e) = sync_statefulset(&ctx, s, &world).await {
+            log_failure("statefulset", &format!("{}/{}", ns_of(s), name_of(s)), &e);
+        }
+    }
+    for pod in &world.pods {
+        if let Err(e) = run_plain_pod(&ctx, pod).await {
+            log_failure("kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
+        }
+    }
+    Ok(())
+}
+
+/// Completes pod deletions (the kubelet's part), releases the protection
+/// finalizer of deleted PVCs no pod uses, and removes the data directories of
+/// PVCs that are gone. (Garbage collection by owner and namespace termination
+/// are done by the API server emulator's own controllers.)
+async fn release_storage(ctx: &Ctx, world: &World) {
+    // Pods being deleted gracefully: the containers are stopped (the etcd
+    // kubelet kills its processes when the pod is marked), so confirm.
+    for pod in world.pods.iter().filter(|p| is_deleting(p)) {
+        if is_etcd_pod(pod) && super::etcd_member::is_supervised(ctx, uid_of(pod)) {
+            continue;
+        }
+        if let Err(e) = delete_now(ctx, &POD, ns_of(pod), name_of(pod)).await {
+            log_failure("kubelet", name_of(pod), &e);
+        }
+    }
+    // PVC protection: release deleted claims once no pod mounts them.
+    for pvc in world.pvcs.iter().filter(|p| is_deleting(p)) {
+        let in_use = world.pods.iter().any(|p| ns_of(p) == ns_of(pvc) && pod_claims(p).iter().any(|c| c == name_of(pvc)));
+        if !in_use && let Err(e) = remove_finalizer(ctx, &PVC, pvc, PVC_PROTECTION).await {
+            log_failure("pvc-protection", name_of(pvc), &e);
+        }
+    }
+    // Data of PVCs that no longer exist.
+    let pv_root = ctx.cfg.state_dir.join("pv");
+    let live: HashSet<(String, String)> =
+        world.pvcs.iter().map(|p| (ns_of(p).to_string(), name_of(p).to_string())).collect();
+    if let Ok(namespaces) = std::fs::read_dir(&pv_root) {
+        for ns_entry in namespaces.flatten() {
+            let ns = ns_entry.file_name().to_string_lossy().to_string();
+            let Ok(dirs) = std::fs::read_dir(ns_entry.path()) else { continue };
+            for d in dirs.flatten() {
+                let name = d.file_name().to_string_lossy().to_string();
+                if !live.contains(&(ns.clone(), name.clone())) {
+                    tracing::info!(namespace = %ns, pvc = %name, "PVC gone: deleting its volume data");
+                    if let Err(e) = std::fs::remove_dir_all(d.path()) {
+                        tracing::warn!(path = %d.path().display(), "removing volume data: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// DELETE with `gracePeriodSeconds: 0` (what the kubelet does once containers stopped).
+pub(crate) async fn delete_now(ctx: &Ctx, res: &Res, ns: &str, name: &str) -> Result<bool, OperatorError> {
+    ctx.kube.delete_with_grace(res, Some(ns), name, 0).await
+}
+
+/// Remove `finalizer` from `obj` (merge patch of the whole list, guarded by resourceVersion).
+pub(crate) async fn remove_finalizer(ctx: &Ctx, res: &Res, obj: &Value, finalizer: &str) -> Result<(), OperatorError> {
+    let Some(list) = obj.pointer("/metadata/finalizers").and_then(Value::as_array) else {
+        return Ok(());
+    };
+    if !list.iter().any(|f| f.as_str() == Some(finalizer)) {
+        return Ok(());
+    }
+    let kept: Vec<&Value> = list.iter().filter(|f| f.as_str() != Some(finalizer)).collect();
+    let patch = json!({"metadata": {"finalizers": kept,
+        "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
+    let ns = ns_of(obj);
+    ctx.kube.merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch).await.map(|_| ())
+}
+
+/// Add `finalizer` to `obj` if missing.
+pub(crate) async fn add_finalizer(ctx: &Ctx, res: &Res, obj: &Value, finalizer: &str) -> Result<(), OperatorError> {
+    let mut list: Vec<Value> =
+        obj.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
+    if list.iter().any(|f| f.as_str() == Some(finalizer)) {
+        return Ok(());
+    }
+    list.push(json!(finalizer));
+    let patch = json!({"metadata": {"finalizers": list,
+        "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
+    let ns = ns_of(obj);
+    ctx.kube.merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch).await.map(|_| ())
+}
+
+/// PVC names a pod mounts.
+fn pod_claims(pod: &Value) -> Vec<String> {
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .map(|vols| {
+            vols.iter()
+                .filter_map(|v| str_at(v, "/persistentVolumeClaim/claimName").map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Container ports of a pod spec (to pick a pod IP where they are free).
+fn container_ports(spec: &Value) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for c in spec.get("containers").and_then(Value::as_array).into_iter().flatten() {
+        for p in c.get("ports").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(n) = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()) {
+                ports.push(n);
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+fn alloc_pod_ip(spec: &Value) -> Result<IpAddr, OperatorError> {
+    Ok(crate::procs::alloc_loopback_ip(&container_ports(spec))?)
+}
+
+fn is_ready(pod: &Value) -> bool {
+    objects::condition_true(pod.pointer("/status/conditions"), "Ready") && !is_deleting(pod)
+}
+
+fn replicas_of(obj: &Value) -> u64 {
+    obj.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)
+}
+
+fn random_suffix(len: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    uuid::Uuid::new_v4().as_bytes().iter().take(len).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+}
+
+/// The status a running pod reports (all containers started and ready).
+pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
+    let now = objects::now();
+    let start = pod.pointer("/status/startTime").cloned().unwrap_or_else(|| json!(now));
+    let prev = pod.pointer("/status/conditions");
+    let containers: Vec<Value> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            json!({"name": c.get("name").cloned().unwrap_or(json!("")), "image": c.get("image").cloned().unwrap_or(json!("")),
+                   "imageID": "", "ready": ready, "started": true, "restartCount": 0,
+                   "state": {"running": {"startedAt": start.clone()}}})
+        })
+        .collect();
+    json!({
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+        "startTime": start, "qosClass": "Burstable",
+        "conditions": [
+            objects::condition(prev, "PodScheduled", true, "", ""),
+            objects::condition(prev, "Initialized", true, "", ""),
+            objects::condition(prev, "ContainersReady", ready, "", ""),
+            objects::condition(prev, "Ready", ready, "", ""),
+        ],
+        "containerStatuses": containers,
+    })
+}
+
+/// The "kubelet" for ordinary pods: a pod without a phase starts running at
+/// once on a fresh loopback IP.
+async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
+    if is_etcd_pod(pod) || is_deleting(pod) || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending") {
+        return Ok(());
+    }
+    let ip = match str_at(pod, "/status/podIP") {
+        Some(ip) => ip.to_string(),
+        None => alloc_pod_ip(pod.get("spec").unwrap_or(&Value::Null))?.to_string(),
+    };
+    let status = running_status(pod, &ip, true);
+    ctx.kube.merge_status(&POD, Some(ns_of(pod)), name_of(pod), &json!({"status": status})).await?;
+    Ok(())
+}
+
+fn virtual_node(ctx: &Ctx) -> String {
+    format!("{}-control-plane-0", ctx.cfg.cluster_name)
+}
+
+fn template_labels(obj: &Value) -> serde_json::Map<String, Value> {
+    obj.pointer("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default()
+}
+
+async fn sync_deployment(ctx: &Ctx, d: &Value, world: &World) -> Result<(), OperatorError> {
+    if is_deleting(d) {
+        return Ok(());
+    }
+    let ns = ns_of(d);
+    let name = name_of(d);
+    let want = replicas_of(d) as usize;
+    let mut owned: Vec<&Value> = world
+        .pods
+        .iter()
+        .filter(|p| ns_of(p) == ns && controller_of(p).is_some_and(|(_, _, uid)| uid == uid_of(d)) && !is_deleting(p))
+        .collect();
+    owned.sort_by(|a, b| {
+        str_at(a, "/metadata/creationTimestamp").cmp(&str_at(b, "/metadata/creationTimestamp")).then(name_of(a).cmp(name_of(b)))
+    });
+    let template_hash = objects::short_hash(&[&d.pointer("/spec/template").map(Value::to_string).unwrap_or_default()], 10);
+    if owned.len() < want {
+        for _ in owned.len()..want {
+            let mut labels = template_labels(d);
+            labels.insert("pod-template-hash".into(), json!(template_hash));
+            let mut spec = d.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({}));
+            spec["nodeName"] = json!(virtual_node(ctx));
+            let pod = json!({
+                "metadata": {
+                    "name": format!("{name}-{template_hash}-{}", random_suffix(5)),
+                    "namespace": ns,
+                    "labels": labels,
+                    "annotations": d.pointer("/spec/template/metadata/annotations").cloned().unwrap_or(json!({})),
+                    "ownerReferences": [owner_ref(&DEPLOYMENT, d)],
+                },
+                "spec": spec,
+            });
+            ctx.kube.create(&POD, Some(ns), pod).await?;
+        }
+    } else if owned.len() > want {
+        // Newest first, like the ReplicaSet controller's ranking.
+        for pod in owned.iter().rev().take(owned.len() - want) {
+            ctx.kube.delete(&POD, Some(ns), name_of(pod)).await?;
+        }
+        owned.truncate(want);
+    }
+    let ready = owned.iter().filter(|p| is_ready(p)).count();
+    let prev = d.pointer("/status/conditions");
+    let available = ready >= want;
+    let status = json!({
+        "observedGeneration": d.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+        "replicas": owned.len(),
+        "updatedReplicas": owned.len(),
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "unavailableReplicas": owned.len().saturating_sub(ready),
+        "conditions": [
+            objects::condition(prev, "Available", available,
+                if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
+                if available { "Deployment has minimum availability." } else { "Deployment does not have minimum availability." }),
+            objects::condition(prev, "Progressing", true, "NewReplicaSetAvailable",
+                &format!("ReplicaSet \"{name}-{template_hash}\" has successfully progressed.")),
+        ],
+    });
+    patch_status_if_changed(ctx, &DEPLOYMENT, d, status).await
+}
+
+/// Patch `status` unless every field already has that value (ignoring
+/// condition timestamps), so idle controllers do not churn resourceVersions.
+pub(crate) async fn patch_status_if_changed(ctx: &Ctx, res: &Res, obj: &Value, status: Value) -> Result<(), OperatorError> {
+    let current = obj.get("status").cloned().unwrap_or(json!({}));
+    if status_subset(&status, &current) {
+        return Ok(());
+    }
+    let ns = ns_of(obj);
+    ctx.kube.merge_status(res, (!ns.is_empty()).then_some(ns), name_of(obj), &json!({"status": status})).await?;
+    Ok(())
+}
+
+/// Whether every field of `want` equals the one in `have` (conditions compared
+/// without `lastTransitionTime`).
+pub(crate) fn status_subset(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w.iter().all(|(k, v)| {
+            if k == "lastTransitionTime" || k == "lastUpdateTime" || k == "lastHeartbeatTime" {
+                return true;
+            }
+            match h.get(k) {
+                Some(hv) => status_subset(v, hv),
+                None => v.is_null(),
+            }
+        }),
+        (Value::Array(w), Value::Array(h)) => w.len() == h.len() && w.iter().zip(h).all(|(a, b)| status_subset(a, b)),
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        _ => want == have,
+    }
+}
+
+fn ordinal(sts: &str, pod_or_suffix: &str) -> Option<usize> {
+    pod_or_suffix.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()
+}
+
+async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), OperatorError> {
+    let ns = ns_of(s);
+    let name = name_of(s);
+    if is_deleting(s) {
+        return Ok(());
+    }
+    let want = replicas_of(s) as usize;
+    let claims: Vec<Value> = s.pointer("/spec/volumeClaimTemplates").and_then(Value::as_array).cloned().unwrap_or_default();
+    let when_scaled = str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenScaled").unwrap_or("Retain");
+    let when_deleted = str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenDeleted").unwrap_or("Retain");
+    let spec_template = s.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({}));
+    let pods: HashMap<&str, &Value> = world
+        .pods
+        .iter()
+        .filter(|p| ns_of(p) == ns && controller_of(p).is_some_and(|(_, _, uid)| uid == uid_of(s)))
+        .map(|p| (name_of(p), p))
+        .collect();
+    let pvcs: HashMap<&str, &Value> = world.pvcs.iter().filter(|p| ns_of(p) == ns).map(|p| (name_of(p), p)).collect();
+    let revision = format!(
+        "{name}-{}",
+        objects::short_hash(&[&s.pointer("/spec/template").map(Value::to_string).unwrap_or_default()], 10)
+    );
+
+    for i in 0..want {
+        let pod_name = format!("{name}-{i}");
+        // Claims first: the pod mounts them and takes its IP from the first.
+        let mut pod_ip: Option<String> = None;
+        let mut claims_ready = true;
+        for (k, c) in claims.iter().enumerate() {
+            let claim = format!("{}-{pod_name}", name_of(c));
+            match pvcs.get(claim.as_str()) {
+                Some(pvc) if is_deleting(pvc) => claims_ready = false,
+                Some(pvc) => {
+                    if k == 0 {
+                        pod_ip = str_at(pvc, &format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1")))
+                            .map(str::to_string);
+                    }
+                    ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
+                }
+                None => {
+                    let ip = alloc_pod_ip(&spec_template)?.to_string();
+                    if k == 0 {
+                        pod_ip = Some(ip.clone());
+                    }
+                    create_claim(ctx, s, c, &claim, &ip, when_deleted).await?;
+                }
+            }
+        }
+        if !claims_ready {
+            continue;
+        }
+        match pods.get(pod_name.as_str()) {
+            Some(_) => {}
+            None => {
+                let mut labels = template_labels(s);
+                labels.insert("statefulset.kubernetes.io/pod-name".into(), json!(pod_name));
+                labels.insert("apps.kubernetes.io/pod-index".into(), json!(i.to_string()));
+                labels.insert("controller-revision-hash".into(), json!(revision));
+                let mut spec = spec_template.clone();
+                spec["hostname"] = json!(pod_name);
+                if let Some(svc) = str_at(s, "/spec/serviceName") {
+                    spec["subdomain"] = json!(svc);
+                }
+                spec["nodeName"] = json!(virtual_node(ctx));
+                let mut volumes = spec.get("volumes").and_then(Value::as_array).cloned().unwrap_or_default();
+                for c in &claims {
+                    volumes.push(json!({"name": name_of(c),
+                        "persistentVolumeClaim": {"claimName": format!("{}-{pod_name}", name_of(c))}}));
+                }
+                spec["volumes"] = json!(volumes);
+                let pod = json!({
+                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                        "annotations": s.pointer("/spec/template/metadata/annotations").cloned().unwrap_or(json!({})),
+                        "ownerReferences": [owner_ref(&STATEFULSET, s)]},
+                    "spec": spec,
+                });
+                let created = ctx.kube.create(&POD, Some(ns), pod).await?;
+                let ip = match pod_ip {
+                    Some(ip) => ip,
+                    None => alloc_pod_ip(&spec_template)?.to_string(),
+                };
+                // The pod exists and has its address; its containers start
+                // next (here for ordinary pods, in the etcd kubelet for etcd).
+                let status = json!({"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
+                    "hostIPs": [{"ip": "127.0.0.1"}],
+                    "conditions": [objects::condition(None, "PodScheduled", true, "", "")]});
+                ctx.kube.merge_status(&POD, Some(ns), name_of(&created), &json!({"status": status})).await?;
+            }
+        }
+    }
+    // Scale down: pods beyond the replicas go, then (whenScaled: Delete) their claims.
+    for (pod_name, pod) in &pods {
+        if ordinal(name, pod_name).is_some_and(|o| o >= want) && !is_deleting(pod) {
+            ctx.kube.delete(&POD, Some(ns), pod_name).await?;
+        }
+    }
+    if when_scaled == "Delete" {
+        for c in &claims {
+            let prefix = format!("{}-", name_of(c));
+            for (pvc_name, pvc) in &pvcs {
+                let Some(rest) = pvc_name.strip_prefix(prefix.as_str()) else { continue };
+                let Some(o) = ordinal(name, rest) else { continue };
+                if o >= want && !is_deleting(pvc) && !pods.contains_key(rest) {
+                    tracing::info!(namespace = ns, pvc = %pvc_name, "whenScaled: Delete: deleting claim of a removed replica");
+                    ctx.kube.delete(&PVC, Some(ns), pvc_name).await?;
+                }
+            }
+        }
+    }
+    let live: Vec<&&Value> = pods.values().filter(|p| !is_deleting(p)).collect();
+    let ready = live.iter().filter(|p| is_ready(p)).count();
+    let status = json!({
+        "observedGeneration": s.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+        "replicas": live.len(),
+        "readyReplicas": ready,
+        "currentReplicas": live.len(),
+        "updatedReplicas": live.len(),
+        "availableReplicas": ready,
+        "currentRevision": revision,
+        "updateRevision": revision,
+        "collisionCount": 0,
+    });
+    patch_status_if_changed(ctx, &STATEFULSET, s, status).await
+}
+
+async fn create_claim(
+    ctx: &Ctx,
+    sts: &Value,
+    template: &Value,
+    claim: &str,
+    pod_ip: &str,
+    when_deleted: &str,
+) -> Result<(), OperatorError> {
+    let ns = ns_of(sts);
+    let labels: BTreeMap<String, Value> = sts
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    spec["storageClassName"] = json!("sandbox-local");
+    spec["volumeMode"] = json!(str_at(&spec, "/volumeMode").unwrap_or("Filesystem"));
+    // Bound at creation to a volume named like the provisioner's.
+    spec["volumeName"] = json!(format!("pvc-{}", uuid::Uuid::new_v4()));
+    let owners = if when_deleted == "Delete" { json!([owner_ref(&STATEFULSET, sts)]) } else { json!([]) };
+    let pvc = json!({
+        "metadata": {"name": claim, "namespace": ns, "labels": labels,
+            "annotations": {POD_IP_ANNOTATION: pod_ip, "pv.kubernetes.io/bind-completed": "yes",
+                "volume.kubernetes.io/storage-provisioner": "sandbox.hcp-dr.io/local"},
+            "finalizers": [PVC_PROTECTION],
+            "ownerReferences": owners},
+        "spec": spec,
+    });
+    let created = ctx.kube.create(&PVC, Some(ns), pvc).await?;
+    let capacity = template.pointer("/spec/resources/requests/storage").cloned().unwrap_or(json!("1Gi"));
+    let access = template.pointer("/spec/accessModes").cloned().unwrap_or(json!(["ReadWriteOnce"]));
+    ctx.kube
+        .merge_status(&PVC, Some(ns), claim, &json!({"status": {"phase": "Bound", "accessModes": access,
+            "capacity": {"storage": capacity}}}))
+        .await?;
+    ensure_pv_dir(&ctx.cfg.state_dir, &created)?;
+    tracing::info!(namespace = ns, pvc = claim, pod_ip, "provisioned claim");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinals_parse_only_for_the_set() {
+        assert_eq!(ordinal("etcd", "etcd-2"), Some(2));
+        assert_eq!(ordinal("etcd", "etcd-metrics-0"), None);
+        assert_eq!(ordinal("etcd", "other-1"), None);
+    }
+
+    #[test]
+    fn status_subset_ignores_transition_times() {
+        let want = json!({"replicas": 1, "conditions": [{"type": "A", "status": "True", "lastTransitionTime": "x"}]});
+        let have = json!({"replicas": 1, "extra": 2, "conditions": [{"type": "A", "status": "True", "lastTransitionTime": "y"}]});
+        assert!(status_subset(&want, &have));
+        assert!(!status_subset(&json!({"replicas": 2}), &have));
+    }
+
+    #[test]
+    fn pv_dir_is_wiped_for_a_new_claim_uid() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pvc = json!({"metadata": {"name": "data-etcd-0", "namespace": "ns", "uid": "u1"}});
+        let dir = ensure_pv_dir(tmp.path(), &pvc).expect("dir");
+        std::fs::write(dir.join("db"), "x").expect("write");
+        assert!(ensure_pv_dir(tmp.path(), &pvc).expect("dir").join("db").exists());
+        assert!(existing_pv_dir(tmp.path(), &pvc).is_some());
+        let newer = json!({"metadata": {"name": "data-etcd-0", "namespace": "ns", "uid": "u2"}});
+        assert!(existing_pv_dir(tmp.path(), &newer).is_none());
+        let dir = ensure_pv_dir(tmp.path(), &newer).expect("dir");
+        assert!(!dir.join("db").exists());
+    }
+
+    #[test]
+    fn etcd_pods_are_recognised_by_owner_and_label() {
+        let pod = json!({"metadata": {"labels": {"hypershift.openshift.io/control-plane-component": "etcd"},
+            "ownerReferences": [{"kind": "StatefulSet", "name": "etcd", "uid": "1", "controller": true}]}});
+        assert!(is_etcd_pod(&pod));
+        let other = json!({"metadata": {"labels": {"app": "etcd"},
+            "ownerReferences": [{"kind": "StatefulSet", "name": "etcd", "uid": "1", "controller": true}]}});
+        assert!(!is_etcd_pod(&other));
+        assert_eq!(container_ports(&json!({"containers": [{"ports": [{"containerPort": 2380}, {"containerPort": 2379}]}]})), vec![2379, 2380]);
+    }
+}

@@ -1,0 +1,494 @@
+//! The sandbox: two emulated management clusters (`mgmt-a`, `mgmt-b`), each an
+//! API emulator on its own real etcd with the HyperShift CRDs and a simulated
+//! operator, plus an S3 endpoint (HTTPS, sandbox CA) and a Route53 endpoint.
+//! `hcp-dr-sandbox up|down|status|drill` is built on this module.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
+use crate::operator::{Operator, OperatorConfig, OperatorError, Route53Config};
+use crate::pki::{Ca, PkiError};
+use crate::procs::ProcError;
+use crate::procs::etcd::EtcdProcess;
+use crate::procs::route53::Route53Endpoint;
+use crate::procs::s3::S3Endpoint;
+
+/// The management clusters every sandbox has.
+pub const CLUSTERS: [&str; 2] = ["mgmt-a", "mgmt-b"];
+/// The bucket backups go to.
+pub const BUCKET: &str = "hcp-dr-backups";
+/// The base domain of hosted clusters and the Route53 zone external-dns writes.
+pub const BASE_DOMAIN: &str = "sandbox.hcp-dr.test";
+
+/// Why the sandbox could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A file of the sandbox directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The sandbox CA could not be made or loaded.
+    #[error("sandbox CA: {0}")]
+    Pki(#[from] PkiError),
+    /// A process fixture (etcd, s3s-fs, moto) failed to start.
+    #[error(transparent)]
+    Process(#[from] ProcError),
+    /// An API emulator failed to start.
+    #[error("API emulator for {cluster}: {source}")]
+    ApiServer {
+        cluster: String,
+        #[source]
+        source: ApiServerError,
+    },
+    /// The simulated operator failed to start.
+    #[error("operator for {cluster}: {source}")]
+    Operator {
+        cluster: String,
+        #[source]
+        source: OperatorError,
+    },
+    /// A request to a sandbox API server failed.
+    #[error("{action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Something did not become ready in time.
+    #[error("timed out after {seconds}s waiting for {what}")]
+    Timeout { what: String, seconds: u64 },
+    /// A drill check found something other than expected.
+    #[error("drill check failed: {0}")]
+    Check(String),
+    /// No sandbox is recorded in the directory.
+    #[error("no sandbox in {dir}: run `hcp-dr-sandbox up --dir {dir}` first")]
+    NotRunning { dir: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
+    move |source| SandboxError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Where the CRDs come from: the real ones when `../shared/crds` is beside
+/// the repository, the project's minimal ones otherwise.
+pub fn crd_dir() -> (PathBuf, &'static str) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if let Ok(dir) = std::env::var("HCP_DR_CRDS") {
+        return (PathBuf::from(dir), "from $HCP_DR_CRDS");
+    }
+    let shared = repo.join("../shared/crds");
+    if shared.is_dir() {
+        (shared, "the real HyperShift and Cluster API CRDs (../shared/crds)")
+    } else {
+        (
+            repo.join("fixtures/crds"),
+            "the minimal fallback CRDs (fixtures/crds; ../shared/crds is absent)",
+        )
+    }
+}
+
+/// What `up` records in `DIR/sandbox.json` for `status` and `down`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxState {
+    pub pid: u32,
+    pub sandbox_id: String,
+    pub clusters: Vec<ClusterState>,
+    pub s3_url: String,
+    pub bucket: String,
+    pub route53_url: String,
+    pub zone_id: String,
+    pub crds: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub name: String,
+    pub api_url: String,
+    pub kubeconfig: String,
+    pub etcd_url: String,
+}
+
+impl SandboxState {
+    pub fn load(dir: &Path) -> Result<SandboxState, SandboxError> {
+        let path = dir.join("sandbox.json");
+        let text = std::fs::read_to_string(&path).map_err(|_| SandboxError::NotRunning {
+            dir: dir.display().to_string(),
+        })?;
+        serde_json::from_str(&text).map_err(|err| SandboxError::Io {
+            path,
+            source: std::io::Error::other(err),
+        })
+    }
+}
+
+/// One emulated management cluster.
+pub struct ManagementCluster {
+    pub name: String,
+    pub etcd: EtcdProcess,
+    pub api: ApiServer,
+    pub operator: Operator,
+    pub kubeconfig: PathBuf,
+}
+
+/// A running sandbox. Dropping it kills its processes; [`Sandbox::shutdown`]
+/// stops it in order.
+pub struct Sandbox {
+    pub dir: PathBuf,
+    pub ca: Ca,
+    pub sandbox_id: String,
+    pub clusters: Vec<ManagementCluster>,
+    pub s3: S3Endpoint,
+    pub route53: Route53Endpoint,
+    pub zone_id: String,
+    pub crds: PathBuf,
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))?;
+    file.write_all(text.as_bytes()).map_err(io_err(path))
+}
+
+impl Sandbox {
+    /// Start everything in `dir` (created if missing) and write the
+    /// kubeconfigs, `ca.crt`, `env` and `sandbox.json`.
+    pub async fn up(dir: &Path) -> Result<Sandbox, SandboxError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let dir = dir.canonicalize().map_err(io_err(dir))?;
+        let ca = Ca::new("hcp-dr sandbox CA")?;
+        ca.save(&dir)?;
+        let sandbox_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let (crds, _) = crd_dir();
+
+        let s3_dir = dir.join("s3");
+        std::fs::create_dir_all(&s3_dir).map_err(io_err(&s3_dir))?;
+        let s3 = S3Endpoint::start(&s3_dir, &ca).await?;
+        s3.create_bucket(BUCKET).await?;
+        let r53_dir = dir.join("route53");
+        std::fs::create_dir_all(&r53_dir).map_err(io_err(&r53_dir))?;
+        let route53 = Route53Endpoint::start(&r53_dir).await?;
+        let zone_id = route53.create_hosted_zone(BASE_DOMAIN).await?;
+
+        let mut clusters = Vec::new();
+        for name in CLUSTERS {
+            let cluster_dir = dir.join(name);
+            std::fs::create_dir_all(&cluster_dir).map_err(io_err(&cluster_dir))?;
+            let etcd = EtcdProcess::start_plain(&cluster_dir.join("etcd")).await?;
+            let api = ApiServer::start(ApiServerConfig {
+                cluster_name: name.to_string(),
+                bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port: 0,
+                etcd_endpoints: vec![etcd.client_url()],
+                etcd_tls: None,
+                key_prefix: "/registry".into(),
+                crd_dirs: vec![crds.clone()],
+                ca: ca.clone(),
+                tokens: vec![],
+            })
+            .await
+            .map_err(|source| SandboxError::ApiServer {
+                cluster: name.into(),
+                source,
+            })?;
+            let kubeconfig = dir.join(format!("{name}.kubeconfig"));
+            api.write_kubeconfig(&kubeconfig, name).map_err(io_err(&kubeconfig))?;
+            let client = api.client().await.map_err(|source| SandboxError::ApiServer {
+                cluster: name.into(),
+                source,
+            })?;
+            let operator = Operator::start(OperatorConfig {
+                kubeconfig_client: client,
+                cluster_name: name.to_string(),
+                state_dir: cluster_dir.join("state"),
+                ca: ca.clone(),
+                sandbox_id: sandbox_id.clone(),
+                route53: Some(Route53Config {
+                    endpoint_url: route53.url().to_string(),
+                    zone_id: zone_id.clone(),
+                    region: "us-east-1".into(),
+                }),
+                snapshot_ca_pem: Some(ca.cert_pem().to_string()),
+            })
+            .await
+            .map_err(|source| SandboxError::Operator {
+                cluster: name.into(),
+                source,
+            })?;
+            clusters.push(ManagementCluster {
+                name: name.to_string(),
+                etcd,
+                api,
+                operator,
+                kubeconfig,
+            });
+        }
+        let sandbox = Sandbox {
+            dir,
+            ca,
+            sandbox_id,
+            clusters,
+            s3,
+            route53,
+            zone_id,
+            crds,
+        };
+        sandbox.write_files()?;
+        Ok(sandbox)
+    }
+
+    fn write_files(&self) -> Result<(), SandboxError> {
+        let ca_path = self.dir.join("ca.crt");
+        write_private(&ca_path, self.ca.cert_pem())?;
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+        let mut env = String::from("# hcp-dr sandbox: source this file (credentials are the sandbox's own)\n");
+        let mut line = |key: &str, value: &str| env.push_str(&format!("export {key}={}\n", quote(value)));
+        line("HCP_DR_SANDBOX_DIR", &self.dir.display().to_string());
+        for cluster in &self.clusters {
+            let key = format!("KUBECONFIG_{}", cluster.name.trim_start_matches("mgmt-").to_uppercase());
+            line(&key, &cluster.kubeconfig.display().to_string());
+        }
+        line("AWS_ACCESS_KEY_ID", self.s3.access_key());
+        line("AWS_SECRET_ACCESS_KEY", self.s3.secret_key());
+        line("AWS_REGION", self.s3.region());
+        line("AWS_DEFAULT_REGION", self.s3.region());
+        line("AWS_ENDPOINT_URL_S3", self.s3.https_url());
+        line("AWS_ENDPOINT_URL_ROUTE_53", self.route53.url());
+        line("AWS_CA_BUNDLE", &ca_path.display().to_string());
+        line("HCP_DR_CA_BUNDLE", &ca_path.display().to_string());
+        line("HCP_DR_S3_BUCKET", BUCKET);
+        line("HCP_DR_STORE", &format!("s3://{BUCKET}/backups"));
+        line("HCP_DR_ROUTE53_ZONE", &self.zone_id);
+        line("HCP_DR_BASE_DOMAIN", BASE_DOMAIN);
+        write_private(&self.dir.join("env"), &env)?;
+
+        let state = SandboxState {
+            pid: std::process::id(),
+            sandbox_id: self.sandbox_id.clone(),
+            clusters: self
+                .clusters
+                .iter()
+                .map(|c| ClusterState {
+                    name: c.name.clone(),
+                    api_url: c.api.url().to_string(),
+                    kubeconfig: c.kubeconfig.display().to_string(),
+                    etcd_url: c.etcd.client_url(),
+                })
+                .collect(),
+            s3_url: self.s3.https_url().to_string(),
+            bucket: BUCKET.into(),
+            route53_url: self.route53.url().to_string(),
+            zone_id: self.zone_id.clone(),
+            crds: self.crds.display().to_string(),
+        };
+        let text = serde_json::to_string_pretty(&state).map_err(|err| SandboxError::Io {
+            path: self.dir.join("sandbox.json"),
+            source: std::io::Error::other(err),
+        })?;
+        write_private(&self.dir.join("sandbox.json"), &text)
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&ManagementCluster> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// Stop the operators first (they own the hosted etcd processes), then the
+    /// API servers; the fixtures die with the value.
+    pub async fn shutdown(self) {
+        let _ = std::fs::remove_file(self.dir.join("sandbox.json"));
+        for cluster in self.clusters {
+            cluster.operator.shutdown().await;
+            cluster.api.shutdown().await;
+            drop(cluster.etcd);
+        }
+    }
+}
+
+/// How a hosted cluster for the sandbox is shaped.
+#[derive(Debug, Clone)]
+pub struct HostedClusterSpec {
+    pub name: String,
+    pub namespace: String,
+    /// `SingleReplica` (one etcd member) or `HighlyAvailable` (three).
+    pub availability: String,
+    pub node_pool_replicas: i64,
+    pub release_image: String,
+}
+
+impl HostedClusterSpec {
+    pub fn demo() -> Self {
+        HostedClusterSpec {
+            name: "demo".into(),
+            namespace: "clusters".into(),
+            availability: "HighlyAvailable".into(),
+            node_pool_replicas: 2,
+            release_image: "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64".into(),
+        }
+    }
+
+    /// The objects `hcp create cluster none --render` would give for this
+    /// cluster (namespace, secrets, HostedCluster, NodePool), shaped to pass
+    /// the real CRD schemas.
+    pub fn objects(&self) -> Vec<Value> {
+        let (name, ns) = (&self.name, &self.namespace);
+        let pull_secret = base64_encode(br#"{"auths":{"sandbox.invalid":{"auth":"c2FuZGJveDpzYW5kYm94"}}}"#);
+        let key: [u8; 32] = rand_bytes();
+        let route = |service: &str, host: Option<String>| {
+            let mut strategy = json!({"type": "Route"});
+            if let Some(host) = host {
+                strategy["route"] = json!({"hostname": host});
+            }
+            json!({"service": service, "servicePublishingStrategy": strategy})
+        };
+        vec![
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                   "metadata": {"name": format!("{name}-pull-secret"), "namespace": ns},
+                   "data": {".dockerconfigjson": pull_secret}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                   "metadata": {"name": format!("{name}-etcd-encryption-key"), "namespace": ns},
+                   "data": {"key": base64_encode(&key)}}),
+            json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                   "metadata": {"name": name, "namespace": ns},
+                   "spec": {
+                       "release": {"image": self.release_image},
+                       "pullSecret": {"name": format!("{name}-pull-secret")},
+                       "secretEncryption": {"type": "aescbc", "aescbc": {"activeKey": {"name": format!("{name}-etcd-encryption-key")}}},
+                       "controllerAvailabilityPolicy": self.availability,
+                       "infrastructureAvailabilityPolicy": "SingleReplica",
+                       "dns": {"baseDomain": BASE_DOMAIN},
+                       "etcd": {"managementType": "Managed",
+                                "managed": {"storage": {"type": "PersistentVolume",
+                                                        "persistentVolume": {"size": "8Gi"}}}},
+                       "networking": {"networkType": "OVNKubernetes",
+                                      "clusterNetwork": [{"cidr": "10.132.0.0/14"}],
+                                      "serviceNetwork": [{"cidr": "172.31.0.0/16"}]},
+                       "platform": {"type": "None"},
+                       "services": [
+                           route("APIServer", Some(format!("api.{name}.{BASE_DOMAIN}"))),
+                           route("OAuthServer", Some(format!("oauth.{name}.{BASE_DOMAIN}"))),
+                           route("Konnectivity", Some(format!("konnectivity.{name}.{BASE_DOMAIN}"))),
+                           route("Ignition", Some(format!("ignition.{name}.{BASE_DOMAIN}"))),
+                       ],
+                   }}),
+            json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool",
+                   "metadata": {"name": format!("{name}-workers"), "namespace": ns},
+                   "spec": {
+                       "clusterName": name,
+                       "replicas": self.node_pool_replicas,
+                       "management": {"upgradeType": "InPlace"},
+                       "platform": {"type": "None"},
+                       "release": {"image": self.release_image},
+                   }}),
+        ]
+    }
+}
+
+fn rand_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    for chunk in out.chunks_mut(16) {
+        let id = uuid::Uuid::new_v4();
+        chunk.copy_from_slice(&id.as_bytes()[..chunk.len()]);
+    }
+    out
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The `Api` for an object's kind, from its `apiVersion` and `kind`.
+pub fn api_for(client: &kube::Client, obj: &Value) -> Api<DynamicObject> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or("v1");
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// Create each object (an existing one is left as it is).
+pub async fn create_all(client: &kube::Client, objects: &[Value]) -> Result<(), SandboxError> {
+    for obj in objects {
+        let api = api_for(client, obj);
+        let what = format!(
+            "creating {} {}",
+            obj["kind"].as_str().unwrap_or("?"),
+            obj["metadata"]["name"].as_str().unwrap_or("?")
+        );
+        let dynamic: DynamicObject = serde_json::from_value(obj.clone()).map_err(|err| SandboxError::Kube {
+            action: what.clone(),
+            source: kube::Error::SerdeError(err),
+        })?;
+        match api.create(&PostParams::default(), &dynamic).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(source) => return Err(SandboxError::Kube { action: what, source }),
+        }
+    }
+    Ok(())
+}
+
+/// The value of a condition of an object's status, e.g. `Available`.
+pub fn condition(obj: &Value, kind: &str) -> Option<String> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .and_then(|c| c["status"].as_str())
+        .map(str::to_string)
+}
+
+/// Poll `HostedCluster ns/name` until its `Available` condition is True.
+pub async fn wait_available(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Value, SandboxError> {
+    let api = api_for(
+        client,
+        &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": ns}}),
+    );
+    let start = Instant::now();
+    loop {
+        if let Ok(hc) = api.get(name).await {
+            let value = serde_json::to_value(&hc).unwrap_or(Value::Null);
+            if condition(&value, "Available").as_deref() == Some("True") {
+                return Ok(value);
+            }
+        }
+        if start.elapsed() > timeout {
+            return Err(SandboxError::Timeout {
+                what: format!("HostedCluster {ns}/{name} to become Available"),
+                seconds: timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

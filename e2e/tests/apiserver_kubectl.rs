@@ -1,0 +1,382 @@
+//! The API emulator driven by the real `kubectl` (exit codes, output, JSON).
+
+mod apiserver_support;
+
+use std::path::{Path, PathBuf};
+
+use apiserver_support::{shared_crds, start};
+use serde_json::Value;
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    async fn run(&self, args: &[&str]) -> Out {
+        let out = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("kubectl not found ({e}): install kubectl v1.32 (https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubectl into /usr/local/bin)"));
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+        }
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args).await;
+        assert_eq!(
+            o.code, 0,
+            "kubectl {args:?} failed: {}\n{}",
+            o.stderr, o.stdout
+        );
+        if !o.stderr.is_empty() {
+            eprintln!("kubectl {args:?} stderr: {}", o.stderr);
+        }
+        o.stdout
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        let s = self.ok(&a).await;
+        serde_json::from_str(&s)
+            .unwrap_or_else(|e| panic!("kubectl {args:?} printed no JSON ({e}): {s}"))
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write manifest");
+    p.to_string_lossy().to_string()
+}
+
+const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: demo
+  namespace: clusters
+data:
+  a: "1"
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: kube-apiserver
+  namespace: clusters
+  labels: {app: kube-apiserver}
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: kube-apiserver}
+  template:
+    metadata:
+      labels: {app: kube-apiserver}
+    spec:
+      containers:
+      - name: kas
+        image: kas:1
+      - name: konnectivity
+        image: konn:1
+"#;
+
+#[tokio::test]
+async fn kubectl_workflow_on_builtin_kinds() {
+    let env = start(vec![]).await;
+    let kc = env.dir.path().join("kubeconfig");
+    env.server
+        .write_kubeconfig(&kc, "mgmt-a")
+        .expect("kubeconfig");
+    let k = Kubectl { kubeconfig: kc };
+
+    let v: Value =
+        serde_json::from_str(&k.ok(&["version", "-o", "json"]).await).expect("version json");
+    assert!(
+        v["serverVersion"]["gitVersion"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("v1.3")),
+        "{v}"
+    );
+    let ns = k.ok(&["get", "namespaces"]).await;
+    assert!(
+        ns.starts_with("NAME") && ns.contains("default") && ns.contains("kube-system"),
+        "{ns}"
+    );
+
+    k.ok(&["create", "namespace", "clusters"]).await;
+    let file = write(env.dir.path(), "m.yaml", MANIFESTS);
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(
+        out.contains("configmap/demo created")
+            && out.contains("deployment.apps/kube-apiserver created"),
+        "{out}"
+    );
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(out.contains("configmap/demo unchanged"), "{out}");
+
+    let cm = k
+        .json(&["get", "configmap", "demo", "-n", "clusters"])
+        .await;
+    assert_eq!(cm["data"]["a"], "1");
+    assert!(
+        cm["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string()
+    );
+
+    // patch types
+    k.ok(&[
+        "patch",
+        "configmap",
+        "demo",
+        "-n",
+        "clusters",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"b":"2"}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "demo",
+        "-n",
+        "clusters",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"add","path":"/data/c","value":"3"}]"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "deployment",
+        "kube-apiserver",
+        "-n",
+        "clusters",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"kas","image":"kas:2"}]}}}}"#,
+    ])
+    .await;
+    let cm = k.json(&["get", "cm", "demo", "-n", "clusters"]).await;
+    assert_eq!(
+        (cm["data"]["b"].as_str(), cm["data"]["c"].as_str()),
+        (Some("2"), Some("3"))
+    );
+    let d = k
+        .json(&["get", "deploy", "kube-apiserver", "-n", "clusters"])
+        .await;
+    let containers = d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers");
+    assert_eq!(containers.len(), 2);
+    assert_eq!(containers[0]["image"], "kas:2");
+
+    // scale
+    let out = k
+        .ok(&[
+            "scale",
+            "deployment",
+            "kube-apiserver",
+            "-n",
+            "clusters",
+            "--replicas=0",
+        ])
+        .await;
+    assert!(out.contains("scaled"), "{out}");
+    let r = k
+        .ok(&[
+            "get",
+            "deploy",
+            "kube-apiserver",
+            "-n",
+            "clusters",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+        .await;
+    assert_eq!(r, "0");
+    let table = k.ok(&["get", "deployments", "-n", "clusters"]).await;
+    assert!(
+        table.starts_with("NAME") && table.contains("kube-apiserver"),
+        "{table}"
+    );
+
+    // server-side apply
+    let ssa = write(
+        env.dir.path(),
+        "ssa.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  namespace: clusters\ndata:\n  k: v\n",
+    );
+    let out = k.ok(&["apply", "--server-side", "-f", &ssa]).await;
+    assert!(out.contains("configmap/ssa serverside-applied"), "{out}");
+
+    // stale resourceVersion through kubectl replace -> conflict
+    let mut stale = k.json(&["get", "cm", "demo", "-n", "clusters"]).await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "demo",
+        "-n",
+        "clusters",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"d":"4"}}"#,
+    ])
+    .await;
+    stale["data"]["e"] = Value::from("5");
+    let stale_file = write(env.dir.path(), "stale.json", &stale.to_string());
+    let o = k.run(&["replace", "-f", &stale_file]).await;
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    assert!(
+        o.stderr.contains("Error from server (Conflict)")
+            && o.stderr.contains("the object has been modified"),
+        "{}",
+        o.stderr
+    );
+
+    // delete and NotFound
+    let out = k
+        .ok(&["delete", "configmap", "demo", "-n", "clusters"])
+        .await;
+    assert!(out.contains("configmap \"demo\" deleted"), "{out}");
+    let o = k.run(&["get", "configmap", "demo", "-n", "clusters"]).await;
+    assert_eq!(o.code, 1);
+    assert!(
+        o.stderr
+            .contains("Error from server (NotFound): configmaps \"demo\" not found"),
+        "{}",
+        o.stderr
+    );
+
+    // namespace deletion (kubectl waits until it is gone)
+    let out = k.ok(&["delete", "namespace", "clusters"]).await;
+    assert!(out.contains("namespace \"clusters\" deleted"), "{out}");
+    let o = k.run(&["get", "namespace", "clusters"]).await;
+    assert_eq!(o.code, 1, "{}", o.stdout);
+}
+
+#[tokio::test]
+async fn kubectl_with_hypershift_crds() {
+    let Some(crds) = shared_crds() else { return };
+    let env = start(vec![crds]).await;
+    let kc = env.dir.path().join("kubeconfig");
+    env.server
+        .write_kubeconfig(&kc, "mgmt-a")
+        .expect("kubeconfig");
+    let k = Kubectl { kubeconfig: kc };
+
+    let crds = k.ok(&["get", "crd"]).await;
+    assert!(
+        crds.contains("hostedclusters.hypershift.openshift.io"),
+        "{crds}"
+    );
+    k.ok(&["create", "namespace", "clusters"]).await;
+    let hc = r#"
+apiVersion: hypershift.openshift.io/v1beta1
+kind: HostedCluster
+metadata:
+  name: demo
+  namespace: clusters
+spec:
+  release:
+    image: quay.io/openshift-release-dev/ocp-release:4.17.0-multi
+  pullSecret:
+    name: demo-pull-secret
+  platform:
+    type: None
+  networking:
+    networkType: OVNKubernetes
+    clusterNetwork: [{cidr: 10.132.0.0/14}]
+    serviceNetwork: [{cidr: 172.31.0.0/16}]
+  etcd:
+    managementType: Managed
+    managed:
+      storage:
+        type: PersistentVolume
+        persistentVolume: {size: 8Gi}
+  services:
+  - {service: APIServer, servicePublishingStrategy: {type: Route}}
+  - {service: OAuthServer, servicePublishingStrategy: {type: Route}}
+  - {service: Konnectivity, servicePublishingStrategy: {type: Route}}
+  - {service: Ignition, servicePublishingStrategy: {type: Route}}
+"#;
+    let file = write(env.dir.path(), "hc.yaml", hc);
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(
+        out.contains("hostedcluster.hypershift.openshift.io/demo created"),
+        "{out}"
+    );
+    let list = k.ok(&["get", "hostedclusters", "-A"]).await;
+    assert!(
+        list.contains("demo") && list.contains("NAMESPACE"),
+        "{list}"
+    );
+    let got = k.json(&["get", "hc", "demo", "-n", "clusters"]).await;
+    assert_eq!(got["spec"]["platform"]["type"], "None");
+
+    k.ok(&[
+        "patch",
+        "hostedcluster",
+        "demo",
+        "-n",
+        "clusters",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"pausedUntil":"true"}}"#,
+    ])
+    .await;
+    let o = k
+        .run(&[
+            "patch",
+            "hostedcluster",
+            "demo",
+            "-n",
+            "clusters",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"pausedUntil":"soon"}}"#,
+        ])
+        .await;
+    assert_eq!(o.code, 1);
+    assert!(
+        o.stderr.contains("is invalid") && o.stderr.contains("spec.pausedUntil"),
+        "{}",
+        o.stderr
+    );
+    let o = k
+        .run(&[
+            "patch",
+            "hostedcluster",
+            "demo",
+            "-n",
+            "clusters",
+            "-p",
+            r#"{"spec":{"pausedUntil":"true"}}"#,
+        ])
+        .await;
+    assert_eq!(
+        o.code, 1,
+        "strategic merge patch on a custom resource must fail"
+    );
+
+    let out = k
+        .ok(&["delete", "hostedcluster", "demo", "-n", "clusters"])
+        .await;
+    assert!(out.contains("deleted"), "{out}");
+}
