@@ -89,11 +89,12 @@ impl HostedCluster {
     pub fn etcd_management_type(&self) -> &str {
         self.0["spec"]["etcd"]["managementType"].as_str().unwrap_or_default()
     }
-    /// `SingleReplica` (the API default) or `HighlyAvailable`.
+    /// `SingleReplica` or `HighlyAvailable` (the CRD's default, which the
+    /// API server fills in; used here too when the field is absent).
     pub fn availability_policy(&self) -> &str {
         self.0["spec"]["controllerAvailabilityPolicy"]
             .as_str()
-            .unwrap_or("SingleReplica")
+            .unwrap_or("HighlyAvailable")
     }
     pub fn expected_etcd_members(&self) -> usize {
         if self.availability_policy() == "HighlyAvailable" { 3 } else { 1 }
@@ -185,8 +186,8 @@ mod tests {
                      "sshKey": {"name": ""}}
         }));
         assert_eq!(hc.hcp_namespace(), "clusters-demo");
-        assert_eq!(hc.availability_policy(), "SingleReplica");
-        assert_eq!(hc.expected_etcd_members(), 1);
+        assert_eq!(hc.availability_policy(), "HighlyAvailable");
+        assert_eq!(hc.expected_etcd_members(), 3);
         assert_eq!(hc.referenced_secrets(), vec!["demo-etcd-encryption-key", "demo-pull-secret"]);
         assert_eq!(etcd_member_server_name("etcd-1", "clusters-demo"), "etcd-1.etcd-discovery.clusters-demo.svc");
     }

@@ -114,6 +114,8 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 hosted_cluster: options.hosted_cluster.clone(),
                 namespace: options.namespace.clone(),
                 store: options.store.clone(),
+                s3_endpoint: options.s3.endpoint.clone(),
+                ca_bundle: options.s3.ca_bundle.clone(),
                 pause_ttl_seconds: options.pause_ttl.as_secs(),
                 etcd_access: options.etcd_access,
                 extra_scale_down: options.extra_scale_down.clone(),
@@ -132,7 +134,10 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     }
 
     let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
-    let store = store::open(&inputs.store, options.s3.clone()).await?;
+    let mut s3 = options.s3.clone();
+    s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
+    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
+    let store = store::open(&inputs.store, s3).await?;
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
     let catalog = backup_catalog();
     let runner = Runner {

@@ -16,6 +16,31 @@ use super::journal::{Event, Header, Journal, JournalError, JournalState, StageSt
 use super::playbook::Playbook;
 use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
 
+/// Hooks for tests of undo and resume, driven by environment variables so
+/// they work on the real binary. Both only ever make a run fail or wait;
+/// neither can make anything succeed.
+mod test_hooks {
+    use std::time::Duration;
+
+    /// `HCP_DR_TEST_FAIL_AFTER=<stage>`: the stage runs, then the run fails
+    /// as if it had, exercising the undo of everything done so far.
+    pub fn fail_after(stage: &str) -> Result<(), String> {
+        match std::env::var("HCP_DR_TEST_FAIL_AFTER") {
+            Ok(target) if target == stage => Err(format!("injected failure after `{stage}` (HCP_DR_TEST_FAIL_AFTER)")),
+            _ => Ok(()),
+        }
+    }
+
+    /// `HCP_DR_TEST_HOLD_IN=<stage>`: wait 120 s after journaling that the
+    /// stage started, so a test can kill the process inside it.
+    pub async fn hold_in(stage: &str) {
+        if std::env::var("HCP_DR_TEST_HOLD_IN").is_ok_and(|target| target == stage) {
+            tracing::warn!("holding in `{stage}` for 120s (HCP_DR_TEST_HOLD_IN)");
+            tokio::time::sleep(Duration::from_secs(120)).await;
+        }
+    }
+}
+
 /// Why a run could not be carried out (a stage failing is not one of these:
 /// that is a [`RunOutcome`]).
 #[derive(Debug, thiserror::Error)]
@@ -279,11 +304,15 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 let result = {
                     let mut step = Step::new(&mut journal, &name, planned.params);
                     tokio::select! {
-                        result = planned.stage.run(ctx, &mut step) => result.map_err(|e| error_chain(e.as_ref())),
+                        result = async {
+                            test_hooks::hold_in(&name).await;
+                            planned.stage.run(ctx, &mut step).await
+                        } => result.map_err(|e| error_chain(e.as_ref())),
                         signal = interrupt.wait() => Err(format!("interrupted by {signal}")),
                     }
                 };
                 reports[index].duration = started.elapsed();
+                let result = result.and_then(|output| test_hooks::fail_after(&name).map(|()| output));
                 match result {
                     Ok(output) => {
                         journal.append(Event::Succeeded {

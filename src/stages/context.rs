@@ -37,6 +37,12 @@ pub struct BackupInputs {
     pub hosted_cluster: String,
     pub namespace: String,
     pub store: String,
+    /// S3 endpoint and CA bundle given at the start, so `--resume` reaches
+    /// the same store without repeating them.
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    #[serde(default)]
+    pub ca_bundle: Option<std::path::PathBuf>,
     pub pause_ttl_seconds: u64,
     pub etcd_access: EtcdAccess,
     /// Deployments scaled down besides the etcd writers (migrate adds

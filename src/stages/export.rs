@@ -90,7 +90,6 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
     }
 
     let discovery = Discovery::new(ctx.client.clone())
-        .filter(&[])
         .run()
         .await
         .map_err(request("discovering API groups"))?;

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::context::BackupContext;
 use super::{StageError, from_output};
 use crate::archive::{self, Artifact, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
-use crate::pipeline::{Stage, StageFailure, StageState, Step};
+use crate::pipeline::{Stage, StageFailure, StageState, Step, UndoInput};
 
 pub struct Package;
 
@@ -95,5 +95,15 @@ impl Stage<BackupContext> for Package {
             "manifest": layout.manifest(),
             "revision": manifest.best_snapshot().map(|s| s.revision),
         }))
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    /// Manifest first, so the backup stops being listed as complete at once.
+    async fn undo(&self, ctx: &mut BackupContext, _input: UndoInput<'_>) -> Result<(), StageFailure> {
+        let layout = ctx.inputs.layout();
+        ctx.store.delete(&layout.manifest()).await?;
+        ctx.store.delete(&layout.sums()).await?;
+        Ok(())
     }
 }

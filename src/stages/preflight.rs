@@ -125,6 +125,12 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         }
     }
 
+    // The store must answer before anything is paused.
+    ctx.store
+        .list(&crate::archive::Layout::cluster_prefix(&ns, &name))
+        .await
+        .map_err(|err| StageError::Precondition(format!("the store {} cannot be used: {err}", ctx.store.url())))?;
+
     let tls = discover_tls(ctx, &hcp_ns).await?;
     let tls_source = tls.source.clone();
     ctx.etcd_tls = Some(tls);
