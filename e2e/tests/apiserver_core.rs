@@ -1178,6 +1178,56 @@ async fn builtin_defaults_secret_conversion_and_label_validation() {
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["details"]["causes"][0]["field"], "metadata.labels");
 
+    // built-in kinds decode through their types: unknown fields and type errors
+    let (code, body) = raw_json(
+        c,
+        "POST",
+        "/api/v1/namespaces/d/configmaps?fieldValidation=Strict",
+        "application/json",
+        &json!({"metadata": {"name": "typo"}, "datta": {"a": "b"}}),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert_status(
+        &body,
+        400,
+        "BadRequest",
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"datta\"",
+    );
+    let (code, body, headers) = raw(
+        c,
+        "POST",
+        "/api/v1/namespaces/d/configmaps",
+        "application/json",
+        Some(
+            serde_json::to_vec(&json!({"metadata": {"name": "typo"}, "datta": {"a": "b"}}))
+                .expect("json"),
+        ),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    assert!(body.get("datta").is_none());
+    assert_eq!(
+        headers.get("warning").and_then(|v| v.to_str().ok()),
+        Some("299 - \"unknown field \\\"datta\\\"\"")
+    );
+    let (code, body) = raw_json(
+        c,
+        "POST",
+        "/apis/apps/v1/namespaces/d/deployments",
+        "application/json",
+        &json!({"metadata": {"name": "x"}, "spec": {"replicas": "three"}}),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m
+                .starts_with("Deployment in version \"v1\" cannot be handled as a Deployment: ")),
+        "{body}"
+    );
+
     // the kubeconfig is YAML with the CA and token
     let kc = env.server.kubeconfig("mgmt-a");
     assert!(kc.contains("current-context: mgmt-a"), "{kc}");
@@ -1240,4 +1290,47 @@ async fn foreground_deletion_waits_for_dependents() {
             .then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn watch_bookmarks_carry_the_current_revision() {
+    let env = start(vec![]).await;
+    let c = &env.client;
+    mk_ns(c, "bm").await;
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "bm");
+    let rv = cms
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
+    let mut stream = cms
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    cms.create(&PostParams::default(), &cm("b", json!({})))
+        .await
+        .expect("create");
+    let mut added_rv = None;
+    loop {
+        match stream.try_next().await.expect("event").expect("open") {
+            WatchEvent::Added(o) => added_rv = o.metadata.resource_version,
+            WatchEvent::Bookmark(b) => {
+                let added: i64 = added_rv
+                    .as_deref()
+                    .expect("ADDED before BOOKMARK")
+                    .parse()
+                    .expect("rv");
+                let bm: i64 = b.metadata.resource_version.parse().expect("bookmark rv");
+                assert!(
+                    bm >= added,
+                    "bookmark {bm} older than the ADDED event {added}"
+                );
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }

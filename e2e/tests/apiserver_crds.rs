@@ -229,6 +229,23 @@ async fn crd_lifecycle_schema_status_and_scale() {
         .collect();
     assert_eq!(cols, vec!["Name", "Replicas"]);
 
+    // kubectl get -w asks for Table events: each event object is a one-row Table
+    let req = axum::http::Request::builder()
+        .method("GET")
+        .uri("/apis/example.com/v1/namespaces/w/widgets?watch=1&timeoutSeconds=1&fieldSelector=metadata.name%3Da")
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+        .body(kube::client::Body::empty())
+        .expect("req");
+    let resp = c.send(req).await.expect("table watch");
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    let event: Value = serde_json::from_slice(&bytes).expect("one event line");
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(event["object"]["kind"], "Table");
+    assert_eq!(event["object"]["rows"][0]["cells"][0], "a");
+
     // deleting the CRD removes its objects and unregisters the resource
     let (code, _, _) = raw(
         c,

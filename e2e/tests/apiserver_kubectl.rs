@@ -325,6 +325,10 @@ spec:
         list.contains("demo") && list.contains("NAMESPACE"),
         "{list}"
     );
+    assert!(
+        list.contains("AVAILABLE") && list.contains("PROGRESSING"),
+        "CRD printer columns: {list}"
+    );
     let got = k.json(&["get", "hc", "demo", "-n", "clusters"]).await;
     assert_eq!(got["spec"]["platform"]["type"], "None");
 

@@ -146,7 +146,9 @@ async fn presigned_urls_over_https_are_checked_by_s3s_fs() {
         )
         .await
         .expect("presign");
-    let (status, body) = https_get(expired.uri(), ca.cert_pem()).await.expect("GET expired");
+    let (status, body) = https_get(expired.uri(), ca.cert_pem())
+        .await
+        .expect("GET expired");
     assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
 
     // An HTTPS client that does not trust the sandbox CA cannot even connect.

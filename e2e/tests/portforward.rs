@@ -14,7 +14,9 @@ const POD_IP: &str = "127.0.0.2";
 
 /// A TCP echo server on `POD_IP`, ephemeral port.
 async fn echo_server() -> u16 {
-    let listener = tokio::net::TcpListener::bind((POD_IP, 0)).await.expect("bind echo server on the pod IP");
+    let listener = tokio::net::TcpListener::bind((POD_IP, 0))
+        .await
+        .expect("bind echo server on the pod IP");
     let port = listener.local_addr().expect("echo addr").port();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
@@ -30,9 +32,12 @@ async fn echo_server() -> u16 {
 async fn pod_with_ip(client: &kube::Client, ns: &str, name: &str, ip: Option<&str>) {
     let nss: Api<Namespace> = Api::all(client.clone());
     if nss.get_opt(ns).await.expect("get namespace").is_none() {
-        nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"))
-            .await
-            .expect("namespace created");
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
+        )
+        .await
+        .expect("namespace created");
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod: Pod = serde_json::from_value(json!({
@@ -40,7 +45,9 @@ async fn pod_with_ip(client: &kube::Client, ns: &str, name: &str, ip: Option<&st
         "spec": {"containers": [{"name": "etcd", "image": "quay.io/example/etcd:latest"}]}
     }))
     .expect("pod");
-    pods.create(&PostParams::default(), &pod).await.expect("pod created");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created");
     if let Some(ip) = ip {
         let (code, body) = raw_json(
             client,
@@ -61,7 +68,10 @@ async fn kube_rs_portforward_reaches_the_pod_ip() {
     pod_with_ip(&env.client, "clusters-demo", "etcd-0", Some(POD_IP)).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), "clusters-demo");
 
-    let mut pf = pods.portforward("etcd-0", &[echo]).await.expect("portforward upgrade");
+    let mut pf = pods
+        .portforward("etcd-0", &[echo])
+        .await
+        .expect("portforward upgrade");
     let mut stream = pf.take_stream(echo).expect("stream for the port");
     for round in 0..3 {
         let msg = format!("hello through the tunnel #{round}");
@@ -79,15 +89,23 @@ async fn refused_ports_report_on_the_error_channel() {
     let env = start(vec![]).await;
     // A port nothing listens on at the pod IP.
     let closed = {
-        let l = tokio::net::TcpListener::bind((POD_IP, 0)).await.expect("bind");
+        let l = tokio::net::TcpListener::bind((POD_IP, 0))
+            .await
+            .expect("bind");
         l.local_addr().expect("addr").port()
     };
     pod_with_ip(&env.client, "clusters-demo", "etcd-1", Some(POD_IP)).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), "clusters-demo");
-    let mut pf = pods.portforward("etcd-1", &[closed]).await.expect("portforward upgrade");
+    let mut pf = pods
+        .portforward("etcd-1", &[closed])
+        .await
+        .expect("portforward upgrade");
     let error = pf.take_error(closed).expect("error future").await;
     let text = error.expect("an error message for the refused port");
-    assert!(text.contains(&format!("error forwarding port {closed}")), "{text}");
+    assert!(
+        text.contains(&format!("error forwarding port {closed}")),
+        "{text}"
+    );
     pf.abort();
 }
 

@@ -21,7 +21,8 @@ fn crd_dir() -> Option<PathBuf> {
 }
 
 fn load(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
@@ -42,8 +43,13 @@ fn schema(file: &str) -> Option<Schema> {
 fn count_rules(v: &Value) -> usize {
     match v {
         Value::Object(m) => {
-            m.get("x-kubernetes-validations").and_then(Value::as_array).map_or(0, Vec::len)
-                + m.iter().filter(|(k, _)| k.as_str() != "x-kubernetes-validations").map(|(_, v)| count_rules(v)).sum::<usize>()
+            m.get("x-kubernetes-validations")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+                + m.iter()
+                    .filter(|(k, _)| k.as_str() != "x-kubernetes-validations")
+                    .map(|(_, v)| count_rules(v))
+                    .sum::<usize>()
         }
         Value::Array(items) => items.iter().map(count_rules).sum(),
         _ => 0,
@@ -100,13 +106,18 @@ fn every_crd_compiles_and_rules_are_counted() {
     for path in &files {
         let crd = load(path);
         for version in crd["spec"]["versions"].as_array().expect("versions") {
-            let Some(s) = version.pointer("/schema/openAPIV3Schema") else { continue };
+            let Some(s) = version.pointer("/schema/openAPIV3Schema") else {
+                continue;
+            };
             let started = Instant::now();
             let compiled = Schema::compile(s).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let elapsed = started.elapsed();
             let rules = count_rules(s);
-            let skipped: Vec<String> =
-                compiled.skipped_rules().into_iter().filter(|r| !r.contains(": pattern ")).collect();
+            let skipped: Vec<String> = compiled
+                .skipped_rules()
+                .into_iter()
+                .filter(|r| !r.contains(": pattern "))
+                .collect();
             total += rules;
             skipped_total += skipped.len();
             eprintln!(
@@ -121,37 +132,59 @@ fn every_crd_compiles_and_rules_are_counted() {
             all_skipped.extend(skipped);
         }
     }
-    eprintln!("TOTAL: {total} rules, {} compiled, {skipped_total} skipped", total - skipped_total);
+    eprintln!(
+        "TOTAL: {total} rules, {} compiled, {skipped_total} skipped",
+        total - skipped_total
+    );
     for s in &all_skipped {
         eprintln!("  skipped {s}");
     }
-    assert!(total > 500, "expected the real CRDs' ~550 rules, found {total}");
+    assert!(
+        total > 500,
+        "expected the real CRDs' ~550 rules, found {total}"
+    );
     // Every rule on the DR path must be enforced.
     for s in &all_skipped {
         for dr in ["spec.pausedUntil", "spec.etcd", "<root>"] {
             assert!(!s.starts_with(dr), "a DR-path rule was skipped: {s}");
         }
-        assert!(!s.starts_with("spec: "), "a spec-level rule was skipped: {s}");
+        assert!(
+            !s.starts_with("spec: "),
+            "a spec-level rule was skipped: {s}"
+        );
     }
 }
 
 #[test]
 fn a_minimal_hosted_cluster_is_valid_and_defaulted() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     let mut hc = hosted_cluster();
     let errs = admit(&schema, &mut hc);
     assert!(errs.is_empty(), "{:#?}", messages(&errs));
     // Defaults from the CRD: etcd, networking, availability policies.
     assert_eq!(hc["spec"]["etcd"]["managementType"], "Managed");
-    assert_eq!(hc["spec"]["etcd"]["managed"]["storage"]["persistentVolume"]["size"], "8Gi");
-    assert_eq!(hc["spec"]["controllerAvailabilityPolicy"], "HighlyAvailable");
+    assert_eq!(
+        hc["spec"]["etcd"]["managed"]["storage"]["persistentVolume"]["size"],
+        "8Gi"
+    );
+    assert_eq!(
+        hc["spec"]["controllerAvailabilityPolicy"],
+        "HighlyAvailable"
+    );
     assert_eq!(hc["spec"]["networking"]["networkType"], "OVNKubernetes");
-    assert_eq!(hc["metadata"], json!({"name": "demo", "namespace": "clusters"}));
+    assert_eq!(
+        hc["metadata"],
+        json!({"name": "demo", "namespace": "clusters"})
+    );
 }
 
 #[test]
 fn unknown_fields_are_pruned_with_their_paths() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     let mut hc = hosted_cluster();
     hc["spec"]["bogus"] = json!(1);
     hc["spec"]["services"][1]["servicePublishingStrategy"]["extra"] = json!("x");
@@ -161,7 +194,11 @@ fn unknown_fields_are_pruned_with_their_paths() {
     removed.sort();
     assert_eq!(
         removed,
-        ["spec.bogus", "spec.services[1].servicePublishingStrategy.extra", "status.unknownStatusField"]
+        [
+            "spec.bogus",
+            "spec.services[1].servicePublishingStrategy.extra",
+            "status.unknownStatusField"
+        ]
     );
     assert!(hc["spec"].get("bogus").is_none());
     assert_eq!(hc["metadata"]["annotations"]["kept"], "yes");
@@ -170,7 +207,9 @@ fn unknown_fields_are_pruned_with_their_paths() {
 
 #[test]
 fn paused_until_accepts_dates_and_booleans_only() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     for ok in ["2026-11-21T20:00:00Z", "true", "True", "false"] {
         let mut hc = hosted_cluster();
         hc["spec"]["pausedUntil"] = json!(ok);
@@ -182,7 +221,9 @@ fn paused_until_accepts_dates_and_booleans_only() {
     let errs = admit(&schema, &mut hc);
     assert_eq!(
         messages(&errs),
-        ["spec.pausedUntil: Invalid value: \"string\": PausedUntil must be a date in RFC3339 format or 'True', 'true', 'False' or 'false'"]
+        [
+            "spec.pausedUntil: Invalid value: \"string\": PausedUntil must be a date in RFC3339 format or 'True', 'true', 'False' or 'false'"
+        ]
     );
     assert_eq!(errs[0].kind, FieldErrorKind::Invalid);
     assert_eq!(errs[0].kind.reason(), "FieldValueInvalid");
@@ -190,7 +231,9 @@ fn paused_until_accepts_dates_and_booleans_only() {
 
 #[test]
 fn restore_snapshot_url_rules() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     let with_urls = |urls: Value| {
         let mut hc = hosted_cluster();
         hc["spec"]["etcd"] = json!({
@@ -201,7 +244,9 @@ fn restore_snapshot_url_rules() {
     };
     let field = "spec.etcd.managed.storage.restoreSnapshotURL";
 
-    let mut one = with_urls(json!(["https://bucket.s3.amazonaws.com/snap.db?X-Amz-Signature=abc"]));
+    let mut one = with_urls(json!([
+        "https://bucket.s3.amazonaws.com/snap.db?X-Amz-Signature=abc"
+    ]));
     let errs = admit(&schema, &mut one);
     assert!(errs.is_empty(), "{:#?}", messages(&errs));
     let mut s3 = with_urls(json!(["s3://bucket/snap.db"]));
@@ -209,7 +254,10 @@ fn restore_snapshot_url_rules() {
 
     let mut two = with_urls(json!(["https://a/1", "https://a/2"]));
     let msgs = messages(&admit(&schema, &mut two));
-    assert!(msgs.contains(&format!("{field}: Too many: 2: must have at most 1 items")), "{msgs:#?}");
+    assert!(
+        msgs.contains(&format!("{field}: Too many: 2: must have at most 1 items")),
+        "{msgs:#?}"
+    );
     assert!(
         msgs.contains(&format!("{field}: Invalid value: \"array\": RestoreSnapshotURL shouldn't contain more than 1 entry")),
         "{msgs:#?}"
@@ -218,7 +266,9 @@ fn restore_snapshot_url_rules() {
     let mut ftp = with_urls(json!(["ftp://a/1"]));
     assert_eq!(
         messages(&admit(&schema, &mut ftp)),
-        [format!("{field}: Invalid value: \"array\": restoreSnapshotURL must be a valid URL with scheme https or s3")]
+        [format!(
+            "{field}: Invalid value: \"array\": restoreSnapshotURL must be a valid URL with scheme https or s3"
+        )]
     );
 
     // Updates: changing, adding or removing the URL is rejected; keeping it is fine.
@@ -232,14 +282,18 @@ fn restore_snapshot_url_rules() {
     let mut changed = with_urls(json!(["https://a/2"]));
     assert_eq!(
         messages(&admit_update(&schema, &old, &mut changed)),
-        [format!("{field}: Invalid value: \"array\": restoreSnapshotURL is immutable")]
+        [format!(
+            "{field}: Invalid value: \"array\": restoreSnapshotURL is immutable"
+        )]
     );
 
     let mut removed = hosted_cluster();
     let msgs = messages(&admit_update(&schema, &old, &mut removed));
     assert_eq!(
         msgs,
-        ["spec.etcd.managed.storage: Invalid value: \"object\": restoreSnapshotURL cannot be added or removed after creation"]
+        [
+            "spec.etcd.managed.storage: Invalid value: \"object\": restoreSnapshotURL cannot be added or removed after creation"
+        ]
     );
 
     let mut plain = hosted_cluster();
@@ -248,28 +302,44 @@ fn restore_snapshot_url_rules() {
     let msgs = messages(&admit_update(&schema, &plain, &mut added));
     assert_eq!(
         msgs,
-        ["spec.etcd.managed.storage: Invalid value: \"object\": restoreSnapshotURL cannot be added or removed after creation"]
+        [
+            "spec.etcd.managed.storage: Invalid value: \"object\": restoreSnapshotURL cannot be added or removed after creation"
+        ]
     );
 }
 
 #[test]
 fn required_fields_and_enums_use_upstream_messages() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     let mut hc = hosted_cluster();
     hc["spec"].as_object_mut().expect("spec").remove("release");
     hc["spec"]["platform"]["type"] = json!("Nope");
     let errs = admit(&schema, &mut hc);
     let msgs = messages(&errs);
-    assert!(msgs.contains(&"spec.release: Required value".to_string()), "{msgs:#?}");
-    let platform = msgs.iter().find(|m| m.starts_with("spec.platform.type: Unsupported value: \"Nope\": supported values: "));
-    assert!(platform.is_some_and(|m| m.contains("\"AWS\"") && m.contains("\"None\"")), "{msgs:#?}");
+    assert!(
+        msgs.contains(&"spec.release: Required value".to_string()),
+        "{msgs:#?}"
+    );
+    let platform = msgs.iter().find(|m| {
+        m.starts_with("spec.platform.type: Unsupported value: \"Nope\": supported values: ")
+    });
+    assert!(
+        platform.is_some_and(|m| m.contains("\"AWS\"") && m.contains("\"None\"")),
+        "{msgs:#?}"
+    );
     let kinds: Vec<FieldErrorKind> = errs.iter().map(|e| e.kind).collect();
-    assert!(kinds.contains(&FieldErrorKind::Required) && kinds.contains(&FieldErrorKind::NotSupported));
+    assert!(
+        kinds.contains(&FieldErrorKind::Required) && kinds.contains(&FieldErrorKind::NotSupported)
+    );
 }
 
 #[test]
 fn node_pool_enum_and_pause_rules() {
-    let Some(schema) = schema("nodepools-Default.crd.yaml") else { return };
+    let Some(schema) = schema("nodepools-Default.crd.yaml") else {
+        return;
+    };
     let node_pool = || {
         json!({
             "apiVersion": "hypershift.openshift.io/v1beta1",
@@ -293,7 +363,9 @@ fn node_pool_enum_and_pause_rules() {
     let msgs = messages(&admit(&schema, &mut bad));
     assert_eq!(msgs.len(), 1, "{msgs:#?}");
     assert!(
-        msgs[0].starts_with("spec.management.upgradeType: Unsupported value: \"Sideways\": supported values: "),
+        msgs[0].starts_with(
+            "spec.management.upgradeType: Unsupported value: \"Sideways\": supported values: "
+        ),
         "{msgs:#?}"
     );
 
@@ -301,7 +373,10 @@ fn node_pool_enum_and_pause_rules() {
     soon["spec"]["pausedUntil"] = json!("soon");
     let msgs = messages(&admit(&schema, &mut soon));
     assert_eq!(msgs.len(), 1, "{msgs:#?}");
-    assert!(msgs[0].starts_with("spec.pausedUntil: Invalid value: \"string\": "), "{msgs:#?}");
+    assert!(
+        msgs[0].starts_with("spec.pausedUntil: Invalid value: \"string\": "),
+        "{msgs:#?}"
+    );
 
     // clusterName is immutable.
     let mut old = node_pool();
@@ -310,7 +385,10 @@ fn node_pool_enum_and_pause_rules() {
     renamed["spec"]["clusterName"] = json!("other");
     let msgs = messages(&admit_update(&schema, &old, &mut renamed));
     assert_eq!(msgs.len(), 1, "{msgs:#?}");
-    assert!(msgs[0].starts_with("spec.clusterName: Invalid value: \"string\": "), "{msgs:#?}");
+    assert!(
+        msgs[0].starts_with("spec.clusterName: Invalid value: \"string\": "),
+        "{msgs:#?}"
+    );
 }
 
 /// A HostedCluster as `hypershift create cluster aws` renders it: every
@@ -318,7 +396,9 @@ fn node_pool_enum_and_pause_rules() {
 /// interpreter), and a round of updates that keep immutable fields must too.
 #[test]
 fn a_rendered_aws_hosted_cluster_is_valid() {
-    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else { return };
+    let Some(schema) = schema("hostedclusters-Hypershift-Default.crd.yaml") else {
+        return;
+    };
     let route = |host: &str| json!({"type": "Route", "route": {"hostname": host}});
     let role = |name: &str| format!("arn:aws:iam::123456789012:role/demo-{name}");
     let mut hc = json!({
@@ -375,15 +455,91 @@ fn a_rendered_aws_hosted_cluster_is_valid() {
     // Lift the pause and change the release: allowed; identity fields stay.
     let mut next = hc.clone();
     next["spec"]["pausedUntil"] = json!("false");
-    next["spec"]["release"]["image"] = json!("quay.io/openshift-release-dev/ocp-release:4.17.1-x86_64");
+    next["spec"]["release"]["image"] =
+        json!("quay.io/openshift-release-dev/ocp-release:4.17.1-x86_64");
     let errs = admit_update(&schema, &hc, &mut next);
     assert!(errs.is_empty(), "{:#?}", messages(&errs));
     // Dropping secretEncryption or infraID once set is refused by the real rules.
     let mut dropped = next.clone();
-    dropped["spec"].as_object_mut().expect("spec").remove("secretEncryption");
-    dropped["spec"].as_object_mut().expect("spec").remove("infraID");
+    dropped["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("secretEncryption");
+    dropped["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("infraID");
     let msgs = messages(&admit_update(&schema, &next, &mut dropped));
-    assert!(msgs.iter().any(|m| m.starts_with("spec: Invalid value: \"object\": secretEncryption cannot be removed")), "{msgs:#?}");
+    assert!(
+        msgs.iter().any(|m| m
+            .starts_with("spec: Invalid value: \"object\": secretEncryption cannot be removed")),
+        "{msgs:#?}"
+    );
     // Root-level rules report on the nil path, printed `<nil>` as upstream does.
-    assert!(msgs.iter().any(|m| m.starts_with("<nil>: Invalid value: \"object\": ") && m.contains("infraID")), "{msgs:#?}");
+    assert!(
+        msgs.iter()
+            .any(|m| m.starts_with("<nil>: Invalid value: \"object\": ") && m.contains("infraID")),
+        "{msgs:#?}"
+    );
+}
+
+/// The HostedControlPlane carries the same restoreSnapshotURL rules (it is
+/// replayed before the HostedCluster on restore).
+#[test]
+fn hosted_control_plane_restore_snapshot_url_rules() {
+    let Some(schema) = schema("hostedcontrolplanes-Hypershift-Default.crd.yaml") else {
+        return;
+    };
+    let hcp = |urls: Option<Value>| {
+        let mut storage = json!({"type": "PersistentVolume", "persistentVolume": {"size": "8Gi"}});
+        if let Some(urls) = urls {
+            storage["restoreSnapshotURL"] = urls;
+        }
+        json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1",
+            "kind": "HostedControlPlane",
+            "metadata": {"name": "demo", "namespace": "clusters-demo"},
+            "spec": {
+                "releaseImage": "quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64",
+                "pullSecret": {"name": "pull-secret"},
+                "sshKey": {"name": "ssh-key"},
+                "infraID": "demo-x7k2p",
+                "issuerURL": "https://kubernetes.default.svc",
+                "dns": {"baseDomain": "example.com"},
+                "platform": {"type": "None"},
+                "etcd": {"managementType": "Managed", "managed": {"storage": storage}},
+                "services": [
+                    {"service": "APIServer", "servicePublishingStrategy": {"type": "NodePort", "nodePort": {"address": "10.0.0.10"}}},
+                    {"service": "OAuthServer", "servicePublishingStrategy": {"type": "NodePort", "nodePort": {"address": "10.0.0.10"}}},
+                    {"service": "Konnectivity", "servicePublishingStrategy": {"type": "NodePort", "nodePort": {"address": "10.0.0.10"}}},
+                    {"service": "Ignition", "servicePublishingStrategy": {"type": "NodePort", "nodePort": {"address": "10.0.0.10"}}}
+                ]
+            }
+        })
+    };
+    let mut old = hcp(Some(json!(["s3://bucket/demo/snapshot.db"])));
+    let errs = admit(&schema, &mut old);
+    assert!(errs.is_empty(), "{:#?}", messages(&errs));
+    let mut ftp = hcp(Some(json!(["ftp://bucket/snapshot.db"])));
+    let msgs = messages(&admit(&schema, &mut ftp));
+    assert_eq!(msgs.len(), 1, "{msgs:#?}");
+    assert!(
+        msgs[0].ends_with("restoreSnapshotURL must be a valid URL with scheme https or s3"),
+        "{msgs:#?}"
+    );
+    let mut changed = hcp(Some(json!(["s3://bucket/demo/other.db"])));
+    let msgs = messages(&admit_update(&schema, &old, &mut changed));
+    assert_eq!(
+        msgs,
+        [
+            "spec.etcd.managed.storage.restoreSnapshotURL: Invalid value: \"array\": restoreSnapshotURL is immutable"
+        ]
+    );
+    let mut removed = hcp(None);
+    let msgs = messages(&admit_update(&schema, &old, &mut removed));
+    assert_eq!(msgs.len(), 1, "{msgs:#?}");
+    assert!(
+        msgs[0].ends_with("restoreSnapshotURL cannot be added or removed after creation"),
+        "{msgs:#?}"
+    );
 }

@@ -10,11 +10,32 @@ use serde_json::Value;
 
 use super::context::{BackupContext, PauseRecord};
 use super::{StageError, from_output};
-use crate::hosted::{HOSTED_CLUSTER, NODE_POOL};
+use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
 use crate::kube::{api, get_json, set_paused_until};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct Pause;
+
+/// Wait until the operator has seen the pause: the HostedControlPlane carries
+/// it and the HostedCluster reports `ReconciliationActive=False` (when the
+/// operator sets that condition). Scaling down before then races with a
+/// reconcile already under way, which would scale the writers back up.
+async fn wait_acknowledged(ctx: &BackupContext, until: &str) -> Result<(), StageFailure> {
+    let ns = &ctx.inputs.namespace;
+    let name = &ctx.inputs.hosted_cluster;
+    let hcp_ns = ctx.hcp_namespace();
+    let what = format!("the operator to acknowledge the pause of {} (HostedControlPlane {hcp_ns}/{name} pausedUntil={until})", ctx.hc_label());
+    crate::kube::wait_for(&what, ctx.inputs.wait_timeout(), std::time::Duration::from_millis(250), || async {
+        let hcp = get_json(&api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns), name, "HostedControlPlane").await?;
+        let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, ns), name, "HostedCluster").await?;
+        let hcp_paused = hcp.as_ref().is_some_and(|h| h["spec"]["pausedUntil"].as_str() == Some(until));
+        let condition = hc.as_ref().and_then(|h| crate::hosted::condition(h, "ReconciliationActive").map(str::to_string));
+        let acknowledged = hcp_paused && condition.as_deref() != Some("True");
+        Ok(acknowledged.then_some(()))
+    })
+    .await?;
+    Ok(())
+}
 
 fn targets(ctx: &BackupContext) -> Vec<(String, String)> {
     std::iter::once(("HostedCluster".to_string(), ctx.inputs.hosted_cluster.clone()))
@@ -95,6 +116,7 @@ impl Stage<BackupContext> for Pause {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
             set_paused_until(&ctx.client, gvk, &ctx.inputs.namespace, name, Some(&until)).await?;
         }
+        wait_acknowledged(ctx, &until).await?;
         let output = serde_json::to_value(&record)?;
         ctx.paused = Some(record);
         Ok(output)

@@ -83,6 +83,14 @@ impl Stage<BackupContext> for ScaleDown {
         for d in &scaled {
             let what = format!("the pods of Deployment {ns}/{} to terminate", d.name);
             wait_for(&what, timeout, Duration::from_millis(250), || async {
+                if let Some(replicas) = deployment_replicas(&ctx.client, &ns, &d.name).await? {
+                    if replicas > 0 {
+                        return Err(crate::kube::KubeError::Invalid(format!(
+                            "Deployment {ns}/{} was scaled back to {replicas} by something else while the cluster is paused: is the HyperShift operator honouring spec.pausedUntil?",
+                            d.name
+                        )));
+                    }
+                }
                 let pods = deployment_pods(&ctx.client, &ns, &d.name).await?;
                 Ok(pods.is_empty().then_some(()))
             })

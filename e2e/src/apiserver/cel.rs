@@ -116,11 +116,14 @@ impl CelValue {
                 }
             }
             Value::String(s) => CelValue::String(s.as_str().into()),
-            Value::Array(items) => {
-                CelValue::List(Arc::new(items.iter().map(CelValue::from_json).collect()), ListKind::Atomic)
-            }
+            Value::Array(items) => CelValue::List(
+                Arc::new(items.iter().map(CelValue::from_json).collect()),
+                ListKind::Atomic,
+            ),
             Value::Object(map) => CelValue::Map(Arc::new(
-                map.iter().map(|(k, v)| (k.clone(), CelValue::from_json(v))).collect(),
+                map.iter()
+                    .map(|(k, v)| (k.clone(), CelValue::from_json(v)))
+                    .collect(),
             )),
         }
     }
@@ -166,7 +169,11 @@ impl CelValue {
                     _ => {
                         let mut used = vec![false; b.len()];
                         a.iter().all(|x| {
-                            match b.iter().enumerate().position(|(i, y)| !used[i] && x.equals(y)) {
+                            match b
+                                .iter()
+                                .enumerate()
+                                .position(|(i, y)| !used[i] && x.equals(y))
+                            {
                                 Some(i) => {
                                     used[i] = true;
                                     true
@@ -177,7 +184,9 @@ impl CelValue {
                     }
                 }
             }
-            (Map(a), Map(b)) => a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| v.equals(w))),
+            (Map(a), Map(b)) => {
+                a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| v.equals(w)))
+            }
             (Optional(a), Optional(b)) => match (a, b) {
                 (None, None) => true,
                 (Some(x), Some(y)) => x.equals(y),
@@ -206,7 +215,14 @@ impl CelValue {
             CelValue::Ip(ip) => ip.to_string(),
             CelValue::Cidr(ip, p) => format!("{ip}/{p}"),
             CelValue::List(items, _) => {
-                format!("[{}]", items.iter().map(CelValue::display).collect::<Vec<_>>().join(", "))
+                format!(
+                    "[{}]",
+                    items
+                        .iter()
+                        .map(CelValue::display)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             }
             other => other.type_name().to_string(),
         }
@@ -218,8 +234,16 @@ fn numeric_cmp(a: &CelValue, b: &CelValue) -> Option<std::cmp::Ordering> {
     match (a, b) {
         (Int(x), Int(y)) => Some(x.cmp(y)),
         (Uint(x), Uint(y)) => Some(x.cmp(y)),
-        (Int(x), Uint(y)) => Some(if *x < 0 { std::cmp::Ordering::Less } else { (*x as u64).cmp(y) }),
-        (Uint(x), Int(y)) => Some(if *y < 0 { std::cmp::Ordering::Greater } else { x.cmp(&(*y as u64)) }),
+        (Int(x), Uint(y)) => Some(if *x < 0 {
+            std::cmp::Ordering::Less
+        } else {
+            (*x as u64).cmp(y)
+        }),
+        (Uint(x), Int(y)) => Some(if *y < 0 {
+            std::cmp::Ordering::Greater
+        } else {
+            x.cmp(&(*y as u64))
+        }),
         (Int(x), Double(y)) => (*x as f64).partial_cmp(y),
         (Double(x), Int(y)) => x.partial_cmp(&(*y as f64)),
         (Uint(x), Double(y)) => (*x as f64).partial_cmp(y),
@@ -245,12 +269,15 @@ enum Tok {
 }
 
 const PUNCTS: &[&str] = &[
-    "&&", "||", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".", ",", ":", "?", "!", "-", "+", "*", "/", "%",
-    "<", ">",
+    "&&", "||", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".", ",", ":", "?", "!", "-",
+    "+", "*", "/", "%", "<", ">",
 ];
 
 fn syntax<T>(offset: usize, message: impl Into<String>) -> Result<T, CelError> {
-    Err(CelError::Syntax { offset, message: message.into() })
+    Err(CelError::Syntax {
+        offset,
+        message: message.into(),
+    })
 }
 
 fn lex(src: &str) -> Result<Vec<(usize, Tok)>, CelError> {
@@ -313,7 +340,15 @@ fn lex(src: &str) -> Result<Vec<(usize, Tok)>, CelError> {
                 out.push((start, Tok::Punct(p)));
                 i += p.len();
             }
-            None => return syntax(i, format!("unexpected character {:?}", src[i..].chars().next().unwrap_or(' '))),
+            None => {
+                return syntax(
+                    i,
+                    format!(
+                        "unexpected character {:?}",
+                        src[i..].chars().next().unwrap_or(' ')
+                    ),
+                );
+            }
         }
     }
     Ok(out)
@@ -369,16 +404,29 @@ fn read_string(
                         b'u' => 4,
                         _ => 8,
                     };
-                    let hex = src.get(i..i + len).ok_or(CelError::Syntax { offset: i, message: "short escape".into() })?;
-                    let code = u32::from_str_radix(hex, 16)
-                        .map_err(|_| CelError::Syntax { offset: i, message: "bad hex escape".into() })?;
-                    out.push(char::from_u32(code).ok_or(CelError::Syntax { offset: i, message: "bad code point".into() })?);
+                    let hex = src.get(i..i + len).ok_or(CelError::Syntax {
+                        offset: i,
+                        message: "short escape".into(),
+                    })?;
+                    let code = u32::from_str_radix(hex, 16).map_err(|_| CelError::Syntax {
+                        offset: i,
+                        message: "bad hex escape".into(),
+                    })?;
+                    out.push(char::from_u32(code).ok_or(CelError::Syntax {
+                        offset: i,
+                        message: "bad code point".into(),
+                    })?);
                     i += len;
                 }
                 b'0'..=b'3' => {
-                    let oct = src.get(i - 1..i + 2).ok_or(CelError::Syntax { offset: i, message: "short octal".into() })?;
-                    let code = u32::from_str_radix(oct, 8)
-                        .map_err(|_| CelError::Syntax { offset: i, message: "bad octal escape".into() })?;
+                    let oct = src.get(i - 1..i + 2).ok_or(CelError::Syntax {
+                        offset: i,
+                        message: "short octal".into(),
+                    })?;
+                    let code = u32::from_str_radix(oct, 8).map_err(|_| CelError::Syntax {
+                        offset: i,
+                        message: "bad octal escape".into(),
+                    })?;
                     out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
                     i += 2;
                 }
@@ -403,10 +451,16 @@ fn read_number(src: &str, start: usize) -> Result<(Tok, usize), CelError> {
         }
         let digits = &src[digits_start..i];
         if bytes.get(i).is_some_and(|b| *b == b'u' || *b == b'U') {
-            let v = u64::from_str_radix(digits, 16).map_err(|e| CelError::Syntax { offset: start, message: e.to_string() })?;
+            let v = u64::from_str_radix(digits, 16).map_err(|e| CelError::Syntax {
+                offset: start,
+                message: e.to_string(),
+            })?;
             return Ok((Tok::Uint(v), i + 1));
         }
-        let v = i64::from_str_radix(digits, 16).map_err(|e| CelError::Syntax { offset: start, message: e.to_string() })?;
+        let v = i64::from_str_radix(digits, 16).map_err(|e| CelError::Syntax {
+            offset: start,
+            message: e.to_string(),
+        })?;
         return Ok((Tok::Int(v), i));
     }
     while i < bytes.len() && bytes[i].is_ascii_digit() {
@@ -435,14 +489,23 @@ fn read_number(src: &str, start: usize) -> Result<(Tok, usize), CelError> {
     }
     let text = &src[start..i];
     if is_double {
-        let v: f64 = text.parse().map_err(|_| CelError::Syntax { offset: start, message: "bad double".into() })?;
+        let v: f64 = text.parse().map_err(|_| CelError::Syntax {
+            offset: start,
+            message: "bad double".into(),
+        })?;
         return Ok((Tok::Double(v), i));
     }
     if bytes.get(i).is_some_and(|b| *b == b'u' || *b == b'U') {
-        let v: u64 = text.parse().map_err(|_| CelError::Syntax { offset: start, message: "bad uint".into() })?;
+        let v: u64 = text.parse().map_err(|_| CelError::Syntax {
+            offset: start,
+            message: "bad uint".into(),
+        })?;
         return Ok((Tok::Uint(v), i + 1));
     }
-    let v: i64 = text.parse().map_err(|_| CelError::Syntax { offset: start, message: "int literal out of range".into() })?;
+    let v: i64 = text.parse().map_err(|_| CelError::Syntax {
+        offset: start,
+        message: "int literal out of range".into(),
+    })?;
     Ok((Tok::Int(v), i))
 }
 
@@ -479,9 +542,21 @@ enum MacroKind {
 enum Expr {
     Lit(CelValue),
     Ident(String),
-    Select { operand: Box<Expr>, field: String, optional: bool },
-    Index { operand: Box<Expr>, index: Box<Expr>, optional: bool },
-    Call { target: Option<Box<Expr>>, name: String, args: Vec<Expr> },
+    Select {
+        operand: Box<Expr>,
+        field: String,
+        optional: bool,
+    },
+    Index {
+        operand: Box<Expr>,
+        index: Box<Expr>,
+        optional: bool,
+    },
+    Call {
+        target: Option<Box<Expr>>,
+        name: String,
+        args: Vec<Expr>,
+    },
     List(Vec<Expr>),
     Map(Vec<(Expr, Expr)>),
     Not(Box<Expr>),
@@ -491,7 +566,13 @@ enum Expr {
     Or(Box<Expr>, Box<Expr>),
     Cond(Box<Expr>, Box<Expr>, Box<Expr>),
     Has(Box<Expr>, String),
-    Macro { kind: MacroKind, range: Box<Expr>, var: String, filter: Option<Box<Expr>>, body: Box<Expr> },
+    Macro {
+        kind: MacroKind,
+        range: Box<Expr>,
+        var: String,
+        filter: Option<Box<Expr>>,
+        body: Box<Expr>,
+    },
     Regex(Arc<LazyRegex>),
 }
 
@@ -656,13 +737,21 @@ impl Parser {
                     let args = self.args()?;
                     e = make_member_call(e, name, args, offset)?;
                 } else {
-                    e = Expr::Select { operand: Box::new(e), field: name, optional };
+                    e = Expr::Select {
+                        operand: Box::new(e),
+                        field: name,
+                        optional,
+                    };
                 }
             } else if self.eat("[") {
                 let optional = self.eat("?");
                 let index = self.expr()?;
                 self.expect("]")?;
-                e = Expr::Index { operand: Box::new(e), index: Box::new(index), optional };
+                e = Expr::Index {
+                    operand: Box::new(e),
+                    index: Box::new(index),
+                    optional,
+                };
             } else {
                 return Ok(e);
             }
@@ -690,13 +779,21 @@ impl Parser {
                         let args = self.args()?;
                         if name == "has" {
                             return match args.as_slice() {
-                                [Expr::Select { operand, field, optional: false }] => {
-                                    Ok(Expr::Has(operand.clone(), field.clone()))
-                                }
+                                [
+                                    Expr::Select {
+                                        operand,
+                                        field,
+                                        optional: false,
+                                    },
+                                ] => Ok(Expr::Has(operand.clone(), field.clone())),
                                 _ => syntax(offset, "invalid argument to has() macro"),
                             };
                         }
-                        Ok(Expr::Call { target: None, name, args })
+                        Ok(Expr::Call {
+                            target: None,
+                            name,
+                            args,
+                        })
                     } else {
                         Ok(Expr::Ident(name))
                     }
@@ -757,7 +854,12 @@ impl Parser {
     }
 }
 
-fn make_member_call(target: Expr, name: String, args: Vec<Expr>, offset: usize) -> Result<Expr, CelError> {
+fn make_member_call(
+    target: Expr,
+    name: String,
+    args: Vec<Expr>,
+    offset: usize,
+) -> Result<Expr, CelError> {
     let kind = match name.as_str() {
         "all" => Some(MacroKind::All),
         "exists" => Some(MacroKind::Exists),
@@ -770,7 +872,12 @@ fn make_member_call(target: Expr, name: String, args: Vec<Expr>, offset: usize) 
         let mut args = args.into_iter();
         let var = match args.next() {
             Some(Expr::Ident(v)) => v,
-            _ => return syntax(offset, format!("{name}() macro needs an identifier as its first argument")),
+            _ => {
+                return syntax(
+                    offset,
+                    format!("{name}() macro needs an identifier as its first argument"),
+                );
+            }
         };
         let rest: Vec<Expr> = args.collect();
         let (filter, body) = match (kind, rest.len()) {
@@ -785,11 +892,26 @@ fn make_member_call(target: Expr, name: String, args: Vec<Expr>, offset: usize) 
                 Some(b) => (None, Box::new(b)),
                 None => return syntax(offset, "macro arity"),
             },
-            _ => return syntax(offset, format!("wrong number of arguments to {name}() macro")),
+            _ => {
+                return syntax(
+                    offset,
+                    format!("wrong number of arguments to {name}() macro"),
+                );
+            }
         };
-        return Ok(Expr::Macro { kind, range: Box::new(target), var, filter, body });
+        return Ok(Expr::Macro {
+            kind,
+            range: Box::new(target),
+            var,
+            filter,
+            body,
+        });
     }
-    Ok(Expr::Call { target: Some(Box::new(target)), name, args })
+    Ok(Expr::Call {
+        target: Some(Box::new(target)),
+        name,
+        args,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -797,15 +919,52 @@ fn make_member_call(target: Expr, name: String, args: Vec<Expr>, offset: usize) 
 // ---------------------------------------------------------------------------
 
 const GLOBAL_FUNCTIONS: &[&str] = &[
-    "size", "int", "uint", "double", "string", "bool", "bytes", "dyn", "type", "matches", "isURL", "url", "isIP", "ip",
-    "isCIDR", "cidr", "duration",
+    "size", "int", "uint", "double", "string", "bool", "bytes", "dyn", "type", "matches", "isURL",
+    "url", "isIP", "ip", "isCIDR", "cidr", "duration",
 ];
 const MEMBER_FUNCTIONS: &[&str] = &[
-    "size", "matches", "find", "findAll", "startsWith", "endsWith", "contains", "lowerAscii", "upperAscii", "split",
-    "indexOf", "lastIndexOf", "join", "trim", "replace", "substring", "charAt", "orValue", "hasValue", "value",
-    "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery", "family", "prefixLength", "ip",
-    "masked", "isLoopback", "isUnspecified", "containsIP", "containsCIDR", "getSeconds", "getMilliseconds",
-    "getMinutes", "getHours", "isSorted", "sum", "min", "max",
+    "size",
+    "matches",
+    "find",
+    "findAll",
+    "startsWith",
+    "endsWith",
+    "contains",
+    "lowerAscii",
+    "upperAscii",
+    "split",
+    "indexOf",
+    "lastIndexOf",
+    "join",
+    "trim",
+    "replace",
+    "substring",
+    "charAt",
+    "orValue",
+    "hasValue",
+    "value",
+    "getScheme",
+    "getHost",
+    "getHostname",
+    "getPort",
+    "getEscapedPath",
+    "getQuery",
+    "family",
+    "prefixLength",
+    "ip",
+    "masked",
+    "isLoopback",
+    "isUnspecified",
+    "containsIP",
+    "containsCIDR",
+    "getSeconds",
+    "getMilliseconds",
+    "getMinutes",
+    "getHours",
+    "isSorted",
+    "sum",
+    "min",
+    "max",
 ];
 
 fn check(expr: &mut Expr, scope: &mut Vec<String>) -> Result<(), CelError> {
@@ -820,10 +979,11 @@ fn check(expr: &mut Expr, scope: &mut Vec<String>) -> Result<(), CelError> {
         }
         Expr::Select { operand, field, .. } => {
             // `optional.none()` / `optional.of(x)` are namespaced functions.
-            if let Expr::Ident(ns) = operand.as_ref() {
-                if ns == "optional" && !scope.iter().any(|s| s == "optional") {
-                    return Err(CelError::Undeclared(format!("optional.{field}")));
-                }
+            if let Expr::Ident(ns) = operand.as_ref()
+                && ns == "optional"
+                && !scope.iter().any(|s| s == "optional")
+            {
+                return Err(CelError::Undeclared(format!("optional.{field}")));
             }
             check(operand, scope)
         }
@@ -833,15 +993,20 @@ fn check(expr: &mut Expr, scope: &mut Vec<String>) -> Result<(), CelError> {
             check(index, scope)
         }
         Expr::Call { target, name, args } => {
-            if let Some(Expr::Ident(ns)) = target.as_deref() {
-                if ns == "optional" && (name == "of" || name == "none" || name == "ofNonZeroValue") {
-                    for a in args.iter_mut() {
-                        check(a, scope)?;
-                    }
-                    return Ok(());
+            if let Some(Expr::Ident(ns)) = target.as_deref()
+                && ns == "optional"
+                && (name == "of" || name == "none" || name == "ofNonZeroValue")
+            {
+                for a in args.iter_mut() {
+                    check(a, scope)?;
                 }
+                return Ok(());
             }
-            let known = if target.is_some() { MEMBER_FUNCTIONS } else { GLOBAL_FUNCTIONS };
+            let known = if target.is_some() {
+                MEMBER_FUNCTIONS
+            } else {
+                GLOBAL_FUNCTIONS
+            };
             if !known.contains(&name.as_str()) {
                 return Err(CelError::Undeclared(name.clone()));
             }
@@ -857,12 +1022,14 @@ fn check(expr: &mut Expr, scope: &mut Vec<String>) -> Result<(), CelError> {
                 ("matches", false) => Some(1),
                 _ => None,
             };
-            if let Some(i) = regex_arg {
-                if let Some(Expr::Lit(CelValue::String(p))) = args.get(i) {
-                    let re = LazyRegex::new(p)
-                        .map_err(|message| CelError::Regex { pattern: p.to_string(), message })?;
-                    args[i] = Expr::Regex(Arc::new(re));
-                }
+            if let Some(i) = regex_arg
+                && let Some(Expr::Lit(CelValue::String(p))) = args.get(i)
+            {
+                let re = LazyRegex::new(p).map_err(|message| CelError::Regex {
+                    pattern: p.to_string(),
+                    message,
+                })?;
+                args[i] = Expr::Regex(Arc::new(re));
             }
             Ok(())
         }
@@ -881,10 +1048,19 @@ fn check(expr: &mut Expr, scope: &mut Vec<String>) -> Result<(), CelError> {
             check(b, scope)?;
             check(c, scope)
         }
-        Expr::Macro { range, var, filter, body, .. } => {
+        Expr::Macro {
+            range,
+            var,
+            filter,
+            body,
+            ..
+        } => {
             check(range, scope)?;
             scope.push(var.clone());
-            let result = filter.as_deref_mut().map_or(Ok(()), |f| check(f, scope)).and_then(|()| check(body, scope));
+            let result = filter
+                .as_deref_mut()
+                .map_or(Ok(()), |f| check(f, scope))
+                .and_then(|()| check(body, scope));
             scope.pop();
             result
         }
@@ -898,16 +1074,29 @@ fn mentions(expr: &Expr, ident: &str) -> bool {
         Expr::Select { operand, .. } | Expr::Has(operand, _) => mentions(operand, ident),
         Expr::Index { operand, index, .. } => mentions(operand, ident) || mentions(index, ident),
         Expr::Call { target, args, .. } => {
-            target.as_deref().is_some_and(|t| mentions(t, ident)) || args.iter().any(|a| mentions(a, ident))
+            target.as_deref().is_some_and(|t| mentions(t, ident))
+                || args.iter().any(|a| mentions(a, ident))
         }
         Expr::List(items) => items.iter().any(|i| mentions(i, ident)),
-        Expr::Map(entries) => entries.iter().any(|(k, v)| mentions(k, ident) || mentions(v, ident)),
+        Expr::Map(entries) => entries
+            .iter()
+            .any(|(k, v)| mentions(k, ident) || mentions(v, ident)),
         Expr::Not(e) | Expr::Neg(e) => mentions(e, ident),
-        Expr::Binary(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => mentions(a, ident) || mentions(b, ident),
+        Expr::Binary(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => {
+            mentions(a, ident) || mentions(b, ident)
+        }
         Expr::Cond(a, b, c) => mentions(a, ident) || mentions(b, ident) || mentions(c, ident),
-        Expr::Macro { range, var, filter, body, .. } => {
+        Expr::Macro {
+            range,
+            var,
+            filter,
+            body,
+            ..
+        } => {
             mentions(range, ident)
-                || (var != ident && (filter.as_deref().is_some_and(|f| mentions(f, ident)) || mentions(body, ident)))
+                || (var != ident
+                    && (filter.as_deref().is_some_and(|f| mentions(f, ident))
+                        || mentions(body, ident)))
         }
     }
 }
@@ -923,14 +1112,25 @@ impl Program {
     /// Parse and check an expression over the variables `self` and `oldSelf`.
     pub fn compile(source: &str) -> Result<Program, CelError> {
         let toks = lex(source)?;
-        let mut parser = Parser { toks, pos: 0, len: source.len(), depth: 0 };
+        let mut parser = Parser {
+            toks,
+            pos: 0,
+            len: source.len(),
+            depth: 0,
+        };
         let mut expr = parser.expr()?;
         if parser.pos != parser.toks.len() {
             return syntax(parser.offset(), "unexpected trailing input");
         }
-        check(&mut expr, &mut vec!["self".to_string(), "oldSelf".to_string()])?;
+        check(
+            &mut expr,
+            &mut vec!["self".to_string(), "oldSelf".to_string()],
+        )?;
         let uses_old_self = mentions(&expr, "oldSelf");
-        Ok(Program { expr: Arc::new(expr), uses_old_self })
+        Ok(Program {
+            expr: Arc::new(expr),
+            uses_old_self,
+        })
     }
 
     /// Whether the expression mentions `oldSelf` (a transition rule).
@@ -940,7 +1140,9 @@ impl Program {
 
     /// Evaluate with `self` and (for transition rules) `oldSelf` bound.
     pub fn eval(&self, this: &CelValue, old: Option<&CelValue>) -> Result<CelValue, CelError> {
-        let mut env = Env { vars: vec![("self".to_string(), this.clone())] };
+        let mut env = Env {
+            vars: vec![("self".to_string(), this.clone())],
+        };
         if let Some(old) = old {
             env.vars.push(("oldSelf".to_string(), old.clone()));
         }
@@ -962,13 +1164,32 @@ fn unescape_property(name: &str) -> Option<String> {
         return None;
     }
     const KEYWORDS: &[&str] = &[
-        "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function", "if", "import",
-        "let", "loop", "package", "namespace", "return", "var", "void", "while",
+        "true",
+        "false",
+        "null",
+        "in",
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "for",
+        "function",
+        "if",
+        "import",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "return",
+        "var",
+        "void",
+        "while",
     ];
-    if let Some(inner) = name.strip_prefix("__").and_then(|n| n.strip_suffix("__")) {
-        if KEYWORDS.contains(&inner) {
-            return Some(inner.to_string());
-        }
+    if let Some(inner) = name.strip_prefix("__").and_then(|n| n.strip_suffix("__"))
+        && KEYWORDS.contains(&inner)
+    {
+        return Some(inner.to_string());
     }
     Some(
         name.replace("__underscores__", "\u{0}")
@@ -980,7 +1201,8 @@ fn unescape_property(name: &str) -> Option<String> {
 }
 
 fn map_get<'a>(map: &'a BTreeMap<String, CelValue>, field: &str) -> Option<&'a CelValue> {
-    map.get(field).or_else(|| unescape_property(field).and_then(|u| map.get(&u)))
+    map.get(field)
+        .or_else(|| unescape_property(field).and_then(|u| map.get(&u)))
 }
 
 fn as_str(v: &CelValue, what: &str) -> Result<Arc<str>, CelError> {
@@ -1019,8 +1241,14 @@ impl LazyRegex {
     /// Check the syntax (RE2 semantics, see [`re2`]); compile later.
     pub fn new(pattern: &str) -> Result<LazyRegex, String> {
         let translated = asciify(pattern);
-        regex_syntax::Parser::new().parse(&translated).map_err(|e| e.to_string())?;
-        Ok(LazyRegex { source: pattern.to_string(), translated, compiled: std::sync::OnceLock::new() })
+        regex_syntax::Parser::new()
+            .parse(&translated)
+            .map_err(|e| e.to_string())?;
+        Ok(LazyRegex {
+            source: pattern.to_string(),
+            translated,
+            compiled: std::sync::OnceLock::new(),
+        })
     }
 
     /// The pattern as written in the schema or rule.
@@ -1112,7 +1340,9 @@ fn regex_of(e: &Expr, env: &mut Env) -> Result<Arc<Regex>, CelError> {
             .map_err(|err| CelError::Eval(format!("invalid regex {:?}: {err}", re.as_str())));
     }
     let pattern = as_str(&env.eval(e)?, "matches")?;
-    re2(&pattern).map(Arc::new).map_err(|err| CelError::Eval(format!("invalid regex {pattern:?}: {err}")))
+    re2(&pattern)
+        .map(Arc::new)
+        .map_err(|err| CelError::Eval(format!("invalid regex {pattern:?}: {err}")))
 }
 
 fn list(items: Vec<CelValue>) -> CelValue {
@@ -1136,7 +1366,10 @@ impl Env {
     fn eval_bool(&mut self, e: &Expr) -> Result<bool, CelError> {
         match self.eval(e)? {
             CelValue::Bool(b) => Ok(b),
-            other => eval_err(format!("no such overload: expected bool, got {}", other.type_name())),
+            other => eval_err(format!(
+                "no such overload: expected bool, got {}",
+                other.type_name()
+            )),
         }
     }
 
@@ -1145,7 +1378,11 @@ impl Env {
             Expr::Lit(v) => Ok(v.clone()),
             Expr::Regex(re) => Ok(string(re.as_str())),
             Expr::Ident(name) => self.lookup(name),
-            Expr::Select { operand, field, optional } => {
+            Expr::Select {
+                operand,
+                field,
+                optional,
+            } => {
                 let base = self.eval(operand)?;
                 select(base, field, *optional)
             }
@@ -1154,22 +1391,42 @@ impl Env {
                 CelValue::Optional(None) => Ok(CelValue::Bool(false)),
                 CelValue::Optional(Some(v)) => match *v {
                     CelValue::Map(m) => Ok(CelValue::Bool(map_get(&m, field).is_some())),
-                    other => eval_err(format!("invalid type for field selection: {}", other.type_name())),
+                    other => eval_err(format!(
+                        "invalid type for field selection: {}",
+                        other.type_name()
+                    )),
                 },
-                other => eval_err(format!("invalid type for field selection: {}", other.type_name())),
+                other => eval_err(format!(
+                    "invalid type for field selection: {}",
+                    other.type_name()
+                )),
             },
-            Expr::Index { operand, index, optional } => {
+            Expr::Index {
+                operand,
+                index,
+                optional,
+            } => {
                 let base = self.eval(operand)?;
                 let index = self.eval(index)?;
                 index_value(base, &index, *optional)
             }
-            Expr::List(items) => Ok(list(items.iter().map(|i| self.eval(i)).collect::<Result<_, _>>()?)),
+            Expr::List(items) => Ok(list(
+                items
+                    .iter()
+                    .map(|i| self.eval(i))
+                    .collect::<Result<_, _>>()?,
+            )),
             Expr::Map(entries) => {
                 let mut out = BTreeMap::new();
                 for (k, v) in entries {
                     let key = match self.eval(k)? {
                         CelValue::String(s) => s.to_string(),
-                        other => return eval_err(format!("unsupported map key type {}", other.type_name())),
+                        other => {
+                            return eval_err(format!(
+                                "unsupported map key type {}",
+                                other.type_name()
+                            ));
+                        }
                     };
                     let value = self.eval(v)?;
                     if out.insert(key.clone(), value).is_some() {
@@ -1180,7 +1437,10 @@ impl Env {
             }
             Expr::Not(e) => Ok(CelValue::Bool(!self.eval_bool(e)?)),
             Expr::Neg(e) => match self.eval(e)? {
-                CelValue::Int(i) => i.checked_neg().map(CelValue::Int).ok_or(CelError::Eval("integer overflow".into())),
+                CelValue::Int(i) => i
+                    .checked_neg()
+                    .map(CelValue::Int)
+                    .ok_or(CelError::Eval("integer overflow".into())),
                 CelValue::Double(d) => Ok(CelValue::Double(-d)),
                 other => eval_err(format!("no such overload: -{}", other.type_name())),
             },
@@ -1222,7 +1482,13 @@ impl Env {
                 let b = self.eval(b)?;
                 binary(*op, &a, &b)
             }
-            Expr::Macro { kind, range, var, filter, body } => self.eval_macro(*kind, range, var, filter.as_deref(), body),
+            Expr::Macro {
+                kind,
+                range,
+                var,
+                filter,
+                body,
+            } => self.eval_macro(*kind, range, var, filter.as_deref(), body),
             Expr::Call { target, name, args } => self.call(target.as_deref(), name, args),
         }
     }
@@ -1247,7 +1513,9 @@ impl Env {
             self.vars.push((var.to_string(), item.clone()));
             let result = (|| -> Result<Option<bool>, CelError> {
                 match kind {
-                    MacroKind::All | MacroKind::Exists | MacroKind::ExistsOne => Ok(Some(self.eval_bool(body)?)),
+                    MacroKind::All | MacroKind::Exists | MacroKind::ExistsOne => {
+                        Ok(Some(self.eval_bool(body)?))
+                    }
                     MacroKind::Filter => {
                         if self.eval_bool(body)? {
                             out.push(item.clone());
@@ -1287,19 +1555,28 @@ impl Env {
         })
     }
 
-    fn call(&mut self, target: Option<&Expr>, name: &str, args: &[Expr]) -> Result<CelValue, CelError> {
-        if let Some(Expr::Ident(ns)) = target {
-            if ns == "optional" {
-                return match (name, args) {
-                    ("none", []) => Ok(CelValue::Optional(None)),
-                    ("of", [a]) => Ok(CelValue::Optional(Some(Box::new(self.eval(a)?)))),
-                    ("ofNonZeroValue", [a]) => {
-                        let v = self.eval(a)?;
-                        Ok(CelValue::Optional(if is_zero(&v) { None } else { Some(Box::new(v)) }))
-                    }
-                    _ => eval_err(format!("no such overload: optional.{name}")),
-                };
-            }
+    fn call(
+        &mut self,
+        target: Option<&Expr>,
+        name: &str,
+        args: &[Expr],
+    ) -> Result<CelValue, CelError> {
+        if let Some(Expr::Ident(ns)) = target
+            && ns == "optional"
+        {
+            return match (name, args) {
+                ("none", []) => Ok(CelValue::Optional(None)),
+                ("of", [a]) => Ok(CelValue::Optional(Some(Box::new(self.eval(a)?)))),
+                ("ofNonZeroValue", [a]) => {
+                    let v = self.eval(a)?;
+                    Ok(CelValue::Optional(if is_zero(&v) {
+                        None
+                    } else {
+                        Some(Box::new(v))
+                    }))
+                }
+                _ => eval_err(format!("no such overload: optional.{name}")),
+            };
         }
         // Functions with regex arguments keep the precompiled pattern.
         match (target, name, args) {
@@ -1326,8 +1603,11 @@ impl Env {
                     _ => -1,
                 };
                 let found = re.find_iter(&s).map(|m| string(m.as_str()));
-                let found: Vec<CelValue> =
-                    if limit < 0 { found.collect() } else { found.take(limit as usize).collect() };
+                let found: Vec<CelValue> = if limit < 0 {
+                    found.collect()
+                } else {
+                    found.take(limit as usize).collect()
+                };
                 return Ok(list(found));
             }
             _ => {}
@@ -1336,7 +1616,10 @@ impl Env {
             Some(t) => Some(self.eval(t)?),
             None => None,
         };
-        let args: Vec<CelValue> = args.iter().map(|a| self.eval(a)).collect::<Result<_, _>>()?;
+        let args: Vec<CelValue> = args
+            .iter()
+            .map(|a| self.eval(a))
+            .collect::<Result<_, _>>()?;
         match this {
             Some(this) => member_call(this, name, &args),
             None => global_call(name, &args),
@@ -1372,7 +1655,10 @@ fn select(base: CelValue, field: &str, optional: bool) -> Result<CelValue, CelEr
             v @ CelValue::Optional(_) => Ok(v),
             v => Ok(CelValue::Optional(Some(Box::new(v)))),
         },
-        other => eval_err(format!("invalid type for field selection: {}", other.type_name())),
+        other => eval_err(format!(
+            "invalid type for field selection: {}",
+            other.type_name()
+        )),
     }
 }
 
@@ -1382,7 +1668,10 @@ fn index_value(base: CelValue, index: &CelValue, optional: bool) -> Result<CelVa
             (Some(v), true) => Ok(CelValue::Optional(Some(Box::new(v)))),
             (Some(v), false) => Ok(v),
             (None, true) => Ok(CelValue::Optional(None)),
-            (None, false) => eval_err(format!("index out of range or no such key: {}", index.display())),
+            (None, false) => eval_err(format!(
+                "index out of range or no such key: {}",
+                index.display()
+            )),
         }
     };
     match base {
@@ -1404,14 +1693,24 @@ fn index_value(base: CelValue, index: &CelValue, optional: bool) -> Result<CelVa
             v @ CelValue::Optional(_) => Ok(v),
             v => Ok(CelValue::Optional(Some(Box::new(v)))),
         },
-        other => eval_err(format!("no such overload: {}[{}]", other.type_name(), index.type_name())),
+        other => eval_err(format!(
+            "no such overload: {}[{}]",
+            other.type_name(),
+            index.type_name()
+        )),
     }
 }
 
 fn binary(op: BinOp, a: &CelValue, b: &CelValue) -> Result<CelValue, CelError> {
     use CelValue::*;
     use std::cmp::Ordering;
-    let overload = || CelError::Eval(format!("no such overload: {} {op:?} {}", a.type_name(), b.type_name()));
+    let overload = || {
+        CelError::Eval(format!(
+            "no such overload: {} {op:?} {}",
+            a.type_name(),
+            b.type_name()
+        ))
+    };
     match op {
         BinOp::Eq => Ok(Bool(a.equals(b))),
         BinOp::Ne => Ok(Bool(!a.equals(b))),
@@ -1445,38 +1744,68 @@ fn binary(op: BinOp, a: &CelValue, b: &CelValue) -> Result<CelValue, CelError> {
             }))
         }
         BinOp::Add => match (a, b) {
-            (Int(x), Int(y)) => x.checked_add(*y).map(Int).ok_or(CelError::Eval("integer overflow".into())),
-            (Uint(x), Uint(y)) => x.checked_add(*y).map(Uint).ok_or(CelError::Eval("unsigned integer overflow".into())),
+            (Int(x), Int(y)) => x
+                .checked_add(*y)
+                .map(Int)
+                .ok_or(CelError::Eval("integer overflow".into())),
+            (Uint(x), Uint(y)) => x
+                .checked_add(*y)
+                .map(Uint)
+                .ok_or(CelError::Eval("unsigned integer overflow".into())),
             (Double(x), Double(y)) => Ok(Double(x + y)),
             (String(x), String(y)) => Ok(string(format!("{x}{y}"))),
             (Bytes(x), Bytes(y)) => Ok(Bytes([x.as_ref(), y.as_ref()].concat().into())),
             (List(x, _), List(y, _)) => Ok(list(x.iter().chain(y.iter()).cloned().collect())),
-            (Duration(x), Duration(y)) => x.checked_add(*y).map(Duration).ok_or(CelError::Eval("duration overflow".into())),
+            (Duration(x), Duration(y)) => x
+                .checked_add(*y)
+                .map(Duration)
+                .ok_or(CelError::Eval("duration overflow".into())),
             _ => Err(overload()),
         },
         BinOp::Sub => match (a, b) {
-            (Int(x), Int(y)) => x.checked_sub(*y).map(Int).ok_or(CelError::Eval("integer overflow".into())),
-            (Uint(x), Uint(y)) => x.checked_sub(*y).map(Uint).ok_or(CelError::Eval("unsigned integer overflow".into())),
+            (Int(x), Int(y)) => x
+                .checked_sub(*y)
+                .map(Int)
+                .ok_or(CelError::Eval("integer overflow".into())),
+            (Uint(x), Uint(y)) => x
+                .checked_sub(*y)
+                .map(Uint)
+                .ok_or(CelError::Eval("unsigned integer overflow".into())),
             (Double(x), Double(y)) => Ok(Double(x - y)),
-            (Duration(x), Duration(y)) => x.checked_sub(*y).map(Duration).ok_or(CelError::Eval("duration overflow".into())),
+            (Duration(x), Duration(y)) => x
+                .checked_sub(*y)
+                .map(Duration)
+                .ok_or(CelError::Eval("duration overflow".into())),
             _ => Err(overload()),
         },
         BinOp::Mul => match (a, b) {
-            (Int(x), Int(y)) => x.checked_mul(*y).map(Int).ok_or(CelError::Eval("integer overflow".into())),
-            (Uint(x), Uint(y)) => x.checked_mul(*y).map(Uint).ok_or(CelError::Eval("unsigned integer overflow".into())),
+            (Int(x), Int(y)) => x
+                .checked_mul(*y)
+                .map(Int)
+                .ok_or(CelError::Eval("integer overflow".into())),
+            (Uint(x), Uint(y)) => x
+                .checked_mul(*y)
+                .map(Uint)
+                .ok_or(CelError::Eval("unsigned integer overflow".into())),
             (Double(x), Double(y)) => Ok(Double(x * y)),
             _ => Err(overload()),
         },
         BinOp::Div => match (a, b) {
             (Int(_), Int(0)) | (Uint(_), Uint(0)) => eval_err("division by zero"),
-            (Int(x), Int(y)) => x.checked_div(*y).map(Int).ok_or(CelError::Eval("integer overflow".into())),
+            (Int(x), Int(y)) => x
+                .checked_div(*y)
+                .map(Int)
+                .ok_or(CelError::Eval("integer overflow".into())),
             (Uint(x), Uint(y)) => Ok(Uint(x / y)),
             (Double(x), Double(y)) => Ok(Double(x / y)),
             _ => Err(overload()),
         },
         BinOp::Rem => match (a, b) {
             (Int(_), Int(0)) | (Uint(_), Uint(0)) => eval_err("modulus by zero"),
-            (Int(x), Int(y)) => x.checked_rem(*y).map(Int).ok_or(CelError::Eval("integer overflow".into())),
+            (Int(x), Int(y)) => x
+                .checked_rem(*y)
+                .map(Int)
+                .ok_or(CelError::Eval("integer overflow".into())),
             (Uint(x), Uint(y)) => Ok(Uint(x % y)),
             _ => Err(overload()),
         },
@@ -1498,7 +1827,10 @@ fn global_call(name: &str, args: &[CelValue]) -> Result<CelValue, CelError> {
     let overload = || {
         CelError::Eval(format!(
             "no such overload: {name}({})",
-            args.iter().map(CelValue::type_name).collect::<Vec<_>>().join(", ")
+            args.iter()
+                .map(CelValue::type_name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
     };
     match (name, args) {
@@ -1507,32 +1839,51 @@ fn global_call(name: &str, args: &[CelValue]) -> Result<CelValue, CelError> {
         ("type", [v]) => Ok(Type(v.type_name())),
         ("int", [v]) => match v {
             Int(i) => Ok(Int(*i)),
-            Uint(u) => i64::try_from(*u).map(Int).map_err(|_| CelError::Eval("range error converting uint to int".into())),
-            Double(d) if d.is_finite() && *d > -9.2233720368547758e18 && *d < 9.2233720368547758e18 => Ok(Int(*d as i64)),
+            Uint(u) => i64::try_from(*u)
+                .map(Int)
+                .map_err(|_| CelError::Eval("range error converting uint to int".into())),
+            Double(d) if d.is_finite() && *d >= i64::MIN as f64 && *d < i64::MAX as f64 => {
+                Ok(Int(*d as i64))
+            }
             Double(_) => eval_err("range error converting double to int"),
-            String(s) => s.parse().map(Int).map_err(|_| CelError::Eval(format!("cannot convert {s:?} to int"))),
+            String(s) => s
+                .parse()
+                .map(Int)
+                .map_err(|_| CelError::Eval(format!("cannot convert {s:?} to int"))),
             Bool(b) => Ok(Int(i64::from(*b))),
             Duration(n) => Ok(Int(n / 1_000_000_000)),
             _ => Err(overload()),
         },
         ("uint", [v]) => match v {
-            Int(i) => u64::try_from(*i).map(Uint).map_err(|_| CelError::Eval("range error converting int to uint".into())),
+            Int(i) => u64::try_from(*i)
+                .map(Uint)
+                .map_err(|_| CelError::Eval("range error converting int to uint".into())),
             Uint(u) => Ok(Uint(*u)),
-            Double(d) if d.is_finite() && *d >= 0.0 && *d < 1.8446744073709552e19 => Ok(Uint(*d as u64)),
-            String(s) => s.parse().map(Uint).map_err(|_| CelError::Eval(format!("cannot convert {s:?} to uint"))),
+            Double(d) if d.is_finite() && *d >= 0.0 && *d < 1.8446744073709552e19 => {
+                Ok(Uint(*d as u64))
+            }
+            String(s) => s
+                .parse()
+                .map(Uint)
+                .map_err(|_| CelError::Eval(format!("cannot convert {s:?} to uint"))),
             _ => Err(overload()),
         },
         ("double", [v]) => match v {
             Int(i) => Ok(Double(*i as f64)),
             Uint(u) => Ok(Double(*u as f64)),
             Double(d) => Ok(Double(*d)),
-            String(s) => s.parse().map(Double).map_err(|_| CelError::Eval(format!("cannot convert {s:?} to double"))),
+            String(s) => s
+                .parse()
+                .map(Double)
+                .map_err(|_| CelError::Eval(format!("cannot convert {s:?} to double"))),
             _ => Err(overload()),
         },
         ("string", [v]) => match v {
-            String(_) | Int(_) | Uint(_) | Double(_) | Bool(_) | Duration(_) | Ip(_) | Cidr(..) => Ok(string(v.display())),
+            String(_) | Int(_) | Uint(_) | Double(_) | Bool(_) | Duration(_) | Ip(_) | Cidr(..) => {
+                Ok(string(v.display()))
+            }
             Bytes(b) => std::str::from_utf8(b)
-                .map(|s| string(s))
+                .map(string)
                 .map_err(|_| CelError::Eval("invalid UTF-8 in bytes".into())),
             _ => Err(overload()),
         },
@@ -1547,17 +1898,23 @@ fn global_call(name: &str, args: &[CelValue]) -> Result<CelValue, CelError> {
         },
         ("bytes", [String(s)]) => Ok(Bytes(s.as_bytes().into())),
         ("isURL", [String(s)]) => Ok(Bool(parse_url(s).is_some())),
-        ("url", [String(s)]) => parse_url(s)
-            .map(|u| Url(Arc::new(u)))
-            .ok_or_else(|| CelError::Eval(format!("URL parse error during conversion from string: {s}"))),
+        ("url", [String(s)]) => parse_url(s).map(|u| Url(Arc::new(u))).ok_or_else(|| {
+            CelError::Eval(format!(
+                "URL parse error during conversion from string: {s}"
+            ))
+        }),
         ("isIP", [String(s)]) => Ok(Bool(parse_ip(s).is_some())),
-        ("ip", [String(s)]) => {
-            parse_ip(s).map(Ip).ok_or_else(|| CelError::Eval(format!("IP Address {s:?} parse error during conversion from string")))
-        }
+        ("ip", [String(s)]) => parse_ip(s).map(Ip).ok_or_else(|| {
+            CelError::Eval(format!(
+                "IP Address {s:?} parse error during conversion from string"
+            ))
+        }),
         ("isCIDR", [String(s)]) => Ok(Bool(parse_cidr(s).is_some())),
-        ("cidr", [String(s)]) => parse_cidr(s)
-            .map(|(ip, p)| Cidr(ip, p))
-            .ok_or_else(|| CelError::Eval(format!("network address parse error during conversion from string: {s}"))),
+        ("cidr", [String(s)]) => parse_cidr(s).map(|(ip, p)| Cidr(ip, p)).ok_or_else(|| {
+            CelError::Eval(format!(
+                "network address parse error during conversion from string: {s}"
+            ))
+        }),
         ("duration", [String(s)]) => parse_duration(s)
             .map(Duration)
             .ok_or_else(|| CelError::Eval(format!("cannot parse duration {s:?}"))),
@@ -1571,7 +1928,10 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
         CelError::Eval(format!(
             "no such overload: {}.{name}({})",
             this.type_name(),
-            args.iter().map(CelValue::type_name).collect::<Vec<_>>().join(", ")
+            args.iter()
+                .map(CelValue::type_name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
     };
     match (&this, name, args) {
@@ -1598,7 +1958,8 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                         let n = n as usize;
                         for (i, c) in all.iter().enumerate() {
                             if i + 1 == n {
-                                chars.push(string(all[i..].iter().collect::<std::string::String>()));
+                                chars
+                                    .push(string(all[i..].iter().collect::<std::string::String>()));
                                 break;
                             }
                             chars.push(string(c.to_string()));
@@ -1620,12 +1981,18 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                 _ => return Err(overload()),
             };
             let hay: std::string::String = chars[start..].iter().collect();
-            Ok(Int(hay.find(p.as_ref()).map(|b| (start + hay[..b].chars().count()) as i64).unwrap_or(-1)))
+            Ok(Int(hay
+                .find(p.as_ref())
+                .map(|b| (start + hay[..b].chars().count()) as i64)
+                .unwrap_or(-1)))
         }
-        (String(s), "lastIndexOf", [String(p)]) => {
-            Ok(Int(s.rfind(p.as_ref()).map(|b| s[..b].chars().count() as i64).unwrap_or(-1)))
+        (String(s), "lastIndexOf", [String(p)]) => Ok(Int(s
+            .rfind(p.as_ref())
+            .map(|b| s[..b].chars().count() as i64)
+            .unwrap_or(-1))),
+        (String(s), "replace", [String(from), String(to)]) => {
+            Ok(string(s.replace(from.as_ref(), to)))
         }
-        (String(s), "replace", [String(from), String(to)]) => Ok(string(s.replace(from.as_ref(), to))),
         (String(s), "substring", [Int(a), rest @ ..]) => {
             let chars: Vec<char> = s.chars().collect();
             let end = match rest {
@@ -1636,7 +2003,11 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
             if *a < 0 || end < *a || end as usize > chars.len() {
                 return eval_err(format!("index out of range: {a}, {end}"));
             }
-            Ok(string(chars[*a as usize..end as usize].iter().collect::<std::string::String>()))
+            Ok(string(
+                chars[*a as usize..end as usize]
+                    .iter()
+                    .collect::<std::string::String>(),
+            ))
         }
         (String(s), "charAt", [Int(i)]) => {
             let chars: Vec<char> = s.chars().collect();
@@ -1652,8 +2023,15 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                 [String(s)] => s.clone(),
                 _ => return Err(overload()),
             };
-            let parts: Result<Vec<Arc<str>>, CelError> = items.iter().map(|i| as_str(i, "join")).collect();
-            Ok(string(parts?.iter().map(|p| p.as_ref()).collect::<Vec<_>>().join(&sep)))
+            let parts: Result<Vec<Arc<str>>, CelError> =
+                items.iter().map(|i| as_str(i, "join")).collect();
+            Ok(string(
+                parts?
+                    .iter()
+                    .map(|p| p.as_ref())
+                    .collect::<Vec<_>>()
+                    .join(&sep),
+            ))
         }
         (List(items, _), "isSorted", []) => {
             for w in items.windows(2) {
@@ -1666,7 +2044,11 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
         (List(items, _), "sum", []) => {
             let mut acc = Int(0);
             for (i, item) in items.iter().enumerate() {
-                acc = if i == 0 { item.clone() } else { binary(BinOp::Add, &acc, item)? };
+                acc = if i == 0 {
+                    item.clone()
+                } else {
+                    binary(BinOp::Add, &acc, item)?
+                };
             }
             Ok(acc)
         }
@@ -1676,21 +2058,30 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
             for item in items.iter() {
                 best = match best {
                     None => Some(item.clone()),
-                    Some(b) => Some(if matches!(binary(want, item, &b)?, Bool(true)) { item.clone() } else { b }),
+                    Some(b) => Some(if matches!(binary(want, item, &b)?, Bool(true)) {
+                        item.clone()
+                    } else {
+                        b
+                    }),
                 };
             }
             best.ok_or_else(|| CelError::Eval(format!("{name} called on empty list")))
         }
         (Optional(o), "orValue", [d]) => Ok(o.as_deref().cloned().unwrap_or_else(|| d.clone())),
         (Optional(o), "hasValue", []) => Ok(Bool(o.is_some())),
-        (Optional(o), "value", []) => o.as_deref().cloned().ok_or(CelError::Eval("optional.none() dereference".into())),
+        (Optional(o), "value", []) => o
+            .as_deref()
+            .cloned()
+            .ok_or(CelError::Eval("optional.none() dereference".into())),
         (Url(u), "getScheme", []) => Ok(string(u.scheme.as_str())),
         (Url(u), "getHost", []) => Ok(string(if u.port.is_empty() {
             u.host.clone()
         } else {
             format!("{}:{}", u.host, u.port)
         })),
-        (Url(u), "getHostname", []) => Ok(string(u.host.trim_start_matches('[').trim_end_matches(']'))),
+        (Url(u), "getHostname", []) => {
+            Ok(string(u.host.trim_start_matches('[').trim_end_matches(']')))
+        }
         (Url(u), "getPort", []) => Ok(string(u.port.as_str())),
         (Url(u), "getEscapedPath", []) => Ok(string(u.path.as_str())),
         (Url(u), "getQuery", []) => {
@@ -1699,7 +2090,9 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                 let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
                 out.entry(k.to_string()).or_default().push(string(v));
             }
-            Ok(Map(Arc::new(out.into_iter().map(|(k, v)| (k, list(v))).collect())))
+            Ok(Map(Arc::new(
+                out.into_iter().map(|(k, v)| (k, list(v))).collect(),
+            )))
         }
         (Ip(ip), "family", []) => Ok(Int(if ip.is_ipv4() { 4 } else { 6 })),
         (Ip(ip), "isUnspecified", []) => Ok(Bool(ip.is_unspecified())),
@@ -1713,7 +2106,9 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                 String(s) => parse_ip(s).ok_or_else(overload)?,
                 _ => return Err(overload()),
             };
-            Ok(Bool(net.is_ipv4() == ip.is_ipv4() && mask(ip, *p) == mask(*net, *p)))
+            Ok(Bool(
+                net.is_ipv4() == ip.is_ipv4() && mask(ip, *p) == mask(*net, *p),
+            ))
         }
         (Cidr(net, p), "containsCIDR", [other]) => {
             let (ip, q) = match other {
@@ -1721,7 +2116,9 @@ fn member_call(this: CelValue, name: &str, args: &[CelValue]) -> Result<CelValue
                 String(s) => parse_cidr(s).ok_or_else(overload)?,
                 _ => return Err(overload()),
             };
-            Ok(Bool(net.is_ipv4() == ip.is_ipv4() && q >= *p && mask(ip, *p) == mask(*net, *p)))
+            Ok(Bool(
+                net.is_ipv4() == ip.is_ipv4() && q >= *p && mask(ip, *p) == mask(*net, *p),
+            ))
         }
         (Duration(n), "getSeconds", []) => Ok(Int(n / 1_000_000_000)),
         (Duration(n), "getMilliseconds", []) => Ok(Int(n / 1_000_000)),
@@ -1742,12 +2139,20 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => {
             let bits = u32::from(v4);
-            let m = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) };
+            let m = if prefix == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(prefix.min(32)))
+            };
             IpAddr::V4((bits & m).into())
         }
         IpAddr::V6(v6) => {
             let bits = u128::from(v6);
-            let m = if prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(prefix.min(128))) };
+            let m = if prefix == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(prefix.min(128)))
+            };
             IpAddr::V6((bits & m).into())
         }
     }
@@ -1757,10 +2162,11 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 /// already rejects zones and leading zeros in IPv4.
 fn parse_ip(s: &str) -> Option<IpAddr> {
     let ip: IpAddr = s.parse().ok()?;
-    if let IpAddr::V6(v6) = ip {
-        if v6.to_ipv4_mapped().is_some() && s.contains('.') {
-            return None;
-        }
+    if let IpAddr::V6(v6) = ip
+        && v6.to_ipv4_mapped().is_some()
+        && s.contains('.')
+    {
+        return None;
     }
     Some(ip)
 }
@@ -1786,8 +2192,13 @@ fn parse_url(s: &str) -> Option<Url> {
     let (scheme, rest) = match rest.split_once(':') {
         Some((scheme, rest))
             if !scheme.is_empty()
-                && scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+                && scheme
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic())
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
         {
             (scheme.to_ascii_lowercase(), rest)
         }
@@ -1806,7 +2217,10 @@ fn parse_url(s: &str) -> Option<Url> {
         },
         None => ("", rest),
     };
-    let hostport = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
+    let hostport = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
     let (host, port) = if let Some(inner) = hostport.strip_prefix('[') {
         let (h, after) = inner.split_once(']')?;
         let port = after.strip_prefix(':').unwrap_or("");
@@ -1820,7 +2234,13 @@ fn parse_url(s: &str) -> Option<Url> {
     if !port.chars().all(|c| c.is_ascii_digit()) {
         return None;
     }
-    Some(Url { scheme, host, port, path: path.to_string(), query: query.to_string() })
+    Some(Url {
+        scheme,
+        host,
+        port,
+        path: path.to_string(),
+        query: query.to_string(),
+    })
 }
 
 /// Go `time.ParseDuration` syntax (`1h30m`, `300ms`, `-1.5h`), in nanoseconds.
@@ -1837,13 +2257,17 @@ fn parse_duration(s: &str) -> Option<i64> {
     }
     let mut total: f64 = 0.0;
     while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if num_end == 0 {
             return None;
         }
         let number: f64 = rest[..num_end].parse().ok()?;
         rest = &rest[num_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let factor = match &rest[..unit_end] {
             "ns" => 1.0,
             "us" | "µs" | "μs" => 1e3,
@@ -1859,7 +2283,11 @@ fn parse_duration(s: &str) -> Option<i64> {
     if total > i64::MAX as f64 {
         return None;
     }
-    Some(if negative { -(total as i64) } else { total as i64 })
+    Some(if negative {
+        -(total as i64)
+    } else {
+        total as i64
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -1909,11 +2337,23 @@ impl Rule {
         };
         Ok(Rule {
             program,
-            message: entry.get("message").and_then(Value::as_str).map(str::to_string),
+            message: entry
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             message_expression,
-            reason: entry.get("reason").and_then(Value::as_str).map(str::to_string),
-            field_path: entry.get("fieldPath").and_then(Value::as_str).map(str::to_string),
-            optional_old_self: entry.get("optionalOldSelf").and_then(Value::as_bool).unwrap_or(false),
+            reason: entry
+                .get("reason")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            field_path: entry
+                .get("fieldPath")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            optional_old_self: entry
+                .get("optionalOldSelf")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             rule,
         })
     }
@@ -1936,19 +2376,24 @@ impl Rule {
         };
         match self.program.eval(this, old_binding.as_ref()) {
             Ok(CelValue::Bool(true)) => Verdict::Pass,
-            Ok(CelValue::Bool(false)) => Verdict::Fail(self.failure_message(this, old_binding.as_ref())),
-            Ok(other) => Verdict::Error(format!("validation failed due to non-bool result type {}", other.type_name())),
+            Ok(CelValue::Bool(false)) => {
+                Verdict::Fail(self.failure_message(this, old_binding.as_ref()))
+            }
+            Ok(other) => Verdict::Error(format!(
+                "validation failed due to non-bool result type {}",
+                other.type_name()
+            )),
             Err(e) => Verdict::Error(format!("{e}")),
         }
     }
 
     fn failure_message(&self, this: &CelValue, old: Option<&CelValue>) -> String {
-        if let Some(expr) = &self.message_expression {
-            if let Ok(CelValue::String(s)) = expr.eval(this, old) {
-                if !s.trim().is_empty() && !s.contains('\n') {
-                    return s.to_string();
-                }
-            }
+        if let Some(expr) = &self.message_expression
+            && let Ok(CelValue::String(s)) = expr.eval(this, old)
+            && !s.trim().is_empty()
+            && !s.contains('\n')
+        {
+            return s.to_string();
         }
         match &self.message {
             Some(m) if !m.is_empty() => m.clone(),
@@ -1976,25 +2421,58 @@ mod tests {
     #[test]
     fn literals_operators_and_precedence() {
         assert!(truth("1 + 2 * 3 == 7 && (1 + 2) * 3 == 9", json!(null)));
-        assert!(truth("-5 % 3 == -2 && 7 / 2 == 3 && 7.0 / 2.0 == 3.5", json!(null)));
-        assert!(truth("'a' + \"b\" == 'ab' && 'abc' < 'abd' && 1 < 1.5 && 2u > 1", json!(null)));
-        assert!(truth("(true ? (false ? 1 : 2) : 3) == 2 && (false ? 1 : true ? 2 : 3) == 2", json!(null)));
+        assert!(truth(
+            "-5 % 3 == -2 && 7 / 2 == 3 && 7.0 / 2.0 == 3.5",
+            json!(null)
+        ));
+        assert!(truth(
+            "'a' + \"b\" == 'ab' && 'abc' < 'abd' && 1 < 1.5 && 2u > 1",
+            json!(null)
+        ));
+        assert!(truth(
+            "(true ? (false ? 1 : 2) : 3) == 2 && (false ? 1 : true ? 2 : 3) == 2",
+            json!(null)
+        ));
         // The middle operand of ?: is a conditional-or, as in cel-go's grammar.
-        assert!(matches!(Program::compile("true ? false ? 1 : 2 : 3"), Err(CelError::Syntax { .. })));
+        assert!(matches!(
+            Program::compile("true ? false ? 1 : 2 : 3"),
+            Err(CelError::Syntax { .. })
+        ));
         assert!(truth("!false && !!true || false", json!(null)));
-        assert!(truth("[1, 2] + [3] == [1, 2, 3] && {'a': 1}.a == 1 && 0x10 == 16", json!(null)));
-        assert!(truth(r"'\\d' == '\x5cd' && r'\d' == '\\d' && '''x''' == 'x'", json!(null)));
-        assert!(matches!(eval("1 + 'a'", json!(null)), Err(CelError::Eval(_))));
-        assert!(matches!(eval("9223372036854775807 + 1", json!(null)), Err(CelError::Eval(_))));
+        assert!(truth(
+            "[1, 2] + [3] == [1, 2, 3] && {'a': 1}.a == 1 && 0x10 == 16",
+            json!(null)
+        ));
+        assert!(truth(
+            r"'\\d' == '\x5cd' && r'\d' == '\\d' && '''x''' == 'x'",
+            json!(null)
+        ));
+        assert!(matches!(
+            eval("1 + 'a'", json!(null)),
+            Err(CelError::Eval(_))
+        ));
+        assert!(matches!(
+            eval("9223372036854775807 + 1", json!(null)),
+            Err(CelError::Eval(_))
+        ));
     }
 
     #[test]
     fn fields_has_optional_and_errors() {
         let obj = json!({"a": {"b": 1}, "x-y": 2, "list": [1, 2, 3]});
-        assert!(truth("has(self.a) && has(self.a.b) && !has(self.c)", obj.clone()));
+        assert!(truth(
+            "has(self.a) && has(self.a.b) && !has(self.c)",
+            obj.clone()
+        ));
         assert!(truth("self.x__dash__y == 2", obj.clone()));
-        assert!(truth("self.?c.d.orValue(5) == 5 && self.?a.b.orValue(0) == 1 && !self.?c.hasValue()", obj.clone()));
-        assert!(truth("self.list[?7].orValue(0) == 0 && 2 in self.list && 'a' in self", obj.clone()));
+        assert!(truth(
+            "self.?c.d.orValue(5) == 5 && self.?a.b.orValue(0) == 1 && !self.?c.hasValue()",
+            obj.clone()
+        ));
+        assert!(truth(
+            "self.list[?7].orValue(0) == 0 && 2 in self.list && 'a' in self",
+            obj.clone()
+        ));
         let err = eval("self.c == 1", obj.clone()).expect_err("no such key");
         assert_eq!(err, CelError::Eval("no such key: c".into()));
         // Errors are absorbed by short-circuiting in either order.
@@ -2005,9 +2483,15 @@ mod tests {
     #[test]
     fn macros() {
         let obj = json!({"l": [1, 2, 3], "names": ["a", "b", "a"]});
-        assert!(truth("self.l.all(x, x > 0) && self.l.exists(x, x == 2) && self.l.exists_one(x, x == 3)", obj.clone()));
+        assert!(truth(
+            "self.l.all(x, x > 0) && self.l.exists(x, x == 2) && self.l.exists_one(x, x == 3)",
+            obj.clone()
+        ));
         assert!(truth("!self.names.exists_one(n, n == 'a')", obj.clone()));
-        assert!(truth("self.l.map(x, x * 2) == [2, 4, 6] && self.l.filter(x, x % 2 == 1) == [1, 3]", obj.clone()));
+        assert!(truth(
+            "self.l.map(x, x * 2) == [2, 4, 6] && self.l.filter(x, x % 2 == 1) == [1, 3]",
+            obj.clone()
+        ));
         assert!(truth("self.l.map(x, x > 1, x) == [2, 3]", obj.clone()));
         assert!(truth(
             "self.names.all(x, self.names.exists(y, x == y)) && {'k': 1}.all(k, k == 'k')",
@@ -2018,65 +2502,150 @@ mod tests {
     #[test]
     fn string_library() {
         let s = json!("arn:aws:iam::123:role/x");
-        assert!(truth("self.startsWith('arn:') && self.endsWith('/x') && self.contains('iam')", s.clone()));
-        assert!(truth("self.split(':').size() == 6 && self.split(':')[4] == '123'", s.clone()));
-        assert!(truth("size(self) == 23 && self.size() == 23 && self.lowerAscii() == self", s.clone()));
-        assert!(truth("self.matches('^arn:') && !self.matches('^x') && self.find('[0-9]+') == '123'", s.clone()));
-        assert!(truth("int(self.split(':')[4]) == 123 && string(5) == '5' && double(1) == 1.0", s.clone()));
-        assert!(truth("'a,b'.split(',', 1) == ['a,b'] && ['a', 'b'].join('-') == 'a-b'", s.clone()));
-        assert!(truth("'٣'.matches('^\\\\d$') == false && '3'.matches('^\\\\d$') && 'é'.matches('^[\\\\w]$') == false", json!(null)));
-        assert!(truth("'hello'.indexOf('l') == 2 && 'hello'.substring(1, 3) == 'el' && ' x '.trim() == 'x'", s));
+        assert!(truth(
+            "self.startsWith('arn:') && self.endsWith('/x') && self.contains('iam')",
+            s.clone()
+        ));
+        assert!(truth(
+            "self.split(':').size() == 6 && self.split(':')[4] == '123'",
+            s.clone()
+        ));
+        assert!(truth(
+            "size(self) == 23 && self.size() == 23 && self.lowerAscii() == self",
+            s.clone()
+        ));
+        assert!(truth(
+            "self.matches('^arn:') && !self.matches('^x') && self.find('[0-9]+') == '123'",
+            s.clone()
+        ));
+        assert!(truth(
+            "int(self.split(':')[4]) == 123 && string(5) == '5' && double(1) == 1.0",
+            s.clone()
+        ));
+        assert!(truth(
+            "'a,b'.split(',', 1) == ['a,b'] && ['a', 'b'].join('-') == 'a-b'",
+            s.clone()
+        ));
+        assert!(truth(
+            "'٣'.matches('^\\\\d$') == false && '3'.matches('^\\\\d$') && 'é'.matches('^[\\\\w]$') == false",
+            json!(null)
+        ));
+        assert!(truth(
+            "'hello'.indexOf('l') == 2 && 'hello'.substring(1, 3) == 'el' && ' x '.trim() == 'x'",
+            s
+        ));
     }
 
     #[test]
     fn kubernetes_libraries() {
         let s = json!("https://example.com:8443/p?a=1");
-        assert!(truth("isURL(self) && url(self).getScheme() == 'https' && url(self).getHost() == 'example.com:8443'", s.clone()));
-        assert!(truth("url(self).getQuery() == {'a': ['1']} && url('https://x/').getQuery() == {}", s));
-        assert!(truth("!isURL('not a url') && isURL('/abs/path')", json!(null)));
-        assert!(truth("isCIDR('10.0.0.0/16') && cidr('10.0.0.0/16').ip().family() == 4 && cidr('fd00::/48').prefixLength() == 48", json!(null)));
-        assert!(truth("!isCIDR('10.0.0.0/33') && isIP('::1') && !isIP('10.0.0.256')", json!(null)));
-        assert!(truth("cidr('10.0.0.0/8').containsIP('10.1.2.3') && !cidr('10.0.0.0/8').containsIP('11.0.0.1')", json!(null)));
-        assert!(truth("duration('1h30m').getSeconds() == 5400 && duration('300ms') < duration('1s')", json!(null)));
+        assert!(truth(
+            "isURL(self) && url(self).getScheme() == 'https' && url(self).getHost() == 'example.com:8443'",
+            s.clone()
+        ));
+        assert!(truth(
+            "url(self).getQuery() == {'a': ['1']} && url('https://x/').getQuery() == {}",
+            s
+        ));
+        assert!(truth(
+            "!isURL('not a url') && isURL('/abs/path')",
+            json!(null)
+        ));
+        assert!(truth(
+            "isCIDR('10.0.0.0/16') && cidr('10.0.0.0/16').ip().family() == 4 && cidr('fd00::/48').prefixLength() == 48",
+            json!(null)
+        ));
+        assert!(truth(
+            "!isCIDR('10.0.0.0/33') && isIP('::1') && !isIP('10.0.0.256')",
+            json!(null)
+        ));
+        assert!(truth(
+            "cidr('10.0.0.0/8').containsIP('10.1.2.3') && !cidr('10.0.0.0/8').containsIP('11.0.0.1')",
+            json!(null)
+        ));
+        assert!(truth(
+            "duration('1h30m').getSeconds() == 5400 && duration('300ms') < duration('1s')",
+            json!(null)
+        ));
     }
 
     #[test]
     fn set_lists_compare_without_order() {
-        let a = CelValue::List(Arc::new(vec![CelValue::Int(1), CelValue::Int(2)]), ListKind::Set);
-        let b = CelValue::List(Arc::new(vec![CelValue::Int(2), CelValue::Int(1)]), ListKind::Set);
+        let a = CelValue::List(
+            Arc::new(vec![CelValue::Int(1), CelValue::Int(2)]),
+            ListKind::Set,
+        );
+        let b = CelValue::List(
+            Arc::new(vec![CelValue::Int(2), CelValue::Int(1)]),
+            ListKind::Set,
+        );
         assert!(a.equals(&b));
-        let c = CelValue::List(Arc::new(vec![CelValue::Int(2), CelValue::Int(1)]), ListKind::Atomic);
-        assert!(!c.equals(&CelValue::List(Arc::new(vec![CelValue::Int(1), CelValue::Int(2)]), ListKind::Atomic)));
+        let c = CelValue::List(
+            Arc::new(vec![CelValue::Int(2), CelValue::Int(1)]),
+            ListKind::Atomic,
+        );
+        assert!(!c.equals(&CelValue::List(
+            Arc::new(vec![CelValue::Int(1), CelValue::Int(2)]),
+            ListKind::Atomic
+        )));
     }
 
     #[test]
     fn unknown_functions_and_variables_do_not_compile() {
-        assert_eq!(Program::compile("self.frobnicate()").expect_err("unknown").to_string(), "undeclared reference to 'frobnicate'");
-        assert!(matches!(Program::compile("request.auth == 1"), Err(CelError::Undeclared(_))));
-        assert!(matches!(Program::compile("self.matches('(')"), Err(CelError::Regex { .. })));
-        assert!(matches!(Program::compile("self =="), Err(CelError::Syntax { .. })));
-        assert!(matches!(Program::compile("has(self)"), Err(CelError::Syntax { .. })));
+        assert_eq!(
+            Program::compile("self.frobnicate()")
+                .expect_err("unknown")
+                .to_string(),
+            "undeclared reference to 'frobnicate'"
+        );
+        assert!(matches!(
+            Program::compile("request.auth == 1"),
+            Err(CelError::Undeclared(_))
+        ));
+        assert!(matches!(
+            Program::compile("self.matches('(')"),
+            Err(CelError::Regex { .. })
+        ));
+        assert!(matches!(
+            Program::compile("self =="),
+            Err(CelError::Syntax { .. })
+        ));
+        assert!(matches!(
+            Program::compile("has(self)"),
+            Err(CelError::Syntax { .. })
+        ));
     }
 
     #[test]
     fn rules_transition_and_messages() {
-        let immutable = Rule::compile(&json!({"rule": "self == oldSelf", "message": "x is immutable"})).expect("rule");
+        let immutable =
+            Rule::compile(&json!({"rule": "self == oldSelf", "message": "x is immutable"}))
+                .expect("rule");
         assert!(immutable.is_transition());
         let a = CelValue::from_json(&json!("a"));
         let b = CelValue::from_json(&json!("b"));
         assert_eq!(immutable.evaluate(&a, None), Verdict::Pass);
         assert_eq!(immutable.evaluate(&a, Some(&a)), Verdict::Pass);
-        assert_eq!(immutable.evaluate(&a, Some(&b)), Verdict::Fail("x is immutable".into()));
+        assert_eq!(
+            immutable.evaluate(&a, Some(&b)),
+            Verdict::Fail("x is immutable".into())
+        );
         let expr = Rule::compile(&json!({"rule": "self.size() < 1", "messageExpression": "'too long: ' + string(self.size())"}))
             .expect("rule");
         assert_eq!(expr.evaluate(&a, None), Verdict::Fail("too long: 1".into()));
         let plain = Rule::compile(&json!({"rule": "self == 'b'"})).expect("rule");
-        assert_eq!(plain.evaluate(&a, None), Verdict::Fail("failed rule: self == 'b'".into()));
+        assert_eq!(
+            plain.evaluate(&a, None),
+            Verdict::Fail("failed rule: self == 'b'".into())
+        );
         let optional = Rule::compile(&json!({"rule": "!oldSelf.hasValue() || self == oldSelf.value()", "optionalOldSelf": true}))
             .expect("rule");
         assert_eq!(optional.evaluate(&a, None), Verdict::Pass);
         assert!(matches!(optional.evaluate(&a, Some(&b)), Verdict::Fail(_)));
         let erroring = Rule::compile(&json!({"rule": "self.missing == 1"})).expect("rule");
-        assert!(matches!(erroring.evaluate(&CelValue::from_json(&json!({})), None), Verdict::Error(_)));
+        assert!(matches!(
+            erroring.evaluate(&CelValue::from_json(&json!({})), None),
+            Verdict::Error(_)
+        ));
     }
 }

@@ -27,10 +27,14 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
 }
 
 async fn dispatch(State(inner): State<Arc<Inner>>, req: Request) -> Response {
-    match handle(inner, req).await {
+    let method = req.method().clone();
+    let uri = req.uri().clone();
+    let resp = match handle(inner, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
-    }
+    };
+    tracing::debug!(%method, %uri, status = resp.status().as_u16(), "api request");
+    resp
 }
 
 fn json_response(code: StatusCode, v: &Value, warnings: &[String]) -> Response {

@@ -23,6 +23,7 @@ mod serve;
 pub mod status;
 mod store;
 mod table;
+mod typed;
 pub mod validation;
 mod watch;
 
@@ -39,6 +40,9 @@ use crate::pki;
 use resources::Registry;
 use store::Store;
 
+/// Bound on one etcd key-value request (a kube-apiserver answers 504 after 60 s).
+const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How the emulator reaches its etcd over TLS.
 #[derive(Clone)]
 pub struct EtcdClientTls {
@@ -51,7 +55,9 @@ pub struct EtcdClientTls {
 
 impl std::fmt::Debug for EtcdClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdClientTls").field("server_name", &self.server_name).finish_non_exhaustive()
+        f.debug_struct("EtcdClientTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -65,7 +71,10 @@ pub struct TokenUser {
 
 impl std::fmt::Debug for TokenUser {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenUser").field("user", &self.user).field("groups", &self.groups).finish_non_exhaustive()
+        f.debug_struct("TokenUser")
+            .field("user", &self.user)
+            .field("groups", &self.groups)
+            .finish_non_exhaustive()
     }
 }
 
@@ -169,7 +178,10 @@ impl Inner {
         if uid.is_empty() {
             return;
         }
-        self.gc_queue.lock().unwrap_or_else(|p| p.into_inner()).push(uid.to_string());
+        self.gc_queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(uid.to_string());
         self.kick.notify_one();
     }
 }
@@ -186,7 +198,11 @@ pub struct ApiServer {
 }
 
 fn random_token() -> String {
-    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// Parse every document of a (multi-document) YAML text.
@@ -198,19 +214,35 @@ pub(crate) fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
 impl ApiServer {
     /// Connect to etcd, load CRDs, bind and serve.
     pub async fn start(cfg: ApiServerConfig) -> Result<ApiServer, ApiServerError> {
-        let mut opts = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
+        let mut opts =
+            etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
         if let Some(t) = &cfg.etcd_tls {
             opts = opts.with_tls(
                 etcd_client::TlsOptions::new()
                     .ca_certificate(etcd_client::Certificate::from_pem(t.ca_pem.as_bytes()))
-                    .identity(etcd_client::Identity::from_pem(t.cert_pem.as_bytes(), t.key_pem.as_bytes()))
+                    .identity(etcd_client::Identity::from_pem(
+                        t.cert_pem.as_bytes(),
+                        t.key_pem.as_bytes(),
+                    ))
                     .domain_name(t.server_name.clone()),
             );
         }
-        let client = etcd_client::Client::connect(&cfg.etcd_endpoints, Some(opts))
+        // one client for watches (long-lived streams: no request timeout) and
+        // one for key-value requests, bounded like a kube-apiserver's 60 s
+        let watch_client = etcd_client::Client::connect(&cfg.etcd_endpoints, Some(opts.clone()))
             .await
-            .map_err(|source| ApiServerError::EtcdConnect { endpoints: cfg.etcd_endpoints.clone(), source })?;
-        let store = Store::new(client, &cfg.key_prefix);
+            .map_err(|source| ApiServerError::EtcdConnect {
+                endpoints: cfg.etcd_endpoints.clone(),
+                source,
+            })?;
+        let kv_opts = opts.with_timeout(ETCD_REQUEST_TIMEOUT);
+        let client = etcd_client::Client::connect(&cfg.etcd_endpoints, Some(kv_opts))
+            .await
+            .map_err(|source| ApiServerError::EtcdConnect {
+                endpoints: cfg.etcd_endpoints.clone(),
+                source,
+            })?;
+        let store = Store::new(client, watch_client, &cfg.key_prefix);
 
         let tokens = if cfg.tokens.is_empty() {
             vec![TokenUser {
@@ -224,9 +256,12 @@ impl ApiServer {
         let admin_token = tokens[0].token.clone();
 
         let addr = SocketAddr::new(cfg.bind_ip, cfg.port);
-        let listener =
-            tokio::net::TcpListener::bind(addr).await.map_err(|source| ApiServerError::Bind { addr, source })?;
-        let local = listener.local_addr().map_err(|source| ApiServerError::Bind { addr, source })?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ApiServerError::Bind { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| ApiServerError::Bind { addr, source })?;
         let url = format!("https://{local}");
 
         let mut ips = vec![cfg.bind_ip];
@@ -267,7 +302,10 @@ impl ApiServer {
         });
 
         inner.load_stored_crds().await?;
-        inner.ensure_system_namespaces().await.map_err(|source| ApiServerError::Bootstrap { source })?;
+        inner
+            .ensure_system_namespaces()
+            .await
+            .map_err(|source| ApiServerError::Bootstrap { source })?;
         for dir in &cfg.crd_dirs {
             load_crd_dir(&inner, dir).await?;
         }
@@ -317,7 +355,8 @@ impl ApiServer {
             "current-context": context,
             "preferences": {},
         });
-        serde_saphyr::to_string(&doc).unwrap_or_else(|_| serde_json::to_string_pretty(&doc).unwrap_or_default())
+        serde_saphyr::to_string(&doc)
+            .unwrap_or_else(|_| serde_json::to_string_pretty(&doc).unwrap_or_default())
     }
 
     /// Write [`ApiServer::kubeconfig`] to `path` with mode 0600.
@@ -325,7 +364,12 @@ impl ApiServer {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
         use std::os::unix::fs::PermissionsExt as _;
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
         f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         f.write_all(self.kubeconfig(context).as_bytes())?;
         f.sync_all()
@@ -335,9 +379,10 @@ impl ApiServer {
     pub async fn client(&self) -> Result<kube::Client, ApiServerError> {
         let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig("admin"))
             .map_err(|e| ApiServerError::Client(e.to_string()))?;
-        let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| ApiServerError::Client(e.to_string()))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| ApiServerError::Client(e.to_string()))?;
         kube::Client::try_from(config).map_err(|e| ApiServerError::Client(e.to_string()))
     }
 
@@ -361,21 +406,35 @@ impl Drop for ApiServer {
 }
 
 async fn load_crd_dir(inner: &Arc<Inner>, dir: &Path) -> Result<(), ApiServerError> {
-    let rd = std::fs::read_dir(dir).map_err(|source| ApiServerError::CrdRead { path: dir.to_path_buf(), source })?;
+    let rd = std::fs::read_dir(dir).map_err(|source| ApiServerError::CrdRead {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();
     files.sort();
     for path in files {
-        let text =
-            std::fs::read_to_string(&path).map_err(|source| ApiServerError::CrdRead { path: path.clone(), source })?;
-        let docs = yaml_documents(&text).map_err(|message| ApiServerError::CrdParse { path: path.clone(), message })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ApiServerError::CrdRead {
+            path: path.clone(),
+            source,
+        })?;
+        let docs = yaml_documents(&text).map_err(|message| ApiServerError::CrdParse {
+            path: path.clone(),
+            message,
+        })?;
         for doc in docs {
             if doc.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition") {
                 continue;
             }
-            inner.apply_crd(doc).await.map_err(|source| ApiServerError::CrdRejected { path: path.clone(), source })?;
+            inner
+                .apply_crd(doc)
+                .await
+                .map_err(|source| ApiServerError::CrdRejected {
+                    path: path.clone(),
+                    source,
+                })?;
         }
     }
     Ok(())

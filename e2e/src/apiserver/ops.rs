@@ -11,7 +11,7 @@ use super::schema::FieldErrorKind;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{ApiError, field_error, qualified};
 use super::store::{StoreError, Stored, set_rv};
-use super::{ApiServerError, Inner, defaults, patch, validation};
+use super::{ApiServerError, Inner, defaults, patch, typed, validation};
 
 /// The finalizer an owner carries during Foreground deletion.
 pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
@@ -95,6 +95,8 @@ pub(crate) fn now_ts() -> String {
 pub(crate) fn store_err(e: StoreError) -> ApiError {
     match e {
         StoreError::Compacted(rev) => ApiError::gone(format!("too old resource version: {rev}")),
+        StoreError::Timeout(_) => ApiError::new(504, "Timeout", "Timeout: request did not complete within requested timeout - context deadline exceeded")
+            .with_details(json!({})),
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -557,6 +559,7 @@ impl Inner {
             o.insert("apiVersion".into(), json!(rt.api_version()));
             o.insert("kind".into(), json!(rt.kind));
         }
+        typed_checks(rt, &mut obj, o, &mut warnings)?;
         let m = meta_mut(&mut obj);
         if rt.namespaced {
             let body_ns = m.get("namespace").and_then(Value::as_str).unwrap_or("");
@@ -715,7 +718,20 @@ impl Inner {
     pub(crate) fn register_crd_object(&self, crd: &Value) {
         let name = meta_str(crd, "name").to_string();
         match crd_types(crd) {
-            Ok((types, preferred)) => self.registry_mut().register_crd(&name, types, preferred),
+            Ok((types, preferred)) => {
+                for t in &types {
+                    let skipped = t
+                        .custom
+                        .as_ref()
+                        .and_then(|c| c.schema.as_ref())
+                        .map(|s| s.skipped_rules())
+                        .unwrap_or_default();
+                    if !skipped.is_empty() {
+                        tracing::warn!(crd = %name, version = %t.version, rules = ?skipped, "CEL rules not enforced by the emulator");
+                    }
+                }
+                self.registry_mut().register_crd(&name, types, preferred)
+            }
             Err(e) => tracing::warn!(crd = %name, error = %e, "stored CRD not served"),
         }
     }
@@ -913,6 +929,7 @@ impl Inner {
             obj.insert("apiVersion".into(), json!(rt.api_version()));
             obj.insert("kind".into(), json!(rt.kind));
         }
+        typed_checks(rt, &mut new, o, &mut warnings)?;
         let old_meta = meta(old).cloned().unwrap_or_default();
         {
             let m = meta_mut(&mut new);
@@ -1571,6 +1588,42 @@ impl Inner {
             }
         }
         Err(ApiError::conflict(&rt.group, &rt.plural, name))
+    }
+}
+
+/// Decode a built-in object through its type: 400 on type errors; unknown
+/// fields handled per `fieldValidation` (and always dropped).
+fn typed_checks(
+    rt: &ResourceType,
+    obj: &mut Value,
+    o: &WriteOpts,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    if !rt.is_builtin() {
+        return Ok(());
+    }
+    let paths = typed::check_and_prune(&rt.group, &rt.version, &rt.kind, obj)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let msgs: Vec<String> = paths
+        .iter()
+        .map(|p| format!("unknown field \"{p}\""))
+        .collect();
+    match o.validation {
+        FieldValidation::Strict => Err(ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+            rt.kind,
+            rt.version,
+            rt.kind,
+            msgs.join(", ")
+        ))),
+        FieldValidation::Warn => {
+            warnings.extend(msgs);
+            Ok(())
+        }
+        FieldValidation::Ignore => Ok(()),
     }
 }
 

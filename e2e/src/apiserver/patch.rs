@@ -78,7 +78,9 @@ fn parse_pointer(pointer: &str) -> Result<Vec<String>, PatchError> {
         return Ok(Vec::new());
     }
     let Some(rest) = pointer.strip_prefix('/') else {
-        return Err(PatchError::Invalid(format!("JSON pointer {pointer:?} must start with '/'")));
+        return Err(PatchError::Invalid(format!(
+            "JSON pointer {pointer:?} must start with '/'"
+        )));
     };
     rest.split('/')
         .map(|token| {
@@ -116,9 +118,15 @@ fn array_index(token: &str, len: usize, allow_end: bool, path: &str) -> Result<u
             .parse()
             .map_err(|_| PatchError::Invalid(format!("invalid array index {token:?} in {path}")))?
     } else {
-        return Err(PatchError::Invalid(format!("invalid array index {token:?} in {path}")));
+        return Err(PatchError::Invalid(format!(
+            "invalid array index {token:?} in {path}"
+        )));
     };
-    let limit = if allow_end { len } else { len.saturating_sub(1) };
+    let limit = if allow_end {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
     if index > limit || (!allow_end && len == 0) {
         return Err(PatchError::PathNotFound(format!(
             "Unable to access invalid index: {index}: doc is missing path: {path:?}"
@@ -132,7 +140,11 @@ fn missing(path: &str) -> PatchError {
 }
 
 /// Walk to the parent container of the pointer's last token.
-fn parent_mut<'a>(doc: &'a mut Value, tokens: &[String], path: &str) -> Result<&'a mut Value, PatchError> {
+fn parent_mut<'a>(
+    doc: &'a mut Value,
+    tokens: &[String],
+    path: &str,
+) -> Result<&'a mut Value, PatchError> {
     let mut current = doc;
     for token in &tokens[..tokens.len().saturating_sub(1)] {
         current = match current {
@@ -163,7 +175,12 @@ fn pointer_get<'a>(doc: &'a Value, tokens: &[String], path: &str) -> Result<&'a 
     Ok(current)
 }
 
-fn pointer_add(doc: &mut Value, tokens: &[String], value: Value, path: &str) -> Result<(), PatchError> {
+fn pointer_add(
+    doc: &mut Value,
+    tokens: &[String],
+    value: Value,
+    path: &str,
+) -> Result<(), PatchError> {
     let Some(last) = tokens.last() else {
         *doc = value;
         return Ok(());
@@ -184,7 +201,9 @@ fn pointer_add(doc: &mut Value, tokens: &[String], value: Value, path: &str) -> 
 
 fn pointer_remove(doc: &mut Value, tokens: &[String], path: &str) -> Result<Value, PatchError> {
     let Some(last) = tokens.last() else {
-        return Err(PatchError::Invalid("cannot remove the whole document".into()));
+        return Err(PatchError::Invalid(
+            "cannot remove the whole document".into(),
+        ));
     };
     match parent_mut(doc, tokens, path)? {
         Value::Object(map) => map.shift_remove(last).ok_or_else(|| missing(path)),
@@ -196,29 +215,39 @@ fn pointer_remove(doc: &mut Value, tokens: &[String], path: &str) -> Result<Valu
     }
 }
 
-fn op_str<'a>(op: &'a Map<String, Value>, field: &str, index: usize) -> Result<&'a str, PatchError> {
-    op.get(field)
-        .and_then(Value::as_str)
-        .ok_or_else(|| PatchError::Invalid(format!("operation {index} is missing the string field {field:?}")))
+fn op_str<'a>(
+    op: &'a Map<String, Value>,
+    field: &str,
+    index: usize,
+) -> Result<&'a str, PatchError> {
+    op.get(field).and_then(Value::as_str).ok_or_else(|| {
+        PatchError::Invalid(format!(
+            "operation {index} is missing the string field {field:?}"
+        ))
+    })
 }
 
 /// RFC 6902 JSON patch; atomic (target unchanged on error).
 pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
     let Value::Array(ops) = ops else {
-        return Err(PatchError::Invalid("a JSON patch must be an array of operations".into()));
+        return Err(PatchError::Invalid(
+            "a JSON patch must be an array of operations".into(),
+        ));
     };
     let mut doc = target.clone();
     for (index, op) in ops.iter().enumerate() {
         let Value::Object(op) = op else {
-            return Err(PatchError::Invalid(format!("operation {index} is not an object")));
+            return Err(PatchError::Invalid(format!(
+                "operation {index} is not an object"
+            )));
         };
         let kind = op_str(op, "op", index)?;
         let path = op_str(op, "path", index)?;
         let tokens = parse_pointer(path)?;
         let value = || {
-            op.get("value")
-                .cloned()
-                .ok_or_else(|| PatchError::Invalid(format!("operation {index} ({kind}) is missing \"value\"")))
+            op.get("value").cloned().ok_or_else(|| {
+                PatchError::Invalid(format!("operation {index} ({kind}) is missing \"value\""))
+            })
         };
         match kind {
             "add" => pointer_add(&mut doc, &tokens, value()?, path)?,
@@ -237,8 +266,12 @@ pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
             "move" => {
                 let from = op_str(op, "from", index)?;
                 let from_tokens = parse_pointer(from)?;
-                if tokens.len() > from_tokens.len() && tokens[..from_tokens.len()] == from_tokens[..] {
-                    return Err(PatchError::Invalid(format!("cannot move {from} into its own child {path}")));
+                if tokens.len() > from_tokens.len()
+                    && tokens[..from_tokens.len()] == from_tokens[..]
+                {
+                    return Err(PatchError::Invalid(format!(
+                        "cannot move {from} into its own child {path}"
+                    )));
                 }
                 let moved = pointer_remove(&mut doc, &from_tokens, from)?;
                 pointer_add(&mut doc, &tokens, moved, path)?;
@@ -250,10 +283,13 @@ pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
             }
             "test" => {
                 let expected = value()?;
-                let actual = pointer_get(&doc, &tokens, path)
-                    .map_err(|_| PatchError::TestFailed(format!("testing value {path} failed: test failed")))?;
+                let actual = pointer_get(&doc, &tokens, path).map_err(|_| {
+                    PatchError::TestFailed(format!("testing value {path} failed: test failed"))
+                })?;
                 if *actual != expected {
-                    return Err(PatchError::TestFailed(format!("testing value {path} failed: test failed")));
+                    return Err(PatchError::TestFailed(format!(
+                        "testing value {path} failed: test failed"
+                    )));
                 }
             }
             other => return Err(PatchError::Invalid(format!("Unexpected kind: {other}"))),
@@ -284,8 +320,14 @@ enum ListStrategy {
 fn list_strategy(field: &str, kind: &str) -> ListStrategy {
     use ListStrategy::*;
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets"
-        | "secrets" | "resourceClaims" => MergeByKey(&["name"]),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "secrets"
+        | "resourceClaims" => MergeByKey(&["name"]),
         "volumeMounts" => MergeByKey(&["mountPath"]),
         "volumeDevices" => MergeByKey(&["devicePath"]),
         "ports" if kind == "Service" => MergeByKey(&["port", "protocol"]),
@@ -314,9 +356,15 @@ const PREFIX_SET_ORDER: &str = "$setElementOrder/";
 /// containers, env, volumes, ports, conditions, ...; `$patch`,
 /// `$deleteFromPrimitiveList`, `$setElementOrder`, `$retainKeys` directives).
 /// `kind` is the object's kind (e.g. "Deployment").
-pub fn strategic_merge_patch(target: &mut Value, patch: &Value, kind: &str) -> Result<(), PatchError> {
+pub fn strategic_merge_patch(
+    target: &mut Value,
+    patch: &Value,
+    kind: &str,
+) -> Result<(), PatchError> {
     let Value::Object(patch_map) = patch else {
-        return Err(PatchError::Invalid("a strategic merge patch must be a JSON object".into()));
+        return Err(PatchError::Invalid(
+            "a strategic merge patch must be a JSON object".into(),
+        ));
     };
     let mut doc = target.clone();
     if !doc.is_object() {
@@ -336,7 +384,11 @@ enum MapOutcome {
 }
 
 /// Merge a patch map into `target` (which becomes an object).
-fn smp_map(target: &mut Value, patch: &Map<String, Value>, kind: &str) -> Result<MapOutcome, PatchError> {
+fn smp_map(
+    target: &mut Value,
+    patch: &Map<String, Value>,
+    kind: &str,
+) -> Result<MapOutcome, PatchError> {
     match patch.get(DIRECTIVE_PATCH) {
         None => {}
         Some(Value::String(s)) if s == "merge" => {}
@@ -363,14 +415,30 @@ fn smp_map(target: &mut Value, patch: &Map<String, Value>, kind: &str) -> Result
     // $retainKeys: clear everything not listed, before merging.
     if let Some(retain) = patch.get(DIRECTIVE_RETAIN_KEYS) {
         let Value::Array(retain) = retain else {
-            return Err(PatchError::Invalid("$retainKeys must be a list of strings".into()));
+            return Err(PatchError::Invalid(
+                "$retainKeys must be a list of strings".into(),
+            ));
         };
         let keep: Vec<&str> = retain.iter().filter_map(Value::as_str).collect();
         if keep.len() != retain.len() {
-            return Err(PatchError::Invalid("$retainKeys must be a list of strings".into()));
+            return Err(PatchError::Invalid(
+                "$retainKeys must be a list of strings".into(),
+            ));
         }
         target_map.retain(|k, _| keep.contains(&k.as_str()));
     }
+    // The server-side order of lists that `$setElementOrder` will reorder.
+    let server_orders: Vec<(String, Vec<Value>)> = patch
+        .keys()
+        .filter_map(|k| k.strip_prefix(PREFIX_SET_ORDER))
+        .map(|field| {
+            let items = match target_map.get(field) {
+                Some(Value::Array(items)) => items.clone(),
+                _ => Vec::new(),
+            };
+            (field.to_string(), items)
+        })
+        .collect();
     // Plain keys first, then the list directives that refer to them.
     for (key, value) in patch {
         if key.starts_with('$') {
@@ -389,7 +457,9 @@ fn smp_map(target: &mut Value, patch: &Map<String, Value>, kind: &str) -> Result
             }
             Value::Array(items) => {
                 let merged = match target_map.get(key) {
-                    Some(Value::Array(orig)) => smp_list(orig, items, list_strategy(key, kind), kind)?,
+                    Some(Value::Array(orig)) => {
+                        smp_list(orig, items, list_strategy(key, kind), kind)?
+                    }
                     _ => smp_list(&[], items, list_strategy(key, kind), kind)?,
                 };
                 target_map.insert(key.clone(), Value::Array(merged));
@@ -416,7 +486,12 @@ fn smp_map(target: &mut Value, patch: &Map<String, Value>, kind: &str) -> Result
                     ListStrategy::MergeByKey(keys) => Some(smp_key(keys)),
                     _ => None,
                 };
-                reorder(current, order, merge_key);
+                let server = server_orders
+                    .iter()
+                    .find(|(f, _)| f == field)
+                    .map(|(_, items)| items.as_slice())
+                    .unwrap_or(&[]);
+                reorder(current, order, server, merge_key);
             }
         } else if key.starts_with('$') && key != DIRECTIVE_PATCH && key != DIRECTIVE_RETAIN_KEYS {
             return Err(PatchError::Invalid(format!("unknown directive {key:?}")));
@@ -453,10 +528,18 @@ fn element_key<'a>(item: &'a Value, key: &str) -> Option<&'a Value> {
     item.as_object().and_then(|m| m.get(key))
 }
 
-fn smp_list(orig: &[Value], patch: &[Value], strategy: ListStrategy, kind: &str) -> Result<Vec<Value>, PatchError> {
+fn smp_list(
+    orig: &[Value],
+    patch: &[Value],
+    strategy: ListStrategy,
+    kind: &str,
+) -> Result<Vec<Value>, PatchError> {
     // A `{"$patch": "replace"}` element replaces the whole list.
     let replace = patch.iter().any(|v| {
-        v.as_object().and_then(|m| m.get(DIRECTIVE_PATCH)).and_then(Value::as_str) == Some("replace")
+        v.as_object()
+            .and_then(|m| m.get(DIRECTIVE_PATCH))
+            .and_then(Value::as_str)
+            == Some("replace")
     });
     if replace {
         return Ok(patch
@@ -486,7 +569,9 @@ fn smp_list(orig: &[Value], patch: &[Value], strategy: ListStrategy, kind: &str)
                     )));
                 };
                 let Some(wanted) = item_map.get(key) else {
-                    return Err(PatchError::Invalid(format!("map: {item} does not contain declared merge key: {key}")));
+                    return Err(PatchError::Invalid(format!(
+                        "map: {item} does not contain declared merge key: {key}"
+                    )));
                 };
                 let position = out.iter().position(|o| element_key(o, key) == Some(wanted));
                 let directive = item_map.get(DIRECTIVE_PATCH).and_then(Value::as_str);
@@ -513,23 +598,45 @@ fn smp_list(orig: &[Value], patch: &[Value], strategy: ListStrategy, kind: &str)
     }
 }
 
-/// `$setElementOrder`: listed elements first, in order; the rest after them.
-fn reorder(current: &mut Vec<Value>, order: &[Value], merge_key: Option<&str>) {
+/// `$setElementOrder`, as upstream's `normalizeElementOrder`: the elements
+/// named in the order list are sorted by it, the server-only ones keep the
+/// server order, and the two runs are merged by their server positions.
+fn reorder(current: &mut Vec<Value>, order: &[Value], server: &[Value], merge_key: Option<&str>) {
     let identity = |v: &Value| -> Value {
         match merge_key {
             Some(k) => element_key(v, k).cloned().unwrap_or(Value::Null),
             None => v.clone(),
         }
     };
-    let mut remaining: Vec<Value> = std::mem::take(current);
-    let mut out = Vec::with_capacity(remaining.len());
-    for wanted in order {
-        let wanted = identity(wanted);
-        if let Some(pos) = remaining.iter().position(|v| identity(v) == wanted) {
-            out.push(remaining.remove(pos));
-        }
+    let order_ids: Vec<Value> = order.iter().map(identity).collect();
+    let server_ids: Vec<Value> = server.iter().map(identity).collect();
+    let position = |ids: &[Value], v: &Value| -> Option<usize> {
+        let id = identity(v);
+        ids.iter().position(|x| *x == id)
+    };
+    let (mut patched, mut server_only): (Vec<Value>, Vec<Value>) = std::mem::take(current)
+        .into_iter()
+        .partition(|v| position(&order_ids, v).is_some());
+    patched.sort_by_key(|v| position(&order_ids, v));
+    server_only.sort_by_key(|v| position(&server_ids, v));
+    let mut out = Vec::with_capacity(patched.len() + server_only.len());
+    let (mut left, mut right) = (
+        server_only.into_iter().peekable(),
+        patched.into_iter().peekable(),
+    );
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(l), Some(r)) => matches!(
+                (position(&server_ids, l), position(&server_ids, r)),
+                (Some(li), Some(ri)) if li < ri
+            ),
+        };
+        let next = if take_left { left.next() } else { right.next() };
+        out.extend(next);
     }
-    out.extend(remaining);
     *current = out;
 }
 
@@ -655,12 +762,18 @@ fn same_item(applied: &Value, live: &Value, keys: &[&str]) -> bool {
 fn item_key(item: &Value, keys: &[&str]) -> Option<String> {
     let map = item.as_object()?;
     map.get(*keys.first()?)?;
-    let mut present: Vec<(&str, &Value)> = keys.iter().filter_map(|k| map.get(*k).map(|v| (*k, v))).collect();
+    let mut present: Vec<(&str, &Value)> = keys
+        .iter()
+        .filter_map(|k| map.get(*k).map(|v| (*k, v)))
+        .collect();
     if present.is_empty() {
         return None;
     }
     present.sort_by(|a, b| a.0.cmp(b.0));
-    let obj: Map<String, Value> = present.into_iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let obj: Map<String, Value> = present
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     Some(format!("k:{}", Value::Object(obj)))
 }
 
@@ -670,7 +783,9 @@ fn to_fields_v1(leaves: &[Vec<String>]) -> Value {
     for path in leaves {
         let mut node = &mut root;
         for segment in path {
-            let entry = node.entry(segment.clone()).or_insert_with(|| Value::Object(Map::new()));
+            let entry = node
+                .entry(segment.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
             if !entry.is_object() {
                 *entry = Value::Object(Map::new());
             }
@@ -714,7 +829,8 @@ fn resolve<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
         } else if let Some(key) = segment.strip_prefix("k:") {
             let key: Map<String, Value> = serde_json::from_str(key).ok()?;
             current = current.as_array()?.iter().find(|item| {
-                item.as_object().is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v)))
+                item.as_object()
+                    .is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v)))
             })?;
         } else if let Some(value) = segment.strip_prefix("v:") {
             let value: Value = serde_json::from_str(value).ok()?;
@@ -745,7 +861,8 @@ fn remove_path(obj: &mut Value, path: &[String]) {
             };
             current.as_array_mut().and_then(|items| {
                 items.iter_mut().find(|item| {
-                    item.as_object().is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v)))
+                    item.as_object()
+                        .is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v)))
                 })
             })
         } else {
@@ -761,19 +878,33 @@ fn remove_path(obj: &mut Value, path: &[String]) {
             map.shift_remove(name);
         }
     } else if let Some(key) = last.strip_prefix("k:") {
-        if let (Ok(key), Some(items)) = (serde_json::from_str::<Map<String, Value>>(key), current.as_array_mut()) {
-            items.retain(|item| !item.as_object().is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v))));
+        if let (Ok(key), Some(items)) = (
+            serde_json::from_str::<Map<String, Value>>(key),
+            current.as_array_mut(),
+        ) {
+            items.retain(|item| {
+                !item
+                    .as_object()
+                    .is_some_and(|m| key.iter().all(|(k, v)| m.get(k) == Some(v)))
+            });
         }
-    } else if let Some(value) = last.strip_prefix("v:") {
-        if let (Ok(value), Some(items)) = (serde_json::from_str::<Value>(value), current.as_array_mut()) {
-            items.retain(|item| *item != value);
-        }
+    } else if let Some(value) = last.strip_prefix("v:")
+        && let (Ok(value), Some(items)) =
+            (serde_json::from_str::<Value>(value), current.as_array_mut())
+    {
+        items.retain(|item| *item != value);
     }
 }
 
 /// Merge an applied configuration into live: maps recursively, associative
 /// and set lists per `ssa_strategy`, everything else replaced.
-fn ssa_merge(live: &mut Value, applied: &Value, parents: &mut Vec<String>, kind: &str, builtin: bool) {
+fn ssa_merge(
+    live: &mut Value,
+    applied: &Value,
+    parents: &mut Vec<String>,
+    kind: &str,
+    builtin: bool,
+) {
     let (Value::Object(live_map), Value::Object(applied_map)) = (&mut *live, applied) else {
         *live = applied.clone();
         return;
@@ -785,7 +916,9 @@ fn ssa_merge(live: &mut Value, applied: &Value, parents: &mut Vec<String>, kind:
             continue;
         }
         match (live_map.get_mut(k), v) {
-            (Some(existing @ Value::Object(_)), Value::Object(_)) => ssa_merge(existing, v, parents, kind, builtin),
+            (Some(existing @ Value::Object(_)), Value::Object(_)) => {
+                ssa_merge(existing, v, parents, kind, builtin)
+            }
             (Some(Value::Array(existing)), Value::Array(items)) => {
                 let outer = parents[..parents.len() - 1].to_vec();
                 match ssa_strategy(&outer, k, kind, builtin) {
@@ -838,8 +971,16 @@ fn dotted(path: &[String]) -> String {
             out.push('.');
             out.push_str(name);
         } else if let Some(key) = segment.strip_prefix("k:") {
+            // structured-merge-diff prints keys as `[name="c"]`, `[containerPort=80,protocol="TCP"]`.
             out.push('[');
-            out.push_str(key);
+            match serde_json::from_str::<Map<String, Value>>(key) {
+                Ok(fields) => {
+                    let parts: Vec<String> =
+                        fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    out.push_str(&parts.join(","));
+                }
+                Err(_) => out.push_str(key),
+            }
             out.push(']');
         } else if let Some(value) = segment.strip_prefix("v:") {
             out.push_str("[=");
@@ -866,10 +1007,17 @@ pub fn server_side_apply(
     builtin: bool,
 ) -> Result<Value, ApplyConflict> {
     let mut applied_clean = applied.clone();
-    if let Some(meta) = applied_clean.get_mut("metadata").and_then(Value::as_object_mut) {
+    if let Some(meta) = applied_clean
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+    {
         meta.shift_remove("managedFields");
     }
-    let api_version = applied.get("apiVersion").and_then(Value::as_str).unwrap_or("v1").to_string();
+    let api_version = applied
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("v1")
+        .to_string();
     let mut leaves = Vec::new();
     collect_leaves(&applied_clean, &mut Vec::new(), &mut leaves, kind, builtin);
     let new_paths: Vec<Vec<String>> = leaves.iter().map(|(p, _)| p.clone()).collect();
@@ -898,7 +1046,11 @@ pub fn server_side_apply(
             .filter(|p| p.first().is_some_and(|f| f != "f:status"))
             .collect();
         if !paths.is_empty() {
-            let live_version = live.get("apiVersion").and_then(Value::as_str).unwrap_or(&api_version).to_string();
+            let live_version = live
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(&api_version)
+                .to_string();
             entries.push(serde_json::json!({
                 "manager": "before-first-apply",
                 "operation": "Update",
@@ -921,7 +1073,12 @@ pub fn server_side_apply(
     let mut others: Vec<(Value, Vec<Vec<String>>)> = entries
         .iter()
         .filter(|e| !is_ours(e))
-        .map(|e| (e.clone(), from_fields_v1(e.get("fieldsV1").unwrap_or(&Value::Null))))
+        .map(|e| {
+            (
+                e.clone(),
+                from_fields_v1(e.get("fieldsV1").unwrap_or(&Value::Null)),
+            )
+        })
         .collect();
 
     // Conflicts: a leaf we apply that another manager owns, with a different live value.
@@ -937,7 +1094,11 @@ pub fn server_side_apply(
         for (entry, paths) in &others {
             if paths.iter().any(|p| p == path) {
                 conflicts.push(FieldConflict {
-                    manager: entry.get("manager").and_then(Value::as_str).unwrap_or("").to_string(),
+                    manager: entry
+                        .get("manager")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
                     field: dotted(path),
                 });
             }
@@ -979,7 +1140,13 @@ pub fn server_side_apply(
     Ok(merged)
 }
 
-fn set_managed_fields(obj: &mut Value, mut entries: Vec<Value>, manager: &str, api_version: &str, paths: &[Vec<String>]) {
+fn set_managed_fields(
+    obj: &mut Value,
+    mut entries: Vec<Value>,
+    manager: &str,
+    api_version: &str,
+    paths: &[Vec<String>],
+) {
     let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     entries.push(serde_json::json!({
         "manager": manager,
@@ -993,7 +1160,9 @@ fn set_managed_fields(obj: &mut Value, mut entries: Vec<Value>, manager: &str, a
         *obj = Value::Object(Map::new());
     }
     if let Some(map) = obj.as_object_mut() {
-        let meta = map.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+        let meta = map
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()));
         if let Some(meta) = meta.as_object_mut() {
             meta.insert("managedFields".into(), Value::Array(entries));
         }
@@ -1054,11 +1223,20 @@ mod tests {
         .expect_err("test must fail");
         assert!(matches!(err, PatchError::TestFailed(_)), "{err:?}");
         assert_eq!(doc, original);
-        let err = json_patch(&mut doc, &json!([{"op": "remove", "path": "/spec/missing"}])).expect_err("missing");
+        let err = json_patch(
+            &mut doc,
+            &json!([{"op": "remove", "path": "/spec/missing"}]),
+        )
+        .expect_err("missing");
         assert!(matches!(err, PatchError::PathNotFound(_)), "{err:?}");
-        let err = json_patch(&mut doc, &json!([{"op": "replace", "path": "/spec/x", "value": 1}])).expect_err("x");
+        let err = json_patch(
+            &mut doc,
+            &json!([{"op": "replace", "path": "/spec/x", "value": 1}]),
+        )
+        .expect_err("x");
         assert!(matches!(err, PatchError::PathNotFound(_)), "{err:?}");
-        let err = json_patch(&mut doc, &json!([{"op": "frobnicate", "path": "/"}])).expect_err("bad op");
+        let err =
+            json_patch(&mut doc, &json!([{"op": "frobnicate", "path": "/"}])).expect_err("bad op");
         assert!(matches!(err, PatchError::Invalid(_)), "{err:?}");
         let err = json_patch(&mut doc, &json!({"op": "add"})).expect_err("not a list");
         assert!(matches!(err, PatchError::Invalid(_)), "{err:?}");
@@ -1100,7 +1278,10 @@ mod tests {
             spec["containers"][0]["env"],
             json!([{"name": "A", "value": "1"}, {"name": "B", "value": "3"}, {"name": "C", "value": "4"}])
         );
-        assert_eq!(spec["containers"][0]["ports"], json!([{"containerPort": 80}]));
+        assert_eq!(
+            spec["containers"][0]["ports"],
+            json!([{"containerPort": 80}])
+        );
         assert_eq!(spec["containers"][1]["image"], "side:1");
         assert_eq!(spec["tolerations"], json!([{"key": "k2"}]));
         assert_eq!(doc["metadata"]["labels"], json!({"y": "2"}));
@@ -1139,7 +1320,10 @@ mod tests {
             "Deployment",
         )
         .expect("replace list");
-        assert_eq!(doc["spec"]["template"]["spec"]["containers"], json!([{"name": "only", "image": "o"}]));
+        assert_eq!(
+            doc["spec"]["template"]["spec"]["containers"],
+            json!([{"name": "only", "image": "o"}])
+        );
 
         let mut doc = json!({"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}});
         strategic_merge_patch(
@@ -1151,8 +1335,12 @@ mod tests {
         assert_eq!(doc, json!({"spec": {"strategy": {"type": "Recreate"}}}));
 
         let mut doc = deployment();
-        strategic_merge_patch(&mut doc, &json!({"spec": {"template": {"$patch": "delete"}}}), "Deployment")
-            .expect("delete map");
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"template": {"$patch": "delete"}}}),
+            "Deployment",
+        )
+        .expect("delete map");
         assert!(doc["spec"].get("template").is_none());
 
         let err = strategic_merge_patch(
@@ -1165,11 +1353,49 @@ mod tests {
     }
 
     #[test]
+    fn smp_set_element_order_interleaves_server_only_elements() {
+        let mut doc =
+            json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}});
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {
+                "$setElementOrder/containers": [{"name": "c"}, {"name": "new"}, {"name": "a"}],
+                "containers": [{"name": "new", "image": "n"}]
+            }}),
+            "Pod",
+        )
+        .expect("patch applies");
+        let names: Vec<&str> = doc["spec"]["containers"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        // As upstream: server-only "b" keeps its place before "c".
+        assert_eq!(names, ["b", "c", "new", "a"]);
+        let mut doc = json!({"metadata": {"finalizers": ["x", "y"]}});
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"metadata": {"$setElementOrder/finalizers": ["y", "z", "x"], "finalizers": ["z"]}}),
+            "Pod",
+        )
+        .expect("primitive order");
+        assert_eq!(doc["metadata"]["finalizers"], json!(["y", "z", "x"]));
+    }
+
+    #[test]
     fn smp_service_ports_merge_by_port() {
         let mut doc = json!({"spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]}});
-        strategic_merge_patch(&mut doc, &json!({"spec": {"ports": [{"port": 443, "name": "tls"}]}}), "Service")
-            .expect("patch applies");
-        assert_eq!(doc["spec"]["ports"], json!([{"port": 80, "name": "http"}, {"port": 443, "name": "tls"}]));
+        strategic_merge_patch(
+            &mut doc,
+            &json!({"spec": {"ports": [{"port": 443, "name": "tls"}]}}),
+            "Service",
+        )
+        .expect("patch applies");
+        assert_eq!(
+            doc["spec"]["ports"],
+            json!([{"port": 80, "name": "http"}, {"port": 443, "name": "tls"}])
+        );
     }
 
     #[test]
@@ -1179,7 +1405,8 @@ mod tests {
             "metadata": {"name": "d", "namespace": "ns", "labels": {"app": "x"}},
             "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}
         });
-        let out = server_side_apply(None, &applied, "mgr", false, "Deployment", true).expect("create");
+        let out =
+            server_side_apply(None, &applied, "mgr", false, "Deployment", true).expect("create");
         let mf = &out["metadata"]["managedFields"][0];
         assert_eq!(mf["manager"], "mgr");
         assert_eq!(mf["operation"], "Apply");
@@ -1201,25 +1428,44 @@ mod tests {
     #[test]
     fn ssa_removes_dropped_fields_and_detects_conflicts() {
         let first = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "1", "b": "2"}}, "data": {"k": "v"}});
-        let live = server_side_apply(None, &first, "one", false, "ConfigMap", true).expect("create");
+        let live =
+            server_side_apply(None, &first, "one", false, "ConfigMap", true).expect("create");
         // Same manager drops label b and data.k: both go away.
         let second = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "1"}}});
-        let live = server_side_apply(Some(&live), &second, "one", false, "ConfigMap", true).expect("reapply");
+        let live = server_side_apply(Some(&live), &second, "one", false, "ConfigMap", true)
+            .expect("reapply");
         assert_eq!(live["metadata"]["labels"], json!({"a": "1"}));
-        assert!(live.get("data").is_none_or(|d| d.get("k").is_none()), "{live}");
+        assert!(
+            live.get("data").is_none_or(|d| d.get("k").is_none()),
+            "{live}"
+        );
         // Another manager setting the same value shares ownership; a different value conflicts.
         let same = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "1"}}});
-        let live = server_side_apply(Some(&live), &same, "two", false, "ConfigMap", true).expect("shared");
+        let live =
+            server_side_apply(Some(&live), &same, "two", false, "ConfigMap", true).expect("shared");
         let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "9"}}});
-        let conflict = server_side_apply(Some(&live), &other, "three", false, "ConfigMap", true).expect_err("conflict");
-        let managers: Vec<&str> = conflict.conflicts.iter().map(|c| c.manager.as_str()).collect();
+        let conflict = server_side_apply(Some(&live), &other, "three", false, "ConfigMap", true)
+            .expect_err("conflict");
+        let managers: Vec<&str> = conflict
+            .conflicts
+            .iter()
+            .map(|c| c.manager.as_str())
+            .collect();
         assert_eq!(managers, ["one", "two"]);
         assert_eq!(conflict.conflicts[0].field, ".metadata.labels.a");
-        assert!(conflict.to_string().starts_with("Apply failed with 2 conflict(s)"), "{conflict}");
+        assert!(
+            conflict
+                .to_string()
+                .starts_with("Apply failed with 2 conflict(s)"),
+            "{conflict}"
+        );
         // Forced: ownership moves to "three"; the others' entries lose the field.
-        let live = server_side_apply(Some(&live), &other, "three", true, "ConfigMap", true).expect("force");
+        let live = server_side_apply(Some(&live), &other, "three", true, "ConfigMap", true)
+            .expect("force");
         assert_eq!(live["metadata"]["labels"]["a"], "9");
-        let entries = live["metadata"]["managedFields"].as_array().expect("entries");
+        let entries = live["metadata"]["managedFields"]
+            .as_array()
+            .expect("entries");
         assert_eq!(entries.len(), 1, "{entries:?}");
         assert_eq!(entries[0]["manager"], "three");
     }
@@ -1233,18 +1479,35 @@ mod tests {
         let applied = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i2",
                 "ports": [{"containerPort": 80, "name": "http"}]}]}}}});
-        let out = server_side_apply(Some(&live), &applied, "m", true, "Deployment", true).expect("apply");
+        let out =
+            server_side_apply(Some(&live), &applied, "m", true, "Deployment", true).expect("apply");
         let c = &out["spec"]["template"]["spec"]["containers"][0];
+        let conflict = server_side_apply(Some(&live), &applied, "m", false, "Deployment", true)
+            .expect_err("conflict");
+        let fields: Vec<&str> = conflict
+            .conflicts
+            .iter()
+            .map(|c| c.field.as_str())
+            .collect();
+        assert_eq!(fields, [".spec.template.spec.containers[name=\"c\"].image"]);
         assert_eq!(c["image"], "i2");
-        assert_eq!(c["ports"], json!([{"containerPort": 80, "protocol": "TCP", "name": "http"}]));
+        assert_eq!(
+            c["ports"],
+            json!([{"containerPort": 80, "protocol": "TCP", "name": "http"}])
+        );
     }
 
     #[test]
     fn ssa_over_an_object_written_without_apply() {
         let live = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}});
         let same = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}});
-        let out = server_side_apply(Some(&live), &same, "m", false, "ConfigMap", true).expect("same value: no conflict");
-        assert_eq!(out["data"], json!({"a": "1", "b": "2"}), "fields of before-first-apply are kept");
+        let out = server_side_apply(Some(&live), &same, "m", false, "ConfigMap", true)
+            .expect("same value: no conflict");
+        assert_eq!(
+            out["data"],
+            json!({"a": "1", "b": "2"}),
+            "fields of before-first-apply are kept"
+        );
         let managers: Vec<&str> = out["metadata"]["managedFields"]
             .as_array()
             .expect("entries")
@@ -1253,10 +1516,12 @@ mod tests {
             .collect();
         assert_eq!(managers, ["before-first-apply", "m"]);
         let different = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"b": "9"}});
-        let err = server_side_apply(Some(&live), &different, "m", false, "ConfigMap", true).expect_err("conflict");
+        let err = server_side_apply(Some(&live), &different, "m", false, "ConfigMap", true)
+            .expect_err("conflict");
         assert_eq!(err.conflicts[0].manager, "before-first-apply");
         assert_eq!(err.conflicts[0].field, ".data.b");
-        let forced = server_side_apply(Some(&live), &different, "m", true, "ConfigMap", true).expect("forced");
+        let forced = server_side_apply(Some(&live), &different, "m", true, "ConfigMap", true)
+            .expect("forced");
         assert_eq!(forced["data"], json!({"a": "1", "b": "9"}));
     }
 
@@ -1267,7 +1532,8 @@ mod tests {
         let mut live = live;
         live["metadata"]["finalizers"] = json!(["f0", "f1"]);
         let second = json!({"apiVersion": "x/v1", "kind": "Thing", "metadata": {"name": "t", "finalizers": ["f2"]}, "spec": {"items": [{"name": "c"}]}});
-        let out = server_side_apply(Some(&live), &second, "m", false, "Thing", false).expect("apply");
+        let out =
+            server_side_apply(Some(&live), &second, "m", false, "Thing", false).expect("apply");
         assert_eq!(out["spec"]["items"], json!([{"name": "c"}]));
         // finalizers is a set: f1 (dropped by us) goes, f0 (not ours) stays, f2 is added.
         assert_eq!(out["metadata"]["finalizers"], json!(["f0", "f2"]));

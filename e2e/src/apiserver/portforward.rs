@@ -44,7 +44,9 @@ pub enum PortForwardError {
 pub fn parse_ports(query: &str) -> Result<Vec<u16>, PortForwardError> {
     let mut ports = Vec::new();
     for pair in query.split('&') {
-        let Some((key, value)) = pair.split_once('=') else { continue };
+        let Some((key, value)) = pair.split_once('=') else {
+            continue;
+        };
         if key != "ports" {
             continue;
         }
@@ -112,7 +114,11 @@ pub async fn serve(mut ws: WebSocket, target: IpAddr, ports: Vec<u16>) {
     }
     for (i, port) in ports.iter().enumerate() {
         for ch in [data_channel(i), error_channel(i)] {
-            if ws.send(Message::Binary(init_frame(ch, *port).into())).await.is_err() {
+            if ws
+                .send(Message::Binary(init_frame(ch, *port).into()))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -154,8 +160,16 @@ pub async fn serve(mut ws: WebSocket, target: IpAddr, ports: Vec<u16>) {
             }
             Err(e) => {
                 writers.push(None);
-                let msg = format!("error forwarding port {port} to pod at {addr}: failed to connect: {e}");
-                if ws.send(Message::Binary(encode_frame(error_channel(i), msg.as_bytes()).into())).await.is_err() {
+                let msg = format!(
+                    "error forwarding port {port} to pod at {addr}: failed to connect: {e}"
+                );
+                if ws
+                    .send(Message::Binary(
+                        encode_frame(error_channel(i), msg.as_bytes()).into(),
+                    ))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -183,14 +197,12 @@ pub async fn serve(mut ws: WebSocket, target: IpAddr, ports: Vec<u16>) {
                             // Unknown channel: a protocol error, as upstream treats it.
                             break;
                         };
-                        if let Some(w) = slot {
-                            if let Err(e) = w.write_all(payload).await {
-                                let msg = format!("error forwarding port {}: {e}", ports[index]);
-                                *slot = None;
-                                let frame = encode_frame(error_channel(index), msg.as_bytes());
-                                if ws.send(Message::Binary(frame.into())).await.is_err() {
-                                    break;
-                                }
+                        if let Some(w) = slot && let Err(e) = w.write_all(payload).await {
+                            let msg = format!("error forwarding port {}: {e}", ports[index]);
+                            *slot = None;
+                            let frame = encode_frame(error_channel(index), msg.as_bytes());
+                            if ws.send(Message::Binary(frame.into())).await.is_err() {
+                                break;
                             }
                         }
                     }
@@ -240,7 +252,15 @@ mod tests {
         assert_eq!(encode_frame(2, b"hi"), vec![2, b'h', b'i']);
         assert_eq!(decode_frame(&[4, 1, 2]), Some((4, &[1u8, 2][..])));
         assert_eq!(decode_frame(&[]), None);
-        assert_eq!((data_channel(0), error_channel(0), data_channel(2), error_channel(2)), (0, 1, 4, 5));
+        assert_eq!(
+            (
+                data_channel(0),
+                error_channel(0),
+                data_channel(2),
+                error_channel(2)
+            ),
+            (0, 1, 4, 5)
+        );
     }
 
     #[test]
@@ -249,13 +269,21 @@ mod tests {
         assert_eq!(parse_ports("&ports=80&ports=2379"), Ok(vec![80, 2379]));
         assert_eq!(parse_ports("ports=80,1234&x=y"), Ok(vec![80, 1234]));
         assert_eq!(parse_ports(""), Err(PortForwardError::NoPorts));
-        assert_eq!(parse_ports("ports=0"), Err(PortForwardError::InvalidPort("0".into())));
-        assert_eq!(parse_ports("ports=http"), Err(PortForwardError::InvalidPort("http".into())));
+        assert_eq!(
+            parse_ports("ports=0"),
+            Err(PortForwardError::InvalidPort("0".into()))
+        );
+        assert_eq!(
+            parse_ports("ports=http"),
+            Err(PortForwardError::InvalidPort("http".into()))
+        );
     }
 
     /// A TCP echo server on loopback; returns its port.
     async fn echo_server() -> u16 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind echo");
         let port = listener.local_addr().expect("addr").port();
         tokio::spawn(async move {
             while let Ok((mut sock, _)) = listener.accept().await {
@@ -281,7 +309,9 @@ mod tests {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -291,21 +321,32 @@ mod tests {
 
     async fn connect(
         url: &str,
-    ) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    ) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>
+    {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let mut req = url.into_client_request().expect("request");
-        req.headers_mut()
-            .insert("Sec-WebSocket-Protocol", "v5.channel.k8s.io, v4.channel.k8s.io".parse().expect("header"));
-        let (ws, resp) = tokio_tungstenite::connect_async(req).await.expect("websocket connects");
+        req.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            "v5.channel.k8s.io, v4.channel.k8s.io"
+                .parse()
+                .expect("header"),
+        );
+        let (ws, resp) = tokio_tungstenite::connect_async(req)
+            .await
+            .expect("websocket connects");
         assert_eq!(
-            resp.headers().get("Sec-WebSocket-Protocol").and_then(|v| v.to_str().ok()),
+            resp.headers()
+                .get("Sec-WebSocket-Protocol")
+                .and_then(|v| v.to_str().ok()),
             Some("v4.channel.k8s.io")
         );
         ws
     }
 
     async fn next_binary(
-        ws: &mut tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+        ws: &mut tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
     ) -> Vec<u8> {
         loop {
             match ws.next().await {
@@ -324,7 +365,9 @@ mod tests {
         let mut ws = connect(&url).await;
         assert_eq!(next_binary(&mut ws).await, init_frame(0, echo));
         assert_eq!(next_binary(&mut ws).await, init_frame(1, echo));
-        ws.send(WsMessage::Binary(encode_frame(0, b"hello").into())).await.expect("send");
+        ws.send(WsMessage::Binary(encode_frame(0, b"hello").into()))
+            .await
+            .expect("send");
         let mut got = Vec::new();
         while got.len() < 5 {
             let frame = next_binary(&mut ws).await;
@@ -339,7 +382,9 @@ mod tests {
     async fn refused_connections_are_reported_on_the_error_channel() {
         // A port nothing listens on: bind, note the port, close.
         let closed = {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
             l.local_addr().expect("addr").port()
         };
         let echo = echo_server().await;
@@ -349,14 +394,27 @@ mod tests {
         for _ in 0..4 {
             inits.push(next_binary(&mut ws).await);
         }
-        assert_eq!(inits, vec![init_frame(0, echo), init_frame(1, echo), init_frame(2, closed), init_frame(3, closed)]);
+        assert_eq!(
+            inits,
+            vec![
+                init_frame(0, echo),
+                init_frame(1, echo),
+                init_frame(2, closed),
+                init_frame(3, closed)
+            ]
+        );
         let frame = next_binary(&mut ws).await;
         let (ch, payload) = decode_frame(&frame).expect("frame");
         assert_eq!(ch, 3, "error channel of the second port");
         let text = String::from_utf8_lossy(payload);
-        assert!(text.contains(&format!("error forwarding port {closed}")), "{text}");
+        assert!(
+            text.contains(&format!("error forwarding port {closed}")),
+            "{text}"
+        );
         // The first port still works.
-        ws.send(WsMessage::Binary(encode_frame(0, b"ok").into())).await.expect("send");
+        ws.send(WsMessage::Binary(encode_frame(0, b"ok").into()))
+            .await
+            .expect("send");
         let mut got = Vec::new();
         while got.len() < 2 {
             let frame = next_binary(&mut ws).await;

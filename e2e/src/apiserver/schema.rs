@@ -179,7 +179,10 @@ struct Compiler {
 }
 
 fn schema_err<T>(path: &str, message: impl Into<String>) -> Result<T, SchemaError> {
-    Err(SchemaError { path: path.to_string(), message: message.into() })
+    Err(SchemaError {
+        path: path.to_string(),
+        message: message.into(),
+    })
 }
 
 fn u64_at(map: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64>, SchemaError> {
@@ -211,8 +214,7 @@ impl Compiler {
         let Value::Object(map) = value else {
             return schema_err(path, "a schema must be an object");
         };
-        let mut node = Node::default();
-        node.ty = match map.get("type").and_then(Value::as_str) {
+        let ty = match map.get("type").and_then(Value::as_str) {
             None | Some("") => None,
             Some("object") => Some(Ty::Object),
             Some("array") => Some(Ty::Array),
@@ -222,8 +224,15 @@ impl Compiler {
             Some("boolean") => Some(Ty::Boolean),
             Some(other) => return schema_err(path, format!("unsupported type {other:?}")),
         };
+        let mut node = Node {
+            ty,
+            ..Node::default()
+        };
         node.nullable = bool_at(map, "nullable");
-        node.format = map.get("format").and_then(Value::as_str).map(str::to_string);
+        node.format = map
+            .get("format")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         node.enum_values = map.get("enum").and_then(Value::as_array).cloned();
         node.minimum = f64_at(map, "minimum", path)?;
         node.maximum = f64_at(map, "maximum", path)?;
@@ -240,13 +249,20 @@ impl Compiler {
         if let Some(p) = map.get("pattern").and_then(Value::as_str) {
             match LazyRegex::new(p) {
                 Ok(re) => node.pattern = Some(re),
-                Err(e) => self.skipped.push(format!("{path}: pattern {p:?} not enforced: {e}")),
+                Err(e) => self
+                    .skipped
+                    .push(format!("{path}: pattern {p:?} not enforced: {e}")),
             }
         }
         node.required = map
             .get("required")
             .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|r| {
+                r.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         if let Some(props) = map.get("properties") {
             let Value::Object(props) = props else {
@@ -261,7 +277,9 @@ impl Compiler {
         node.additional = match map.get("additionalProperties") {
             None | Some(Value::Null) => None,
             Some(Value::Bool(b)) => Some(Additional::Allowed(*b)),
-            Some(v) => Some(Additional::Schema(Box::new(self.node(v, &format!("{path}[*]"))?))),
+            Some(v) => Some(Additional::Schema(Box::new(
+                self.node(v, &format!("{path}[*]"))?,
+            ))),
         };
         if let Some(items) = map.get("items") {
             node.items = Some(Box::new(self.node(items, &format!("{path}[*]"))?));
@@ -277,16 +295,33 @@ impl Compiler {
                 let keys: Vec<String> = map
                     .get("x-kubernetes-list-map-keys")
                     .and_then(Value::as_array)
-                    .map(|k| k.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                    .map(|k| {
+                        k.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if keys.is_empty() {
-                    return schema_err(path, "x-kubernetes-list-type map requires x-kubernetes-list-map-keys");
+                    return schema_err(
+                        path,
+                        "x-kubernetes-list-type map requires x-kubernetes-list-map-keys",
+                    );
                 }
                 Some(ListType::Map(keys.into()))
             }
-            Some(other) => return schema_err(path, format!("unsupported x-kubernetes-list-type {other:?}")),
+            Some(other) => {
+                return schema_err(
+                    path,
+                    format!("unsupported x-kubernetes-list-type {other:?}"),
+                );
+            }
         };
-        for (key, target) in [("allOf", &mut node.all_of), ("anyOf", &mut node.any_of), ("oneOf", &mut node.one_of)] {
+        for (key, target) in [
+            ("allOf", &mut node.all_of),
+            ("anyOf", &mut node.any_of),
+            ("oneOf", &mut node.one_of),
+        ] {
             if let Some(list) = map.get(key).and_then(Value::as_array) {
                 for (i, sub) in list.iter().enumerate() {
                     target.push(self.node(sub, &format!("{path}.{key}[{i}]"))?);
@@ -297,13 +332,22 @@ impl Compiler {
             node.not = Some(Box::new(self.node(not, &format!("{path}.not"))?));
         }
         node.default = map.get("default").cloned();
-        if let Some(rules) = map.get("x-kubernetes-validations").and_then(Value::as_array) {
+        if let Some(rules) = map
+            .get("x-kubernetes-validations")
+            .and_then(Value::as_array)
+        {
             for entry in rules {
                 match Rule::compile(entry) {
                     Ok(rule) => node.rules.push(rule),
                     Err(e) => {
-                        let src = entry.get("rule").and_then(Value::as_str).unwrap_or("<missing>");
-                        self.skipped.push(format!("{}: {src}: {e}", if path.is_empty() { "<root>" } else { path }));
+                        let src = entry
+                            .get("rule")
+                            .and_then(Value::as_str)
+                            .unwrap_or("<missing>");
+                        self.skipped.push(format!(
+                            "{}: {src}: {e}",
+                            if path.is_empty() { "<root>" } else { path }
+                        ));
                     }
                 }
             }
@@ -313,7 +357,11 @@ impl Compiler {
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn index(path: &str, i: usize) -> String {
@@ -347,7 +395,9 @@ fn json_type(value: &Value) -> &'static str {
 
 fn is_integer(value: &Value) -> bool {
     match value {
-        Value::Number(n) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0),
+        Value::Number(n) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         _ => false,
     }
 }
@@ -376,8 +426,13 @@ struct Errors {
 impl Errors {
     fn push(&mut self, kind: FieldErrorKind, field: &str, value: Option<Value>, detail: &str) {
         let body = match (kind, &value) {
-            (FieldErrorKind::Required | FieldErrorKind::Forbidden | FieldErrorKind::TooLong, _) | (_, None) => {
-                if detail.is_empty() { kind.label().to_string() } else { format!("{}: {detail}", kind.label()) }
+            (FieldErrorKind::Required | FieldErrorKind::Forbidden | FieldErrorKind::TooLong, _)
+            | (_, None) => {
+                if detail.is_empty() {
+                    kind.label().to_string()
+                } else {
+                    format!("{}: {detail}", kind.label())
+                }
             }
             (_, Some(v)) => {
                 if detail.is_empty() {
@@ -389,8 +444,17 @@ impl Errors {
         };
         // A nil field.Path (rules on the root) prints as `<nil>` upstream.
         let field = if field.is_empty() { "<nil>" } else { field };
-        let err = FieldError { kind, field: field.to_string(), value, detail: body };
-        if self.in_rules { self.cel.push(err) } else { self.out.push(err) }
+        let err = FieldError {
+            kind,
+            field: field.to_string(),
+            value,
+            detail: body,
+        };
+        if self.in_rules {
+            self.cel.push(err)
+        } else {
+            self.out.push(err)
+        }
     }
 
     /// kube-openapi's generic form: `Invalid value: <v>: <path> in body <msg>`.
@@ -400,7 +464,12 @@ impl Errors {
     }
 
     fn in_body(&mut self, field: &str, value: &Value, msg: &str) {
-        self.push(FieldErrorKind::Invalid, field, Some(value.clone()), &format!("{field} in body {msg}"));
+        self.push(
+            FieldErrorKind::Invalid,
+            field,
+            Some(value.clone()),
+            &format!("{field} in body {msg}"),
+        );
     }
 }
 
@@ -416,14 +485,18 @@ fn check_format(format: &str, s: &str) -> bool {
             let b = s.as_bytes();
             b.len() == 36
                 && b.iter().enumerate().all(|(i, c)| {
-                    if matches!(i, 8 | 13 | 18 | 23) { *c == b'-' } else { c.is_ascii_hexdigit() }
+                    if matches!(i, 8 | 13 | 18 | 23) {
+                        *c == b'-'
+                    } else {
+                        c.is_ascii_hexdigit()
+                    }
                 })
         }
         "ipv4" => s.parse::<std::net::Ipv4Addr>().is_ok(),
         "ipv6" => s.parse::<std::net::Ipv6Addr>().is_ok(),
-        "cidr" => s
-            .split_once('/')
-            .is_some_and(|(ip, p)| ip.parse::<std::net::IpAddr>().is_ok() && p.parse::<u8>().is_ok_and(|p| p <= 128)),
+        "cidr" => s.split_once('/').is_some_and(|(ip, p)| {
+            ip.parse::<std::net::IpAddr>().is_ok() && p.parse::<u8>().is_ok_and(|p| p <= 128)
+        }),
         "hostname" => {
             !s.is_empty()
                 && s.len() <= 253
@@ -435,13 +508,21 @@ fn check_format(format: &str, s: &str) -> bool {
                         && !l.ends_with('-')
                 })
         }
-        "email" => s.split_once('@').is_some_and(|(a, b)| !a.is_empty() && b.contains('.')),
+        "email" => s
+            .split_once('@')
+            .is_some_and(|(a, b)| !a.is_empty() && b.contains('.')),
         "duration" => {
-            let re_ok = s.chars().next().is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+');
+            let re_ok = s
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+');
             re_ok && s.chars().any(|c| c.is_ascii_alphabetic())
         }
         "uri" => s.split_once(':').is_some_and(|(scheme, _)| {
-            !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
         }),
         _ => true,
     }
@@ -449,13 +530,19 @@ fn check_format(format: &str, s: &str) -> bool {
 
 /// The old value correlated with a list item, as upstream correlates them
 /// (map lists by keys, set lists by value, atomic lists not at all).
-fn correlate_item<'a>(list_type: Option<&ListType>, item: &Value, old: Option<&'a Value>) -> Option<&'a Value> {
+fn correlate_item<'a>(
+    list_type: Option<&ListType>,
+    item: &Value,
+    old: Option<&'a Value>,
+) -> Option<&'a Value> {
     let old = old?.as_array()?;
     match list_type? {
         ListType::Atomic => None,
         ListType::Set => old.iter().find(|o| *o == item),
         ListType::Map(keys) => {
-            let key_of = |v: &Value| -> Vec<Option<Value>> { keys.iter().map(|k| v.get(k).cloned()).collect() };
+            let key_of = |v: &Value| -> Vec<Option<Value>> {
+                keys.iter().map(|k| v.get(k).cloned()).collect()
+            };
             let want = key_of(item);
             old.iter().find(|o| key_of(o) == want)
         }
@@ -487,16 +574,21 @@ impl Node {
                 CelValue::List(Arc::new(converted), kind)
             }
             Value::Object(map) => {
-                let out: BTreeMap<String, CelValue> = map
-                    .iter()
-                    .map(|(k, v)| {
-                        let child = self.properties.as_ref().and_then(|p| p.get(k)).or(match &self.additional {
-                            Some(Additional::Schema(s)) => Some(s.as_ref()),
-                            _ => None,
-                        });
-                        (k.clone(), child.map_or_else(|| CelValue::from_json(v), |n| n.to_cel(v)))
-                    })
-                    .collect();
+                let out: BTreeMap<String, CelValue> =
+                    map.iter()
+                        .map(|(k, v)| {
+                            let child = self.properties.as_ref().and_then(|p| p.get(k)).or(
+                                match &self.additional {
+                                    Some(Additional::Schema(s)) => Some(s.as_ref()),
+                                    _ => None,
+                                },
+                            );
+                            (
+                                k.clone(),
+                                child.map_or_else(|| CelValue::from_json(v), |n| n.to_cel(v)),
+                            )
+                        })
+                        .collect();
                 CelValue::Map(Arc::new(out))
             }
             other => CelValue::from_json(other),
@@ -539,10 +631,11 @@ impl Node {
             Value::Array(items) => {
                 if let Some(item_node) = &self.items {
                     for item in items.iter_mut() {
-                        if item.is_null() && !item_node.nullable {
-                            if let Some(d) = &item_node.default {
-                                *item = d.clone();
-                            }
+                        if item.is_null()
+                            && !item_node.nullable
+                            && let Some(d) = &item_node.default
+                        {
+                            *item = d.clone();
                         }
                         item_node.default_into(item);
                     }
@@ -555,10 +648,12 @@ impl Node {
     fn prune_into(&self, value: &mut Value, path: &str, root: bool, removed: &mut Vec<String>) {
         match value {
             Value::Object(map) => {
-                let keep_unknown = self.preserve_unknown || matches!(self.additional, Some(Additional::Allowed(true)));
+                let keep_unknown = self.preserve_unknown
+                    || matches!(self.additional, Some(Additional::Allowed(true)));
                 let mut drop = Vec::new();
                 for (k, v) in map.iter_mut() {
-                    let meta_key = (root || self.embedded) && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
+                    let meta_key = (root || self.embedded)
+                        && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
                     if root && k == "metadata" {
                         continue;
                     }
@@ -590,12 +685,19 @@ impl Node {
     /// Validate `value` at `path`. `old` is the correlated old value on
     /// update (None on create or when nothing correlates); `update` says
     /// whether this is an update at all.
-    fn validate(&self, value: &Value, old: Option<&Value>, path: &str, root: bool, errs: &mut Errors) {
-        if let Some(o) = old {
-            if o == value {
-                // Ratcheting: unchanged values are not validated again.
-                return;
-            }
+    fn validate(
+        &self,
+        value: &Value,
+        old: Option<&Value>,
+        path: &str,
+        root: bool,
+        errs: &mut Errors,
+    ) {
+        if let Some(o) = old
+            && o == value
+        {
+            // Ratcheting: unchanged values are not validated again.
+            return;
         }
         if value.is_null() {
             if self.nullable {
@@ -617,21 +719,24 @@ impl Node {
                     FieldErrorKind::TypeInvalid,
                     path,
                     Some(Value::String(json_type(value).into())),
-                    &format!("{path} in body must be of type integer,string: {}", render(&Value::String(json_type(value).into()))),
+                    &format!(
+                        "{path} in body must be of type integer,string: {}",
+                        render(&Value::String(json_type(value).into()))
+                    ),
                 );
                 return;
             }
-        } else if let Some(ty) = self.ty {
-            if !type_matches(ty, value) {
-                let actual = json_type(value);
-                errs.push(
-                    FieldErrorKind::TypeInvalid,
-                    path,
-                    Some(Value::String(actual.into())),
-                    &format!("{path} in body must be of type {}: {actual:?}", ty.name()),
-                );
-                return;
-            }
+        } else if let Some(ty) = self.ty
+            && !type_matches(ty, value)
+        {
+            let actual = json_type(value);
+            errs.push(
+                FieldErrorKind::TypeInvalid,
+                path,
+                Some(Value::String(actual.into())),
+                &format!("{path} in body must be of type {}: {actual:?}", ty.name()),
+            );
+            return;
         }
         self.validate_value(value, path, errs);
         // CEL rules run unless the value has the wrong type (returned above),
@@ -646,104 +751,143 @@ impl Node {
 
     /// enum, format, bounds, lengths, pattern, and the value-validation combinators.
     fn validate_value(&self, value: &Value, path: &str, errs: &mut Errors) {
-        if let Some(allowed) = &self.enum_values {
-            if !allowed.iter().any(|a| a == value) {
-                let list: Vec<String> = allowed.iter().map(render).collect();
-                errs.push(
-                    FieldErrorKind::NotSupported,
-                    path,
-                    Some(value.clone()),
-                    &format!("supported values: {}", list.join(", ")),
-                );
-            }
+        if let Some(allowed) = &self.enum_values
+            && !allowed.iter().any(|a| a == value)
+        {
+            let list: Vec<String> = allowed.iter().map(render).collect();
+            errs.push(
+                FieldErrorKind::NotSupported,
+                path,
+                Some(value.clone()),
+                &format!("supported values: {}", list.join(", ")),
+            );
         }
         if let Value::String(s) = value {
-            if let Some(max) = self.max_length {
-                if s.chars().count() as u64 > max {
-                    errs.push(
-                        FieldErrorKind::TooLong,
-                        path,
-                        Some(value.clone()),
-                        &format!("may not be more than {max} {}", if max == 1 { "byte" } else { "bytes" }),
-                    );
-                }
+            if let Some(max) = self.max_length
+                && s.chars().count() as u64 > max
+            {
+                errs.push(
+                    FieldErrorKind::TooLong,
+                    path,
+                    Some(value.clone()),
+                    &format!(
+                        "may not be more than {max} {}",
+                        if max == 1 { "byte" } else { "bytes" }
+                    ),
+                );
             }
-            if let Some(min) = self.min_length {
-                if (s.chars().count() as u64) < min {
-                    errs.in_body(path, value, &format!("should be at least {min} chars long"));
-                }
+            if let Some(min) = self.min_length
+                && (s.chars().count() as u64) < min
+            {
+                errs.in_body(path, value, &format!("should be at least {min} chars long"));
             }
             if let Some(re) = &self.pattern {
                 match re.is_match(s) {
                     Ok(true) => {}
-                    Ok(false) => errs.in_body(path, value, &format!("should match '{}'", re.as_str())),
-                    Err(e) => errs.in_body(path, value, &format!("pattern '{}' cannot be evaluated: {e}", re.as_str())),
+                    Ok(false) => {
+                        errs.in_body(path, value, &format!("should match '{}'", re.as_str()))
+                    }
+                    Err(e) => errs.in_body(
+                        path,
+                        value,
+                        &format!("pattern '{}' cannot be evaluated: {e}", re.as_str()),
+                    ),
                 }
             }
-            if let Some(format) = &self.format {
-                if !check_format(format, s) {
-                    errs.in_body(path, value, &format!("must be of type {format}: {}", render(value)));
-                }
+            if let Some(format) = &self.format
+                && !check_format(format, s)
+            {
+                errs.in_body(
+                    path,
+                    value,
+                    &format!("must be of type {format}: {}", render(value)),
+                );
             }
         }
         if let Some(n) = value.as_f64() {
-            if let Some(min) = self.minimum {
-                if (self.exclusive_minimum && n <= min) || n < min {
-                    let rel = if self.exclusive_minimum { "greater than" } else { "greater than or equal to" };
-                    errs.in_body(path, value, &format!("should be {rel} {}", trim_float(min)));
-                }
+            if let Some(min) = self.minimum
+                && ((self.exclusive_minimum && n <= min) || n < min)
+            {
+                let rel = if self.exclusive_minimum {
+                    "greater than"
+                } else {
+                    "greater than or equal to"
+                };
+                errs.in_body(path, value, &format!("should be {rel} {}", trim_float(min)));
             }
-            if let Some(max) = self.maximum {
-                if (self.exclusive_maximum && n >= max) || n > max {
-                    let rel = if self.exclusive_maximum { "less than" } else { "less than or equal to" };
-                    errs.in_body(path, value, &format!("should be {rel} {}", trim_float(max)));
-                }
+            if let Some(max) = self.maximum
+                && ((self.exclusive_maximum && n >= max) || n > max)
+            {
+                let rel = if self.exclusive_maximum {
+                    "less than"
+                } else {
+                    "less than or equal to"
+                };
+                errs.in_body(path, value, &format!("should be {rel} {}", trim_float(max)));
             }
-            if let Some(m) = self.multiple_of {
-                if m != 0.0 && (n / m).fract().abs() > f64::EPSILON {
-                    errs.in_body(path, value, &format!("should be a multiple of {}", trim_float(m)));
-                }
+            if let Some(m) = self.multiple_of
+                && m != 0.0
+                && (n / m).fract().abs() > f64::EPSILON
+            {
+                errs.in_body(
+                    path,
+                    value,
+                    &format!("should be a multiple of {}", trim_float(m)),
+                );
             }
         }
         if let Value::Array(items) = value {
-            if let Some(max) = self.max_items {
-                if items.len() as u64 > max {
-                    errs.push(
-                        FieldErrorKind::TooMany,
-                        path,
-                        Some(Value::from(items.len())),
-                        &format!("must have at most {max} items"),
-                    );
-                }
+            if let Some(max) = self.max_items
+                && items.len() as u64 > max
+            {
+                errs.push(
+                    FieldErrorKind::TooMany,
+                    path,
+                    Some(Value::from(items.len())),
+                    &format!("must have at most {max} items"),
+                );
             }
-            if let Some(min) = self.min_items {
-                if (items.len() as u64) < min {
-                    errs.in_body(path, &Value::from(items.len()), &format!("should have at least {min} items"));
-                }
+            if let Some(min) = self.min_items
+                && (items.len() as u64) < min
+            {
+                errs.in_body(
+                    path,
+                    &Value::from(items.len()),
+                    &format!("should have at least {min} items"),
+                );
             }
             if self.unique_items {
                 for (i, item) in items.iter().enumerate() {
                     if items[..i].contains(item) {
-                        errs.push(FieldErrorKind::Duplicate, &index(path, i), Some(item.clone()), "");
+                        errs.push(
+                            FieldErrorKind::Duplicate,
+                            &index(path, i),
+                            Some(item.clone()),
+                            "",
+                        );
                     }
                 }
             }
         }
         if let Value::Object(map) = value {
-            if let Some(max) = self.max_properties {
-                if map.len() as u64 > max {
-                    errs.push(
-                        FieldErrorKind::TooMany,
-                        path,
-                        Some(Value::from(map.len())),
-                        &format!("must have at most {max} items"),
-                    );
-                }
+            if let Some(max) = self.max_properties
+                && map.len() as u64 > max
+            {
+                errs.push(
+                    FieldErrorKind::TooMany,
+                    path,
+                    Some(Value::from(map.len())),
+                    &format!("must have at most {max} items"),
+                );
             }
-            if let Some(min) = self.min_properties {
-                if (map.len() as u64) < min {
-                    errs.in_body(path, &Value::from(map.len()), &format!("should have at least {min} properties"));
-                }
+            if let Some(min) = self.min_properties
+                && (map.len() as u64) < min
+            {
+                errs.in_body(
+                    path,
+                    &Value::from(map.len()),
+                    &format!("should have at least {min} properties"),
+                );
             }
         }
         // Value validations: all of the sub-schema errors count for allOf;
@@ -763,27 +907,28 @@ impl Node {
                 errs.in_body(path, value, "must validate one and only one schema (oneOf)");
             }
         }
-        if let Some(not) = &self.not {
-            if not.passes(value, path) {
-                errs.in_body(path, value, "must not validate the schema (not)");
-            }
+        if let Some(not) = &self.not
+            && not.passes(value, path)
+        {
+            errs.in_body(path, value, "must not validate the schema (not)");
         }
     }
 
     /// Validation inside allOf/anyOf/oneOf/not: types, values, required and
     /// nested properties, without CEL rules.
     fn validate_combinator(&self, value: &Value, path: &str, errs: &mut Errors) {
-        if let Some(ty) = self.ty {
-            if !type_matches(ty, value) && !(value.is_null() && self.nullable) {
-                let actual = json_type(value);
-                errs.push(
-                    FieldErrorKind::TypeInvalid,
-                    path,
-                    Some(Value::String(actual.into())),
-                    &format!("{path} in body must be of type {}: {actual:?}", ty.name()),
-                );
-                return;
-            }
+        if let Some(ty) = self.ty
+            && !type_matches(ty, value)
+            && !(value.is_null() && self.nullable)
+        {
+            let actual = json_type(value);
+            errs.push(
+                FieldErrorKind::TypeInvalid,
+                path,
+                Some(Value::String(actual.into())),
+                &format!("{path} in body must be of type {}: {actual:?}", ty.name()),
+            );
+            return;
         }
         self.validate_value(value, path, errs);
         if let Value::Object(map) = value {
@@ -813,19 +958,37 @@ impl Node {
         scratch.out.is_empty()
     }
 
-    fn validate_object(&self, map: &Map<String, Value>, old: Option<&Value>, path: &str, root: bool, errs: &mut Errors) {
+    fn validate_object(
+        &self,
+        map: &Map<String, Value>,
+        old: Option<&Value>,
+        path: &str,
+        root: bool,
+        errs: &mut Errors,
+    ) {
         for r in &self.required {
             if root && matches!(r.as_str(), "apiVersion" | "kind" | "metadata") {
                 continue;
             }
-            if !map.contains_key(r) || (map.get(r).is_some_and(Value::is_null) && !self.nullable_prop(r)) {
+            if !map.contains_key(r)
+                || (map.get(r).is_some_and(Value::is_null) && !self.nullable_prop(r))
+            {
                 errs.push(FieldErrorKind::Required, &join(path, r), None, "");
             }
         }
         if self.embedded && !map.is_empty() {
             for k in ["apiVersion", "kind"] {
-                if !map.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-                    errs.push(FieldErrorKind::Required, &join(path, k), None, "must not be empty");
+                if map
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .is_none_or(|s| s.is_empty())
+                {
+                    errs.push(
+                        FieldErrorKind::Required,
+                        &join(path, k),
+                        None,
+                        "must not be empty",
+                    );
                 }
             }
         }
@@ -846,7 +1009,10 @@ impl Node {
     }
 
     fn nullable_prop(&self, key: &str) -> bool {
-        self.properties.as_ref().and_then(|p| p.get(key)).is_some_and(|p| p.nullable)
+        self.properties
+            .as_ref()
+            .and_then(|p| p.get(key))
+            .is_some_and(|p| p.nullable)
     }
 
     fn validate_array(&self, items: &[Value], old: Option<&Value>, path: &str, errs: &mut Errors) {
@@ -854,12 +1020,19 @@ impl Node {
             Some(ListType::Set) => {
                 for (i, item) in items.iter().enumerate() {
                     if items[..i].contains(item) {
-                        errs.push(FieldErrorKind::Duplicate, &index(path, i), Some(item.clone()), "");
+                        errs.push(
+                            FieldErrorKind::Duplicate,
+                            &index(path, i),
+                            Some(item.clone()),
+                            "",
+                        );
                     }
                 }
             }
             Some(ListType::Map(keys)) => {
-                let key_of = |v: &Value| -> Vec<Option<Value>> { keys.iter().map(|k| v.get(k).cloned()).collect() };
+                let key_of = |v: &Value| -> Vec<Option<Value>> {
+                    keys.iter().map(|k| v.get(k).cloned()).collect()
+                };
                 for (i, item) in items.iter().enumerate() {
                     let k = key_of(item);
                     if items[..i].iter().any(|o| key_of(o) == k) {
@@ -867,7 +1040,12 @@ impl Node {
                             .iter()
                             .filter_map(|name| item.get(name).map(|v| (name.clone(), v.clone())))
                             .collect();
-                        errs.push(FieldErrorKind::Duplicate, &index(path, i), Some(Value::Object(key_map)), "");
+                        errs.push(
+                            FieldErrorKind::Duplicate,
+                            &index(path, i),
+                            Some(Value::Object(key_map)),
+                            "",
+                        );
                     }
                 }
             }
@@ -892,7 +1070,11 @@ impl Node {
             let field = match &rule.field_path {
                 Some(fp) => {
                     let fp = fp.trim_start_matches('.');
-                    if path.is_empty() { fp.to_string() } else { format!("{path}.{fp}") }
+                    if path.is_empty() {
+                        fp.to_string()
+                    } else {
+                        format!("{path}.{fp}")
+                    }
                 }
                 None => path.to_string(),
             };
@@ -909,7 +1091,12 @@ impl Node {
                     errs.push(kind, &field, type_value, &message);
                 }
                 Verdict::Error(message) => {
-                    errs.push(FieldErrorKind::Invalid, &field, type_value, &format!("{}: {message}", rule.rule));
+                    errs.push(
+                        FieldErrorKind::Invalid,
+                        &field,
+                        type_value,
+                        &format!("{}: {message}", rule.rule),
+                    );
                 }
             }
         }
@@ -918,15 +1105,24 @@ impl Node {
 }
 
 fn trim_float(f: f64) -> String {
-    if f.fract() == 0.0 && f.abs() < 1e15 { format!("{}", f as i64) } else { f.to_string() }
+    if f.fract() == 0.0 && f.abs() < 1e15 {
+        format!("{}", f as i64)
+    } else {
+        f.to_string()
+    }
 }
 
 impl Schema {
     /// Compile `spec.versions[].schema.openAPIV3Schema`.
     pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, SchemaError> {
-        let mut compiler = Compiler { skipped: Vec::new() };
+        let mut compiler = Compiler {
+            skipped: Vec::new(),
+        };
         let root = compiler.node(open_api_v3_schema, "")?;
-        Ok(Schema { root: Arc::new(root), skipped: Arc::new(compiler.skipped) })
+        Ok(Schema {
+            root: Arc::new(root),
+            skipped: Arc::new(compiler.skipped),
+        })
     }
 
     /// Apply `default:` values in place, as the server does on create, update and read.
@@ -978,7 +1174,10 @@ impl Schema {
 fn strip_meta(v: &Value) -> Value {
     match v {
         Value::Object(map) => Value::Object(
-            map.iter().filter(|(k, _)| k.as_str() != "metadata").map(|(k, v)| (k.clone(), v.clone())).collect(),
+            map.iter()
+                .filter(|(k, _)| k.as_str() != "metadata")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         ),
         other => other.clone(),
     }
@@ -1042,9 +1241,16 @@ mod tests {
         schema.apply_defaults(&mut obj);
         assert_eq!(obj["spec"]["replicas"], 1);
         assert_eq!(obj["spec"]["mode"], "A");
-        assert_eq!(obj["spec"]["nested"], json!({"x": "dx"}), "defaults apply inside defaults");
+        assert_eq!(
+            obj["spec"]["nested"],
+            json!({"x": "dx"}),
+            "defaults apply inside defaults"
+        );
         assert_eq!(obj["spec"]["opt"], Value::Null, "nullable null is kept");
-        assert!(obj["spec"].get("when").is_none(), "non-nullable null without default is dropped");
+        assert!(
+            obj["spec"].get("when").is_none(),
+            "non-nullable null without default is dropped"
+        );
         assert_eq!(obj["metadata"], json!({"name": "n"}));
         assert!(obj.get("status").is_none(), "no default for status");
     }
@@ -1064,11 +1270,22 @@ mod tests {
         });
         let mut removed = schema.prune(&mut obj);
         removed.sort();
-        assert_eq!(removed, ["spec.entries[0].extra", "spec.free.known.b", "spec.junk", "spec.template.other"]);
+        assert_eq!(
+            removed,
+            [
+                "spec.entries[0].extra",
+                "spec.free.known.b",
+                "spec.junk",
+                "spec.template.other"
+            ]
+        );
         assert_eq!(obj["spec"]["free"]["anything"], json!({"deep": 1}));
         assert_eq!(obj["spec"]["template"]["kind"], "Pod");
         assert_eq!(obj["spec"]["template"]["spec"], json!({"x": 1}));
-        assert_eq!(obj["metadata"]["whatever"], 1, "metadata is left to the caller");
+        assert_eq!(
+            obj["metadata"]["whatever"], 1,
+            "metadata is left to the caller"
+        );
     }
 
     #[test]
@@ -1100,13 +1317,25 @@ mod tests {
         }
         assert_eq!(got.len(), want.len(), "{got:#?}");
         // Schema errors first, CEL errors after them, as upstream concatenates them.
-        assert_eq!(got.last().map(String::as_str), Some("spec.replicas: Invalid value: \"object\": 3 replicas need mode B"));
+        assert_eq!(
+            got.last().map(String::as_str),
+            Some("spec.replicas: Invalid value: \"object\": 3 replicas need mode B")
+        );
 
-        let errs = schema.validate_create(&json!({"spec": {"opt": "forbidden", "replicas": 1, "mode": "A"}}));
-        assert_eq!(msgs(&errs), ["spec.name: Required value", "spec: Forbidden: opt is forbidden"]);
+        let errs = schema
+            .validate_create(&json!({"spec": {"opt": "forbidden", "replicas": 1, "mode": "A"}}));
+        assert_eq!(
+            msgs(&errs),
+            [
+                "spec.name: Required value",
+                "spec: Forbidden: opt is forbidden"
+            ]
+        );
         assert_eq!(errs[1].kind, FieldErrorKind::Forbidden);
         assert_eq!(
-            msgs(&schema.validate_create(&json!({"spec": {"name": "ab", "replicas": 1, "mode": "A", "tags": []}}))),
+            msgs(&schema.validate_create(
+                &json!({"spec": {"name": "ab", "replicas": 1, "mode": "A", "tags": []}})
+            )),
             ["spec.tags: Invalid value: 0: spec.tags in body should have at least 1 items"]
         );
         assert_eq!(
@@ -1116,7 +1345,12 @@ mod tests {
         assert!(schema.validate_create(&json!({"spec": {"name": "ab", "replicas": 1, "mode": "A", "port": "http", "when": "2024-01-01T00:00:00Z", "opt": null}})).is_empty());
         // A rule that cannot be evaluated (missing field, no defaults applied) is an error, as upstream.
         let got = msgs(&schema.validate_create(&json!({"spec": {"name": "ab"}})));
-        assert_eq!(got, ["spec.replicas: Invalid value: \"object\": self.replicas <= 2 || self.mode == 'B': no such key: replicas"]);
+        assert_eq!(
+            got,
+            [
+                "spec.replicas: Invalid value: \"object\": self.replicas <= 2 || self.mode == 'B': no such key: replicas"
+            ]
+        );
     }
 
     #[test]
@@ -1124,7 +1358,10 @@ mod tests {
         let schema = sample();
         let skipped = schema.skipped_rules();
         assert_eq!(skipped.len(), 1, "{skipped:?}");
-        assert!(skipped[0].starts_with("spec: self.unknownFunction(): undeclared reference"), "{skipped:?}");
+        assert!(
+            skipped[0].starts_with("spec: self.unknownFunction(): undeclared reference"),
+            "{skipped:?}"
+        );
     }
 
     #[test]
@@ -1142,21 +1379,34 @@ mod tests {
             }}}
         }));
         let old = json!({"metadata": {"resourceVersion": "1"}, "spec": {"id": "a", "items": [{"k": "1", "v": "x"}], "bad": "toolong"}});
-        assert!(schema.validate_create(&json!({"spec": {"id": "a"}})).is_empty());
+        assert!(
+            schema
+                .validate_create(&json!({"spec": {"id": "a"}}))
+                .is_empty()
+        );
         // Unchanged invalid values are ratcheted; a reordered map list still correlates by key.
         let new = json!({"metadata": {"resourceVersion": "2"}, "spec": {"id": "a", "items": [{"k": "2", "v": "y"}, {"k": "1", "v": "x"}], "bad": "toolong"}});
-        assert!(schema.validate_update(&old, &new).is_empty(), "{:?}", msgs(&schema.validate_update(&old, &new)));
+        assert!(
+            schema.validate_update(&old, &new).is_empty(),
+            "{:?}",
+            msgs(&schema.validate_update(&old, &new))
+        );
         let new = json!({"spec": {"id": "b", "items": [{"k": "1", "v": "z"}], "bad": "toolong"}});
         assert_eq!(
             msgs(&schema.validate_update(&old, &new)),
-            ["spec.id: Invalid value: \"string\": id is immutable", "spec.items[0].v: Invalid value: \"string\": v is immutable"]
+            [
+                "spec.id: Invalid value: \"string\": id is immutable",
+                "spec.items[0].v: Invalid value: \"string\": v is immutable"
+            ]
         );
     }
 
     #[test]
     fn invalid_schemas_are_rejected() {
         assert!(Schema::compile(&json!({"type": "frob"})).is_err());
-        assert!(Schema::compile(&json!({"type": "array", "x-kubernetes-list-type": "map"})).is_err());
+        assert!(
+            Schema::compile(&json!({"type": "array", "x-kubernetes-list-type": "map"})).is_err()
+        );
         assert!(Schema::compile(&json!("x")).is_err());
     }
 }

@@ -11,9 +11,12 @@ use super::resources::ResourceType;
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// etcd did not answer in time.
+    #[error("etcd request timed out: {0}")]
+    Timeout(#[source] etcd_client::Error),
     /// The etcd request failed.
     #[error("etcd request failed: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(#[source] etcd_client::Error),
     /// A stored value is not a JSON object.
     #[error("stored value at {key} is not valid JSON: {source}")]
     Decode {
@@ -49,6 +52,7 @@ pub struct Page {
 #[derive(Clone)]
 pub struct Store {
     client: Client,
+    watch_client: Client,
     prefix: String,
 }
 
@@ -62,6 +66,20 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
         }
     }
     vec![0]
+}
+
+impl From<etcd_client::Error> for StoreError {
+    fn from(e: etcd_client::Error) -> StoreError {
+        let text = e.to_string().to_lowercase();
+        if text.contains("timeout expired")
+            || text.contains("deadline")
+            || text.contains("timed out")
+        {
+            StoreError::Timeout(e)
+        } else {
+            StoreError::Etcd(e)
+        }
+    }
 }
 
 fn is_compacted(e: &etcd_client::Error) -> bool {
@@ -99,15 +117,17 @@ pub fn decode(key: &str, value: &[u8], mod_revision: i64) -> Result<Stored, Stor
 }
 
 impl Store {
-    pub fn new(client: Client, prefix: &str) -> Store {
+    pub fn new(client: Client, watch_client: Client, prefix: &str) -> Store {
         Store {
             client,
+            watch_client,
             prefix: prefix.trim_end_matches('/').to_string(),
         }
     }
 
-    pub fn client(&self) -> Client {
-        self.client.clone()
+    /// The client for watches (no request timeout).
+    pub fn watch_client(&self) -> Client {
+        self.watch_client.clone()
     }
 
     /// `<prefix>/<resource>/` or `<prefix>/<resource>/<ns>/`.

@@ -92,7 +92,7 @@ pub(crate) async fn watch(inner: Arc<Inner>, p: WatchParams) -> Result<Response,
         n + 1
     };
     let (tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, Infallible>>(64);
-    let mut client = inner.store.client();
+    let mut client = inner.store.watch_client();
     let opts = WatchOptions::new()
         .with_prefix()
         .with_start_revision(start)

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 
 use aws_sdk_route53::Client;
 use aws_sdk_route53::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_route53::types::{Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType};
+use aws_sdk_route53::types::{
+    Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType,
+};
 use serde_json::Value;
 
 use super::hypershift::{CLUSTER_ANNOTATION, HCP_LABEL};
@@ -28,12 +30,17 @@ pub struct ExternalDns {
 }
 
 fn r53_err(action: &str) -> impl FnOnce(String) -> OperatorError + '_ {
-    move |message| OperatorError::Route53 { action: action.to_string(), message }
+    move |message| OperatorError::Route53 {
+        action: action.to_string(),
+        message,
+    }
 }
 
 /// The owner TXT value (quoted, as stored in Route53).
 pub fn owner_txt(owner: &str, route_ns: &str, route_name: &str) -> String {
-    format!("\"heritage=external-dns,external-dns/owner={owner},external-dns/resource=route/{route_ns}/{route_name}\"")
+    format!(
+        "\"heritage=external-dns,external-dns/owner={owner},external-dns/resource=route/{route_ns}/{route_name}\""
+    )
 }
 
 /// The owner named in an external-dns TXT value, if it is one.
@@ -42,19 +49,38 @@ pub fn txt_owner(value: &str) -> Option<String> {
     if !v.starts_with("heritage=external-dns") {
         return None;
     }
-    v.split(',').find_map(|kv| kv.strip_prefix("external-dns/owner=").map(str::to_string))
+    v.split(',')
+        .find_map(|kv| kv.strip_prefix("external-dns/owner=").map(str::to_string))
 }
 
-fn record(name: &str, rr_type: RrType, values: &[String], ttl: Option<i64>) -> Result<ResourceRecordSet, OperatorError> {
-    let mut b = ResourceRecordSet::builder().name(name).r#type(rr_type).set_ttl(Some(ttl.unwrap_or(TTL)));
+fn record(
+    name: &str,
+    rr_type: RrType,
+    values: &[String],
+    ttl: Option<i64>,
+) -> Result<ResourceRecordSet, OperatorError> {
+    let mut b = ResourceRecordSet::builder()
+        .name(name)
+        .r#type(rr_type)
+        .set_ttl(Some(ttl.unwrap_or(TTL)));
     for v in values {
-        b = b.resource_records(ResourceRecord::builder().value(v).build().map_err(|e| r53_err("building record")(e.to_string()))?);
+        b = b.resource_records(
+            ResourceRecord::builder()
+                .value(v)
+                .build()
+                .map_err(|e| r53_err("building record")(e.to_string()))?,
+        );
     }
-    b.build().map_err(|e| r53_err("building record set")(e.to_string()))
+    b.build()
+        .map_err(|e| r53_err("building record set")(e.to_string()))
 }
 
 fn change(action: ChangeAction, rrs: ResourceRecordSet) -> Result<Change, OperatorError> {
-    Change::builder().action(action).resource_record_set(rrs).build().map_err(|e| r53_err("building change")(e.to_string()))
+    Change::builder()
+        .action(action)
+        .resource_record_set(rrs)
+        .build()
+        .map_err(|e| r53_err("building change")(e.to_string()))
 }
 
 /// A record set as listed: values and TTL.
@@ -76,27 +102,56 @@ impl ExternalDns {
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(cfg.region.clone()))
             .endpoint_url(&cfg.endpoint_url)
-            .credentials_provider(Credentials::new("sandbox", "sandbox", None, None, "hcp-dr-sandbox"))
+            .credentials_provider(Credentials::new(
+                "sandbox",
+                "sandbox",
+                None,
+                None,
+                "hcp-dr-sandbox",
+            ))
             .http_client(http)
             .build();
-        ExternalDns { client: Client::from_conf(conf), zone_id: cfg.zone_id.clone() }
+        ExternalDns {
+            client: Client::from_conf(conf),
+            zone_id: cfg.zone_id.clone(),
+        }
     }
 
     async fn list(&self) -> Result<HashMap<(String, String), Listed>, OperatorError> {
         let mut out = HashMap::new();
         let mut start: Option<(String, RrType)> = None;
         loop {
-            let mut req = self.client.list_resource_record_sets().hosted_zone_id(&self.zone_id);
+            let mut req = self
+                .client
+                .list_resource_record_sets()
+                .hosted_zone_id(&self.zone_id);
             if let Some((name, t)) = start.take() {
                 req = req.start_record_name(name).start_record_type(t);
             }
-            let page = req.send().await.map_err(|e| r53_err("ListResourceRecordSets")(format!("{e:?}")))?;
+            let page = req
+                .send()
+                .await
+                .map_err(|e| r53_err("ListResourceRecordSets")(format!("{e:?}")))?;
             for rrs in page.resource_record_sets() {
                 let name = rrs.name().trim_end_matches('.').to_string();
-                let values = rrs.resource_records().iter().map(|r| r.value().to_string()).collect();
-                out.insert((name, rrs.r#type().as_str().to_string()), Listed { values, ttl: rrs.ttl() });
+                let values = rrs
+                    .resource_records()
+                    .iter()
+                    .map(|r| r.value().to_string())
+                    .collect();
+                out.insert(
+                    (name, rrs.r#type().as_str().to_string()),
+                    Listed {
+                        values,
+                        ttl: rrs.ttl(),
+                    },
+                );
             }
-            match (page.is_truncated(), page.next_record_name(), page.next_record_type()) {
+            match (
+                page.is_truncated(),
+                page.next_record_name(),
+                page.next_record_type(),
+            ) {
                 (true, Some(n), Some(t)) => start = Some((n.to_string(), t.clone())),
                 _ => break,
             }
@@ -114,19 +169,38 @@ impl ExternalDns {
         let mut want = HashMap::new();
         let mut clusters: HashMap<String, Option<String>> = HashMap::new();
         for route in &routes {
-            let Some(host) = str_at(route, "/spec/host").filter(|h| !h.is_empty()) else { continue };
+            let Some(host) = str_at(route, "/spec/host").filter(|h| !h.is_empty()) else {
+                continue;
+            };
             let ns = ns_of(route).to_string();
             if !clusters.contains_key(&ns) {
-                let hcps = ctx.kube.list(&HOSTED_CONTROL_PLANE, Some(&ns), None).await?;
+                let hcps = ctx
+                    .kube
+                    .list(&HOSTED_CONTROL_PLANE, Some(&ns), None)
+                    .await?;
                 let cluster = hcps.iter().find_map(|h| {
-                    h.pointer("/metadata/annotations").and_then(|a| a.get(CLUSTER_ANNOTATION)).and_then(Value::as_str).map(str::to_string)
+                    h.pointer("/metadata/annotations")
+                        .and_then(|a| a.get(CLUSTER_ANNOTATION))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
                 });
                 clusters.insert(ns.clone(), cluster);
             }
-            let Some(Some(cluster)) = clusters.get(&ns) else { continue };
-            let Some((hc_ns, hc_name)) = cluster.split_once('/') else { continue };
-            let (ip, _) = super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, hc_ns, hc_name);
-            want.insert(host.trim_end_matches('.').to_string(), (ip.to_string(), owner_txt(&ctx.cfg.cluster_name, &ns, name_of(route))));
+            let Some(Some(cluster)) = clusters.get(&ns) else {
+                continue;
+            };
+            let Some((hc_ns, hc_name)) = cluster.split_once('/') else {
+                continue;
+            };
+            let (ip, _) =
+                super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, hc_ns, hc_name);
+            want.insert(
+                host.trim_end_matches('.').to_string(),
+                (
+                    ip.to_string(),
+                    owner_txt(&ctx.cfg.cluster_name, &ns, name_of(route)),
+                ),
+            );
         }
         Ok(want)
     }
@@ -147,29 +221,48 @@ impl ExternalDns {
                 continue;
             }
             if have.get(&(host.clone(), "A".into())).map(|a| &a.values) != Some(&vec![ip.clone()]) {
-                changes.push(change(ChangeAction::Upsert, record(host, RrType::A, std::slice::from_ref(ip), None)?)?);
+                changes.push(change(
+                    ChangeAction::Upsert,
+                    record(host, RrType::A, std::slice::from_ref(ip), None)?,
+                )?);
             }
             if existing_txt.map(|t| &t.values) != Some(&vec![txt.clone()]) {
-                changes.push(change(ChangeAction::Upsert, record(host, RrType::Txt, std::slice::from_ref(txt), None)?)?);
+                changes.push(change(
+                    ChangeAction::Upsert,
+                    record(host, RrType::Txt, std::slice::from_ref(txt), None)?,
+                )?);
             }
         }
         for ((name, kind), listed) in &have {
             if kind != "TXT" || want.contains_key(name) {
                 continue;
             }
-            if !listed.values.iter().any(|v| txt_owner(v).as_deref() == Some(me)) {
+            if !listed
+                .values
+                .iter()
+                .any(|v| txt_owner(v).as_deref() == Some(me))
+            {
                 continue;
             }
             tracing::info!(host = %name, "route gone: withdrawing its records");
             if let Some(a) = have.get(&(name.clone(), "A".into())) {
-                changes.push(change(ChangeAction::Delete, record(name, RrType::A, &a.values, a.ttl)?)?);
+                changes.push(change(
+                    ChangeAction::Delete,
+                    record(name, RrType::A, &a.values, a.ttl)?,
+                )?);
             }
-            changes.push(change(ChangeAction::Delete, record(name, RrType::Txt, &listed.values, listed.ttl)?)?);
+            changes.push(change(
+                ChangeAction::Delete,
+                record(name, RrType::Txt, &listed.values, listed.ttl)?,
+            )?);
         }
         if changes.is_empty() {
             return Ok(());
         }
-        let batch = ChangeBatch::builder().set_changes(Some(changes)).build().map_err(|e| r53_err("building change batch")(e.to_string()))?;
+        let batch = ChangeBatch::builder()
+            .set_changes(Some(changes))
+            .build()
+            .map_err(|e| r53_err("building change batch")(e.to_string()))?;
         self.client
             .change_resource_record_sets()
             .hosted_zone_id(&self.zone_id)
@@ -188,7 +281,10 @@ mod tests {
     #[test]
     fn owner_txt_round_trips() {
         let v = owner_txt("mgmt-a", "clusters-hc1", "kube-apiserver");
-        assert_eq!(v, "\"heritage=external-dns,external-dns/owner=mgmt-a,external-dns/resource=route/clusters-hc1/kube-apiserver\"");
+        assert_eq!(
+            v,
+            "\"heritage=external-dns,external-dns/owner=mgmt-a,external-dns/resource=route/clusters-hc1/kube-apiserver\""
+        );
         assert_eq!(txt_owner(&v).as_deref(), Some("mgmt-a"));
         assert_eq!(txt_owner("\"v=spf1 -all\""), None);
     }

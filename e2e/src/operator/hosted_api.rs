@@ -5,7 +5,9 @@
 //! members (`https://<podIP>:2379`, key prefix `/kubernetes.io`, client TLS
 //! from `etcd-client-tls`/`etcd-ca`, server name `etcd-client.<ns>.svc`). It is
 //! stopped when kube-apiserver is scaled to zero or etcd loses quorum: the API
-//! downtime of a backup is real and observable.
+//! downtime of a backup is real and observable. A running server keeps its
+//! endpoint list while those members exist and is restarted (a short outage)
+//! when one of them is replaced by a pod with a new address.
 //!
 //! Its address is derived from the sandbox id and the HostedCluster's
 //! namespace/name (a 127.251-254.x.y address, port 6443), and so is its admin
@@ -32,8 +34,8 @@ use serde_json::{Value, json};
 use super::etcd_member::client_tls;
 use super::hypershift::{self, hcp_namespace, machine_names, nodepool_replicas};
 use super::objects::{
-    self, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, Kube, NAMESPACE, NODE, NODE_POOL, POD, SECRET, STATEFULSET,
-    is_deleting, name_of, ns_of, owner_ref, str_at,
+    self, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, Kube, NAMESPACE, NODE, NODE_POOL, POD, SECRET,
+    STATEFULSET, is_deleting, name_of, ns_of, owner_ref, str_at,
 };
 use super::workloads::{is_etcd_pod, running_status};
 use super::{Ctx, OperatorError, log_failure};
@@ -84,7 +86,10 @@ pub fn hosted_api_address(sandbox_id: &str, hc_ns: &str, hc_name: &str) -> (IpAd
 
 /// The stable admin bearer token of a hosted API server.
 pub fn admin_token(sandbox_id: &str, hc_ns: &str, hc_name: &str) -> String {
-    digest(&[sandbox_id, hc_ns, hc_name, "admin-token"]).iter().map(|b| format!("{b:02x}")).collect()
+    digest(&[sandbox_id, hc_ns, hc_name, "admin-token"])
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Ready nodes of `nodepool` in the hosted cluster `key`.
@@ -92,7 +97,10 @@ pub(crate) fn ready_nodes(ctx: &Ctx, key: &str, nodepool: &str) -> usize {
     ctx.hosted_up
         .lock()
         .ok()
-        .and_then(|m| m.get(key).and_then(|s| s.ready_nodes.get(nodepool).copied()))
+        .and_then(|m| {
+            m.get(key)
+                .and_then(|s| s.ready_nodes.get(nodepool).copied())
+        })
         .unwrap_or(0)
 }
 
@@ -127,18 +135,34 @@ async fn observe_backend(ctx: &Ctx, hcp_ns: &str) -> Result<Backend, OperatorErr
             && !is_deleting(p)
     });
     let members = match ctx.kube.get(&STATEFULSET, Some(hcp_ns), "etcd").await? {
-        Some(sts) => sts.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(0) as usize,
+        Some(sts) => sts
+            .pointer("/spec/replicas")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize,
         None => 0,
     };
-    let url = |p: &&Value| str_at(p, "/status/podIP").map(|ip| format!("https://{ip}:{}", super::etcd_member::CLIENT_PORT));
-    let etcd: Vec<&Value> = pods.iter().filter(|p| is_etcd_pod(p) && !is_deleting(p)).collect();
-    let mut ready: Vec<String> =
-        etcd.iter().filter(|p| objects::condition_true(p.pointer("/status/conditions"), "Ready")).filter_map(url).collect();
+    let url = |p: &&Value| {
+        str_at(p, "/status/podIP")
+            .map(|ip| format!("https://{ip}:{}", super::etcd_member::CLIENT_PORT))
+    };
+    let etcd: Vec<&Value> = pods
+        .iter()
+        .filter(|p| is_etcd_pod(p) && !is_deleting(p))
+        .collect();
+    let mut ready: Vec<String> = etcd
+        .iter()
+        .filter(|p| objects::condition_true(p.pointer("/status/conditions"), "Ready"))
+        .filter_map(url)
+        .collect();
     ready.sort();
     let mut existing: Vec<String> = etcd.iter().filter_map(url).collect();
     existing.sort();
     let serving = kas_running && members > 0 && ready.len() * 2 > members;
-    Ok(Backend { serving, ready, existing })
+    Ok(Backend {
+        serving,
+        ready,
+        existing,
+    })
 }
 
 /// One pass over every HostedCluster.
@@ -148,7 +172,11 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
     let mut hosted = ctx.hosted.lock().await;
     // HostedClusters that are gone.
     let known: Vec<String> = hcs.iter().map(|h| key(ns_of(h), name_of(h))).collect();
-    let gone: Vec<String> = hosted.keys().filter(|k| !known.contains(k)).cloned().collect();
+    let gone: Vec<String> = hosted
+        .keys()
+        .filter(|k| !known.contains(k))
+        .cloned()
+        .collect();
     for k in gone {
         if let Some(h) = hosted.remove(&k) {
             stop(&ctx, &k, h, "its HostedCluster is gone").await;
@@ -169,7 +197,9 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
         // quorum is lost, and restarted when one of its members was replaced.
         let stop_reason = match hosted.get(&k) {
             Some(_) if !backend.serving => Some("kube-apiserver is down or etcd has no quorum"),
-            Some(h) if h.endpoints.iter().any(|e| !backend.existing.contains(e)) => Some("an etcd member was replaced"),
+            Some(h) if h.endpoints.iter().any(|e| !backend.existing.contains(e)) => {
+                Some("an etcd member was replaced")
+            }
             _ => None,
         };
         if let Some(reason) = stop_reason
@@ -182,7 +212,14 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
         }
         if let Some(h) = hosted.get(&k) {
             match sync_hosted_objects(hc, &nps, h).await {
-                Ok(ready) => set_status(&ctx, &k, Some(HostedStatus { up: true, ready_nodes: ready })),
+                Ok(ready) => set_status(
+                    &ctx,
+                    &k,
+                    Some(HostedStatus {
+                        up: true,
+                        ready_nodes: ready,
+                    }),
+                ),
                 Err(e) => log_failure("hosted-api", &k, &e),
             }
         }
@@ -201,14 +238,26 @@ async fn start_logged(
     match start(ctx, hc, hcp_ns, endpoints).await {
         Ok(h) => {
             tracing::info!(cluster = %k, url = h.server.url(), "hosted API server started");
-            set_status(ctx, &k, Some(HostedStatus { up: true, ready_nodes: HashMap::new() }));
+            set_status(
+                ctx,
+                &k,
+                Some(HostedStatus {
+                    up: true,
+                    ready_nodes: HashMap::new(),
+                }),
+            );
             hosted.insert(k, h);
         }
         Err(e) => log_failure("hosted-api", &k, &e),
     }
 }
 
-async fn start(ctx: &Ctx, hc: &Value, hcp_ns: &str, endpoints: Vec<String>) -> Result<HostedApi, OperatorError> {
+async fn start(
+    ctx: &Ctx,
+    hc: &Value,
+    hcp_ns: &str,
+    endpoints: Vec<String>,
+) -> Result<HostedApi, OperatorError> {
     let (ns, name) = (ns_of(hc), name_of(hc));
     let (ip, port) = hosted_api_address(&ctx.cfg.sandbox_id, ns, name);
     let tls = client_tls(ctx, hcp_ns, format!("etcd-client.{hcp_ns}.svc")).await?;
@@ -234,7 +283,11 @@ async fn start(ctx: &Ctx, hc: &Value, hcp_ns: &str, endpoints: Vec<String>) -> R
     })
     .await?;
     let client = Kube::new(server.client().await?);
-    let hosted = HostedApi { server, client, endpoints };
+    let hosted = HostedApi {
+        server,
+        client,
+        endpoints,
+    };
     write_kubeconfigs(ctx, hc, hcp_ns, &hosted.server.kubeconfig("admin")).await?;
     Ok(hosted)
 }
@@ -262,25 +315,48 @@ async fn upsert_secret(ctx: &Ctx, secret: Value) -> Result<(), OperatorError> {
             ctx.kube.create(&SECRET, Some(&ns), secret).await?;
         }
         Some(existing) if existing.get("data") != secret.get("data") => {
-            ctx.kube.merge(&SECRET, Some(&ns), &name, &json!({"data": secret.get("data")})).await?;
+            ctx.kube
+                .merge(
+                    &SECRET,
+                    Some(&ns),
+                    &name,
+                    &json!({"data": secret.get("data")}),
+                )
+                .await?;
         }
         Some(_) => {}
     }
     Ok(())
 }
 
-async fn write_kubeconfigs(ctx: &Ctx, hc: &Value, hcp_ns: &str, kubeconfig: &str) -> Result<(), OperatorError> {
+async fn write_kubeconfigs(
+    ctx: &Ctx,
+    hc: &Value,
+    hcp_ns: &str,
+    kubeconfig: &str,
+) -> Result<(), OperatorError> {
     let data = json!({"kubeconfig": base64::engine::general_purpose::STANDARD.encode(kubeconfig)});
     let (ns, name) = (ns_of(hc), name_of(hc));
-    upsert_secret(ctx, json!({"metadata": {"name": format!("{name}-admin-kubeconfig"), "namespace": ns,
+    upsert_secret(
+        ctx,
+        json!({"metadata": {"name": format!("{name}-admin-kubeconfig"), "namespace": ns,
         "labels": {"hypershift.openshift.io/kubeconfig": "external"},
-        "ownerReferences": [owner_ref(&HOSTED_CLUSTER, hc)]}, "type": "Opaque", "data": data}))
+        "ownerReferences": [owner_ref(&HOSTED_CLUSTER, hc)]}, "type": "Opaque", "data": data}),
+    )
     .await?;
-    let hcp = ctx.kube.get(&HOSTED_CONTROL_PLANE, Some(hcp_ns), name).await?;
-    let owners = hcp.map(|h| json!([owner_ref(&HOSTED_CONTROL_PLANE, &h)])).unwrap_or(json!([]));
-    upsert_secret(ctx, json!({"metadata": {"name": "admin-kubeconfig", "namespace": hcp_ns,
+    let hcp = ctx
+        .kube
+        .get(&HOSTED_CONTROL_PLANE, Some(hcp_ns), name)
+        .await?;
+    let owners = hcp
+        .map(|h| json!([owner_ref(&HOSTED_CONTROL_PLANE, &h)]))
+        .unwrap_or(json!([]));
+    upsert_secret(
+        ctx,
+        json!({"metadata": {"name": "admin-kubeconfig", "namespace": hcp_ns,
         "labels": {"hypershift.openshift.io/kubeconfig": "external"}, "ownerReferences": owners},
-        "type": "Opaque", "data": data}))
+        "type": "Opaque", "data": data}),
+    )
     .await
 }
 
@@ -294,7 +370,10 @@ async fn sync_hosted_objects(
     let infra_id = str_at(hc, "/spec/infraID").unwrap_or(name_of(hc));
     let version = hypershift::release_version(str_at(hc, "/spec/release/image").unwrap_or(""));
     let mut wanted: HashMap<String, String> = HashMap::new(); // node -> pool
-    for np in nps.iter().filter(|np| ns_of(np) == ns_of(hc) && str_at(np, "/spec/clusterName") == Some(name_of(hc))) {
+    for np in nps
+        .iter()
+        .filter(|np| ns_of(np) == ns_of(hc) && str_at(np, "/spec/clusterName") == Some(name_of(hc)))
+    {
         for n in machine_names(name_of(np), infra_id, nodepool_replicas(np)) {
             wanted.insert(n, name_of(np).to_string());
         }
@@ -311,7 +390,8 @@ async fn sync_hosted_objects(
                 "spec": {"providerID": format!("sandbox://{node}")}}))
             .await?;
         }
-        let status_ok = existing.is_some_and(|n| objects::condition_true(n.pointer("/status/conditions"), "Ready"));
+        let status_ok = existing
+            .is_some_and(|n| objects::condition_true(n.pointer("/status/conditions"), "Ready"));
         if !status_ok {
             let now = objects::now();
             hk.merge_status(&NODE, None, node, &json!({"status": {
@@ -332,10 +412,17 @@ async fn sync_hosted_objects(
         }
     }
     // OVN node pods (a DaemonSet in a real cluster).
-    hk.create_if_absent(&NAMESPACE, None, json!({"metadata": {"name": OVN_NAMESPACE}})).await?;
+    hk.create_if_absent(
+        &NAMESPACE,
+        None,
+        json!({"metadata": {"name": OVN_NAMESPACE}}),
+    )
+    .await?;
     let pods = hk.list(&POD, Some(OVN_NAMESPACE), None).await?;
     for node in wanted.keys() {
-        let has = pods.iter().any(|p| str_at(p, "/spec/nodeName") == Some(node.as_str()) && !is_deleting(p));
+        let has = pods
+            .iter()
+            .any(|p| str_at(p, "/spec/nodeName") == Some(node.as_str()) && !is_deleting(p));
         if has {
             continue;
         }
@@ -345,7 +432,13 @@ async fn sync_hosted_objects(
                 {"name": "ovnkube-controller", "image": "ovn-kubernetes"}, {"name": "ovn-controller", "image": "ovn-kubernetes"}]}});
         let created = hk.create(&POD, Some(OVN_NAMESPACE), pod).await?;
         let status = running_status(&created, "10.128.0.2", true);
-        hk.merge_status(&POD, Some(OVN_NAMESPACE), name_of(&created), &json!({"status": status})).await?;
+        hk.merge_status(
+            &POD,
+            Some(OVN_NAMESPACE),
+            name_of(&created),
+            &json!({"status": status}),
+        )
+        .await?;
     }
     for p in &pods {
         if str_at(p, "/metadata/labels/app") == Some("ovnkube-node")
@@ -360,7 +453,12 @@ async fn sync_hosted_objects(
 
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    uuid::Uuid::new_v4().as_bytes().iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+    uuid::Uuid::new_v4()
+        .as_bytes()
+        .iter()
+        .take(5)
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 #[cfg(test)]
@@ -372,11 +470,19 @@ mod tests {
         let a = hosted_api_address("sb1", "clusters", "hc1");
         assert_eq!(a, hosted_api_address("sb1", "clusters", "hc1"));
         assert_ne!(a, hosted_api_address("sb2", "clusters", "hc1"));
-        let IpAddr::V4(v4) = a.0 else { panic!("expected IPv4") };
+        let IpAddr::V4(v4) = a.0 else {
+            panic!("expected IPv4")
+        };
         assert_eq!(v4.octets()[0], 127);
         assert!(v4.octets()[1] >= 251);
         assert_eq!(a.1, 6443);
-        assert_eq!(admin_token("sb1", "clusters", "hc1"), admin_token("sb1", "clusters", "hc1"));
-        assert_ne!(admin_token("sb1", "clusters", "hc1"), admin_token("sb1", "clusters", "hc2"));
+        assert_eq!(
+            admin_token("sb1", "clusters", "hc1"),
+            admin_token("sb1", "clusters", "hc1")
+        );
+        assert_ne!(
+            admin_token("sb1", "clusters", "hc1"),
+            admin_token("sb1", "clusters", "hc2")
+        );
     }
 }

@@ -25,9 +25,9 @@ use serde_json::{Value, json};
 
 use super::etcd_member::{ca_from_pair, load_signer};
 use super::objects::{
-    self, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, MACHINE, MACHINE_DEPLOYMENT,
-    MACHINE_SET, NAMESPACE, NODE_POOL, Res, ROUTE, SECRET, SERVICE, STATEFULSET, is_deleting, name_of, ns_of,
-    owner_ref, platform_kinds, str_at,
+    self, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, MACHINE,
+    MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, ROUTE, Res, SECRET, SERVICE,
+    STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
 use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer};
 use super::{Ctx, OperatorError, log_failure};
@@ -89,18 +89,24 @@ pub fn release_version(image: &str) -> String {
 
 /// The availability policy of an HC (CRD default HighlyAvailable).
 pub fn is_highly_available(hc: &Value) -> bool {
-    str_at(hc, "/spec/controllerAvailabilityPolicy").unwrap_or("HighlyAvailable") == "HighlyAvailable"
+    str_at(hc, "/spec/controllerAvailabilityPolicy").unwrap_or("HighlyAvailable")
+        == "HighlyAvailable"
 }
 
 /// The MachineSet name of a NodePool (stable across management clusters).
 pub fn machine_set_name(nodepool: &str, infra_id: &str) -> String {
-    format!("{nodepool}-{}", objects::short_hash(&[nodepool, infra_id], 5))
+    format!(
+        "{nodepool}-{}",
+        objects::short_hash(&[nodepool, infra_id], 5)
+    )
 }
 
 /// Machine (and Node) names of a NodePool with `replicas` replicas.
 pub fn machine_names(nodepool: &str, infra_id: &str, replicas: usize) -> Vec<String> {
     let ms = machine_set_name(nodepool, infra_id);
-    (0..replicas).map(|i| format!("{ms}-{}", objects::short_hash(&[&ms, &i.to_string()], 5))).collect()
+    (0..replicas)
+        .map(|i| format!("{ms}-{}", objects::short_hash(&[&ms, &i.to_string()], 5)))
+        .collect()
 }
 
 /// `spec.replicas` of a NodePool (autoscaling: its minimum).
@@ -114,19 +120,24 @@ pub fn nodepool_replicas(np: &Value) -> usize {
 /// The API hostname: the APIServer Route hostname from `spec.services`, else
 /// `api.<name>.<baseDomain>`.
 pub fn api_hostname(hc: &Value) -> String {
-    let from_services = hc.pointer("/spec/services").and_then(Value::as_array).and_then(|svcs| {
-        svcs.iter().find_map(|s| {
-            (str_at(s, "/service") == Some("APIServer"))
-                .then(|| str_at(s, "/servicePublishingStrategy/route/hostname"))
-                .flatten()
-        })
-    });
+    let from_services = hc
+        .pointer("/spec/services")
+        .and_then(Value::as_array)
+        .and_then(|svcs| {
+            svcs.iter().find_map(|s| {
+                (str_at(s, "/service") == Some("APIServer"))
+                    .then(|| str_at(s, "/servicePublishingStrategy/route/hostname"))
+                    .flatten()
+            })
+        });
     match from_services {
         Some(h) => h.to_string(),
         None => format!(
             "api.{}.{}",
             name_of(hc),
-            str_at(hc, "/spec/dns/baseDomain").filter(|d| !d.is_empty()).unwrap_or("sandbox.hcp-dr.local")
+            str_at(hc, "/spec/dns/baseDomain")
+                .filter(|d| !d.is_empty())
+                .unwrap_or("sandbox.hcp-dr.local")
         ),
     }
 }
@@ -137,14 +148,20 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
     let nps = ctx.kube.list(&NODE_POOL, None, None).await?;
     for hc in &hcs {
         if let Err(e) = reconcile(&ctx, hc, &nps).await {
-            log_failure("hostedcluster", &format!("{}/{}", ns_of(hc), name_of(hc)), &e);
+            log_failure(
+                "hostedcluster",
+                &format!("{}/{}", ns_of(hc), name_of(hc)),
+                &e,
+            );
         }
     }
     Ok(())
 }
 
 fn nodepools_of<'a>(hc: &Value, nps: &'a [Value]) -> Vec<&'a Value> {
-    nps.iter().filter(|np| ns_of(np) == ns_of(hc) && str_at(np, "/spec/clusterName") == Some(name_of(hc))).collect()
+    nps.iter()
+        .filter(|np| ns_of(np) == ns_of(hc) && str_at(np, "/spec/clusterName") == Some(name_of(hc)))
+        .collect()
 }
 
 /// Replace or add one condition in a list.
@@ -162,8 +179,20 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
     if pause != Pause::No {
         propagate_pause(ctx, hc, raw).await?;
         let conds = hc.pointer("/status/conditions");
-        let c = objects::condition(conds, "ReconciliationActive", false, "ReconciliationPaused", &pause_message(&pause, raw));
-        return patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, json!({"conditions": upsert_condition(conds, c)})).await;
+        let c = objects::condition(
+            conds,
+            "ReconciliationActive",
+            false,
+            "ReconciliationPaused",
+            &pause_message(&pause, raw),
+        );
+        return patch_status_if_changed(
+            ctx,
+            &HOSTED_CLUSTER,
+            hc,
+            json!({"conditions": upsert_condition(conds, c)}),
+        )
+        .await;
     }
     if is_deleting(hc) {
         return teardown(ctx, hc, nps).await;
@@ -174,15 +203,29 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
     let infra_id = match str_at(hc, "/spec/infraID").filter(|s| !s.is_empty()) {
         Some(id) => id.to_string(),
         None => {
-            let id = format!("{name}-{}", objects::short_hash(&[ns, name, objects::uid_of(hc)], 5));
-            ctx.kube.merge(&HOSTED_CLUSTER, Some(ns), name, &json!({"spec": {"infraID": id}})).await?;
+            let id = format!(
+                "{name}-{}",
+                objects::short_hash(&[ns, name, objects::uid_of(hc)], 5)
+            );
+            ctx.kube
+                .merge(
+                    &HOSTED_CLUSTER,
+                    Some(ns),
+                    name,
+                    &json!({"spec": {"infraID": id}}),
+                )
+                .await?;
             id
         }
     };
     let hcp_ns = hcp_namespace(ns, name);
     ctx.kube
-        .create_if_absent(&NAMESPACE, None, json!({"metadata": {"name": hcp_ns, "labels": {
-            HCP_LABEL: "true", "hypershift.openshift.io/cluster": name}}}))
+        .create_if_absent(
+            &NAMESPACE,
+            None,
+            json!({"metadata": {"name": hcp_ns, "labels": {
+            HCP_LABEL: "true", "hypershift.openshift.io/cluster": name}}}),
+        )
         .await?;
     copy_secrets(ctx, hc, &hcp_ns).await?;
     let hcp = ensure_hcp(ctx, hc, &hcp_ns, &infra_id).await?;
@@ -205,21 +248,44 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
 /// (`spec.pausedUntil`) and CAPI Cluster (`spec.paused`) before stopping.
 async fn propagate_pause(ctx: &Ctx, hc: &Value, raw: &str) -> Result<(), OperatorError> {
     let hcp_ns = hcp_namespace(ns_of(hc), name_of(hc));
-    if let Some(hcp) = ctx.kube.get(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name_of(hc)).await?
+    if let Some(hcp) = ctx
+        .kube
+        .get(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name_of(hc))
+        .await?
         && str_at(&hcp, "/spec/pausedUntil") != Some(raw)
     {
-        ctx.kube.merge(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name_of(hc), &json!({"spec": {"pausedUntil": raw}})).await?;
+        ctx.kube
+            .merge(
+                &HOSTED_CONTROL_PLANE,
+                Some(&hcp_ns),
+                name_of(hc),
+                &json!({"spec": {"pausedUntil": raw}}),
+            )
+            .await?;
     }
     if let Some(infra_id) = str_at(hc, "/spec/infraID")
         && let Some(cluster) = ctx.kube.get(&CAPI_CLUSTER, Some(&hcp_ns), infra_id).await?
         && cluster.pointer("/spec/paused").and_then(Value::as_bool) != Some(true)
     {
-        ctx.kube.merge(&CAPI_CLUSTER, Some(&hcp_ns), infra_id, &json!({"spec": {"paused": true}})).await?;
+        ctx.kube
+            .merge(
+                &CAPI_CLUSTER,
+                Some(&hcp_ns),
+                infra_id,
+                &json!({"spec": {"paused": true}}),
+            )
+            .await?;
     }
     Ok(())
 }
 
-async fn copy_secret(ctx: &Ctx, from_ns: &str, from: &str, to_ns: &str, to: &str) -> Result<(), OperatorError> {
+async fn copy_secret(
+    ctx: &Ctx,
+    from_ns: &str,
+    from: &str,
+    to_ns: &str,
+    to: &str,
+) -> Result<(), OperatorError> {
     let src = ctx
         .kube
         .get(&SECRET, Some(from_ns), from)
@@ -233,7 +299,9 @@ async fn copy_secret(ctx: &Ctx, from_ns: &str, from: &str, to_ns: &str, to: &str
             ctx.kube.create(&SECRET, Some(to_ns), secret).await?;
         }
         Some(dst) if dst.get("data") != Some(&data) => {
-            ctx.kube.merge(&SECRET, Some(to_ns), to, &json!({"data": data})).await?;
+            ctx.kube
+                .merge(&SECRET, Some(to_ns), to, &json!({"data": data}))
+                .await?;
         }
         Some(_) => {}
     }
@@ -245,7 +313,9 @@ async fn copy_secrets(ctx: &Ctx, hc: &Value, hcp_ns: &str) -> Result<(), Operato
     if let Some(ps) = str_at(hc, "/spec/pullSecret/name").filter(|s| !s.is_empty()) {
         copy_secret(ctx, ns, ps, hcp_ns, "pull-secret").await?;
     }
-    if let Some(key) = str_at(hc, "/spec/secretEncryption/aescbc/activeKey/name").filter(|s| !s.is_empty()) {
+    if let Some(key) =
+        str_at(hc, "/spec/secretEncryption/aescbc/activeKey/name").filter(|s| !s.is_empty())
+    {
         copy_secret(ctx, ns, key, hcp_ns, key).await?;
     }
     if let Some(key) = str_at(hc, "/spec/sshKey/name").filter(|s| !s.is_empty()) {
@@ -272,7 +342,15 @@ pub fn hcp_spec(hc: &Value, infra_id: &str) -> Value {
         "controllerAvailabilityPolicy": str_at(hc, "/spec/controllerAvailabilityPolicy").unwrap_or("HighlyAvailable"),
         "infrastructureAvailabilityPolicy": str_at(hc, "/spec/infrastructureAvailabilityPolicy").unwrap_or("SingleReplica"),
     });
-    for k in ["clusterID", "secretEncryption", "pausedUntil", "fips", "olmCatalogPlacement", "configuration", "capabilities"] {
+    for k in [
+        "clusterID",
+        "secretEncryption",
+        "pausedUntil",
+        "fips",
+        "olmCatalogPlacement",
+        "configuration",
+        "capabilities",
+    ] {
         if let Some(v) = get(k) {
             out[k] = v;
         }
@@ -280,16 +358,27 @@ pub fn hcp_spec(hc: &Value, infra_id: &str) -> Value {
     out
 }
 
-async fn ensure_hcp(ctx: &Ctx, hc: &Value, hcp_ns: &str, infra_id: &str) -> Result<Value, OperatorError> {
+async fn ensure_hcp(
+    ctx: &Ctx,
+    hc: &Value,
+    hcp_ns: &str,
+    infra_id: &str,
+) -> Result<Value, OperatorError> {
     let name = name_of(hc);
     let desired = hcp_spec(hc, infra_id);
     let cluster = format!("{}/{}", ns_of(hc), name);
-    match ctx.kube.get(&HOSTED_CONTROL_PLANE, Some(hcp_ns), name).await? {
+    match ctx
+        .kube
+        .get(&HOSTED_CONTROL_PLANE, Some(hcp_ns), name)
+        .await?
+    {
         None => {
             let hcp = json!({"metadata": {"name": name, "namespace": hcp_ns,
                     "annotations": {CLUSTER_ANNOTATION: cluster}, "finalizers": [FINALIZER]},
                 "spec": desired});
-            ctx.kube.create(&HOSTED_CONTROL_PLANE, Some(hcp_ns), hcp).await
+            ctx.kube
+                .create(&HOSTED_CONTROL_PLANE, Some(hcp_ns), hcp)
+                .await
         }
         Some(existing) => {
             let mut patch = serde_json::Map::new();
@@ -308,7 +397,14 @@ async fn ensure_hcp(ctx: &Ctx, hc: &Value, hcp_ns: &str, infra_id: &str) -> Resu
             if patch.is_empty() {
                 return Ok(existing);
             }
-            ctx.kube.merge(&HOSTED_CONTROL_PLANE, Some(hcp_ns), name, &json!({"spec": patch})).await
+            ctx.kube
+                .merge(
+                    &HOSTED_CONTROL_PLANE,
+                    Some(hcp_ns),
+                    name,
+                    &json!({"spec": patch}),
+                )
+                .await
         }
     }
 }
@@ -317,7 +413,12 @@ fn tls_secret(name: &str, ns: &str, owner: &Value, entries: &[(&str, &str)], typ
     use base64::Engine as _;
     let data: serde_json::Map<String, Value> = entries
         .iter()
-        .map(|(k, v)| (k.to_string(), json!(base64::engine::general_purpose::STANDARD.encode(v))))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                json!(base64::engine::general_purpose::STANDARD.encode(v)),
+            )
+        })
         .collect();
     json!({"metadata": {"name": name, "namespace": ns, "ownerReferences": [owner_ref(&HOSTED_CONTROL_PLANE, owner)]},
         "type": type_, "data": data})
@@ -330,9 +431,17 @@ async fn ensure_etcd_pki(ctx: &Ctx, ns: &str, hcp: &Value) -> Result<(), Operato
         Some(_) => load_signer(ctx, ns).await?,
         None => {
             let ca = Ca::new("etcd-signer")?;
-            let pair = CertPair { cert_pem: ca.cert_pem().to_string(), key_pem: ca.key_pem().to_string() };
-            let secret =
-                tls_secret("etcd-signer", ns, hcp, &[("tls.crt", &pair.cert_pem), ("tls.key", &pair.key_pem)], "kubernetes.io/tls");
+            let pair = CertPair {
+                cert_pem: ca.cert_pem().to_string(),
+                key_pem: ca.key_pem().to_string(),
+            };
+            let secret = tls_secret(
+                "etcd-signer",
+                ns,
+                hcp,
+                &[("tls.crt", &pair.cert_pem), ("tls.key", &pair.key_pem)],
+                "kubernetes.io/tls",
+            );
             ctx.kube.create(&SECRET, Some(ns), secret).await?;
             ca_from_pair(&ctx.cfg.state_dir, ns, &pair)?
         }
@@ -343,44 +452,68 @@ async fn ensure_etcd_pki(ctx: &Ctx, ns: &str, hcp: &Value) -> Result<(), Operato
         .await?;
     let loopback = vec![std::net::IpAddr::from([127, 0, 0, 1])];
     let certs: [(&str, &str, &str, CertSpec); 3] = [
-        ("etcd-server-tls", "server.crt", "server.key", CertSpec {
-            common_name: "etcd-server".into(),
-            organization: None,
-            dns_names: vec![
-                format!("*.etcd-discovery.{ns}.svc"),
-                format!("*.etcd-discovery.{ns}.svc.cluster.local"),
-                format!("etcd-client.{ns}.svc"),
-                format!("etcd-client.{ns}.svc.cluster.local"),
-                "etcd-client".into(),
-                "localhost".into(),
-            ],
-            ips: loopback.clone(),
-            server: true,
-            client: true,
-        }),
-        ("etcd-peer-tls", "peer.crt", "peer.key", CertSpec {
-            common_name: "etcd-discovery".into(),
-            organization: None,
-            dns_names: vec![format!("*.etcd-discovery.{ns}.svc"), format!("*.etcd-discovery.{ns}.svc.cluster.local")],
-            ips: loopback,
-            server: true,
-            client: true,
-        }),
-        ("etcd-client-tls", "etcd-client.crt", "etcd-client.key", CertSpec {
-            common_name: "etcd-client".into(),
-            organization: Some("kubernetes".into()),
-            dns_names: vec![],
-            ips: vec![],
-            server: false,
-            client: true,
-        }),
+        (
+            "etcd-server-tls",
+            "server.crt",
+            "server.key",
+            CertSpec {
+                common_name: "etcd-server".into(),
+                organization: None,
+                dns_names: vec![
+                    format!("*.etcd-discovery.{ns}.svc"),
+                    format!("*.etcd-discovery.{ns}.svc.cluster.local"),
+                    format!("etcd-client.{ns}.svc"),
+                    format!("etcd-client.{ns}.svc.cluster.local"),
+                    "etcd-client".into(),
+                    "localhost".into(),
+                ],
+                ips: loopback.clone(),
+                server: true,
+                client: true,
+            },
+        ),
+        (
+            "etcd-peer-tls",
+            "peer.crt",
+            "peer.key",
+            CertSpec {
+                common_name: "etcd-discovery".into(),
+                organization: None,
+                dns_names: vec![
+                    format!("*.etcd-discovery.{ns}.svc"),
+                    format!("*.etcd-discovery.{ns}.svc.cluster.local"),
+                ],
+                ips: loopback,
+                server: true,
+                client: true,
+            },
+        ),
+        (
+            "etcd-client-tls",
+            "etcd-client.crt",
+            "etcd-client.key",
+            CertSpec {
+                common_name: "etcd-client".into(),
+                organization: Some("kubernetes".into()),
+                dns_names: vec![],
+                ips: vec![],
+                server: false,
+                client: true,
+            },
+        ),
     ];
     for (name, crt, key, spec) in certs {
         if ctx.kube.get(&SECRET, Some(ns), name).await?.is_some() {
             continue;
         }
         let pair = signer.issue(&spec)?;
-        let secret = tls_secret(name, ns, hcp, &[(crt, &pair.cert_pem), (key, &pair.key_pem)], "Opaque");
+        let secret = tls_secret(
+            name,
+            ns,
+            hcp,
+            &[(crt, &pair.cert_pem), (key, &pair.key_pem)],
+            "Opaque",
+        );
         ctx.kube.create_if_absent(&SECRET, Some(ns), secret).await?;
     }
     Ok(())
@@ -516,7 +649,13 @@ pub fn etcd_statefulset(ns: &str, hcp: &Value, replicas: usize, release_image: &
 
 /// A control-plane Deployment: name, labels, selector, containers and ports
 /// as the control-plane operator renders them (volumes and probes trimmed).
-pub fn control_plane_deployment(ns: &str, hcp: &Value, component: &str, replicas: usize, release_image: &str) -> Value {
+pub fn control_plane_deployment(
+    ns: &str,
+    hcp: &Value,
+    component: &str,
+    replicas: usize,
+    release_image: &str,
+) -> Value {
     let mut labels = control_plane_labels(component, ns);
     let containers = match component {
         "kube-apiserver" => {
@@ -567,7 +706,13 @@ pub const DEPLOYMENTS: &[(&str, usize, usize)] = &[
 ];
 
 /// Create `obj` if absent, else reset `spec.replicas` to `replicas`.
-async fn ensure_scaled(ctx: &Ctx, res: &Res, ns: &str, obj: Value, replicas: usize) -> Result<(), OperatorError> {
+async fn ensure_scaled(
+    ctx: &Ctx,
+    res: &Res,
+    ns: &str,
+    obj: Value,
+    replicas: usize,
+) -> Result<(), OperatorError> {
     let name = name_of(&obj).to_string();
     match ctx.kube.get(res, Some(ns), &name).await? {
         None => {
@@ -576,24 +721,57 @@ async fn ensure_scaled(ctx: &Ctx, res: &Res, ns: &str, obj: Value, replicas: usi
         Some(existing) => {
             if existing.pointer("/spec/replicas").and_then(Value::as_u64) != Some(replicas as u64) {
                 tracing::info!(namespace = ns, name = %name, replicas, "resetting replicas");
-                ctx.kube.merge(res, Some(ns), &name, &json!({"spec": {"replicas": replicas}})).await?;
+                ctx.kube
+                    .merge(
+                        res,
+                        Some(ns),
+                        &name,
+                        &json!({"spec": {"replicas": replicas}}),
+                    )
+                    .await?;
             }
         }
     }
     Ok(())
 }
 
-async fn ensure_etcd_statefulset(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Value, ha: bool) -> Result<(), OperatorError> {
+async fn ensure_etcd_statefulset(
+    ctx: &Ctx,
+    hc: &Value,
+    ns: &str,
+    hcp: &Value,
+    ha: bool,
+) -> Result<(), OperatorError> {
     let replicas = if ha { 3 } else { 1 };
     let image = str_at(hc, "/spec/release/image").unwrap_or("");
-    ensure_scaled(ctx, &STATEFULSET, ns, etcd_statefulset(ns, hcp, replicas, image), replicas).await
+    ensure_scaled(
+        ctx,
+        &STATEFULSET,
+        ns,
+        etcd_statefulset(ns, hcp, replicas, image),
+        replicas,
+    )
+    .await
 }
 
-async fn ensure_deployments(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Value, ha: bool) -> Result<(), OperatorError> {
+async fn ensure_deployments(
+    ctx: &Ctx,
+    hc: &Value,
+    ns: &str,
+    hcp: &Value,
+    ha: bool,
+) -> Result<(), OperatorError> {
     let image = str_at(hc, "/spec/release/image").unwrap_or("");
     for (component, ha_replicas, single) in DEPLOYMENTS {
         let replicas = if ha { *ha_replicas } else { *single };
-        ensure_scaled(ctx, &DEPLOYMENT, ns, control_plane_deployment(ns, hcp, component, replicas, image), replicas).await?;
+        ensure_scaled(
+            ctx,
+            &DEPLOYMENT,
+            ns,
+            control_plane_deployment(ns, hcp, component, replicas, image),
+            replicas,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -614,11 +792,17 @@ async fn ensure_route(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Value) -> Result<()
 }
 
 fn endpoint(ctx: &Ctx, hc: &Value) -> Value {
-    let (ip, port) = super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, ns_of(hc), name_of(hc));
+    let (ip, port) =
+        super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, ns_of(hc), name_of(hc));
     json!({"host": ip.to_string(), "port": port})
 }
 
-async fn ensure_capi_cluster(ctx: &Ctx, hc: &Value, ns: &str, infra_id: &str) -> Result<(), OperatorError> {
+async fn ensure_capi_cluster(
+    ctx: &Ctx,
+    hc: &Value,
+    ns: &str,
+    infra_id: &str,
+) -> Result<(), OperatorError> {
     let platform = str_at(hc, "/spec/platform/type").unwrap_or("None");
     let name = name_of(hc);
     let ep = endpoint(ctx, hc);
@@ -635,35 +819,80 @@ async fn ensure_capi_cluster(ctx: &Ctx, hc: &Value, ns: &str, infra_id: &str) ->
         }
         let infra = json!({"metadata": {"name": name, "namespace": ns, "annotations": {CLUSTER_ANNOTATION: format!("{}/{}", ns_of(hc), name)}},
             "spec": infra_spec});
-        if ctx.kube.create_if_absent(&cluster_kind, Some(ns), infra).await? {
-            let _ = ctx.kube.merge_status(&cluster_kind, Some(ns), name, &json!({"status": {"ready": true}})).await;
+        if ctx
+            .kube
+            .create_if_absent(&cluster_kind, Some(ns), infra)
+            .await?
+        {
+            let _ = ctx
+                .kube
+                .merge_status(
+                    &cluster_kind,
+                    Some(ns),
+                    name,
+                    &json!({"status": {"ready": true}}),
+                )
+                .await;
         }
-        spec["infrastructureRef"] =
-            json!({"apiVersion": cluster_kind.api_version(), "kind": cluster_kind.kind, "name": name, "namespace": ns});
+        spec["infrastructureRef"] = json!({"apiVersion": cluster_kind.api_version(), "kind": cluster_kind.kind, "name": name, "namespace": ns});
     }
     if let Some(existing) = ctx.kube.get(&CAPI_CLUSTER, Some(ns), infra_id).await? {
         if existing.pointer("/spec/paused").and_then(Value::as_bool) == Some(true) {
-            ctx.kube.merge(&CAPI_CLUSTER, Some(ns), infra_id, &json!({"spec": {"paused": false}})).await?;
+            ctx.kube
+                .merge(
+                    &CAPI_CLUSTER,
+                    Some(ns),
+                    infra_id,
+                    &json!({"spec": {"paused": false}}),
+                )
+                .await?;
         }
         return Ok(());
     }
     let cluster = json!({"metadata": {"name": infra_id, "namespace": ns}, "spec": spec});
-    if ctx.kube.create_if_absent(&CAPI_CLUSTER, Some(ns), cluster).await? {
+    if ctx
+        .kube
+        .create_if_absent(&CAPI_CLUSTER, Some(ns), cluster)
+        .await?
+    {
         ctx.kube
-            .merge_status(&CAPI_CLUSTER, Some(ns), infra_id, &json!({"status": {"phase": "Provisioned",
-                "controlPlaneReady": true, "infrastructureReady": true}}))
+            .merge_status(
+                &CAPI_CLUSTER,
+                Some(ns),
+                infra_id,
+                &json!({"status": {"phase": "Provisioned",
+                "controlPlaneReady": true, "infrastructureReady": true}}),
+            )
             .await?;
     }
     Ok(())
 }
 
-async fn reconcile_nodepool(ctx: &Ctx, hc: &Value, np: &Value, hcp_ns: &str, infra_id: &str) -> Result<(), OperatorError> {
+async fn reconcile_nodepool(
+    ctx: &Ctx,
+    hc: &Value,
+    np: &Value,
+    hcp_ns: &str,
+    infra_id: &str,
+) -> Result<(), OperatorError> {
     let conds = np.pointer("/status/conditions");
     let raw = str_at(np, "/spec/pausedUntil").unwrap_or("");
     let pause = pause_state(str_at(np, "/spec/pausedUntil"), Utc::now());
     if pause != Pause::No {
-        let c = objects::condition(conds, "ReconciliationActive", false, "ReconciliationPaused", &pause_message(&pause, raw));
-        return patch_status_if_changed(ctx, &NODE_POOL, np, json!({"conditions": upsert_condition(conds, c)})).await;
+        let c = objects::condition(
+            conds,
+            "ReconciliationActive",
+            false,
+            "ReconciliationPaused",
+            &pause_message(&pause, raw),
+        );
+        return patch_status_if_changed(
+            ctx,
+            &NODE_POOL,
+            np,
+            json!({"conditions": upsert_condition(conds, c)}),
+        )
+        .await;
     }
     if is_deleting(np) {
         delete_nodepool_machines(ctx, np, hcp_ns).await?;
@@ -673,9 +902,21 @@ async fn reconcile_nodepool(ctx: &Ctx, hc: &Value, np: &Value, hcp_ns: &str, inf
     let np_name = name_of(np);
     let replicas = nodepool_replicas(np);
     let platform = str_at(hc, "/spec/platform/type").unwrap_or("None");
-    let image = str_at(np, "/spec/release/image").or_else(|| str_at(hc, "/spec/release/image")).unwrap_or("");
+    let image = str_at(np, "/spec/release/image")
+        .or_else(|| str_at(hc, "/spec/release/image"))
+        .unwrap_or("");
     if let Some((_, template_kind, machine_kind)) = platform_kinds(platform) {
-        ensure_machines(ctx, np, hcp_ns, infra_id, replicas, platform, template_kind, machine_kind).await?;
+        ensure_machines(
+            ctx,
+            np,
+            hcp_ns,
+            infra_id,
+            replicas,
+            platform,
+            template_kind,
+            machine_kind,
+        )
+        .await?;
     }
     let key = super::hosted_api::key(ns_of(hc), name_of(hc));
     let ready_nodes = super::hosted_api::ready_nodes(ctx, &key, np_name);
@@ -700,7 +941,9 @@ fn machine_labels(np: &str, ms: &str, infra_id: &str) -> Value {
 
 fn platform_machine_spec(platform: &str, np: &Value) -> Value {
     match platform {
-        "AWS" => json!({"instanceType": str_at(np, "/spec/platform/aws/instanceType").unwrap_or("m5.large")}),
+        "AWS" => {
+            json!({"instanceType": str_at(np, "/spec/platform/aws/instanceType").unwrap_or("m5.large")})
+        }
         _ => json!({}),
     }
 }
@@ -722,7 +965,9 @@ async fn ensure_machines(
     let machine_spec = platform_machine_spec(platform, np);
     let template = json!({"metadata": {"name": ms, "namespace": ns, "labels": {NODEPOOL_LABEL: np_name}},
         "spec": {"template": {"spec": machine_spec}}});
-    ctx.kube.create_if_absent(&template_kind, Some(ns), template).await?;
+    ctx.kube
+        .create_if_absent(&template_kind, Some(ns), template)
+        .await?;
     let version = release_version(str_at(np, "/spec/release/image").unwrap_or(""));
     let selector = json!({"matchLabels": {NODEPOOL_LABEL: np_name, "cluster.x-k8s.io/cluster-name": infra_id}});
     let machine_template = |labels: &Value| {
@@ -741,12 +986,18 @@ async fn ensure_machines(
     let wanted = machine_names(np_name, infra_id, replicas);
     for name in &wanted {
         let pm = json!({"metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": machine_spec});
-        ctx.kube.create_if_absent(&machine_kind, Some(ns), pm).await?;
+        ctx.kube
+            .create_if_absent(&machine_kind, Some(ns), pm)
+            .await?;
         let machine = json!({"metadata": {"name": name, "namespace": ns, "labels": labels},
             "spec": {"clusterName": infra_id, "version": format!("v{version}"),
                 "bootstrap": {"dataSecretName": format!("user-data-{ms}")},
                 "infrastructureRef": {"apiVersion": machine_kind.api_version(), "kind": machine_kind.kind, "name": name, "namespace": ns}}});
-        if ctx.kube.create_if_absent(&MACHINE, Some(ns), machine).await? {
+        if ctx
+            .kube
+            .create_if_absent(&MACHINE, Some(ns), machine)
+            .await?
+        {
             ctx.kube
                 .merge_status(&MACHINE, Some(ns), name, &json!({"status": {"phase": "Running", "bootstrapReady": true,
                     "infrastructureReady": true, "nodeRef": {"apiVersion": "v1", "kind": "Node", "name": name}}}))
@@ -755,11 +1006,16 @@ async fn ensure_machines(
     }
     // Scale down: machines of this pool beyond the replicas.
     for m in ctx.kube.list(&MACHINE, Some(ns), None).await? {
-        if str_at(&m, &format!("/metadata/labels/{}", NODEPOOL_LABEL.replace('/', "~1"))) == Some(np_name)
+        if str_at(
+            &m,
+            &format!("/metadata/labels/{}", NODEPOOL_LABEL.replace('/', "~1")),
+        ) == Some(np_name)
             && !wanted.iter().any(|w| w == name_of(&m))
         {
             ctx.kube.delete(&MACHINE, Some(ns), name_of(&m)).await?;
-            ctx.kube.delete(&machine_kind, Some(ns), name_of(&m)).await?;
+            ctx.kube
+                .delete(&machine_kind, Some(ns), name_of(&m))
+                .await?;
         }
     }
     let set_status = json!({"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
@@ -775,7 +1031,11 @@ async fn ensure_machines(
     Ok(())
 }
 
-async fn delete_nodepool_machines(ctx: &Ctx, np: &Value, hcp_ns: &str) -> Result<(), OperatorError> {
+async fn delete_nodepool_machines(
+    ctx: &Ctx,
+    np: &Value,
+    hcp_ns: &str,
+) -> Result<(), OperatorError> {
     let np_name = name_of(np);
     let label = NODEPOOL_LABEL.replace('/', "~1");
     let mut kinds = vec![MACHINE_DEPLOYMENT, MACHINE_SET, MACHINE];
@@ -790,7 +1050,10 @@ async fn delete_nodepool_machines(ctx: &Ctx, np: &Value, hcp_ns: &str) -> Result
             Err(e) if objects::status_code(&e) == Some(404) => continue,
             Err(e) => return Err(e),
         };
-        for item in items.iter().filter(|i| str_at(i, &format!("/metadata/labels/{label}")) == Some(np_name)) {
+        for item in items
+            .iter()
+            .filter(|i| str_at(i, &format!("/metadata/labels/{label}")) == Some(np_name))
+        {
             ctx.kube.delete(&res, Some(hcp_ns), name_of(item)).await?;
         }
     }
@@ -811,9 +1074,15 @@ async fn teardown(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorEr
             ctx.kube.delete(&NODE_POOL, Some(ns), name_of(np)).await?;
         }
     }
-    if let Some(hcp) = ctx.kube.get(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name).await? {
+    if let Some(hcp) = ctx
+        .kube
+        .get(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name)
+        .await?
+    {
         if !is_deleting(&hcp) {
-            ctx.kube.delete(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name).await?;
+            ctx.kube
+                .delete(&HOSTED_CONTROL_PLANE, Some(&hcp_ns), name)
+                .await?;
         }
         remove_finalizer(ctx, &HOSTED_CONTROL_PLANE, &hcp, FINALIZER).await?;
     }
@@ -823,21 +1092,40 @@ async fn teardown(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorEr
     {
         ctx.kube.delete(&NAMESPACE, None, &hcp_ns).await?;
     }
-    ctx.kube.delete(&SECRET, Some(ns), &format!("{name}-admin-kubeconfig")).await?;
+    ctx.kube
+        .delete(&SECRET, Some(ns), &format!("{name}-admin-kubeconfig"))
+        .await?;
     if ns_obj.is_none() && pools.is_empty() {
-        tracing::info!(namespace = ns, name, "hosted cluster torn down: removing finalizer");
+        tracing::info!(
+            namespace = ns,
+            name,
+            "hosted cluster torn down: removing finalizer"
+        );
         remove_finalizer(ctx, &HOSTED_CLUSTER, hc, FINALIZER).await?;
     }
     Ok(())
 }
 
-async fn update_status(ctx: &Ctx, hc: &Value, hcp: &Value, hcp_ns: &str) -> Result<(), OperatorError> {
+async fn update_status(
+    ctx: &Ctx,
+    hc: &Value,
+    hcp: &Value,
+    hcp_ns: &str,
+) -> Result<(), OperatorError> {
     let ns = ns_of(hc);
     let name = name_of(hc);
     let conds = hc.pointer("/status/conditions");
     let sts = ctx.kube.get(&STATEFULSET, Some(hcp_ns), "etcd").await?;
-    let members = sts.as_ref().and_then(|s| s.pointer("/spec/replicas")).and_then(Value::as_u64).unwrap_or(0);
-    let ready = sts.as_ref().and_then(|s| s.pointer("/status/readyReplicas")).and_then(Value::as_u64).unwrap_or(0);
+    let members = sts
+        .as_ref()
+        .and_then(|s| s.pointer("/spec/replicas"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let ready = sts
+        .as_ref()
+        .and_then(|s| s.pointer("/status/readyReplicas"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
     let etcd_ok = members > 0 && ready * 2 > members;
     let key = super::hosted_api::key(ns, name);
     let kas_ok = ctx.hosted_api_up(&key);
@@ -845,14 +1133,26 @@ async fn update_status(ctx: &Ctx, hc: &Value, hcp: &Value, hcp_ns: &str) -> Resu
     let image = str_at(hc, "/spec/release/image").unwrap_or("");
     let version = release_version(image);
     let now = objects::now();
-    let prior = hc.pointer("/status/version/history/0").filter(|h| str_at(h, "/image") == Some(image));
-    let started = prior.and_then(|h| h.get("startedTime")).cloned().unwrap_or_else(|| json!(now));
-    let completion = match prior.and_then(|h| h.get("completionTime")).filter(|v| !v.is_null()) {
+    let prior = hc
+        .pointer("/status/version/history/0")
+        .filter(|h| str_at(h, "/image") == Some(image));
+    let started = prior
+        .and_then(|h| h.get("startedTime"))
+        .cloned()
+        .unwrap_or_else(|| json!(now));
+    let completion = match prior
+        .and_then(|h| h.get("completionTime"))
+        .filter(|v| !v.is_null())
+    {
         Some(t) => t.clone(),
         None if available => json!(now),
         None => Value::Null,
     };
-    let state = if completion.is_null() { "Partial" } else { "Completed" };
+    let state = if completion.is_null() {
+        "Partial"
+    } else {
+        "Completed"
+    };
     let ep = endpoint(ctx, hc);
     let status = json!({
         "conditions": [
@@ -905,17 +1205,27 @@ mod tests {
         assert_eq!(pause_state(Some("false"), now), Pause::No);
         assert_eq!(pause_state(Some("garbage"), now), Pause::No);
         assert_eq!(pause_state(Some("2000-01-01T00:00:00Z"), now), Pause::No);
-        assert!(matches!(pause_state(Some("2999-01-01T00:00:00Z"), now), Pause::Until(_)));
+        assert!(matches!(
+            pause_state(Some("2999-01-01T00:00:00Z"), now),
+            Pause::Until(_)
+        ));
     }
 
     #[test]
     fn release_versions_and_names() {
-        assert_eq!(release_version("quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64"), "4.16.10");
+        assert_eq!(
+            release_version("quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64"),
+            "4.16.10"
+        );
         assert_eq!(release_version("registry:5000/img"), "0.0.0");
         assert_eq!(hcp_namespace("clusters", "hc1"), "clusters-hc1");
         let names = machine_names("np", "infra", 3);
         assert_eq!(names.len(), 3);
-        assert!(names.iter().all(|n| n.starts_with(&machine_set_name("np", "infra"))));
+        assert!(
+            names
+                .iter()
+                .all(|n| n.starts_with(&machine_set_name("np", "infra")))
+        );
         assert_eq!(names, machine_names("np", "infra", 3));
     }
 
@@ -924,7 +1234,8 @@ mod tests {
         let hc = json!({"metadata": {"name": "hc1"}, "spec": {"dns": {"baseDomain": "example.com"}, "services": [
             {"service": "APIServer", "servicePublishingStrategy": {"type": "Route", "route": {"hostname": "api.custom.example.com"}}}]}});
         assert_eq!(api_hostname(&hc), "api.custom.example.com");
-        let hc = json!({"metadata": {"name": "hc1"}, "spec": {"dns": {"baseDomain": "example.com"}}});
+        let hc =
+            json!({"metadata": {"name": "hc1"}, "spec": {"dns": {"baseDomain": "example.com"}}});
         assert_eq!(api_hostname(&hc), "api.hc1.example.com");
     }
 
@@ -934,11 +1245,26 @@ mod tests {
         let sts = etcd_statefulset("clusters-hc1", &hcp, 3, "img:4.16.10");
         assert_eq!(sts["spec"]["serviceName"], "etcd-discovery");
         assert_eq!(sts["spec"]["selector"]["matchLabels"]["app"], "etcd");
-        assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"], "Retain");
-        assert_eq!(sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "data");
-        assert_eq!(super::super::etcd_member::initial_cluster_names(&sts), vec!["etcd-0", "etcd-1", "etcd-2"]);
+        assert_eq!(
+            sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"],
+            "Retain"
+        );
+        assert_eq!(
+            sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+            "data"
+        );
+        assert_eq!(
+            super::super::etcd_member::initial_cluster_names(&sts),
+            vec!["etcd-0", "etcd-1", "etcd-2"]
+        );
         let d = control_plane_deployment("ns", &hcp, "kube-apiserver", 3, "img");
-        assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"], 6443);
-        assert_eq!(d["spec"]["template"]["metadata"]["labels"]["hypershift.openshift.io/request-serving-component"], "true");
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
+            6443
+        );
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["labels"]["hypershift.openshift.io/request-serving-component"],
+            "true"
+        );
     }
 }

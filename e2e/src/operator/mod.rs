@@ -166,7 +166,10 @@ impl From<crate::apiserver::ApiServerError> for OperatorError {
     }
 }
 
-pub(crate) fn io_err(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> OperatorError {
+pub(crate) fn io_err(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> OperatorError {
     let path = path.into();
     move |source| OperatorError::Io { op, path, source }
 }
@@ -185,7 +188,10 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub fn hosted_api_up(&self, key: &str) -> bool {
-        self.hosted_up.lock().map(|m| m.get(key).is_some_and(|s| s.up)).unwrap_or(false)
+        self.hosted_up
+            .lock()
+            .map(|m| m.get(key).is_some_and(|s| s.up))
+            .unwrap_or(false)
     }
 }
 
@@ -197,12 +203,19 @@ pub struct Operator {
 
 impl std::fmt::Debug for Operator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Operator").field("cluster", &self.ctx.cfg.cluster_name).finish_non_exhaustive()
+        f.debug_struct("Operator")
+            .field("cluster", &self.ctx.cfg.cluster_name)
+            .finish_non_exhaustive()
     }
 }
 
 /// Run `pass` every `period`, logging (de-duplicated) failures.
-fn spawn_loop<F, Fut>(name: &'static str, period: Duration, ctx: Arc<Ctx>, pass: F) -> JoinHandle<()>
+fn spawn_loop<F, Fut>(
+    name: &'static str,
+    period: Duration,
+    ctx: Arc<Ctx>,
+    pass: F,
+) -> JoinHandle<()>
 where
     F: Fn(Arc<Ctx>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), OperatorError>> + Send + 'static,
@@ -228,7 +241,8 @@ where
 /// Log a per-object failure inside a pass without stopping the pass (each
 /// distinct error once per object, so a retried failure does not flood).
 pub(crate) fn log_failure(controller: &str, object: &str, err: &OperatorError) {
-    static LAST: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> = std::sync::OnceLock::new();
+    static LAST: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> =
+        std::sync::OnceLock::new();
     let text = err.to_string();
     let key = format!("{controller}/{object}");
     let fresh = LAST
@@ -254,23 +268,48 @@ impl Operator {
             hosted_up: std::sync::Mutex::new(HashMap::new()),
         });
         let mut tasks = vec![
-            spawn_loop("workloads", Duration::from_millis(400), ctx.clone(), workloads::sync),
-            spawn_loop("etcd-kubelet", Duration::from_millis(400), ctx.clone(), etcd_member::sync),
-            spawn_loop("hypershift", Duration::from_millis(500), ctx.clone(), hypershift::sync),
-            spawn_loop("hosted-api", Duration::from_millis(500), ctx.clone(), hosted_api::sync),
+            spawn_loop(
+                "workloads",
+                Duration::from_millis(400),
+                ctx.clone(),
+                workloads::sync,
+            ),
+            spawn_loop(
+                "etcd-kubelet",
+                Duration::from_millis(400),
+                ctx.clone(),
+                etcd_member::sync,
+            ),
+            spawn_loop(
+                "hypershift",
+                Duration::from_millis(500),
+                ctx.clone(),
+                hypershift::sync,
+            ),
+            spawn_loop(
+                "hosted-api",
+                Duration::from_millis(500),
+                ctx.clone(),
+                hosted_api::sync,
+            ),
         ];
         if let Some(r53) = ctx.cfg.route53.clone() {
             let dns = Arc::new(external_dns::ExternalDns::new(&r53));
-            tasks.push(spawn_loop("external-dns", Duration::from_millis(1000), ctx.clone(), move |ctx| {
-                let dns = dns.clone();
-                async move { dns.sync(&ctx).await }
-            }));
+            tasks.push(spawn_loop(
+                "external-dns",
+                Duration::from_millis(1000),
+                ctx.clone(),
+                move |ctx| {
+                    let dns = dns.clone();
+                    async move { dns.sync(&ctx).await }
+                },
+            ));
         }
         Ok(Operator { ctx, tasks })
     }
 
-    /// Stop every controller, kill the etcd members and stop the hosted API
-    /// servers.
+    /// Stop every controller, then the hosted API servers, then kill the etcd
+    /// members.
     pub async fn shutdown(self) {
         for t in &self.tasks {
             t.abort();
@@ -278,7 +317,7 @@ impl Operator {
         for t in self.tasks {
             let _ = t.await;
         }
-        etcd_member::stop_all(&self.ctx).await;
         hosted_api::stop_all(&self.ctx).await;
+        etcd_member::stop_all(&self.ctx).await;
     }
 }

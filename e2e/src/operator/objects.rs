@@ -19,22 +19,46 @@ pub(crate) struct Res {
 }
 
 impl Res {
-    const fn new(group: &'static str, version: &'static str, kind: &'static str, plural: &'static str) -> Res {
-        Res { group, version, kind, plural, namespaced: true }
+    const fn new(
+        group: &'static str,
+        version: &'static str,
+        kind: &'static str,
+        plural: &'static str,
+    ) -> Res {
+        Res {
+            group,
+            version,
+            kind,
+            plural,
+            namespaced: true,
+        }
     }
 
     /// `apiVersion` as written in objects.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     fn api_resource(&self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(self.group, self.version, self.kind), self.plural)
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(self.group, self.version, self.kind),
+            self.plural,
+        )
     }
 }
 
-pub(crate) const NAMESPACE: Res = Res { namespaced: false, ..Res::new("", "v1", "Namespace", "namespaces") };
-pub(crate) const NODE: Res = Res { namespaced: false, ..Res::new("", "v1", "Node", "nodes") };
+pub(crate) const NAMESPACE: Res = Res {
+    namespaced: false,
+    ..Res::new("", "v1", "Namespace", "namespaces")
+};
+pub(crate) const NODE: Res = Res {
+    namespaced: false,
+    ..Res::new("", "v1", "Node", "nodes")
+};
 pub(crate) const POD: Res = Res::new("", "v1", "Pod", "pods");
 pub(crate) const PVC: Res = Res::new("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims");
 pub(crate) const SECRET: Res = Res::new("", "v1", "Secret", "secrets");
@@ -43,14 +67,33 @@ pub(crate) const SERVICE: Res = Res::new("", "v1", "Service", "services");
 pub(crate) const DEPLOYMENT: Res = Res::new("apps", "v1", "Deployment", "deployments");
 pub(crate) const STATEFULSET: Res = Res::new("apps", "v1", "StatefulSet", "statefulsets");
 pub(crate) const ROUTE: Res = Res::new("route.openshift.io", "v1", "Route", "routes");
-pub(crate) const HOSTED_CLUSTER: Res = Res::new("hypershift.openshift.io", "v1beta1", "HostedCluster", "hostedclusters");
-pub(crate) const NODE_POOL: Res = Res::new("hypershift.openshift.io", "v1beta1", "NodePool", "nodepools");
-pub(crate) const HOSTED_CONTROL_PLANE: Res =
-    Res::new("hypershift.openshift.io", "v1beta1", "HostedControlPlane", "hostedcontrolplanes");
+pub(crate) const HOSTED_CLUSTER: Res = Res::new(
+    "hypershift.openshift.io",
+    "v1beta1",
+    "HostedCluster",
+    "hostedclusters",
+);
+pub(crate) const NODE_POOL: Res = Res::new(
+    "hypershift.openshift.io",
+    "v1beta1",
+    "NodePool",
+    "nodepools",
+);
+pub(crate) const HOSTED_CONTROL_PLANE: Res = Res::new(
+    "hypershift.openshift.io",
+    "v1beta1",
+    "HostedControlPlane",
+    "hostedcontrolplanes",
+);
 pub(crate) const CAPI_CLUSTER: Res = Res::new("cluster.x-k8s.io", "v1beta1", "Cluster", "clusters");
-pub(crate) const MACHINE_DEPLOYMENT: Res =
-    Res::new("cluster.x-k8s.io", "v1beta1", "MachineDeployment", "machinedeployments");
-pub(crate) const MACHINE_SET: Res = Res::new("cluster.x-k8s.io", "v1beta1", "MachineSet", "machinesets");
+pub(crate) const MACHINE_DEPLOYMENT: Res = Res::new(
+    "cluster.x-k8s.io",
+    "v1beta1",
+    "MachineDeployment",
+    "machinedeployments",
+);
+pub(crate) const MACHINE_SET: Res =
+    Res::new("cluster.x-k8s.io", "v1beta1", "MachineSet", "machinesets");
 pub(crate) const MACHINE: Res = Res::new("cluster.x-k8s.io", "v1beta1", "Machine", "machines");
 
 /// Platform infrastructure kinds (`infrastructure.cluster.x-k8s.io` and the
@@ -58,29 +101,64 @@ pub(crate) const MACHINE: Res = Res::new("cluster.x-k8s.io", "v1beta1", "Machine
 pub(crate) fn platform_kinds(platform: &str) -> Option<(Res, Res, Res)> {
     match platform {
         "AWS" => Some((
-            Res::new("infrastructure.cluster.x-k8s.io", "v1beta2", "AWSCluster", "awsclusters"),
-            Res::new("infrastructure.cluster.x-k8s.io", "v1beta2", "AWSMachineTemplate", "awsmachinetemplates"),
-            Res::new("infrastructure.cluster.x-k8s.io", "v1beta2", "AWSMachine", "awsmachines"),
+            Res::new(
+                "infrastructure.cluster.x-k8s.io",
+                "v1beta2",
+                "AWSCluster",
+                "awsclusters",
+            ),
+            Res::new(
+                "infrastructure.cluster.x-k8s.io",
+                "v1beta2",
+                "AWSMachineTemplate",
+                "awsmachinetemplates",
+            ),
+            Res::new(
+                "infrastructure.cluster.x-k8s.io",
+                "v1beta2",
+                "AWSMachine",
+                "awsmachines",
+            ),
         )),
         "Agent" => Some((
-            Res::new("capi-provider.agent-install.openshift.io", "v1beta1", "AgentCluster", "agentclusters"),
+            Res::new(
+                "capi-provider.agent-install.openshift.io",
+                "v1beta1",
+                "AgentCluster",
+                "agentclusters",
+            ),
             Res::new(
                 "capi-provider.agent-install.openshift.io",
                 "v1beta1",
                 "AgentMachineTemplate",
                 "agentmachinetemplates",
             ),
-            Res::new("capi-provider.agent-install.openshift.io", "v1beta1", "AgentMachine", "agentmachines"),
+            Res::new(
+                "capi-provider.agent-install.openshift.io",
+                "v1beta1",
+                "AgentMachine",
+                "agentmachines",
+            ),
         )),
         "KubeVirt" => Some((
-            Res::new("infrastructure.cluster.x-k8s.io", "v1alpha1", "KubevirtCluster", "kubevirtclusters"),
+            Res::new(
+                "infrastructure.cluster.x-k8s.io",
+                "v1alpha1",
+                "KubevirtCluster",
+                "kubevirtclusters",
+            ),
             Res::new(
                 "infrastructure.cluster.x-k8s.io",
                 "v1alpha1",
                 "KubevirtMachineTemplate",
                 "kubevirtmachinetemplates",
             ),
-            Res::new("infrastructure.cluster.x-k8s.io", "v1alpha1", "KubevirtMachine", "kubevirtmachines"),
+            Res::new(
+                "infrastructure.cluster.x-k8s.io",
+                "v1alpha1",
+                "KubevirtMachine",
+                "kubevirtmachines",
+            ),
         )),
         _ => None,
     }
@@ -93,7 +171,10 @@ pub(crate) struct Kube {
 }
 
 fn kube_err(action: String) -> impl FnOnce(kube::Error) -> OperatorError {
-    move |source| OperatorError::Kube { action, source: Box::new(source) }
+    move |source| OperatorError::Kube {
+        action,
+        source: Box::new(source),
+    }
 }
 
 /// The HTTP status of an API error, if the error is one.
@@ -116,8 +197,9 @@ fn from_value(res: &Res, mut obj: Value) -> Result<DynamicObject, OperatorError>
         map.insert("apiVersion".into(), json!(res.api_version()));
         map.insert("kind".into(), json!(res.kind));
     }
-    serde_json::from_value(obj)
-        .map_err(|e| OperatorError::Invalid { what: format!("{} object: {e}", res.kind) })
+    serde_json::from_value(obj).map_err(|e| OperatorError::Invalid {
+        what: format!("{} object: {e}", res.kind),
+    })
 }
 
 impl Kube {
@@ -134,43 +216,75 @@ impl Kube {
     }
 
     /// GET; `None` on 404.
-    pub async fn get(&self, res: &Res, ns: Option<&str>, name: &str) -> Result<Option<Value>, OperatorError> {
+    pub async fn get(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Value>, OperatorError> {
         let got = self
             .api(res, ns)
             .get_opt(name)
             .await
-            .map_err(kube_err(format!("getting {} {}/{name}", res.kind, ns.unwrap_or(""))))?;
+            .map_err(kube_err(format!(
+                "getting {} {}/{name}",
+                res.kind,
+                ns.unwrap_or("")
+            )))?;
         Ok(got.map(to_value))
     }
 
     /// LIST (all namespaces when `ns` is `None`), optionally with a label selector.
-    pub async fn list(&self, res: &Res, ns: Option<&str>, labels: Option<&str>) -> Result<Vec<Value>, OperatorError> {
+    pub async fn list(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        labels: Option<&str>,
+    ) -> Result<Vec<Value>, OperatorError> {
         let mut lp = ListParams::default();
         if let Some(l) = labels {
             lp = lp.labels(l);
         }
-        let list = self
-            .api(res, ns)
-            .list(&lp)
-            .await
-            .map_err(kube_err(format!("listing {} in {}", res.plural, ns.unwrap_or("all namespaces"))))?;
+        let list = self.api(res, ns).list(&lp).await.map_err(kube_err(format!(
+            "listing {} in {}",
+            res.plural,
+            ns.unwrap_or("all namespaces")
+        )))?;
         Ok(list.items.into_iter().map(to_value).collect())
     }
 
     /// POST.
-    pub async fn create(&self, res: &Res, ns: Option<&str>, obj: Value) -> Result<Value, OperatorError> {
-        let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    pub async fn create(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        obj: Value,
+    ) -> Result<Value, OperatorError> {
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let dynobj = from_value(res, obj)?;
         let created = self
             .api(res, ns)
             .create(&PostParams::default(), &dynobj)
             .await
-            .map_err(kube_err(format!("creating {} {}/{name}", res.kind, ns.unwrap_or(""))))?;
+            .map_err(kube_err(format!(
+                "creating {} {}/{name}",
+                res.kind,
+                ns.unwrap_or("")
+            )))?;
         Ok(to_value(created))
     }
 
     /// POST unless it exists (409 is success); returns whether it was created.
-    pub async fn create_if_absent(&self, res: &Res, ns: Option<&str>, obj: Value) -> Result<bool, OperatorError> {
+    pub async fn create_if_absent(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        obj: Value,
+    ) -> Result<bool, OperatorError> {
         match self.create(res, ns, obj).await {
             Ok(_) => Ok(true),
             Err(e) if status_code(&e) == Some(409) => Ok(false),
@@ -179,12 +293,22 @@ impl Kube {
     }
 
     /// JSON merge patch of the main resource.
-    pub async fn merge(&self, res: &Res, ns: Option<&str>, name: &str, patch: &Value) -> Result<Value, OperatorError> {
+    pub async fn merge(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, OperatorError> {
         let out = self
             .api(res, ns)
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(kube_err(format!("patching {} {}/{name}", res.kind, ns.unwrap_or(""))))?;
+            .map_err(kube_err(format!(
+                "patching {} {}/{name}",
+                res.kind,
+                ns.unwrap_or("")
+            )))?;
         Ok(to_value(out))
     }
 
@@ -200,13 +324,23 @@ impl Kube {
             .api(res, ns)
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(kube_err(format!("patching status of {} {}/{name}", res.kind, ns.unwrap_or(""))))?;
+            .map_err(kube_err(format!(
+                "patching status of {} {}/{name}",
+                res.kind,
+                ns.unwrap_or("")
+            )))?;
         Ok(to_value(out))
     }
 
     /// DELETE; `false` when it was already gone.
-    pub async fn delete(&self, res: &Res, ns: Option<&str>, name: &str) -> Result<bool, OperatorError> {
-        self.delete_params(res, ns, name, &DeleteParams::default()).await
+    pub async fn delete(
+        &self,
+        res: &Res,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<bool, OperatorError> {
+        self.delete_params(res, ns, name, &DeleteParams::default())
+            .await
     }
 
     /// DELETE with `gracePeriodSeconds`; `false` when it was already gone.
@@ -217,7 +351,13 @@ impl Kube {
         name: &str,
         grace_seconds: u32,
     ) -> Result<bool, OperatorError> {
-        self.delete_params(res, ns, name, &DeleteParams::default().grace_period(grace_seconds)).await
+        self.delete_params(
+            res,
+            ns,
+            name,
+            &DeleteParams::default().grace_period(grace_seconds),
+        )
+        .await
     }
 
     async fn delete_params(
@@ -240,17 +380,23 @@ impl Kube {
 
 /// `metadata.name`.
 pub(crate) fn name_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// `metadata.namespace`.
 pub(crate) fn ns_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// `metadata.uid`.
 pub(crate) fn uid_of(obj: &Value) -> &str {
-    obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")
+    obj.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// A string at a JSON pointer.
@@ -260,7 +406,8 @@ pub(crate) fn str_at<'a>(obj: &'a Value, ptr: &str) -> Option<&'a str> {
 
 /// Whether `metadata.deletionTimestamp` is set.
 pub(crate) fn is_deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
 }
 
 /// A controller ownerReference to `owner` (which must carry apiVersion/kind).
@@ -277,17 +424,20 @@ pub(crate) fn owner_ref(res: &Res, owner: &Value) -> Value {
 
 /// The controller ownerReference of `obj`: (kind, name, uid).
 pub(crate) fn controller_of(obj: &Value) -> Option<(&str, &str, &str)> {
-    obj.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
-        if r.get("controller").and_then(Value::as_bool) == Some(true) {
-            Some((
-                r.get("kind").and_then(Value::as_str).unwrap_or(""),
-                r.get("name").and_then(Value::as_str).unwrap_or(""),
-                r.get("uid").and_then(Value::as_str).unwrap_or(""),
-            ))
-        } else {
-            None
-        }
-    })
+    obj.pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find_map(|r| {
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                Some((
+                    r.get("kind").and_then(Value::as_str).unwrap_or(""),
+                    r.get("name").and_then(Value::as_str).unwrap_or(""),
+                    r.get("uid").and_then(Value::as_str).unwrap_or(""),
+                ))
+            } else {
+                None
+            }
+        })
 }
 
 /// `key=value,...` form of a `matchLabels` selector.
@@ -311,15 +461,23 @@ pub(crate) fn now() -> String {
 
 /// Build a metav1.Condition, keeping `lastTransitionTime` from `previous`
 /// when the status did not change.
-pub(crate) fn condition(previous: Option<&Value>, type_: &str, status: bool, reason: &str, message: &str) -> Value {
+pub(crate) fn condition(
+    previous: Option<&Value>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+) -> Value {
     let status_s = if status { "True" } else { "False" };
-    let old = previous
-        .and_then(|conds| conds.as_array())
-        .and_then(|a| a.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_)));
+    let old = previous.and_then(|conds| conds.as_array()).and_then(|a| {
+        a.iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+    });
     let ltt = match old {
-        Some(c) if c.get("status").and_then(Value::as_str) == Some(status_s) => {
-            c.get("lastTransitionTime").cloned().unwrap_or_else(|| json!(now()))
-        }
+        Some(c) if c.get("status").and_then(Value::as_str) == Some(status_s) => c
+            .get("lastTransitionTime")
+            .cloned()
+            .unwrap_or_else(|| json!(now())),
         _ => json!(now()),
     };
     json!({"type": type_, "status": status_s, "reason": reason, "message": message, "lastTransitionTime": ltt})
@@ -329,7 +487,8 @@ pub(crate) fn condition(previous: Option<&Value>, type_: &str, status: bool, rea
 pub(crate) fn condition_true(conds: Option<&Value>, type_: &str) -> bool {
     conds.and_then(Value::as_array).is_some_and(|a| {
         a.iter().any(|c| {
-            c.get("type").and_then(Value::as_str) == Some(type_) && c.get("status").and_then(Value::as_str) == Some("True")
+            c.get("type").and_then(Value::as_str) == Some(type_)
+                && c.get("status").and_then(Value::as_str) == Some("True")
         })
     })
 }
@@ -352,7 +511,10 @@ mod tests {
 
     #[test]
     fn selector_strings_join_match_labels() {
-        assert_eq!(selector_string(&json!({"matchLabels": {"a": "b", "c": "d"}})), "a=b,c=d");
+        assert_eq!(
+            selector_string(&json!({"matchLabels": {"a": "b", "c": "d"}})),
+            "a=b,c=d"
+        );
     }
 
     #[test]

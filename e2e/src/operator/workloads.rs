@@ -18,8 +18,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::objects::{
-    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, controller_of, is_deleting,
-    name_of, ns_of, owner_ref, str_at, uid_of,
+    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, controller_of, is_deleting, name_of, ns_of,
+    owner_ref, str_at, uid_of,
 };
 use super::{Ctx, OperatorError, io_err, log_failure};
 
@@ -35,7 +35,10 @@ const PV_OWNER_FILE: &str = ".sandbox-pvc-uid";
 /// process) rather than marked running here.
 pub fn is_etcd_pod(pod: &Value) -> bool {
     matches!(controller_of(pod), Some(("StatefulSet", "etcd", _)))
-        && str_at(pod, "/metadata/labels/hypershift.openshift.io~1control-plane-component") == Some("etcd")
+        && str_at(
+            pod,
+            "/metadata/labels/hypershift.openshift.io~1control-plane-component",
+        ) == Some("etcd")
 }
 
 /// The data directory of a PVC (`state_dir/pv/<ns>/<pvc>`).
@@ -53,7 +56,9 @@ pub fn ensure_pv_dir(state_dir: &Path, pvc: &Value) -> Result<PathBuf, OperatorE
     match std::fs::read_to_string(&marker) {
         Ok(owner) if owner.trim() == uid => return Ok(dir),
         Ok(_) => std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?,
-        Err(_) if dir.exists() => std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?,
+        Err(_) if dir.exists() => {
+            std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?
+        }
         Err(_) => {}
     }
     std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
@@ -118,19 +123,27 @@ async fn release_storage(ctx: &Ctx, world: &World) {
     }
     // PVC protection: release deleted claims once no pod mounts them.
     for pvc in world.pvcs.iter().filter(|p| is_deleting(p)) {
-        let in_use = world.pods.iter().any(|p| ns_of(p) == ns_of(pvc) && pod_claims(p).iter().any(|c| c == name_of(pvc)));
+        let in_use = world
+            .pods
+            .iter()
+            .any(|p| ns_of(p) == ns_of(pvc) && pod_claims(p).iter().any(|c| c == name_of(pvc)));
         if !in_use && let Err(e) = remove_finalizer(ctx, &PVC, pvc, PVC_PROTECTION).await {
             log_failure("pvc-protection", name_of(pvc), &e);
         }
     }
     // Data of PVCs that no longer exist.
     let pv_root = ctx.cfg.state_dir.join("pv");
-    let live: HashSet<(String, String)> =
-        world.pvcs.iter().map(|p| (ns_of(p).to_string(), name_of(p).to_string())).collect();
+    let live: HashSet<(String, String)> = world
+        .pvcs
+        .iter()
+        .map(|p| (ns_of(p).to_string(), name_of(p).to_string()))
+        .collect();
     if let Ok(namespaces) = std::fs::read_dir(&pv_root) {
         for ns_entry in namespaces.flatten() {
             let ns = ns_entry.file_name().to_string_lossy().to_string();
-            let Ok(dirs) = std::fs::read_dir(ns_entry.path()) else { continue };
+            let Ok(dirs) = std::fs::read_dir(ns_entry.path()) else {
+                continue;
+            };
             for d in dirs.flatten() {
                 let name = d.file_name().to_string_lossy().to_string();
                 if !live.contains(&(ns.clone(), name.clone())) {
@@ -145,29 +158,56 @@ async fn release_storage(ctx: &Ctx, world: &World) {
 }
 
 /// DELETE with `gracePeriodSeconds: 0` (what the kubelet does once containers stopped).
-pub(crate) async fn delete_now(ctx: &Ctx, res: &Res, ns: &str, name: &str) -> Result<bool, OperatorError> {
+pub(crate) async fn delete_now(
+    ctx: &Ctx,
+    res: &Res,
+    ns: &str,
+    name: &str,
+) -> Result<bool, OperatorError> {
     ctx.kube.delete_with_grace(res, Some(ns), name, 0).await
 }
 
 /// Remove `finalizer` from `obj` (merge patch of the whole list, guarded by resourceVersion).
-pub(crate) async fn remove_finalizer(ctx: &Ctx, res: &Res, obj: &Value, finalizer: &str) -> Result<(), OperatorError> {
-    let Some(list) = obj.pointer("/metadata/finalizers").and_then(Value::as_array) else {
+pub(crate) async fn remove_finalizer(
+    ctx: &Ctx,
+    res: &Res,
+    obj: &Value,
+    finalizer: &str,
+) -> Result<(), OperatorError> {
+    let Some(list) = obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+    else {
         return Ok(());
     };
     if !list.iter().any(|f| f.as_str() == Some(finalizer)) {
         return Ok(());
     }
-    let kept: Vec<&Value> = list.iter().filter(|f| f.as_str() != Some(finalizer)).collect();
+    let kept: Vec<&Value> = list
+        .iter()
+        .filter(|f| f.as_str() != Some(finalizer))
+        .collect();
     let patch = json!({"metadata": {"finalizers": kept,
         "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
     let ns = ns_of(obj);
-    ctx.kube.merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch).await.map(|_| ())
+    ctx.kube
+        .merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch)
+        .await
+        .map(|_| ())
 }
 
 /// Add `finalizer` to `obj` if missing.
-pub(crate) async fn add_finalizer(ctx: &Ctx, res: &Res, obj: &Value, finalizer: &str) -> Result<(), OperatorError> {
-    let mut list: Vec<Value> =
-        obj.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
+pub(crate) async fn add_finalizer(
+    ctx: &Ctx,
+    res: &Res,
+    obj: &Value,
+    finalizer: &str,
+) -> Result<(), OperatorError> {
+    let mut list: Vec<Value> = obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if list.iter().any(|f| f.as_str() == Some(finalizer)) {
         return Ok(());
     }
@@ -175,7 +215,10 @@ pub(crate) async fn add_finalizer(ctx: &Ctx, res: &Res, obj: &Value, finalizer: 
     let patch = json!({"metadata": {"finalizers": list,
         "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
     let ns = ns_of(obj);
-    ctx.kube.merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch).await.map(|_| ())
+    ctx.kube
+        .merge(res, (!ns.is_empty()).then_some(ns), name_of(obj), &patch)
+        .await
+        .map(|_| ())
 }
 
 /// PVC names a pod mounts.
@@ -193,9 +236,23 @@ fn pod_claims(pod: &Value) -> Vec<String> {
 /// Container ports of a pod spec (to pick a pod IP where they are free).
 fn container_ports(spec: &Value) -> Vec<u16> {
     let mut ports = Vec::new();
-    for c in spec.get("containers").and_then(Value::as_array).into_iter().flatten() {
-        for p in c.get("ports").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(n) = p.get("containerPort").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok()) {
+    for c in spec
+        .get("containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for p in c
+            .get("ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(n) = p
+                .get("containerPort")
+                .and_then(Value::as_u64)
+                .and_then(|n| u16::try_from(n).ok())
+            {
                 ports.push(n);
             }
         }
@@ -214,18 +271,28 @@ fn is_ready(pod: &Value) -> bool {
 }
 
 fn replicas_of(obj: &Value) -> u64 {
-    obj.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1)
+    obj.pointer("/spec/replicas")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
 }
 
 fn random_suffix(len: usize) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    uuid::Uuid::new_v4().as_bytes().iter().take(len).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+    uuid::Uuid::new_v4()
+        .as_bytes()
+        .iter()
+        .take(len)
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 /// The status a running pod reports (all containers started and ready).
 pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
     let now = objects::now();
-    let start = pod.pointer("/status/startTime").cloned().unwrap_or_else(|| json!(now));
+    let start = pod
+        .pointer("/status/startTime")
+        .cloned()
+        .unwrap_or_else(|| json!(now));
     let prev = pod.pointer("/status/conditions");
     let containers: Vec<Value> = pod
         .pointer("/spec/containers")
@@ -254,7 +321,10 @@ pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
 /// The "kubelet" for ordinary pods: a pod without a phase starts running at
 /// once on a fresh loopback IP.
 async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
-    if is_etcd_pod(pod) || is_deleting(pod) || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending") {
+    if is_etcd_pod(pod)
+        || is_deleting(pod)
+        || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending")
+    {
         return Ok(());
     }
     let ip = match str_at(pod, "/status/podIP") {
@@ -262,7 +332,14 @@ async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
         None => alloc_pod_ip(pod.get("spec").unwrap_or(&Value::Null))?.to_string(),
     };
     let status = running_status(pod, &ip, true);
-    ctx.kube.merge_status(&POD, Some(ns_of(pod)), name_of(pod), &json!({"status": status})).await?;
+    ctx.kube
+        .merge_status(
+            &POD,
+            Some(ns_of(pod)),
+            name_of(pod),
+            &json!({"status": status}),
+        )
+        .await?;
     Ok(())
 }
 
@@ -271,7 +348,10 @@ fn virtual_node(ctx: &Ctx) -> String {
 }
 
 fn template_labels(obj: &Value) -> serde_json::Map<String, Value> {
-    obj.pointer("/spec/template/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default()
+    obj.pointer("/spec/template/metadata/labels")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
 }
 
 async fn sync_deployment(ctx: &Ctx, d: &Value, world: &World) -> Result<(), OperatorError> {
@@ -284,17 +364,31 @@ async fn sync_deployment(ctx: &Ctx, d: &Value, world: &World) -> Result<(), Oper
     let mut owned: Vec<&Value> = world
         .pods
         .iter()
-        .filter(|p| ns_of(p) == ns && controller_of(p).is_some_and(|(_, _, uid)| uid == uid_of(d)) && !is_deleting(p))
+        .filter(|p| {
+            ns_of(p) == ns
+                && controller_of(p).is_some_and(|(_, _, uid)| uid == uid_of(d))
+                && !is_deleting(p)
+        })
         .collect();
     owned.sort_by(|a, b| {
-        str_at(a, "/metadata/creationTimestamp").cmp(&str_at(b, "/metadata/creationTimestamp")).then(name_of(a).cmp(name_of(b)))
+        str_at(a, "/metadata/creationTimestamp")
+            .cmp(&str_at(b, "/metadata/creationTimestamp"))
+            .then(name_of(a).cmp(name_of(b)))
     });
-    let template_hash = objects::short_hash(&[&d.pointer("/spec/template").map(Value::to_string).unwrap_or_default()], 10);
+    let template_hash = objects::short_hash(
+        &[&d.pointer("/spec/template")
+            .map(Value::to_string)
+            .unwrap_or_default()],
+        10,
+    );
     if owned.len() < want {
         for _ in owned.len()..want {
             let mut labels = template_labels(d);
             labels.insert("pod-template-hash".into(), json!(template_hash));
-            let mut spec = d.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({}));
+            let mut spec = d
+                .pointer("/spec/template/spec")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
             spec["nodeName"] = json!(virtual_node(ctx));
             let pod = json!({
                 "metadata": {
@@ -338,13 +432,25 @@ async fn sync_deployment(ctx: &Ctx, d: &Value, world: &World) -> Result<(), Oper
 
 /// Patch `status` unless every field already has that value (ignoring
 /// condition timestamps), so idle controllers do not churn resourceVersions.
-pub(crate) async fn patch_status_if_changed(ctx: &Ctx, res: &Res, obj: &Value, status: Value) -> Result<(), OperatorError> {
+pub(crate) async fn patch_status_if_changed(
+    ctx: &Ctx,
+    res: &Res,
+    obj: &Value,
+    status: Value,
+) -> Result<(), OperatorError> {
     let current = obj.get("status").cloned().unwrap_or(json!({}));
     if status_subset(&status, &current) {
         return Ok(());
     }
     let ns = ns_of(obj);
-    ctx.kube.merge_status(res, (!ns.is_empty()).then_some(ns), name_of(obj), &json!({"status": status})).await?;
+    ctx.kube
+        .merge_status(
+            res,
+            (!ns.is_empty()).then_some(ns),
+            name_of(obj),
+            &json!({"status": status}),
+        )
+        .await?;
     Ok(())
 }
 
@@ -361,14 +467,20 @@ pub(crate) fn status_subset(want: &Value, have: &Value) -> bool {
                 None => v.is_null(),
             }
         }),
-        (Value::Array(w), Value::Array(h)) => w.len() == h.len() && w.iter().zip(h).all(|(a, b)| status_subset(a, b)),
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| status_subset(a, b))
+        }
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
         _ => want == have,
     }
 }
 
 fn ordinal(sts: &str, pod_or_suffix: &str) -> Option<usize> {
-    pod_or_suffix.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()
+    pod_or_suffix
+        .strip_prefix(sts)?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
 }
 
 async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), OperatorError> {
@@ -378,20 +490,39 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
         return Ok(());
     }
     let want = replicas_of(s) as usize;
-    let claims: Vec<Value> = s.pointer("/spec/volumeClaimTemplates").and_then(Value::as_array).cloned().unwrap_or_default();
-    let when_scaled = str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenScaled").unwrap_or("Retain");
-    let when_deleted = str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenDeleted").unwrap_or("Retain");
-    let spec_template = s.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({}));
+    let claims: Vec<Value> = s
+        .pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let when_scaled =
+        str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenScaled").unwrap_or("Retain");
+    let when_deleted =
+        str_at(s, "/spec/persistentVolumeClaimRetentionPolicy/whenDeleted").unwrap_or("Retain");
+    let spec_template = s
+        .pointer("/spec/template/spec")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let pods: HashMap<&str, &Value> = world
         .pods
         .iter()
         .filter(|p| ns_of(p) == ns && controller_of(p).is_some_and(|(_, _, uid)| uid == uid_of(s)))
         .map(|p| (name_of(p), p))
         .collect();
-    let pvcs: HashMap<&str, &Value> = world.pvcs.iter().filter(|p| ns_of(p) == ns).map(|p| (name_of(p), p)).collect();
+    let pvcs: HashMap<&str, &Value> = world
+        .pvcs
+        .iter()
+        .filter(|p| ns_of(p) == ns)
+        .map(|p| (name_of(p), p))
+        .collect();
     let revision = format!(
         "{name}-{}",
-        objects::short_hash(&[&s.pointer("/spec/template").map(Value::to_string).unwrap_or_default()], 10)
+        objects::short_hash(
+            &[&s.pointer("/spec/template")
+                .map(Value::to_string)
+                .unwrap_or_default()],
+            10
+        )
     );
 
     for i in 0..want {
@@ -405,8 +536,14 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
                 Some(pvc) if is_deleting(pvc) => claims_ready = false,
                 Some(pvc) => {
                     if k == 0 {
-                        pod_ip = str_at(pvc, &format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1")))
-                            .map(str::to_string);
+                        pod_ip = str_at(
+                            pvc,
+                            &format!(
+                                "/metadata/annotations/{}",
+                                POD_IP_ANNOTATION.replace('/', "~1")
+                            ),
+                        )
+                        .map(str::to_string);
                     }
                     ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
                 }
@@ -435,7 +572,11 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
                     spec["subdomain"] = json!(svc);
                 }
                 spec["nodeName"] = json!(virtual_node(ctx));
-                let mut volumes = spec.get("volumes").and_then(Value::as_array).cloned().unwrap_or_default();
+                let mut volumes = spec
+                    .get("volumes")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
                 for c in &claims {
                     volumes.push(json!({"name": name_of(c),
                         "persistentVolumeClaim": {"claimName": format!("{}-{pod_name}", name_of(c))}}));
@@ -457,7 +598,14 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
                 let status = json!({"phase": "Pending", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
                     "hostIPs": [{"ip": "127.0.0.1"}],
                     "conditions": [objects::condition(None, "PodScheduled", true, "", "")]});
-                ctx.kube.merge_status(&POD, Some(ns), name_of(&created), &json!({"status": status})).await?;
+                ctx.kube
+                    .merge_status(
+                        &POD,
+                        Some(ns),
+                        name_of(&created),
+                        &json!({"status": status}),
+                    )
+                    .await?;
             }
         }
     }
@@ -471,8 +619,12 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
         for c in &claims {
             let prefix = format!("{}-", name_of(c));
             for (pvc_name, pvc) in &pvcs {
-                let Some(rest) = pvc_name.strip_prefix(prefix.as_str()) else { continue };
-                let Some(o) = ordinal(name, rest) else { continue };
+                let Some(rest) = pvc_name.strip_prefix(prefix.as_str()) else {
+                    continue;
+                };
+                let Some(o) = ordinal(name, rest) else {
+                    continue;
+                };
                 if o >= want && !is_deleting(pvc) && !pods.contains_key(rest) {
                     tracing::info!(namespace = ns, pvc = %pvc_name, "whenScaled: Delete: deleting claim of a removed replica");
                     ctx.kube.delete(&PVC, Some(ns), pvc_name).await?;
@@ -515,7 +667,11 @@ async fn create_claim(
     spec["volumeMode"] = json!(str_at(&spec, "/volumeMode").unwrap_or("Filesystem"));
     // Bound at creation to a volume named like the provisioner's.
     spec["volumeName"] = json!(format!("pvc-{}", uuid::Uuid::new_v4()));
-    let owners = if when_deleted == "Delete" { json!([owner_ref(&STATEFULSET, sts)]) } else { json!([]) };
+    let owners = if when_deleted == "Delete" {
+        json!([owner_ref(&STATEFULSET, sts)])
+    } else {
+        json!([])
+    };
     let pvc = json!({
         "metadata": {"name": claim, "namespace": ns, "labels": labels,
             "annotations": {POD_IP_ANNOTATION: pod_ip, "pv.kubernetes.io/bind-completed": "yes",
@@ -525,11 +681,22 @@ async fn create_claim(
         "spec": spec,
     });
     let created = ctx.kube.create(&PVC, Some(ns), pvc).await?;
-    let capacity = template.pointer("/spec/resources/requests/storage").cloned().unwrap_or(json!("1Gi"));
-    let access = template.pointer("/spec/accessModes").cloned().unwrap_or(json!(["ReadWriteOnce"]));
+    let capacity = template
+        .pointer("/spec/resources/requests/storage")
+        .cloned()
+        .unwrap_or(json!("1Gi"));
+    let access = template
+        .pointer("/spec/accessModes")
+        .cloned()
+        .unwrap_or(json!(["ReadWriteOnce"]));
     ctx.kube
-        .merge_status(&PVC, Some(ns), claim, &json!({"status": {"phase": "Bound", "accessModes": access,
-            "capacity": {"storage": capacity}}}))
+        .merge_status(
+            &PVC,
+            Some(ns),
+            claim,
+            &json!({"status": {"phase": "Bound", "accessModes": access,
+            "capacity": {"storage": capacity}}}),
+        )
         .await?;
     ensure_pv_dir(&ctx.cfg.state_dir, &created)?;
     tracing::info!(namespace = ns, pvc = claim, pod_ip, "provisioned claim");
@@ -561,7 +728,12 @@ mod tests {
         let pvc = json!({"metadata": {"name": "data-etcd-0", "namespace": "ns", "uid": "u1"}});
         let dir = ensure_pv_dir(tmp.path(), &pvc).expect("dir");
         std::fs::write(dir.join("db"), "x").expect("write");
-        assert!(ensure_pv_dir(tmp.path(), &pvc).expect("dir").join("db").exists());
+        assert!(
+            ensure_pv_dir(tmp.path(), &pvc)
+                .expect("dir")
+                .join("db")
+                .exists()
+        );
         assert!(existing_pv_dir(tmp.path(), &pvc).is_some());
         let newer = json!({"metadata": {"name": "data-etcd-0", "namespace": "ns", "uid": "u2"}});
         assert!(existing_pv_dir(tmp.path(), &newer).is_none());
@@ -577,6 +749,11 @@ mod tests {
         let other = json!({"metadata": {"labels": {"app": "etcd"},
             "ownerReferences": [{"kind": "StatefulSet", "name": "etcd", "uid": "1", "controller": true}]}});
         assert!(!is_etcd_pod(&other));
-        assert_eq!(container_ports(&json!({"containers": [{"ports": [{"containerPort": 2380}, {"containerPort": 2379}]}]})), vec![2379, 2380]);
+        assert_eq!(
+            container_ports(
+                &json!({"containers": [{"ports": [{"containerPort": 2380}, {"containerPort": 2379}]}]})
+            ),
+            vec![2379, 2380]
+        );
     }
 }

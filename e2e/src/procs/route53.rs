@@ -640,20 +640,24 @@ mod tests {
             set: s.clone(),
         };
         // CREATE of an existing set, DELETE of a missing one, DELETE with stale values.
-        let errs = check_change_batch(&[a.clone()], &[change("CREATE", &a)]).expect_err("exists");
+        let errs = check_change_batch(std::slice::from_ref(&a), &[change("CREATE", &a)])
+            .expect_err("exists");
         assert!(errs[0].contains("but it already exists"), "{errs:?}");
         let missing = set("nope.example.com", "A", 30, &["192.0.2.1"]);
-        let errs =
-            check_change_batch(&[a.clone()], &[change("DELETE", &missing)]).expect_err("missing");
+        let errs = check_change_batch(std::slice::from_ref(&a), &[change("DELETE", &missing)])
+            .expect_err("missing");
         assert!(errs[0].contains("but it was not found"), "{errs:?}");
         let stale = set("api.example.com", "A", 30, &["192.0.2.99"]);
-        let errs =
-            check_change_batch(&[a.clone()], &[change("DELETE", &stale)]).expect_err("stale");
+        let errs = check_change_batch(std::slice::from_ref(&a), &[change("DELETE", &stale)])
+            .expect_err("stale");
         assert!(errs[0].contains("do not match"), "{errs:?}");
         // Changes apply in order: DELETE then CREATE of the same set is fine.
         let b = set("api.example.com", "A", 30, &["192.0.2.2"]);
-        let after = check_change_batch(&[a.clone()], &[change("DELETE", &a), change("CREATE", &b)])
-            .expect("delete then create");
+        let after = check_change_batch(
+            std::slice::from_ref(&a),
+            &[change("DELETE", &a), change("CREATE", &b)],
+        )
+        .expect("delete then create");
         assert_eq!(after, vec![b.clone()]);
         assert_eq!(
             check_change_batch(&[a], &[change("UPSERT", &b)]).expect("upsert"),

@@ -38,7 +38,10 @@ pub struct Mgmt {
 /// `fixtures/crds` (with the reason printed).
 pub fn crd_dir() -> PathBuf {
     let shared = PathBuf::from("/work/shared/crds");
-    if shared.join("hostedclusters-Hypershift-Default.crd.yaml").exists() {
+    if shared
+        .join("hostedclusters-Hypershift-Default.crd.yaml")
+        .exists()
+    {
         return shared;
     }
     let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/crds");
@@ -85,7 +88,15 @@ impl Mgmt {
         })
         .await
         .expect("operator starts");
-        Mgmt { operator: Some(operator), server: Some(server), client, etcd, ca, sandbox_id, dir }
+        Mgmt {
+            operator: Some(operator),
+            server: Some(server),
+            client,
+            etcd,
+            ca,
+            sandbox_id,
+            dir,
+        }
     }
 
     pub async fn stop(mut self) {
@@ -97,8 +108,16 @@ impl Mgmt {
         }
     }
 
-    pub fn api(&self, group: &str, version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
-        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    pub fn api(
+        &self,
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        ns: Option<&str>,
+    ) -> Api<DynamicObject> {
+        let ar =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
         match ns {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
             None => Api::all_with(self.client.clone(), &ar),
@@ -106,11 +125,20 @@ impl Mgmt {
     }
 
     pub fn hc_api(&self) -> Api<DynamicObject> {
-        self.api("hypershift.openshift.io", "v1beta1", "HostedCluster", "hostedclusters", Some(HC_NS))
+        self.api(
+            "hypershift.openshift.io",
+            "v1beta1",
+            "HostedCluster",
+            "hostedclusters",
+            Some(HC_NS),
+        )
     }
 
     pub async fn get(&self, api: &Api<DynamicObject>, name: &str) -> Option<Value> {
-        api.get_opt(name).await.expect("GET").map(|o| serde_json::to_value(o).expect("json"))
+        api.get_opt(name)
+            .await
+            .expect("GET")
+            .map(|o| serde_json::to_value(o).expect("json"))
     }
 
     pub async fn create(&self, api: &Api<DynamicObject>, obj: Value) {
@@ -121,13 +149,22 @@ impl Mgmt {
     }
 
     pub async fn merge(&self, api: &Api<DynamicObject>, name: &str, patch: Value) {
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("merge patch");
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("merge patch");
     }
 
     /// Namespace, pull secret, encryption key, HostedCluster and NodePool.
-    pub async fn create_hosted_cluster(&self, name: &str, policy: &str, nodes: u32, restore_url: Option<&str>) {
+    pub async fn create_hosted_cluster(
+        &self,
+        name: &str,
+        policy: &str,
+        nodes: u32,
+        restore_url: Option<&str>,
+    ) {
         let none = json!({"type": "None"});
-        self.create_hosted_cluster_on(name, policy, nodes, restore_url, none.clone(), none).await;
+        self.create_hosted_cluster_on(name, policy, nodes, restore_url, none.clone(), none)
+            .await;
     }
 
     /// As [`Mgmt::create_hosted_cluster`] with the HC's and NodePool's `spec.platform`.
@@ -142,7 +179,11 @@ impl Mgmt {
     ) {
         let ns_api = self.api("", "v1", "Namespace", "namespaces", None);
         if self.get(&ns_api, HC_NS).await.is_none() {
-            self.create(&ns_api, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HC_NS}})).await;
+            self.create(
+                &ns_api,
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HC_NS}}),
+            )
+            .await;
         }
         let secrets = self.api("", "v1", "Secret", "secrets", Some(HC_NS));
         let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
@@ -152,9 +193,7 @@ impl Mgmt {
         self.create(&secrets, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-etcd-encryption-key")},
             "type": "Opaque", "data": {"key": b64(&[7u8; 32])}}))
             .await;
-        let route = |svc: &str, host: &str| {
-            json!({"service": svc, "servicePublishingStrategy": {"type": "Route", "route": {"hostname": host}}})
-        };
+        let route = |svc: &str, host: &str| json!({"service": svc, "servicePublishingStrategy": {"type": "Route", "route": {"hostname": host}}});
         let mut storage = json!({"type": "PersistentVolume", "persistentVolume": {"size": "8Gi"}});
         if let Some(url) = restore_url {
             storage["restoreSnapshotURL"] = json!([url]);
@@ -183,7 +222,13 @@ impl Mgmt {
         });
         self.create(&self.hc_api(), hc).await;
         if nodes > 0 {
-            let np_api = self.api("hypershift.openshift.io", "v1beta1", "NodePool", "nodepools", Some(HC_NS));
+            let np_api = self.api(
+                "hypershift.openshift.io",
+                "v1beta1",
+                "NodePool",
+                "nodepools",
+                Some(HC_NS),
+            );
             self.create(&np_api, json!({
                 "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool",
                 "metadata": {"name": format!("{name}-workers"), "namespace": HC_NS},
@@ -197,10 +242,13 @@ impl Mgmt {
     /// Wait until the HostedCluster's condition has `status`.
     pub async fn wait_condition(&self, name: &str, type_: &str, status: &str) -> Value {
         let api = self.hc_api();
-        wait_for(&format!("HostedCluster {name} condition {type_}={status}"), || async {
-            let hc = self.get(&api, name).await?;
-            has_condition(&hc, type_, status).then_some(hc)
-        })
+        wait_for(
+            &format!("HostedCluster {name} condition {type_}={status}"),
+            || async {
+                let hc = self.get(&api, name).await?;
+                has_condition(&hc, type_, status).then_some(hc)
+            },
+        )
         .await
     }
 
@@ -208,11 +256,18 @@ impl Mgmt {
     pub async fn etcd_tls(&self, hcp_ns: &str, server_name: &str) -> ClientTls {
         let secrets = self.api("", "v1", "Secret", "secrets", Some(hcp_ns));
         let cms = self.api("", "v1", "ConfigMap", "configmaps", Some(hcp_ns));
-        let client = self.get(&secrets, "etcd-client-tls").await.expect("etcd-client-tls");
+        let client = self
+            .get(&secrets, "etcd-client-tls")
+            .await
+            .expect("etcd-client-tls");
         let ca = self.get(&cms, "etcd-ca").await.expect("etcd-ca");
         let dec = |v: &Value, k: &str| {
-            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(v["data"][k].as_str().expect("key")).expect("b64"))
-                .expect("utf8")
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(v["data"][k].as_str().expect("key"))
+                    .expect("b64"),
+            )
+            .expect("utf8")
         };
         ClientTls {
             ca_pem: ca["data"]["ca.crt"].as_str().expect("ca.crt").to_string(),
@@ -224,7 +279,8 @@ impl Mgmt {
 
     /// The pod as JSON.
     pub async fn pod(&self, ns: &str, name: &str) -> Option<Value> {
-        self.get(&self.api("", "v1", "Pod", "pods", Some(ns)), name).await
+        self.get(&self.api("", "v1", "Pod", "pods", Some(ns)), name)
+            .await
     }
 
     /// The hosted cluster's admin client, from Secret `<hc>-admin-kubeconfig`.
@@ -236,22 +292,32 @@ impl Mgmt {
         .await;
         let yaml = String::from_utf8(
             base64::engine::general_purpose::STANDARD
-                .decode(secret["data"]["kubeconfig"].as_str().expect("kubeconfig key"))
+                .decode(
+                    secret["data"]["kubeconfig"]
+                        .as_str()
+                        .expect("kubeconfig key"),
+                )
                 .expect("base64"),
         )
         .expect("utf8");
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig parses");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig usable");
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("kubeconfig usable");
         kube::Client::try_from(config).expect("hosted client")
     }
 }
 
 pub fn has_condition(obj: &Value, type_: &str, status: &str) -> bool {
-    obj.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
-        cs.iter().any(|c| c["type"] == type_ && c["status"] == status)
-    })
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == type_ && c["status"] == status)
+        })
 }
 
 /// Poll `f` every 250 ms until it yields a value; panics after [`CONVERGE`].
@@ -273,26 +339,53 @@ where
 }
 
 /// A ConfigMap in the hosted cluster's `default` namespace.
-pub async fn put_configmap(client: &kube::Client, name: &str, value: &str) -> Result<(), kube::Error> {
-    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "default");
+pub async fn put_configmap(
+    client: &kube::Client,
+    name: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
     let cm: k8s_openapi::api::core::v1::ConfigMap =
-        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"value": value}})).expect("configmap");
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"value": value}}))
+            .expect("configmap");
     api.create(&PostParams::default(), &cm).await.map(|_| ())
 }
 
-pub async fn get_configmap(client: &kube::Client, name: &str) -> Result<Option<String>, kube::Error> {
-    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "default");
-    Ok(api.get_opt(name).await?.and_then(|cm| cm.data.and_then(|d| d.get("value").cloned())))
+pub async fn get_configmap(
+    client: &kube::Client,
+    name: &str,
+) -> Result<Option<String>, kube::Error> {
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
+    Ok(api
+        .get_opt(name)
+        .await?
+        .and_then(|cm| cm.data.and_then(|d| d.get("value").cloned())))
 }
 
 /// Keys under `prefix` in the etcd member at `url`.
 pub async fn etcd_keys(url: &str, tls: &ClientTls, prefix: &str) -> Result<Vec<String>, String> {
-    let mut client = hcp_dr_e2e::procs::etcd::connect_client(&[url.to_string()], Some(tls)).await.map_err(|e| e.to_string())?;
-    let resp = client
-        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_keys_only().with_serializable()))
+    let mut client = hcp_dr_e2e::procs::etcd::connect_client(&[url.to_string()], Some(tls))
         .await
         .map_err(|e| e.to_string())?;
-    Ok(resp.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).to_string()).collect())
+    let resp = client
+        .get(
+            prefix,
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_serializable(),
+            ),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).to_string())
+        .collect())
 }
 
 /// A one-file HTTPS server (cert from `ca`, SAN 127.0.0.1) serving `body` at
@@ -309,29 +402,39 @@ pub async fn serve_snapshot(ca: &Ca, body: Vec<u8>) -> (String, tokio::task::Joi
         .expect("server cert");
     let tls = hcp_dr_e2e::pki::server_tls_config(&pair, None).expect("tls config");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let body = Arc::new(bytes::Bytes::from(body));
     let task = tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
             let acceptor = acceptor.clone();
             let body = body.clone();
             tokio::spawn(async move {
-                let Ok(stream) = acceptor.accept(tcp).await else { return };
-                let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let body = body.clone();
-                    async move {
-                        let resp = if req.uri().path() == "/snapshot.db" {
-                            hyper::Response::new(http_body_util::Full::new((*body).clone()))
-                        } else {
-                            let mut r = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"not found")));
-                            *r.status_mut() = hyper::StatusCode::NOT_FOUND;
-                            r
-                        };
-                        Ok::<_, std::convert::Infallible>(resp)
-                    }
-                });
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let body = body.clone();
+                        async move {
+                            let resp = if req.uri().path() == "/snapshot.db" {
+                                hyper::Response::new(http_body_util::Full::new((*body).clone()))
+                            } else {
+                                let mut r = hyper::Response::new(http_body_util::Full::new(
+                                    bytes::Bytes::from_static(b"not found"),
+                                ));
+                                *r.status_mut() = hyper::StatusCode::NOT_FOUND;
+                                r
+                            };
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    },
+                );
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                     .await;

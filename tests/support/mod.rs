@@ -1,0 +1,155 @@
+//! Shared set-up for the end-to-end tests: a sandbox with one hosted
+//! cluster, the real hcp-dr binary, and checks on the cluster's state.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use hcp_dr_e2e::drill::{hosted_client, write_workloads};
+use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, api_for, create_all, wait_available};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+pub const WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
+
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub sandbox: Sandbox,
+    pub spec: HostedClusterSpec,
+    pub mgmt: kube::Client,
+    pub hosted: kube::Client,
+    /// Writer replicas before any test ran.
+    pub replicas: Vec<(String, i32)>,
+}
+
+/// A sandbox with `spec` created on mgmt-a, Available, with workloads written.
+pub async fn env(availability: &str) -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
+    let mut spec = HostedClusterSpec::demo();
+    spec.availability = availability.to_string();
+    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
+    create_all(&mgmt, &spec.objects()).await.expect("create demo");
+    wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(180))
+        .await
+        .expect("demo Available");
+    let hosted = hosted_client(&mgmt, &spec.namespace, &spec.name).await.expect("hosted client");
+    write_workloads(&hosted).await.expect("workloads");
+    let mut env = Env { dir, sandbox, spec, mgmt, hosted, replicas: Vec::new() };
+    env.replicas = env.writer_replicas().await;
+    env
+}
+
+impl Env {
+    pub fn hcp_ns(&self) -> String {
+        format!("{}-{}", self.spec.namespace, self.spec.name)
+    }
+
+    /// Run the real hcp-dr binary against mgmt-a with the sandbox's S3 credentials.
+    pub fn hcp_dr(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Output {
+        let mut cmd = self.command(args, extra_env);
+        cmd.output().expect("run hcp-dr")
+    }
+
+    pub fn command(&self, args: &[&str], extra_env: &[(&str, &str)]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr"));
+        cmd.args(args)
+            .env("KUBECONFIG", &self.sandbox.clusters[0].kubeconfig)
+            .env("AWS_ACCESS_KEY_ID", self.sandbox.s3.access_key())
+            .env("AWS_SECRET_ACCESS_KEY", self.sandbox.s3.secret_key())
+            .env("AWS_REGION", self.sandbox.s3.region())
+            .env("HCP_DR_CA_BUNDLE", self.sandbox.dir.join("ca.crt"))
+            .env("HCP_DR_STATE_DIR", self.dir.path().join("state"))
+            .env_remove("HCP_DR_STORE");
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    pub fn s3_args(&self) -> Vec<String> {
+        vec![
+            "--to".into(),
+            format!("s3://{}/backups", hcp_dr_e2e::sandbox::BUCKET),
+            "--s3-endpoint".into(),
+            self.sandbox.s3.https_url().into(),
+        ]
+    }
+
+    pub fn local_store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    pub async fn writer_replicas(&self) -> Vec<(String, i32)> {
+        let api: Api<Deployment> = Api::namespaced(self.mgmt.clone(), &self.hcp_ns());
+        let mut out = Vec::new();
+        for w in WRITERS {
+            let d = api.get(w).await.expect("writer deployment");
+            out.push((w.to_string(), d.spec.replicas.unwrap_or(1)));
+        }
+        out
+    }
+
+    /// `spec.pausedUntil` of the HostedCluster and each NodePool.
+    pub async fn paused_until(&self) -> Vec<Value> {
+        let hc = api_for(&self.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": self.spec.namespace}}));
+        let np = api_for(&self.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool", "metadata": {"namespace": self.spec.namespace}}));
+        let mut out = vec![serde_json::to_value(hc.get(&self.spec.name).await.expect("hc")).unwrap()["spec"]["pausedUntil"].clone()];
+        for item in np.list(&Default::default()).await.expect("nodepools").items {
+            out.push(serde_json::to_value(item).unwrap()["spec"]["pausedUntil"].clone());
+        }
+        out
+    }
+
+    /// The cluster is as before: not paused, writers at their replicas, no lock.
+    pub async fn assert_in_service(&self, context: &str) {
+        let paused = self.paused_until().await;
+        assert!(paused.iter().all(Value::is_null), "{context}: still paused: {paused:?}");
+        assert_eq!(self.writer_replicas().await, self.replicas, "{context}: writers not scaled back");
+        let leases = api_for(&self.mgmt, &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"namespace": self.spec.namespace}}));
+        let held: Vec<String> = leases
+            .list(&Default::default())
+            .await
+            .expect("leases")
+            .items
+            .into_iter()
+            .filter_map(|l| l.metadata.name)
+            .filter(|n| n.starts_with("hcp-dr-lock-"))
+            .collect();
+        assert!(held.is_empty(), "{context}: lock still held: {held:?}");
+    }
+}
+
+pub fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+pub fn json_report(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{}", text(output)))
+}
+
+/// Every file under `dir`, relative.
+pub fn files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
