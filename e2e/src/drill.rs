@@ -233,8 +233,9 @@ pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<Me
     Ok(members)
 }
 
-/// Run the drill in `dir` (a running sandbox is started there and stopped at the end).
-pub async fn run(dir: &Path) -> Result<DrillReport, SandboxError> {
+/// Run the drill in `dir` (a running sandbox is started there and stopped at
+/// the end), driving the hcp-dr binary at `hcp_dr`.
+pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError> {
     let mut steps = Vec::new();
     let sandbox = timed(&mut steps, "sandbox up", async {
         let sandbox = Sandbox::up(dir).await?;
@@ -248,7 +249,7 @@ pub async fn run(dir: &Path) -> Result<DrillReport, SandboxError> {
         Ok((sandbox, detail))
     })
     .await?;
-    let result = drill_on(&sandbox, &mut steps).await;
+    let result = drill_on(&sandbox, hcp_dr, &mut steps).await;
     let crds = crate::sandbox::crd_dir().1.to_string();
     let sandbox_dir = sandbox.dir.display().to_string();
     sandbox.shutdown().await;
@@ -268,6 +269,7 @@ pub async fn run(dir: &Path) -> Result<DrillReport, SandboxError> {
 
 async fn drill_on(
     sandbox: &Sandbox,
+    hcp_dr: &Path,
     steps: &mut Vec<Step>,
 ) -> Result<(String, Vec<MemberReport>), SandboxError> {
     let spec = HostedClusterSpec::demo();
@@ -320,7 +322,7 @@ async fn drill_on(
     })
     .await?;
     let backup = timed(steps, "hcp-dr backup to S3", async {
-        let report = run_backup(sandbox, &spec).await?;
+        let report = run_backup(sandbox, hcp_dr, &spec).await?;
         let detail = format!(
             "{} (revision {}, API down {:.1}s)",
             report["backup"].as_str().unwrap_or("?"),
@@ -384,8 +386,7 @@ pub fn hcp_dr_binary() -> Result<std::path::PathBuf, SandboxError> {
 }
 
 /// Run `hcp-dr backup` of `spec` on mgmt-a into the sandbox's S3 bucket; returns its JSON report.
-pub async fn run_backup(sandbox: &Sandbox, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
-    let bin = hcp_dr_binary()?;
+pub async fn run_backup(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
     let journal = sandbox.dir.join("journals").join("drill-backup.jsonl");
     let output = tokio::process::Command::new(&bin)
         .args(["backup", "--hosted-cluster", &spec.name, "-n", &spec.namespace, "-o", "json"])
@@ -403,7 +404,7 @@ pub async fn run_backup(sandbox: &Sandbox, spec: &HostedClusterSpec) -> Result<s
         .env("HCP_DR_STATE_DIR", sandbox.dir.join("state"))
         .output()
         .await
-        .map_err(|source| SandboxError::Io { path: bin.clone(), source })?;
+        .map_err(|source| SandboxError::Io { path: bin.to_path_buf(), source })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         return Err(SandboxError::Check(format!(

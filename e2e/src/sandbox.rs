@@ -91,7 +91,10 @@ pub fn crd_dir() -> (PathBuf, &'static str) {
     }
     let shared = repo.join("../shared/crds");
     if shared.is_dir() {
-        (shared, "the real HyperShift and Cluster API CRDs (../shared/crds)")
+        (
+            shared.canonicalize().unwrap_or(shared),
+            "the real HyperShift and Cluster API CRDs (../shared/crds)",
+        )
     } else {
         (
             repo.join("fixtures/crds"),

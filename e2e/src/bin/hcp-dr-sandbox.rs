@@ -226,7 +226,7 @@ async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
             temp.path().to_path_buf()
         }
     };
-    let report = hcp_dr_e2e::drill::run(&dir).await?;
+    let report = hcp_dr_e2e::drill::run(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -1,0 +1,71 @@
+//! `hcp-dr-sandbox up --detach`, `status`, `down` as a user runs them, with
+//! kubectl against the written kubeconfigs.
+
+use std::process::Command;
+
+fn sandbox(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hcp-dr-sandbox")).args(args).output().expect("run hcp-dr-sandbox")
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!("exit {:?}\n{}\n{}", out.status.code(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn up_detached_status_kubectl_and_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("sb");
+    let d = dir.to_str().unwrap();
+
+    let out = sandbox(&["status", "--dir", d]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("no sandbox in"), "{}", text(&out));
+
+    let out = sandbox(&["up", "--dir", d, "--detach"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let guard = Down(d.to_string());
+
+    for file in ["mgmt-a.kubeconfig", "mgmt-b.kubeconfig", "ca.crt", "env", "sandbox.json"] {
+        assert!(dir.join(file).exists(), "{file} missing");
+    }
+    let env = std::fs::read_to_string(dir.join("env")).unwrap();
+    for key in ["AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_ROUTE_53", "AWS_CA_BUNDLE", "HCP_DR_ROUTE53_ZONE", "HCP_DR_STORE"] {
+        assert!(env.contains(&format!("export {key}=")), "{key} not in env:\n{env}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(dir.join("env")).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let out = sandbox(&["status", "--dir", d]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).matches("ready; hosted clusters: none").count() == 2, "{}", text(&out));
+
+    // a second `up` in the same directory is refused
+    let out = sandbox(&["up", "--dir", d]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("already runs"), "{}", text(&out));
+
+    for cluster in ["mgmt-a", "mgmt-b"] {
+        let kubeconfig = dir.join(format!("{cluster}.kubeconfig"));
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "crd", "hostedclusters.hypershift.openshift.io", "-o", "jsonpath={.spec.names.kind}"])
+            .output()
+            .expect("kubectl not found: it is on every machine of this kind (see the README)");
+        assert!(out.status.success(), "{cluster}: {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "HostedCluster");
+    }
+
+    drop(guard);
+    let out = sandbox(&["status", "--dir", d]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+}
+
+/// Stops the sandbox even when an assertion fails.
+struct Down(String);
+impl Drop for Down {
+    fn drop(&mut self) {
+        let out = sandbox(&["down", "--dir", &self.0]);
+        assert!(out.status.success() || std::thread::panicking(), "{}", text(&out));
+    }
+}
