@@ -5,7 +5,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hcp_dr_e2e::procs::etcd::{ClientTls, ClusterState, EtcdMemberConfig, EtcdProcess, connect_client, etcdctl_snapshot_restore};
+use hcp_dr_e2e::procs::etcd::{ClientTls, connect_client, restore_scratch};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -37,25 +37,7 @@ async fn live_keys(env: &Env, revision: i64) -> KeyValues {
 
 /// Restore a snapshot file with etcdctl into a scratch member; all its keys.
 async fn restored_keys(snapshot: &Path, dir: &Path) -> KeyValues {
-    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    let ports = hcp_dr_e2e::procs::free_ports(ip, 2).unwrap();
-    let peer = format!("http://127.0.0.1:{}", ports[1]);
-    let cluster = vec![("scratch".to_string(), peer.clone())];
-    etcdctl_snapshot_restore(snapshot, &dir.join("data"), "scratch", &cluster, &peer).unwrap();
-    let mut member = EtcdProcess::start(EtcdMemberConfig {
-        name: "scratch".into(),
-        data_dir: dir.join("data"),
-        log_dir: dir.to_path_buf(),
-        client_ip: ip,
-        client_port: ports[0],
-        peer_port: ports[1],
-        initial_cluster: cluster,
-        initial_cluster_state: ClusterState::New,
-        tls: None,
-        quota_backend_bytes: None,
-    })
-    .unwrap();
-    member.wait_healthy(Duration::from_secs(30), None).await.unwrap();
+    let mut member = restore_scratch(snapshot, dir).await.unwrap();
     let mut client = connect_client(&[member.client_url()], None).await.unwrap();
     let resp = client.get(vec![0u8], Some(etcd_client::GetOptions::new().with_from_key())).await.unwrap();
     let keys = resp.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect();
@@ -130,6 +112,33 @@ async fn single_replica_cluster_to_local_store() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(folder.join("objects.tar.gz")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the objects archive holds secrets");
+
+    // The same through the API server's pods/portforward instead of pod IPs.
+    let out = env.hcp_dr(
+        &["backup", "--hosted-cluster", "demo", "-o", "json", "--etcd-access", "port-forward", "--to", store.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let folder = PathBuf::from(report["backup"].as_str().unwrap().strip_prefix("file://").unwrap());
+    check_backup(&env, &folder, 1).await;
+    env.assert_in_service("after the port-forward backup").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dry_run_plans_from_the_live_cluster_and_changes_nothing() {
+    let env = env("HighlyAvailable").await;
+    let store = env.local_store();
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--dry-run", "--to", store.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("backup plan (dry run: nothing was changed)"), "{}", text(&out));
+    assert!(stdout.contains("scale Deployment clusters-demo/kube-apiserver to 0"), "{}", text(&out));
+    assert!(stdout.contains("stream a snapshot of etcd-2"), "preflight ran for real and found 3 members: {}", text(&out));
+    assert!(stdout.contains("set spec.pausedUntil on NodePool clusters/demo-workers"), "{}", text(&out));
+    env.assert_in_service("after a dry run").await;
+    assert!(files(&store).is_empty());
+    assert!(files(&env.dir.path().join("state")).is_empty(), "a dry run writes no journal");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

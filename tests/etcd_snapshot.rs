@@ -2,15 +2,13 @@
 //! restored with `etcdctl snapshot restore` into a scratch member whose every
 //! key is compared with the source.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
 
 use hcp_dr::etcd::Member;
 use hcp_dr::store::{LocalStore, S3Options, S3Store, Store};
 use hcp_dr_e2e::pki::Ca;
-use hcp_dr_e2e::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, connect_client, etcdctl_snapshot_restore};
-use hcp_dr_e2e::procs::free_ports;
+use hcp_dr_e2e::procs::etcd::{EtcdProcess, connect_client, restore_scratch};
 use hcp_dr_e2e::procs::s3::S3Endpoint;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
@@ -39,26 +37,7 @@ async fn fill(url: &str) {
 
 /// Restore `snapshot` into a new member and return its keys.
 async fn restore_and_read(snapshot: &Path, dir: &Path) -> KeyValues {
-    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let ports = free_ports(ip, 2).unwrap();
-    let peer = format!("http://127.0.0.1:{}", ports[1]);
-    let cluster = vec![("scratch".to_string(), peer.clone())];
-    let data_dir = dir.join("data");
-    etcdctl_snapshot_restore(snapshot, &data_dir, "scratch", &cluster, &peer).unwrap();
-    let mut member = EtcdProcess::start(EtcdMemberConfig {
-        name: "scratch".into(),
-        data_dir,
-        log_dir: dir.to_path_buf(),
-        client_ip: ip,
-        client_port: ports[0],
-        peer_port: ports[1],
-        initial_cluster: cluster,
-        initial_cluster_state: ClusterState::New,
-        tls: None,
-        quota_backend_bytes: None,
-    })
-    .unwrap();
-    member.wait_healthy(Duration::from_secs(30), None).await.unwrap();
+    let mut member = restore_scratch(snapshot, dir).await.unwrap();
     let keys = all_keys(&member.client_url()).await;
     member.kill();
     keys

@@ -469,26 +469,7 @@ pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Res
 /// Restore `snapshot` with `etcdctl snapshot restore` into a scratch member in
 /// `dir`, start it, and count the keys under `prefixes`.
 pub async fn count_keys_in_snapshot(snapshot: &Path, dir: &Path, prefixes: &[&str]) -> Result<usize, SandboxError> {
-    use crate::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, etcdctl_snapshot_restore};
-    let ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-    let ports = crate::procs::free_ports(ip, 2)?;
-    let peer = format!("http://127.0.0.1:{}", ports[1]);
-    let cluster = vec![("scratch".to_string(), peer.clone())];
-    let data_dir = dir.join("data");
-    etcdctl_snapshot_restore(snapshot, &data_dir, "scratch", &cluster, &peer)?;
-    let mut member = EtcdProcess::start(EtcdMemberConfig {
-        name: "scratch".into(),
-        data_dir,
-        log_dir: dir.to_path_buf(),
-        client_ip: ip,
-        client_port: ports[0],
-        peer_port: ports[1],
-        initial_cluster: cluster,
-        initial_cluster_state: ClusterState::New,
-        tls: None,
-        quota_backend_bytes: None,
-    })?;
-    member.wait_healthy(Duration::from_secs(30), None).await?;
+    let mut member = crate::procs::etcd::restore_scratch(snapshot, dir).await?;
     let mut client = connect_client(&[member.client_url()], None).await?;
     let mut total = 0;
     for prefix in prefixes {

@@ -113,7 +113,7 @@ fn sse(value: &str) -> Result<ServerSideEncryption, String> {
     }
 }
 
-fn options(args: Args) -> Result<BackupOptions, String> {
+fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
     let tls = TlsOverride {
         ca_pem: read_pem("etcd-ca", &args.etcd_ca)?,
         cert_pem: read_pem("etcd-cert", &args.etcd_cert)?,
@@ -144,11 +144,13 @@ fn options(args: Args) -> Result<BackupOptions, String> {
         journal_dir: default_journal_dir(),
         dry_run: args.dry_run,
         resume: args.resume,
+        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
     })
 }
 
 pub async fn exec(args: Args, output: Output) -> Exit {
-    let options = match options(args) {
+    let options = match options(args, output) {
         Ok(o) => o,
         Err(message) => {
             eprintln!("error: {message}");

@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod playbook;
+pub mod progress;
 
 use clap::{Parser, Subcommand, ValueEnum};
 

@@ -14,7 +14,7 @@ use crate::stages::{BACKUP_RULES, backup_catalog};
 use crate::store::{self, S3Options};
 
 /// Everything `hcp-dr backup` was asked.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BackupOptions {
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
@@ -34,6 +34,8 @@ pub struct BackupOptions {
     pub dry_run: bool,
     /// Continue the run recorded in this journal.
     pub resume: Option<PathBuf>,
+    /// Progress display, if any.
+    pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
 /// What a backup run reports.
@@ -144,6 +146,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         operation: "backup",
         playbook: &playbook,
         catalog: &catalog,
+        observer: options.observer.as_deref(),
     };
     let journal_path = journal_path(&options, &inputs);
     let mode = if options.dry_run {

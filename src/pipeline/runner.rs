@@ -179,11 +179,18 @@ pub enum Mode<'a> {
     DryRun,
 }
 
+/// Told as stages start and end (progress bars on a terminal).
+pub trait Observer: Send + Sync {
+    fn started(&self, stage: &str, summary: &str);
+    fn finished(&self, stage: &str, status: &StageStatus, duration: Duration);
+}
+
 /// Runs one playbook for one operation.
 pub struct Runner<'a, C> {
     pub operation: &'a str,
     pub playbook: &'a Playbook,
     pub catalog: &'a Catalog<C>,
+    pub observer: Option<&'a dyn Observer>,
 }
 
 struct Planned<'a, C> {
@@ -192,6 +199,18 @@ struct Planned<'a, C> {
 }
 
 impl<'a, C: Send + Sync> Runner<'a, C> {
+    fn notify_started(&self, stage: &dyn Stage<C>) {
+        if let Some(observer) = self.observer {
+            observer.started(stage.name(), stage.summary());
+        }
+    }
+
+    fn notify_finished(&self, report: &StageReport) {
+        if let Some(observer) = self.observer {
+            observer.finished(&report.name, &report.status, report.duration);
+        }
+    }
+
     fn resolve(&self) -> Result<Vec<Planned<'a, C>>, RunnerError> {
         self.playbook
             .stages
@@ -300,6 +319,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 }
                 let name = planned.stage.name().to_string();
                 journal.append(Event::Started { stage: name.clone() })?;
+                self.notify_started(planned.stage);
                 let started = Instant::now();
                 let result = {
                     let mut step = Step::new(&mut journal, &name, planned.params);
@@ -321,6 +341,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                         })?;
                         reports[index].status = StageStatus::Succeeded;
                         reports[index].output = Some(output);
+                        self.notify_finished(&reports[index]);
                     }
                     Err(error) => {
                         journal.append(Event::Failed {
@@ -328,6 +349,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                             error: error.clone(),
                         })?;
                         reports[index].status = StageStatus::Failed { error: error.clone() };
+                        self.notify_finished(&reports[index]);
                         failure = Some((name, error));
                         break;
                     }
@@ -391,6 +413,9 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 continue;
             }
             journal.append(Event::UndoStarted { stage: name.clone() })?;
+            if let Some(observer) = self.observer {
+                observer.started(&name, "undo");
+            }
             let input = UndoInput {
                 output: record.output.as_ref(),
                 progress: record.progress.as_ref(),
@@ -400,6 +425,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 Ok(()) => {
                     journal.append(Event::Undone { stage: name.clone() })?;
                     reports[index].status = StageStatus::Undone;
+                    self.notify_finished(&reports[index]);
                 }
                 Err(err) => {
                     let error = error_chain(err.as_ref());
@@ -409,6 +435,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     })?;
                     errors.push(format!("{name}: {error}"));
                     reports[index].status = StageStatus::UndoFailed { error };
+                    self.notify_finished(&reports[index]);
                 }
             }
         }
@@ -607,7 +634,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -628,7 +655,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx { fail_at: Some("copy"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -662,7 +689,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx { hang_at: Some("scale"), ..Default::default() };
         let (trigger, mut interrupt) = Interrupt::manual();
         let handle = tokio::spawn(async move {
@@ -709,7 +736,7 @@ mod tests {
             }
             journal.append(Event::Started { stage: "scale".into() }).unwrap();
         }
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never())
@@ -736,7 +763,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx { fail_at: Some("copy"), fail_undo_at: Some("pause"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -762,7 +789,7 @@ mod tests {
     async fn dry_run_runs_readers_plans_writers_and_writes_no_journal() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx::default();
         let report = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap();
         assert_eq!(report.outcome, RunOutcome::Planned);
@@ -790,7 +817,7 @@ mod tests {
         )
         .unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let err = runner
             .run(&mut Ctx::default(), Mode::Resume { journal: &path }, &mut Interrupt::never())
             .await
@@ -802,7 +829,7 @@ mod tests {
     async fn a_stage_missing_from_the_catalog_is_refused_before_anything_runs() {
         let playbook = Playbook::parse("operation: test\nstages:\n  - name: nope\n", "p").unwrap();
         let catalog = catalog();
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
         let mut ctx = Ctx::default();
         let err = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap_err();
         assert!(matches!(err, RunnerError::MissingStage { .. }));

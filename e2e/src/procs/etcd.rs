@@ -525,3 +525,29 @@ pub fn etcdctl_snapshot_restore(
     }
     Ok(())
 }
+
+/// Restore `snapshot` with `etcdctl snapshot restore` into a fresh
+/// single-member cluster in `dir` (plain http on 127.0.0.1, free ports) and
+/// start it; healthy on return. For checking what a snapshot holds.
+pub async fn restore_scratch(snapshot: &Path, dir: &Path) -> Result<EtcdProcess, ProcError> {
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ports = super::free_ports(ip, 2)?;
+    let peer = format!("http://127.0.0.1:{}", ports[1]);
+    let cluster = vec![("scratch".to_string(), peer.clone())];
+    let data_dir = dir.join("data");
+    etcdctl_snapshot_restore(snapshot, &data_dir, "scratch", &cluster, &peer)?;
+    let member = EtcdProcess::start(EtcdMemberConfig {
+        name: "scratch".into(),
+        data_dir,
+        log_dir: dir.to_path_buf(),
+        client_ip: ip,
+        client_port: ports[0],
+        peer_port: ports[1],
+        initial_cluster: cluster,
+        initial_cluster_state: ClusterState::New,
+        tls: None,
+        quota_backend_bytes: None,
+    })?;
+    member.wait_healthy(Duration::from_secs(30), None).await?;
+    Ok(member)
+}

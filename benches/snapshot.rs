@@ -1,0 +1,201 @@
+//! Snapshot benchmarks against peers measured in the same run:
+//!
+//! 1. throughput of one member: hcp-dr (hashing, checking etcd's hash,
+//!    writing to the local store) vs `etcdctl snapshot save` on the same member;
+//! 2. API downtime: hcp-dr snapshotting three members in parallel vs one
+//!    `etcdctl snapshot save` of one member;
+//! 3. peak RSS of hcp-dr snapshotting a database of >= 1 GiB.
+//!
+//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N]`
+//! Prints ratios; it asserts nothing about time.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hcp_dr::etcd::Member;
+use hcp_dr::store::LocalStore;
+use hcp_dr_e2e::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, connect_client};
+use hcp_dr_e2e::procs::free_ports;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Fill a member with `mib` MiB of 1 MiB values (incompressible-ish bytes).
+async fn fill(url: &str, mib: u64) {
+    let mut client = connect_client(&[url.to_string()], None).await.expect("connect");
+    let mut value = vec![0u8; 1 << 20];
+    for i in 0..mib {
+        for (j, b) in value.iter_mut().enumerate() {
+            *b = ((j as u64).wrapping_mul(2654435761).wrapping_add(i * 97) >> 13) as u8;
+        }
+        client.put(format!("/kubernetes.io/bench/{i:06}"), value.clone(), None).await.expect("put");
+    }
+}
+
+fn etcdctl_save(url: &str, out: &Path) -> Duration {
+    let _ = std::fs::remove_file(out);
+    let start = Instant::now();
+    let status = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", url, "snapshot", "save"])
+        .arg(out)
+        .output()
+        .expect("etcdctl not found: apt-get install etcd-client");
+    assert!(status.status.success(), "etcdctl: {}", String::from_utf8_lossy(&status.stderr));
+    start.elapsed()
+}
+
+async fn ours(url: &str, dir: &Path, member: &str) -> Duration {
+    let store = LocalStore::new(dir);
+    let start = Instant::now();
+    Member { name: member.into(), url: url.into(), tls: None }
+        .snapshot_to(&store, &format!("{member}.db"))
+        .await
+        .expect("snapshot");
+    start.elapsed()
+}
+
+async fn three_members(dir: &Path) -> Vec<EtcdProcess> {
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ports = free_ports(ip, 6).expect("ports");
+    let cluster: Vec<(String, String)> = (0..3)
+        .map(|i| (format!("m{i}"), format!("http://127.0.0.1:{}", ports[2 * i + 1])))
+        .collect();
+    let mut members: Vec<EtcdProcess> = (0..3)
+        .map(|i| {
+            EtcdProcess::start(EtcdMemberConfig {
+                name: format!("m{i}"),
+                data_dir: dir.join(format!("m{i}")),
+                log_dir: dir.to_path_buf(),
+                client_ip: ip,
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                initial_cluster: cluster.clone(),
+                initial_cluster_state: ClusterState::New,
+                tls: None,
+                quota_backend_bytes: Some(8 << 30),
+            })
+            .expect("start member")
+        })
+        .collect();
+    for m in &mut members {
+        m.wait_healthy(Duration::from_secs(60), None).await.expect("healthy");
+    }
+    members
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // Child mode for the RSS measurement: snapshot one member, print VmHWM.
+    if let Some(i) = args.iter().position(|a| a == "--child-snapshot") {
+        let (url, dir) = (&args[i + 1], &args[i + 2]);
+        ours(url, Path::new(dir), "rss").await;
+        println!("VmHWM_KiB {}", vm_hwm_kib());
+        return;
+    }
+    let size = arg("--size-mib", 1100);
+    let ha_size = arg("--ha-size-mib", 256);
+    let tmp = tempfile::tempdir().expect("tempdir");
+
+    println!("# hcp-dr snapshot benchmarks ({size} MiB single member, {ha_size} MiB x3 members)");
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ports = free_ports(ip, 2).expect("ports");
+    let mut single = EtcdProcess::start(EtcdMemberConfig {
+        name: "single".into(),
+        data_dir: tmp.path().join("single"),
+        log_dir: tmp.path().to_path_buf(),
+        client_ip: ip,
+        client_port: ports[0],
+        peer_port: ports[1],
+        initial_cluster: vec![("single".into(), format!("http://127.0.0.1:{}", ports[1]))],
+        initial_cluster_state: ClusterState::New,
+        tls: None,
+        quota_backend_bytes: Some(8 << 30),
+    })
+    .expect("etcd");
+    single.wait_healthy(Duration::from_secs(60), None).await.expect("healthy");
+    let url = single.client_url();
+    let t = Instant::now();
+    fill(&url, size).await;
+    let db = {
+        let mut c = connect_client(&[url.clone()], None).await.unwrap();
+        c.status().await.unwrap().db_size()
+    };
+    println!("filled {size} MiB in {:.1}s; db size {:.1} MiB", t.elapsed().as_secs_f64(), db as f64 / 1048576.0);
+
+    // 1. throughput, best of 2 each, alternating
+    let mut peer = Duration::MAX;
+    let mut mine = Duration::MAX;
+    for round in 0..2 {
+        peer = peer.min(etcdctl_save(&url, &tmp.path().join("etcdctl.db")));
+        mine = mine.min(ours(&url, &tmp.path().join(format!("ours-{round}")), "single").await);
+        let _ = std::fs::remove_dir_all(tmp.path().join(format!("ours-{round}")));
+    }
+    let mib = db as f64 / 1048576.0;
+    println!(
+        "throughput: etcdctl snapshot save {:.1} MiB/s ({:.2}s), hcp-dr {:.1} MiB/s ({:.2}s); ratio hcp-dr/etcdctl = {:.2}x (goal >= 1.0x)",
+        mib / peer.as_secs_f64(),
+        peer.as_secs_f64(),
+        mib / mine.as_secs_f64(),
+        mine.as_secs_f64(),
+        peer.as_secs_f64() / mine.as_secs_f64()
+    );
+
+    // 3. peak RSS of a snapshot of the >= 1 GiB member, in a fresh process
+    let exe = std::env::current_exe().expect("exe");
+    let out = Command::new(exe)
+        .args(["--child-snapshot", &url])
+        .arg(tmp.path().join("rss"))
+        .output()
+        .expect("child");
+    let hwm: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM_KiB "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    println!(
+        "peak RSS: {:.1} MiB while snapshotting a {:.0} MiB database (goal < 100 MiB)",
+        hwm as f64 / 1024.0,
+        mib
+    );
+    single.kill();
+    let _ = std::fs::remove_dir_all(tmp.path().join("single"));
+
+    // 2. API downtime: three members in parallel vs one etcdctl snapshot
+    let members = three_members(&tmp.path().join("ha")).await;
+    let urls: Vec<String> = members.iter().map(|m| m.client_url()).collect();
+    fill(&urls[0], ha_size).await;
+    let peer = etcdctl_save(&urls[0], &tmp.path().join("ha-etcdctl.db"));
+    let dir = tmp.path().join("ha-ours");
+    let start = Instant::now();
+    let jobs = urls.iter().enumerate().map(|(i, u)| {
+        let dir = dir.clone();
+        async move { ours(u, &dir, &format!("m{i}")).await }
+    });
+    futures::future::join_all(jobs).await;
+    let mine = start.elapsed();
+    println!(
+        "downtime: hcp-dr 3 members in parallel {:.2}s vs etcdctl 1 member {:.2}s; ratio = {:.2}x (goal <= 1.2x)",
+        mine.as_secs_f64(),
+        peer.as_secs_f64(),
+        mine.as_secs_f64() / peer.as_secs_f64()
+    );
+}
