@@ -58,7 +58,8 @@ async fn check_backup(env: &Env, folder: &Path, expected_members: usize) -> Valu
     for (i, snapshot) in snapshots.iter().enumerate() {
         assert_eq!(snapshot["revision"].as_i64().unwrap(), revision, "members agree");
         let path = folder.join(snapshot["artifact"].as_str().unwrap());
-        let restored = restored_keys(&path, &env.dir.path().join(format!("scratch-{i}"))).await;
+        let id = folder.file_name().unwrap().to_string_lossy();
+        let restored = restored_keys(&path, &env.dir.path().join(format!("scratch-{id}-{i}"))).await;
         assert!(restored == live, "snapshot {} does not restore the live keys at revision {revision}", snapshot["member"]);
     }
     let objects = manifest["object_counts"].clone();
