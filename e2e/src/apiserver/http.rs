@@ -721,6 +721,21 @@ async fn port_forward(
         .map_err(|_| ApiError::bad_request(format!("pod {name} has an invalid podIP \"{ip}\"")))?;
     let ports = super::portforward::parse_ports(req.uri().query().unwrap_or(""))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // Only the websocket stream protocols are spoken: refuse SPDY tunnelling
+    // (kubectl port-forward) before upgrading rather than after.
+    let offered = req
+        .headers()
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(str::trim).map(str::to_string).collect::<Vec<_>>())
+        .collect::<Vec<_>>();
+    if !offered.iter().any(|p| super::portforward::SUBPROTOCOLS.contains(&p.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "port-forward: none of the offered stream protocols {offered:?} is supported (supported: {:?}); this emulator speaks the websocket protocol kube-rs uses, not SPDY",
+            super::portforward::SUBPROTOCOLS
+        )));
+    }
     let (mut parts, _body) = req.into_parts();
     let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &())
         .await
