@@ -19,8 +19,9 @@ pub struct Args {
     /// Its namespace.
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
-    /// Management cluster kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster).
-    #[arg(long, env = "KUBECONFIG")]
+    /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
+    /// several files, then ~/.kube/config, then in-cluster).
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// kubeconfig context (default: the current one).
     #[arg(long)]
