@@ -79,3 +79,20 @@ pub fn from_output<T: serde::de::DeserializeOwned>(stage: &'static str, output: 
         message: e.to_string(),
     })
 }
+
+/// What an undo works from: the stage's output, or, when it stopped part-way,
+/// its last progress record. `None` when it changed nothing yet.
+pub fn undo_record<T: serde::de::DeserializeOwned>(
+    stage: &'static str,
+    input: &crate::pipeline::UndoInput<'_>,
+) -> Result<Option<T>, StageError> {
+    input.output.or(input.progress).map(|value| from_output(stage, value)).transpose()
+}
+
+/// The progress an earlier, interrupted attempt of `stage` journaled: a rerun
+/// must keep what was there before the first attempt changed anything.
+pub fn earlier_progress<T: serde::de::DeserializeOwned>(step: &crate::pipeline::Step<'_>, stage: &str) -> Option<T> {
+    step.history()
+        .and_then(|history| history.stage(stage).progress)
+        .and_then(|progress| serde_json::from_value(progress).ok())
+}

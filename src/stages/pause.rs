@@ -9,7 +9,7 @@ use chrono::{SecondsFormat, Utc};
 use serde_json::Value;
 
 use super::context::{BackupContext, PauseRecord};
-use super::{StageError, from_output};
+use super::{StageError, earlier_progress, from_output, undo_record};
 use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
 use crate::kube::{api, get_json, set_paused_until};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
@@ -103,11 +103,7 @@ impl Stage<BackupContext> for Pause {
             record.previous.push((kind, name, live["spec"]["pausedUntil"].as_str().map(str::to_string)));
         }
         // A rerun after a crash part-way must keep the values from before the first try.
-        if let Some(first) = step
-            .history()
-            .and_then(|h| h.stage("pause").progress)
-            .and_then(|p| serde_json::from_value::<PauseRecord>(p).ok())
-        {
+        if let Some(first) = earlier_progress::<PauseRecord>(step, "pause") {
             record.previous = first.previous;
         }
         // Journal what will change before changing it.
@@ -129,10 +125,9 @@ impl Stage<BackupContext> for Pause {
         true
     }
     async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(value) = input.output.or(input.progress) else {
-            return Ok(());
-        };
-        let record: PauseRecord = from_output("pause", value)?;
-        put_back(ctx, &record).await
+        match undo_record::<PauseRecord>("pause", &input)? {
+            Some(record) => put_back(ctx, &record).await,
+            None => Ok(()),
+        }
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::context::{BackupContext, ScaledDeployment};
-use super::from_output;
+use super::{earlier_progress, from_output, undo_record};
 use crate::kube::{deployment_pods, deployment_replicas, scale_deployment, wait_for};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
@@ -62,11 +62,7 @@ impl Stage<BackupContext> for ScaleDown {
             }
         }
         // A resumed run finds writers already at 0: keep the counts journaled first.
-        if let Some(previous) = step
-            .history()
-            .and_then(|h| h.stage("scale-down").progress)
-            .and_then(|p| serde_json::from_value::<Record>(p).ok())
-        {
+        if let Some(previous) = earlier_progress::<Record>(step, "scale-down") {
             scaled = previous.scaled;
         }
         let record = Record {
@@ -108,10 +104,9 @@ impl Stage<BackupContext> for ScaleDown {
         true
     }
     async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(value) = input.output.or(input.progress) else {
-            return Ok(());
-        };
-        let record: Record = from_output("scale-down", value)?;
-        scale_back(ctx, &record.scaled).await
+        match undo_record::<Record>("scale-down", &input)? {
+            Some(record) => scale_back(ctx, &record.scaled).await,
+            None => Ok(()),
+        }
     }
 }
