@@ -6,7 +6,9 @@
 //!    `etcdctl snapshot save` of one member;
 //! 3. peak RSS of hcp-dr snapshotting a database of >= 1 GiB.
 //!
-//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N]`
+//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N] [--dir PATH] [--ha-only]`
+//! (`--dir` puts the members and the store there, e.g. `/dev/shm` to take the
+//! disk out of the comparison)
 //! Prints ratios; it asserts nothing about time.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -113,15 +115,29 @@ async fn main() {
     }
     let size = arg("--size-mib", 1100);
     let ha_size = arg("--ha-size-mib", 256);
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = match args.iter().position(|a| a == "--dir").and_then(|i| args.get(i + 1)) {
+        Some(dir) => tempfile::tempdir_in(dir).expect("tempdir in --dir"),
+        None => tempfile::tempdir().expect("tempdir"),
+    };
+    let ha_only = args.iter().any(|a| a == "--ha-only");
 
-    println!("# hcp-dr snapshot benchmarks ({size} MiB single member, {ha_size} MiB x3 members)");
+    println!(
+        "# hcp-dr snapshot benchmarks ({size} MiB single member, {ha_size} MiB x3 members) in {}",
+        tmp.path().display()
+    );
+    if !ha_only {
+        single_member(tmp.path(), size).await;
+    }
+    three_member_downtime(tmp.path(), ha_size).await;
+}
+
+async fn single_member(dir: &Path, size: u64) {
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let ports = free_ports(ip, 2).expect("ports");
     let mut single = EtcdProcess::start(EtcdMemberConfig {
         name: "single".into(),
-        data_dir: tmp.path().join("single"),
-        log_dir: tmp.path().to_path_buf(),
+        data_dir: dir.join("single"),
+        log_dir: dir.to_path_buf(),
         client_ip: ip,
         client_port: ports[0],
         peer_port: ports[1],
@@ -145,9 +161,9 @@ async fn main() {
     let mut peer = Duration::MAX;
     let mut mine = Duration::MAX;
     for round in 0..2 {
-        peer = peer.min(etcdctl_save(&url, &tmp.path().join("etcdctl.db")));
-        mine = mine.min(ours(&url, &tmp.path().join(format!("ours-{round}")), "single").await);
-        let _ = std::fs::remove_dir_all(tmp.path().join(format!("ours-{round}")));
+        peer = peer.min(etcdctl_save(&url, &dir.join("etcdctl.db")));
+        mine = mine.min(ours(&url, &dir.join(format!("ours-{round}")), "single").await);
+        let _ = std::fs::remove_dir_all(dir.join(format!("ours-{round}")));
     }
     let mib = db as f64 / 1048576.0;
     println!(
@@ -163,7 +179,7 @@ async fn main() {
     let exe = std::env::current_exe().expect("exe");
     let out = Command::new(exe)
         .args(["--child-snapshot", &url])
-        .arg(tmp.path().join("rss"))
+        .arg(dir.join("rss"))
         .output()
         .expect("child");
     let hwm: u64 = String::from_utf8_lossy(&out.stdout)
@@ -177,14 +193,18 @@ async fn main() {
         mib
     );
     single.kill();
-    let _ = std::fs::remove_dir_all(tmp.path().join("single"));
+    let _ = std::fs::remove_dir_all(dir.join("single"));
+    let _ = std::fs::remove_file(dir.join("etcdctl.db"));
+    let _ = std::fs::remove_dir_all(dir.join("rss"));
+}
 
-    // 2. API downtime: three members in parallel vs one etcdctl snapshot
-    let members = three_members(&tmp.path().join("ha")).await;
+/// 2. API downtime: three members in parallel vs one etcdctl snapshot.
+async fn three_member_downtime(dir: &Path, ha_size: u64) {
+    let members = three_members(&dir.join("ha")).await;
     let urls: Vec<String> = members.iter().map(|m| m.client_url()).collect();
     fill(&urls[0], ha_size).await;
-    let peer = etcdctl_save(&urls[0], &tmp.path().join("ha-etcdctl.db"));
-    let dir = tmp.path().join("ha-ours");
+    let peer = etcdctl_save(&urls[0], &dir.join("ha-etcdctl.db"));
+    let dir = dir.join("ha-ours");
     let start = Instant::now();
     let jobs = urls.iter().enumerate().map(|(i, u)| {
         let dir = dir.clone();
