@@ -302,6 +302,19 @@ async fn bad_inputs_fail_clearly_and_change_nothing() {
         .patch("demo", &Default::default(), &kube::api::Patch::Merge(json!({"spec": {"pausedUntil": "true"}})))
         .await
         .unwrap();
+    // Wait until the operator has seen the pause, or a reconcile under way puts the secret back.
+    let start = Instant::now();
+    loop {
+        let hc = serde_json::to_value(hc_api.get("demo").await.unwrap()).unwrap();
+        let acknowledged = hc["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "ReconciliationActive" && c["status"] == "False"));
+        if acknowledged {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the operator never acknowledged the pause");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Api::<Secret>::namespaced(env.mgmt.clone(), &env.hcp_ns())
         .delete("etcd-client-tls", &Default::default())
         .await
