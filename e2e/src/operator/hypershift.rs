@@ -173,26 +173,25 @@ fn upsert_condition(conds: Option<&Value>, new: Value) -> Value {
     Value::Array(list)
 }
 
+/// A paused object reconciles nothing but its `ReconciliationActive=False` condition.
+async fn mark_paused(ctx: &Ctx, res: &Res, obj: &Value, pause: &Pause, raw: &str) -> Result<(), OperatorError> {
+    let conds = obj.pointer("/status/conditions");
+    let c = objects::condition(
+        conds,
+        "ReconciliationActive",
+        false,
+        "ReconciliationPaused",
+        &pause_message(pause, raw),
+    );
+    patch_status_if_changed(ctx, res, obj, json!({"conditions": upsert_condition(conds, c)})).await
+}
+
 async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorError> {
     let raw = str_at(hc, "/spec/pausedUntil").unwrap_or("");
     let pause = pause_state(str_at(hc, "/spec/pausedUntil"), Utc::now());
     if pause != Pause::No {
         propagate_pause(ctx, hc, raw).await?;
-        let conds = hc.pointer("/status/conditions");
-        let c = objects::condition(
-            conds,
-            "ReconciliationActive",
-            false,
-            "ReconciliationPaused",
-            &pause_message(&pause, raw),
-        );
-        return patch_status_if_changed(
-            ctx,
-            &HOSTED_CLUSTER,
-            hc,
-            json!({"conditions": upsert_condition(conds, c)}),
-        )
-        .await;
+        return mark_paused(ctx, &HOSTED_CLUSTER, hc, &pause, raw).await;
     }
     if is_deleting(hc) {
         return teardown(ctx, hc, nps).await;
@@ -879,20 +878,7 @@ async fn reconcile_nodepool(
     let raw = str_at(np, "/spec/pausedUntil").unwrap_or("");
     let pause = pause_state(str_at(np, "/spec/pausedUntil"), Utc::now());
     if pause != Pause::No {
-        let c = objects::condition(
-            conds,
-            "ReconciliationActive",
-            false,
-            "ReconciliationPaused",
-            &pause_message(&pause, raw),
-        );
-        return patch_status_if_changed(
-            ctx,
-            &NODE_POOL,
-            np,
-            json!({"conditions": upsert_condition(conds, c)}),
-        )
-        .await;
+        return mark_paused(ctx, &NODE_POOL, np, &pause, raw).await;
     }
     if is_deleting(np) {
         delete_nodepool_machines(ctx, np, hcp_ns).await?;
