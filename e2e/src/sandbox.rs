@@ -468,6 +468,19 @@ pub fn condition(obj: &Value, kind: &str) -> Option<String> {
 }
 
 /// Poll `HostedCluster ns/name` until its `Available` condition is True.
+async fn all_etcd_members_ready(client: &kube::Client, hcp_ns: &str) -> bool {
+    let api: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        kube::Api::namespaced(client.clone(), hcp_ns);
+    match api.get_opt("etcd").await {
+        Ok(Some(sts)) => {
+            let want = sts.spec.replicas.unwrap_or(1);
+            let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+            ready >= want
+        }
+        _ => false,
+    }
+}
+
 pub async fn wait_available(
     client: &kube::Client,
     ns: &str,
@@ -482,13 +495,19 @@ pub async fn wait_available(
     loop {
         if let Ok(hc) = api.get(name).await {
             let value = serde_json::to_value(&hc).unwrap_or(Value::Null);
-            if condition(&value, "Available").as_deref() == Some("True") {
+            // Available needs only etcd quorum; a drill or test wants every
+            // member serving, so also wait for the StatefulSet to be ready
+            if condition(&value, "Available").as_deref() == Some("True")
+                && all_etcd_members_ready(client, &crate::operator::hypershift::hcp_namespace(ns, name)).await
+            {
                 return Ok(value);
             }
         }
         if start.elapsed() > timeout {
             return Err(SandboxError::Timeout {
-                what: format!("HostedCluster {ns}/{name} to become Available"),
+                what: format!(
+                    "HostedCluster {ns}/{name} to become Available with every etcd member ready"
+                ),
                 seconds: timeout.as_secs(),
             });
         }

@@ -648,8 +648,13 @@ async fn namespace_deletion_removes_contents() {
         cms.get_opt("a").await.expect("get").is_none().then_some(())
     })
     .await;
-    let h = cms.get("held").await.expect("held still present");
-    assert!(h.metadata.deletion_timestamp.is_some());
+    // the namespace controller deletes contents one by one: wait for it to
+    // reach "held" rather than assuming it did so before "a" vanished
+    eventually("held marked for deletion", || async {
+        let h = cms.get("held").await.expect("held still present");
+        h.metadata.deletion_timestamp.is_some().then_some(())
+    })
+    .await;
     assert!(nss.get_opt("doomed").await.expect("get").is_some());
     // deleting again: 409 as upstream
     let (code, body, _) = raw(

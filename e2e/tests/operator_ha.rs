@@ -27,11 +27,12 @@ async fn highly_available_cluster_pauses_and_recovers_a_member() {
     let pods_api = mgmt.api("", "v1", "Pod", "pods", Some(hcp_ns));
     let mut ips = Vec::new();
     for i in 0..3 {
-        let pod = mgmt
-            .get(&pods_api, &format!("etcd-{i}"))
-            .await
-            .expect("etcd member pod");
-        assert!(has_condition(&pod, "Ready", "True"), "etcd-{i} ready");
+        // Available needs only quorum: the third member may still be starting
+        let pod = wait_for(&format!("etcd-{i} ready"), || async {
+            let pod = mgmt.get(&pods_api, &format!("etcd-{i}")).await?;
+            has_condition(&pod, "Ready", "True").then_some(pod)
+        })
+        .await;
         ips.push(
             pod.pointer("/status/podIP")
                 .and_then(Value::as_str)
@@ -199,16 +200,21 @@ async fn highly_available_cluster_pauses_and_recovers_a_member() {
     })
     .await;
     assert!(keys.iter().any(|k| k.ends_with("/before-pause")));
-    let mut client =
+    let client =
         hcp_dr_e2e::procs::etcd::connect_client(std::slice::from_ref(&url), Some(&tls))
             .await
             .expect("connect");
-    let members = client.member_list().await.expect("member list");
-    assert_eq!(members.members().len(), 3, "still three members");
-    assert!(
-        members.members().iter().all(|m| !m.name().is_empty()),
-        "all members started"
-    );
+    // the replacement was removed and re-added: three members, all started
+    // (a member's name is published through raft just after it starts)
+    wait_for("three started members", || {
+        let mut client = client.clone();
+        async move {
+            let list = client.member_list().await.ok()?;
+            let m = list.members();
+            (m.len() == 3 && m.iter().all(|m| !m.name().is_empty())).then_some(())
+        }
+    })
+    .await;
     mgmt.wait_condition("beta", "Available", "True").await;
     mgmt.stop().await;
 }
