@@ -7,7 +7,7 @@ use clap::Args as ClapArgs;
 
 use super::{Exit, Output};
 use crate::ops::backup::{BackupOptions, BackupResult, backup, default_journal_dir};
-use crate::pipeline::{Interrupt, RunOutcome, StageStatus};
+use crate::pipeline::Interrupt;
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
 
@@ -171,11 +171,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
                 Output::Text => print!("{}", render(&result)),
             }
-            match &result.run.outcome {
-                RunOutcome::Succeeded | RunOutcome::Planned => Exit::Success,
-                RunOutcome::RolledBack { .. } => Exit::Failed,
-                RunOutcome::UndoFailed { .. } => Exit::NeedsAttention,
-            }
+            super::report::exit_for(&result.run.outcome)
         }
         Err(err) => {
             eprintln!("error: {err}");
@@ -187,32 +183,9 @@ pub async fn exec(args: Args, output: Output) -> Exit {
 /// The text report.
 pub fn render(result: &BackupResult) -> String {
     let mut out = String::new();
-    let headline = match &result.run.outcome {
-        RunOutcome::Succeeded => "backup succeeded".to_string(),
-        RunOutcome::Planned => "backup plan (dry run: nothing was changed)".to_string(),
-        RunOutcome::RolledBack { stage, error } => {
-            format!("backup FAILED at `{stage}`: {error}\neverything it changed was undone")
-        }
-        RunOutcome::UndoFailed { stage, error, undo_errors } => format!(
-            "backup FAILED at `{stage}`: {error}\nUNDO FAILED, the cluster may still be paused or scaled down: {}\nfix the cause and run `hcp-dr backup --resume {}` to finish undoing",
-            undo_errors.join("; "),
-            result.run.journal.as_deref().unwrap_or("JOURNAL")
-        ),
-    };
-    out.push_str(&headline);
+    out.push_str(&super::report::headline("backup", &result.run, "hcp-dr backup"));
     out.push('\n');
-    for stage in &result.run.stages {
-        let status = match &stage.status {
-            StageStatus::Succeeded => "done".to_string(),
-            StageStatus::Resumed => "done earlier".to_string(),
-            StageStatus::Planned { actions } => format!("would:\n{}", actions.iter().map(|a| format!("{:>22}- {a}", "")).collect::<Vec<_>>().join("\n")),
-            StageStatus::Failed { error } => format!("FAILED: {error}"),
-            StageStatus::Undone => "undone".to_string(),
-            StageStatus::UndoFailed { error } => format!("UNDO FAILED: {error}"),
-            StageStatus::Skipped => "not run".to_string(),
-        };
-        out.push_str(&format!("  {:<14} {:>6.2}s  {status}\n", stage.name, stage.duration.as_secs_f64()));
-    }
+    out.push_str(&super::report::stage_lines(&result.run));
     if let Some(backup) = &result.backup {
         out.push_str(&format!("backup: {backup}\n"));
     }

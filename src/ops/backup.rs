@@ -50,7 +50,7 @@ pub struct BackupResult {
     pub warnings: Vec<String>,
 }
 
-fn holder() -> String {
+pub(crate) fn holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into());
@@ -71,7 +71,7 @@ pub fn default_journal_dir() -> PathBuf {
     base.join("hcp-dr/journals")
 }
 
-fn check_name(what: &str, value: &str) -> Result<(), OpsError> {
+pub(crate) fn check_name(what: &str, value: &str) -> Result<(), OpsError> {
     let ok = !value.is_empty()
         && value.len() <= 253
         && value
@@ -147,6 +147,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         playbook: &playbook,
         catalog: &catalog,
         observer: options.observer.as_deref(),
+        on_failure: crate::pipeline::OnFailure::Undo,
     };
     let journal_path = journal_path(&options, &inputs);
     let mode = if options.dry_run {

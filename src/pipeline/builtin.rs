@@ -3,7 +3,10 @@
 use super::playbook::{Playbook, PlaybookError};
 
 /// `(name, text)` of every embedded playbook.
-pub const BUILTIN: &[(&str, &str)] = &[("backup", include_str!("../../playbooks/backup.yaml"))];
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("backup", include_str!("../../playbooks/backup.yaml")),
+    ("restore", include_str!("../../playbooks/restore.yaml")),
+];
 
 /// The embedded playbook `name`, parsed.
 pub fn builtin(name: &str) -> Option<Result<Playbook, PlaybookError>> {
@@ -42,6 +45,12 @@ mod tests {
         backup.check(&crate::stages::BACKUP_RULES).unwrap();
         let catalog = crate::stages::backup_catalog();
         for stage in backup.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let restore = builtin("restore").unwrap().unwrap();
+        restore.check(&crate::stages::restore::RESTORE_RULES).unwrap();
+        let catalog = crate::stages::restore::restore_catalog();
+        for stage in restore.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
     }

@@ -84,7 +84,10 @@ pub enum Event {
     UndoStarted { stage: String },
     Undone { stage: String },
     UndoFailed { stage: String, error: String },
-    /// The run ended; `outcome` is `succeeded`, `undone` or `undo_failed`.
+    /// The stage failed and the playbook stops on failure: nothing is undone
+    /// until `--abort`; `--resume` runs the stage again.
+    Halted { stage: String, error: String },
+    /// The run ended; `outcome` is `succeeded`, `undone` or `aborted`.
     End { outcome: String },
 }
 
@@ -107,6 +110,9 @@ pub enum StageState {
     UndoStarted,
     Undone,
     UndoFailed,
+    /// Failed under a stop-on-failure playbook: kept as it is, to be retried
+    /// by `--resume` or undone by `--abort`.
+    Halted,
 }
 
 impl StageState {
@@ -127,6 +133,9 @@ impl StageState {
                 | (UndoStarted, UndoFailed)
                 | (UndoStarted, UndoStarted)
                 | (UndoFailed, UndoStarted)
+                | (Started, Halted)
+                | (Halted, Started)
+                | (Halted, UndoStarted)
         )
     }
 }
@@ -208,6 +217,7 @@ impl JournalState {
             Event::UndoStarted { stage } => (stage, StageState::UndoStarted),
             Event::Undone { stage } => (stage, StageState::Undone),
             Event::UndoFailed { stage, .. } => (stage, StageState::UndoFailed),
+            Event::Halted { stage, .. } => (stage, StageState::Halted),
         };
         let entry = self.stages.entry(stage.clone()).or_default();
         if !entry.state.can_go_to(to) {
@@ -232,6 +242,10 @@ impl JournalState {
                 entry.error = Some(error.clone());
                 entry.finished_at = Some(record.at);
                 self.rolling_back = true;
+            }
+            Event::Halted { error, .. } => {
+                entry.error = Some(error.clone());
+                entry.finished_at = Some(record.at);
             }
             Event::UndoStarted { .. } | Event::Undone { .. } => self.rolling_back = true,
             _ => {}

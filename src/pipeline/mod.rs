@@ -9,5 +9,5 @@ pub mod stage;
 
 pub use journal::{Journal, JournalError, JournalState, StageState};
 pub use playbook::{Playbook, PlaybookError, StageRules};
-pub use runner::{Catalog, Mode, RunOutcome, RunReport, Runner, RunnerError, StageReport, StageStatus};
+pub use runner::{Catalog, Mode, OnFailure, RunOutcome, RunReport, Runner, RunnerError, StageReport, StageStatus};
 pub use stage::{Interrupt, Stage, StageFailure, Step, UndoInput};

@@ -77,6 +77,9 @@ pub enum RunOutcome {
     Planned,
     /// A stage failed (or the run was interrupted) and every completed stage was undone.
     RolledBack { stage: String, error: String },
+    /// A stage failed (or the run was interrupted) and, as the playbook stops
+    /// on failure, nothing was undone: resume or abort the journal.
+    Stopped { stage: String, error: String },
     /// A stage failed and at least one undo failed too: the cluster needs attention.
     UndoFailed {
         stage: String,
@@ -169,12 +172,26 @@ impl<C> Catalog<C> {
     }
 }
 
+/// What a failed stage (or an interrupt) leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Undo every completed stage, newest first (backup: the cluster goes
+    /// back to service at once).
+    Undo,
+    /// Stop and keep everything as it is, for `--resume` (retry the failed
+    /// stage) or `--abort` (undo). Restore and migrate: a half-finished move
+    /// is often better continued than thrown away.
+    Stop,
+}
+
 /// How to run: fresh with a new journal, resumed from one, or as a dry-run.
 pub enum Mode<'a> {
     /// Write a new journal at this path.
     Fresh { journal: &'a std::path::Path, inputs: Value },
     /// Continue (or finish undoing) the run recorded in this journal.
     Resume { journal: &'a std::path::Path },
+    /// Undo everything the run recorded in this journal did, newest first.
+    Abort { journal: &'a std::path::Path },
     /// Change nothing; write no journal.
     DryRun,
 }
@@ -191,6 +208,7 @@ pub struct Runner<'a, C> {
     pub playbook: &'a Playbook,
     pub catalog: &'a Catalog<C>,
     pub observer: Option<&'a dyn Observer>,
+    pub on_failure: OnFailure,
 }
 
 struct Planned<'a, C> {
@@ -240,6 +258,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         interrupt: &mut Interrupt,
     ) -> Result<RunReport, RunnerError> {
         let plan = self.resolve()?;
+        let aborting = matches!(mode, Mode::Abort { .. });
         let mut journal = match mode {
             Mode::DryRun => return Ok(self.dry_run(ctx, &plan).await),
             Mode::Fresh { journal, inputs } => Journal::create(
@@ -252,7 +271,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     tool_version: env!("CARGO_PKG_VERSION").to_string(),
                 },
             )?,
-            Mode::Resume { journal } => {
+            Mode::Resume { journal } | Mode::Abort { journal } => {
                 let journal = Journal::open(journal)?;
                 if journal.state().header.operation != self.operation
                     || journal.state().header.stages != self.playbook.stage_names()
@@ -305,11 +324,14 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                         record.error.clone().unwrap_or_else(|| "failed in an earlier run".into()),
                     ));
                 }
-                StageState::NotStarted | StageState::Started => {}
+                StageState::NotStarted | StageState::Started | StageState::Halted => {}
             }
         }
         if state.rolling_back && failure.is_none() {
             failure = Some(("(earlier run)".into(), "an earlier run was rolling back".into()));
+        }
+        if aborting && failure.is_none() {
+            failure = Some(("(abort)".into(), "aborted by the operator (--abort)".into()));
         }
 
         if failure.is_none() {
@@ -344,9 +366,15 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                         self.notify_finished(&reports[index]);
                     }
                     Err(error) => {
-                        journal.append(Event::Failed {
-                            stage: name.clone(),
-                            error: error.clone(),
+                        journal.append(match self.on_failure {
+                            OnFailure::Undo => Event::Failed {
+                                stage: name.clone(),
+                                error: error.clone(),
+                            },
+                            OnFailure::Stop => Event::Halted {
+                                stage: name.clone(),
+                                error: error.clone(),
+                            },
                         })?;
                         reports[index].status = StageStatus::Failed { error: error.clone() };
                         self.notify_finished(&reports[index]);
@@ -359,6 +387,18 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
 
         let outcome = match failure {
             None => RunOutcome::Succeeded,
+            // Stopping keeps what was changed; when nothing was, there is
+            // nothing to keep and the run simply failed.
+            Some((stage, error))
+                if self.on_failure == OnFailure::Stop
+                    && !aborting
+                    && !state.rolling_back
+                    && plan.iter().any(|p| {
+                        p.stage.undoable() && journal.state().stage(p.stage.name()).state != StageState::NotStarted
+                    }) =>
+            {
+                RunOutcome::Stopped { stage, error }
+            }
             Some((stage, error)) => {
                 let undo_errors = self.undo_all(ctx, &plan, &mut journal, &mut reports).await?;
                 if undo_errors.is_empty() {
@@ -372,11 +412,12 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 }
             }
         };
-        // An undo that failed leaves the run open so `--resume` can retry it.
-        if !matches!(outcome, RunOutcome::UndoFailed { .. }) {
+        // An undo that failed, or a stop, leaves the run open for `--resume`.
+        if !matches!(outcome, RunOutcome::UndoFailed { .. } | RunOutcome::Stopped { .. }) {
             journal.append(Event::End {
                 outcome: match outcome {
                     RunOutcome::Succeeded => "succeeded".into(),
+                    _ if aborting => "aborted".into(),
                     _ => "undone".into(),
                 },
             })?;
@@ -405,6 +446,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 record.state,
                 StageState::Succeeded
                     | StageState::Failed
+                    | StageState::Halted
                     | StageState::Started
                     | StageState::UndoStarted
                     | StageState::UndoFailed
@@ -634,7 +676,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -651,11 +693,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn stop_policy_keeps_state_then_resume_retries_and_abort_undoes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, playbook) = (catalog(), playbook());
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Stop };
+
+        // a failure stops the run with nothing undone, the journal left open
+        let path = dir.path().join("resumed");
+        let mut ctx = Ctx { fail_at: Some("scale"), ..Default::default() };
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, RunOutcome::Stopped { stage: "scale".into(), error: "scale broke".into() });
+        assert_eq!(log(&ctx), vec!["run check", "run pause", "run scale"]);
+        let state = Journal::read(&path).unwrap();
+        assert_eq!(state.stage("scale").state, StageState::Halted);
+        assert_eq!(state.outcome, None);
+        assert!(!state.rolling_back);
+
+        // --resume runs the halted stage again and goes on
+        let mut ctx = Ctx::default();
+        let report = runner.run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never()).await.unwrap();
+        assert_eq!(report.outcome, RunOutcome::Succeeded);
+        assert_eq!(log(&ctx), vec!["run scale", "run copy"]);
+        assert_eq!(ctx.restored, vec!["check", "pause"]);
+        assert_eq!(Journal::read(&path).unwrap().outcome.as_deref(), Some("succeeded"));
+
+        // --abort undoes the completed stages and the halted one, newest first
+        let path = dir.path().join("aborted");
+        let mut ctx = Ctx { fail_at: Some("scale"), ..Default::default() };
+        runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        let mut ctx = Ctx::default();
+        let report = runner.run(&mut ctx, Mode::Abort { journal: &path }, &mut Interrupt::never()).await.unwrap();
+        assert!(matches!(report.outcome, RunOutcome::RolledBack { .. }), "{:?}", report.outcome);
+        assert_eq!(
+            log(&ctx),
+            vec!["undo scale output=false progress=true", "undo pause output=true progress=true"]
+        );
+        let state = Journal::read(&path).unwrap();
+        assert_eq!(state.outcome.as_deref(), Some("aborted"));
+        assert_eq!(state.stage("pause").state, StageState::Undone);
+        // an ended run cannot be resumed into doing more
+        let mut ctx = Ctx::default();
+        runner.run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never()).await.unwrap();
+        assert!(log(&ctx).is_empty());
+    }
+
+    #[tokio::test]
     async fn a_failure_undoes_completed_stages_newest_first() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -689,7 +782,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { hang_at: Some("scale"), ..Default::default() };
         let (trigger, mut interrupt) = Interrupt::manual();
         let handle = tokio::spawn(async move {
@@ -736,7 +829,7 @@ mod tests {
             }
             journal.append(Event::Started { stage: "scale".into() }).unwrap();
         }
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never())
@@ -763,7 +856,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), fail_undo_at: Some("pause"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
@@ -789,7 +882,7 @@ mod tests {
     async fn dry_run_runs_readers_plans_writers_and_writes_no_journal() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap();
         assert_eq!(report.outcome, RunOutcome::Planned);
@@ -817,7 +910,7 @@ mod tests {
         )
         .unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let err = runner
             .run(&mut Ctx::default(), Mode::Resume { journal: &path }, &mut Interrupt::never())
             .await
@@ -829,7 +922,7 @@ mod tests {
     async fn a_stage_missing_from_the_catalog_is_refused_before_anything_runs() {
         let playbook = Playbook::parse("operation: test\nstages:\n  - name: nope\n", "p").unwrap();
         let catalog = catalog();
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None };
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let err = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap_err();
         assert!(matches!(err, RunnerError::MissingStage { .. }));

@@ -3,17 +3,15 @@
 //! its PVC retention; the client TLS material; every member reachable,
 //! healthy and at one revision.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::context::{BackupContext, EtcdAccess, EtcdTlsMaterial, MemberTarget};
-use super::{StageError, from_output};
+use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
+use super::{StageError, etcd_access, from_output};
 use crate::archive::ClusterIdentity;
 use crate::etcd::Member;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
@@ -208,83 +206,12 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
     })
 }
 
-fn secret_value(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).to_string())
-}
-
-/// Find the etcd client TLS: command-line overrides first, then the current
-/// HyperShift names (Secret `etcd-client-tls` with `etcd-client.crt/.key`,
-/// ConfigMap `etcd-ca` with `ca.crt`), then older ones (`tls.crt/tls.key`,
-/// CA in the secret as `etcd-client-ca.crt` or `ca.crt`).
+/// The backup's TLS material: `--etcd-*` files first, then the HCP namespace's.
 pub async fn discover_tls(ctx: &BackupContext, hcp_ns: &str) -> Result<EtcdTlsMaterial, StageFailure> {
-    let o = &ctx.tls_override;
-    if let (Some(ca), Some(cert), Some(key)) = (&o.ca_pem, &o.cert_pem, &o.key_pem) {
-        return Ok(EtcdTlsMaterial {
-            ca_pem: ca.clone(),
-            cert_pem: cert.clone(),
-            key_pem: key.clone(),
-            source: "command-line files".into(),
-        });
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), hcp_ns);
-    let secret = secrets
-        .get_opt("etcd-client-tls")
-        .await
-        .map_err(request(format!("reading Secret {hcp_ns}/etcd-client-tls")))?;
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), hcp_ns);
-    let ca_cm = cms
-        .get_opt("etcd-ca")
-        .await
-        .map_err(request(format!("reading ConfigMap {hcp_ns}/etcd-ca")))?;
-    let mut source = Vec::new();
-    let (mut cert, mut key, mut ca) = (o.cert_pem.clone(), o.key_pem.clone(), o.ca_pem.clone());
-    if let Some(secret) = &secret {
-        for (c, k) in [("etcd-client.crt", "etcd-client.key"), ("tls.crt", "tls.key")] {
-            if cert.is_none() && key.is_none() {
-                if let (Some(c_val), Some(k_val)) = (secret_value(secret, c), secret_value(secret, k)) {
-                    cert = Some(c_val);
-                    key = Some(k_val);
-                    source.push(format!("Secret {hcp_ns}/etcd-client-tls ({c}, {k})"));
-                }
-            }
-        }
-        if ca.is_none() {
-            for k in ["etcd-client-ca.crt", "ca.crt"] {
-                if let Some(v) = secret_value(secret, k) {
-                    ca = Some(v);
-                    source.push(format!("Secret {hcp_ns}/etcd-client-tls ({k})"));
-                    break;
-                }
-            }
-        }
-    }
-    if ca.is_none() {
-        if let Some(v) = ca_cm.as_ref().and_then(|c| c.data.as_ref()).and_then(|d| d.get("ca.crt")) {
-            ca = Some(v.clone());
-            source.push(format!("ConfigMap {hcp_ns}/etcd-ca (ca.crt)"));
-        }
-    }
-    match (ca, cert, key) {
-        (Some(ca_pem), Some(cert_pem), Some(key_pem)) => Ok(EtcdTlsMaterial {
-            ca_pem,
-            cert_pem,
-            key_pem,
-            source: source.join(", "),
-        }),
-        (ca, cert, _) => Err(StageError::Precondition(format!(
-            "no etcd client TLS material in {hcp_ns}: looked for Secret etcd-client-tls (etcd-client.crt + etcd-client.key, or tls.crt + tls.key){} and a CA in ConfigMap etcd-ca (ca.crt) or that Secret (etcd-client-ca.crt){}; pass --etcd-ca, --etcd-cert and --etcd-key to use files instead",
-            if cert.is_none() { " [missing]" } else { "" },
-            if ca.is_none() { " [missing]" } else { "" },
-        ))
-        .into()),
-    }
+    etcd_access::discover_tls(&ctx.client, hcp_ns, &ctx.tls_override).await
 }
 
-/// How to reach one member under the context's access mode; the forward (if
+/// How to reach one member under the backup's access mode; the forward (if
 /// any) must be kept alive while the member is used.
 pub async fn connect_member(
     ctx: &BackupContext,
@@ -295,33 +222,5 @@ pub async fn connect_member(
         Some(tls) => tls.clone(),
         None => discover_tls(ctx, &hcp_ns).await?,
     };
-    let client_tls = Some(tls.for_member(&target.pod, &hcp_ns));
-    let direct = format!("{}:{}", target.pod_ip, hosted::ETCD_CLIENT_PORT);
-    let use_pod_ip = match ctx.inputs.etcd_access {
-        EtcdAccess::PodIp => true,
-        EtcdAccess::PortForward => false,
-        EtcdAccess::Auto => matches!(
-            tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&direct)).await,
-            Ok(Ok(_))
-        ),
-    };
-    if use_pod_ip {
-        return Ok((
-            Member {
-                name: target.pod.clone(),
-                url: format!("https://{direct}"),
-                tls: client_tls,
-            },
-            None,
-        ));
-    }
-    let forward = LocalForward::start(&ctx.client, &hcp_ns, &target.pod, hosted::ETCD_CLIENT_PORT).await?;
-    Ok((
-        Member {
-            name: target.pod.clone(),
-            url: format!("https://{}", forward.local_addr()),
-            tls: client_tls,
-        },
-        Some(forward),
-    ))
+    etcd_access::connect_member(&ctx.client, &hcp_ns, ctx.inputs.etcd_access, &tls, target).await
 }

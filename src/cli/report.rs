@@ -1,0 +1,55 @@
+//! What every pipeline command prints at the end: a headline saying how the
+//! run ended and what to do next, a line per stage, and the exit code.
+
+use super::Exit;
+use crate::pipeline::{RunOutcome, RunReport, StageStatus};
+
+/// The exit code of a finished run.
+pub fn exit_for(outcome: &RunOutcome) -> Exit {
+    match outcome {
+        RunOutcome::Succeeded | RunOutcome::Planned => Exit::Success,
+        RunOutcome::RolledBack { .. } => Exit::Failed,
+        RunOutcome::UndoFailed { .. } | RunOutcome::Stopped { .. } => Exit::NeedsAttention,
+    }
+}
+
+/// How the run ended, and the command that goes on from there.
+/// `command` is the operation's command line prefix, e.g. `hcp-dr restore`.
+pub fn headline(operation: &str, run: &RunReport, command: &str) -> String {
+    let journal = run.journal.as_deref().unwrap_or("JOURNAL");
+    match &run.outcome {
+        RunOutcome::Succeeded => format!("{operation} succeeded"),
+        RunOutcome::Planned => format!("{operation} plan (dry run: nothing was changed)"),
+        RunOutcome::RolledBack { stage, error } => {
+            format!("{operation} FAILED at `{stage}`: {error}\neverything it changed was undone")
+        }
+        RunOutcome::Stopped { stage, error } => format!(
+            "{operation} STOPPED at `{stage}`: {error}\nnothing was undone; what the completed stages did is still in place.\nfix the cause and run `{command} --resume {journal}` to retry `{stage}` and go on,\nor `{command} --abort {journal}` to undo everything this run did"
+        ),
+        RunOutcome::UndoFailed { stage, error, undo_errors } => format!(
+            "{operation} FAILED at `{stage}`: {error}\nUNDO FAILED, the cluster needs attention: {}\nfix the cause and run `{command} --resume {journal}` to finish undoing",
+            undo_errors.join("; "),
+        ),
+    }
+}
+
+/// One line per stage: name, seconds, status.
+pub fn stage_lines(run: &RunReport) -> String {
+    let mut out = String::new();
+    for stage in &run.stages {
+        let status = match &stage.status {
+            StageStatus::Succeeded => "done".to_string(),
+            StageStatus::Resumed => "done earlier".to_string(),
+            StageStatus::Planned { actions } => format!(
+                "would:\n{}",
+                actions.iter().map(|a| format!("{:>22}- {a}", "")).collect::<Vec<_>>().join("\n")
+            ),
+            StageStatus::Failed { error } => format!("FAILED: {error}"),
+            StageStatus::Undone => "undone".to_string(),
+            StageStatus::UndoFailed { error } => format!("UNDO FAILED: {error}"),
+            StageStatus::Skipped => "not run".to_string(),
+        };
+        out.push_str(&format!("  {:<14} {:>6.2}s  {status}\n", stage.name, stage.duration.as_secs_f64()));
+    }
+    out
+}
