@@ -5,13 +5,13 @@
 //!
 //! Memory is bounded by `part_size * (parallelism + 1)` whatever the object size.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
-use aws_sdk_s3::config::{BehaviorVersion, Region};
+use aws_sdk_s3::config::{BehaviorVersion, Region, SharedHttpClient};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
@@ -89,7 +89,28 @@ impl std::fmt::Debug for S3Store {
     }
 }
 
-fn sdk_message<E>(err: &aws_sdk_s3::error::SdkError<E>) -> String
+/// The HTTPS client the AWS adapters (S3, Route53) share: rustls with ring,
+/// trusting the platform roots plus the PEM certificates in `ca_bundle`.
+pub(crate) fn https_client(ca_bundle: Option<&Path>) -> std::io::Result<SharedHttpClient> {
+    let mut trust = aws_smithy_http_client::tls::TrustStore::default();
+    if let Some(path) = ca_bundle {
+        trust = trust.with_pem_certificate(std::fs::read(path)?);
+    }
+    let tls = aws_smithy_http_client::tls::TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .map_err(|err| std::io::Error::other(err.to_string()))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .tls_context(tls)
+        .build_https())
+}
+
+/// An AWS SDK error as one line: the service's code and message, else the
+/// whole error chain. Shared by the AWS adapters.
+pub(crate) fn sdk_message<E>(err: &aws_sdk_s3::error::SdkError<E>) -> String
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
@@ -106,27 +127,10 @@ where
 impl S3Store {
     /// Build a client for `bucket` with `options`. No request is made yet.
     pub async fn connect(bucket: String, prefix: String, options: S3Options) -> Result<S3Store, StoreError> {
-        let mut trust = aws_smithy_http_client::tls::TrustStore::default();
-        if let Some(path) = &options.ca_bundle {
-            let pem = std::fs::read(path).map_err(|source| StoreError::CaBundle {
-                path: path.clone(),
-                source,
-            })?;
-            trust = trust.with_pem_certificate(pem);
-        }
-        let tls = aws_smithy_http_client::tls::TlsContext::builder()
-            .with_trust_store(trust)
-            .build()
-            .map_err(|err| StoreError::CaBundle {
-                path: options.ca_bundle.clone().unwrap_or_default(),
-                source: std::io::Error::other(err.to_string()),
-            })?;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .tls_context(tls)
-            .build_https();
+        let http = https_client(options.ca_bundle.as_deref()).map_err(|source| StoreError::CaBundle {
+            path: options.ca_bundle.clone().unwrap_or_default(),
+            source,
+        })?;
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)
             .retry_config(RetryConfig::standard().with_max_attempts(options.max_attempts));
