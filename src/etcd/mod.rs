@@ -6,6 +6,9 @@
 //! before it; [`TrailingHash`] checks that on the fly, so a snapshot cut
 //! short or corrupted in transit is caught before the backup is called good.
 
+pub mod bbolt;
+pub mod verify;
+
 use std::time::Duration;
 
 use bytes::Bytes;
