@@ -13,6 +13,7 @@ pub mod portforward;
 pub mod schema;
 
 mod controllers;
+pub mod conversion;
 mod defaults;
 mod discovery;
 mod http;

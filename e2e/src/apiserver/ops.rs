@@ -325,6 +325,11 @@ impl Inner {
 
     /// The object as served for `rt`'s version: apiVersion/kind set, CR defaults applied.
     pub(crate) fn to_client(&self, rt: &ResourceType, mut obj: Value) -> Value {
+        if rt.custom.is_some()
+            && let Some(stored) = obj.get("apiVersion").and_then(Value::as_str).map(str::to_string)
+        {
+            super::conversion::convert(&rt.group, &rt.kind, &stored, &rt.api_version(), &mut obj);
+        }
         if let Some(o) = obj.as_object_mut() {
             o.insert("apiVersion".into(), json!(rt.api_version()));
             o.insert("kind".into(), json!(rt.kind));
