@@ -4,6 +4,7 @@
 //! operation); `pipeline` is the staged runner every operation is built on.
 pub mod archive;
 pub mod cli;
+pub mod dns;
 pub mod etcd;
 pub mod hosted;
 pub mod kube;
@@ -11,3 +12,4 @@ pub mod ops;
 pub mod stages;
 pub mod pipeline;
 pub mod store;
+pub mod teardown;

@@ -14,6 +14,7 @@
 //! suffix), so ids sort by time. The manifest names every artifact with its
 //! size and SHA-256; readers check `format_version` before anything else.
 
+pub mod check;
 pub mod objects;
 pub mod sanitize;
 

@@ -66,6 +66,16 @@ fn remove_paused_until(obj: &mut Value) {
     }
 }
 
+fn is_capi_cluster(obj: &Value) -> bool {
+    obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("cluster.x-k8s.io/")) && obj["kind"] == "Cluster"
+}
+
+fn remove_capi_pause(obj: &mut Value) {
+    if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("paused");
+    }
+}
+
 fn is_hypershift_top(obj: &Value) -> bool {
     obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("hypershift.openshift.io/"))
         && matches!(obj["kind"].as_str(), Some("HostedCluster" | "NodePool" | "HostedControlPlane"))
@@ -112,6 +122,12 @@ pub const REPLAY: &[Sanitizer] = &[
         applies_to: "HostedCluster, NodePool, HostedControlPlane (the backup's pause must not travel)",
         applies: is_hypershift_top,
         apply: remove_paused_until,
+    },
+    Sanitizer {
+        name: "remove-capi-pause",
+        applies_to: "Cluster API Cluster (HyperShift pauses it with the HostedCluster; the backup's pause must not travel)",
+        applies: is_capi_cluster,
+        apply: remove_capi_pause,
     },
 ];
 
@@ -161,6 +177,13 @@ mod tests {
         assert!(obj["metadata"].get("ownerReferences").is_none());
         assert!(obj["spec"].get("pausedUntil").is_none());
         assert_eq!(obj["spec"]["unknownField"]["kept"], true);
+    }
+
+    #[test]
+    fn replay_unpauses_the_capi_cluster() {
+        let mut obj = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "x"}, "spec": {"paused": true, "clusterNetwork": {}}});
+        assert!(apply(REPLAY, &mut obj).contains(&"remove-capi-pause"));
+        assert_eq!(obj["spec"], json!({"clusterNetwork": {}}));
     }
 
     #[test]

@@ -5,6 +5,9 @@
 pub mod backup;
 pub mod playbook;
 pub mod progress;
+pub mod report;
+pub mod restore;
+pub mod snapshot;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -28,9 +31,14 @@ pub enum Output {
 pub enum Command {
     /// Back up one hosted cluster (etcd snapshots and objects) to a store.
     Backup(backup::Args),
+    /// Restore one backup onto a management cluster (etcd from its snapshot).
+    Restore(restore::Args),
     /// Inspect playbooks.
     #[command(subcommand)]
     Playbook(playbook::Command),
+    /// Check etcd snapshots offline (no etcd needed).
+    #[command(subcommand)]
+    Snapshot(snapshot::Command),
 }
 
 /// How a command ended, mapped to the process exit code by `main`.
@@ -50,6 +58,8 @@ pub enum Exit {
 pub async fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Backup(args) => backup::exec(args, cli.output).await,
+        Command::Restore(args) => restore::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
+        Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
     }
 }

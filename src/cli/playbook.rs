@@ -12,7 +12,7 @@ use crate::ops;
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     Show {
-        /// The operation (backup).
+        /// The operation (backup, restore).
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -24,8 +24,9 @@ pub fn exec(command: Command, output: Output) -> Exit {
     let Command::Show { name, playbook } = command;
     let result = match name.as_str() {
         "backup" => ops::backup::describe_playbook(playbook.as_deref()),
+        "restore" => ops::restore::describe_playbook(playbook.as_deref()),
         other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup"
+            "no operation `{other}` has a playbook yet; known: backup, restore"
         ))),
     };
     match result {
@@ -38,7 +39,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
                 Output::Text => {
                     println!("{name} ({})", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
                     for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
-                        println!("  {:>2}. {stage:<14} {summary}{}", index + 1, if *undoable { "  [undone on failure]" } else { "" });
+                        println!("  {:>2}. {stage:<14} {summary}{}", index + 1, if *undoable { "  [undoable]" } else { "" });
                     }
                 }
             }

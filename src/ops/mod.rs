@@ -2,6 +2,7 @@
 //! operation. The CLI builds the options and calls these.
 
 pub mod backup;
+pub mod restore;
 
 use crate::kube::KubeError;
 use crate::pipeline::{JournalError, PlaybookError, RunnerError};

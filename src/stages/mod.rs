@@ -2,12 +2,14 @@
 //! `playbooks/backup.yaml`; [`backup_catalog`] is what that playbook may name.
 
 pub mod context;
+pub mod etcd_access;
 pub mod etcd_snapshot;
 pub mod export;
 pub mod lock;
 pub mod package;
 pub mod pause;
 pub mod preflight;
+pub mod restore;
 pub mod resume;
 pub mod scale_down;
 

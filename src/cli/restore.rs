@@ -1,0 +1,159 @@
+//! `hcp-dr restore`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+
+use super::backup::parse_duration;
+use super::{Exit, Output};
+use crate::ops::backup::default_journal_dir;
+use crate::ops::restore::{RestoreOptions, RestoreResult, restore};
+use crate::pipeline::Interrupt;
+use crate::stages::context::EtcdAccess;
+use crate::store::S3Options;
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The backup: its URL (`s3://bucket/prefix/<ns>/<cluster>/<backup-id>`,
+    /// a directory, or `.../latest`), or a store URL with --backup-id.
+    #[arg(long, env = "HCP_DR_STORE", required_unless_present_any = ["resume", "abort"])]
+    pub from: Option<String>,
+    /// The backup id in the store (or `latest`), with --hosted-cluster and -n.
+    #[arg(long)]
+    pub backup_id: Option<String>,
+    /// The backed-up HostedCluster (restored under the same name).
+    #[arg(long)]
+    pub hosted_cluster: Option<String>,
+    /// Its namespace (default: clusters).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Destination management cluster kubeconfig (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// For a backup in a local directory: an S3 store (s3://bucket/prefix)
+    /// a temporary copy of the snapshot is uploaded to, so etcd can download
+    /// it from a presigned URL; deleted once etcd has restored it.
+    #[arg(long)]
+    pub stage_snapshot_to: Option<String>,
+    /// How long the presigned snapshot URL is valid (5m to 168h).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub presign_ttl: Duration,
+    /// How long to wait for the restored cluster to be Available with its nodes Ready.
+    #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
+    pub wait_timeout: Duration,
+    /// Delete leftover data-etcd-* PVCs in the HCP namespace instead of refusing.
+    #[arg(long)]
+    pub clean_leftovers: bool,
+    /// Replace existing objects that differ from the backup instead of refusing.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// How to reach the restored etcd members for the revision check.
+    #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]
+    pub etcd_access: EtcdAccess,
+    /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Extra CA bundle (PEM) to trust for the S3 endpoint.
+    #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+    /// A playbook file instead of the embedded one.
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue the run recorded in this journal (retrying the stage that failed).
+    #[arg(long, conflicts_with_all = ["from", "abort"])]
+    pub resume: Option<PathBuf>,
+    /// Undo the run recorded in this journal: delete what it created.
+    #[arg(long, conflicts_with_all = ["from", "resume"])]
+    pub abort: Option<PathBuf>,
+    /// Print what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn options(args: Args, output: Output) -> RestoreOptions {
+    RestoreOptions {
+        kubeconfig: args.kubeconfig,
+        context: args.context,
+        from: args.from,
+        backup_id: args.backup_id,
+        hosted_cluster: args.hosted_cluster,
+        namespace: args.namespace,
+        s3: S3Options {
+            endpoint: args.s3_endpoint,
+            ca_bundle: args.ca_bundle,
+            ..S3Options::default()
+        },
+        stage_snapshot_to: args.stage_snapshot_to,
+        presign_ttl: args.presign_ttl,
+        wait_timeout: args.wait_timeout,
+        clean_leftovers: args.clean_leftovers,
+        overwrite: args.overwrite,
+        etcd_access: args.etcd_access,
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+        abort: args.abort,
+        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+    }
+}
+
+pub async fn exec(args: Args, output: Output) -> Exit {
+    let mut interrupt = match Interrupt::on_signals() {
+        Ok(i) => i,
+        Err(err) => {
+            eprintln!("error: installing signal handlers: {err}");
+            return Exit::Failed;
+        }
+    };
+    let aborting = args.abort.is_some();
+    match restore(options(args, output), &mut interrupt).await {
+        Ok(result) => {
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
+                Output::Text => print!("{}", render(&result)),
+            }
+            match &result.run.outcome {
+                // --abort asked for the undo: done is success
+                crate::pipeline::RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+                outcome => super::report::exit_for(outcome),
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+        }
+    }
+}
+
+/// The text report.
+pub fn render(result: &RestoreResult) -> String {
+    let mut out = super::report::headline("restore", &result.run, "hcp-dr restore");
+    out.push('\n');
+    out.push_str(&format!("backup: {}\nhosted cluster: {}\n", result.backup, result.hosted_cluster));
+    out.push_str(&super::report::stage_lines(&result.run));
+    if let Some(wait) = result.run.output("wait") {
+        out.push_str(&format!(
+            "Available after {:.1}s; etcd revisions {} (backup {})\n",
+            wait["available_after_seconds"].as_f64().unwrap_or_default(),
+            wait["revisions"],
+            wait["backup_revision"]
+        ));
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}

@@ -1,0 +1,258 @@
+//! `hcp-dr restore`: one backup onto a destination management cluster,
+//! through the restore playbook. Stops (never undoes by itself) on failure:
+//! `--resume` continues, `--abort` deletes what the run created.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::OpsError;
+use super::backup::check_name;
+use crate::archive::{Layout, parse_backup_id};
+use crate::pipeline::{Interrupt, Journal, Mode, OnFailure, RunReport, Runner, builtin};
+use crate::stages::context::EtcdAccess;
+use crate::stages::restore::{RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
+use crate::store::{self, S3Options, Store};
+
+/// Everything `hcp-dr restore` was asked.
+#[derive(Clone)]
+pub struct RestoreOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    /// A backup's URL, or a store URL with `backup_id`.
+    pub from: Option<String>,
+    pub backup_id: Option<String>,
+    pub hosted_cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub s3: S3Options,
+    pub stage_snapshot_to: Option<String>,
+    pub presign_ttl: Duration,
+    pub wait_timeout: Duration,
+    pub clean_leftovers: bool,
+    pub overwrite: bool,
+    pub etcd_access: EtcdAccess,
+    pub playbook: Option<PathBuf>,
+    pub journal: Option<PathBuf>,
+    pub journal_dir: PathBuf,
+    pub dry_run: bool,
+    pub resume: Option<PathBuf>,
+    pub abort: Option<PathBuf>,
+    pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
+}
+
+/// What a restore run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreResult {
+    #[serde(flatten)]
+    pub run: RunReport,
+    pub backup: String,
+    pub hosted_cluster: String,
+    pub warnings: Vec<String>,
+}
+
+/// `--from` split into the store's root and one backup, when it names one:
+/// `<root>/<namespace>/<cluster>/<backup-id>` (or `.../latest`).
+pub fn split_backup_url(url: &str) -> Option<(String, String, String, String)> {
+    let trimmed = url.trim_end_matches('/');
+    let mut parts = trimmed.rsplitn(4, '/');
+    let (id, hc, ns, root) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if (id != "latest" && parse_backup_id(id).is_err()) || root.is_empty() || root.ends_with(':') || root.ends_with(":/") {
+        return None;
+    }
+    Some((root.to_string(), ns.to_string(), hc.to_string(), id.to_string()))
+}
+
+/// The newest backup of a cluster that has its manifest (a complete one).
+pub async fn latest_backup(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<String, OpsError> {
+    let prefix = Layout::cluster_prefix(namespace, hosted_cluster);
+    let mut ids: Vec<String> = store
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .filter_map(|o| Layout::from_key(&o.key).filter(|_| o.key.ends_with(crate::archive::MANIFEST)))
+        .map(|l| l.backup_id)
+        .collect();
+    ids.sort();
+    ids.pop().ok_or_else(|| {
+        OpsError::Input(format!(
+            "no complete backup of {namespace}/{hosted_cluster} in {}: check the store URL, --hosted-cluster and -n (hcp-dr backups list)",
+            store.url()
+        ))
+    })
+}
+
+async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> Result<RestoreInputs, OpsError> {
+    let from = options
+        .from
+        .clone()
+        .ok_or_else(|| OpsError::Input("--from is required: the URL of a backup, or of a store with --backup-id".into()))?;
+    let (root, namespace, hosted_cluster, id) = match split_backup_url(&from) {
+        Some(parts) => parts,
+        None => {
+            let id = options.backup_id.clone().ok_or_else(|| {
+                OpsError::Input(format!(
+                    "--from {from} does not end in <namespace>/<cluster>/<backup-id>: give a backup's URL, or add --backup-id ID (or latest) with --hosted-cluster and -n"
+                ))
+            })?;
+            let hc = options.hosted_cluster.clone().ok_or_else(|| {
+                OpsError::Input("--backup-id needs --hosted-cluster (and -n, default clusters) to find the backup".into())
+            })?;
+            (from.clone(), options.namespace.clone().unwrap_or_else(|| "clusters".into()), hc, id)
+        }
+    };
+    check_name("hosted cluster", &hosted_cluster)?;
+    check_name("namespace", &namespace)?;
+    if let Some(hc) = &options.hosted_cluster {
+        if hc != &hosted_cluster {
+            return Err(OpsError::Input(format!(
+                "--hosted-cluster {hc} does not match the backup in --from ({namespace}/{hosted_cluster}); restoring under another name is `hcp-dr drill`"
+            )));
+        }
+    }
+    store::StoreUrl::parse(&root)?;
+    let backup_id = if id == "latest" {
+        let store = store::open(&root, s3.clone()).await?;
+        latest_backup(store.as_ref(), &namespace, &hosted_cluster).await?
+    } else {
+        parse_backup_id(&id).map_err(|e| OpsError::Input(e.to_string()))?;
+        id
+    };
+    if let Some(staging) = &options.stage_snapshot_to {
+        if !matches!(store::StoreUrl::parse(staging)?, store::StoreUrl::S3 { .. }) {
+            return Err(OpsError::Input(format!(
+                "--stage-snapshot-to {staging} must be an S3 store (s3://bucket/prefix): etcd downloads the snapshot from a presigned URL"
+            )));
+        }
+    }
+    let ttl = options.presign_ttl.as_secs();
+    if !(300..=7 * 24 * 3600).contains(&ttl) {
+        return Err(OpsError::Input(format!(
+            "--presign-ttl {ttl}s is out of range: between 5m (etcd must start downloading before it expires) and 168h (the SigV4 limit)"
+        )));
+    }
+    Ok(RestoreInputs {
+        store: root,
+        namespace,
+        hosted_cluster,
+        backup_id,
+        s3_endpoint: s3.endpoint.clone(),
+        ca_bundle: s3.ca_bundle.clone(),
+        stage_snapshot_to: options.stage_snapshot_to.clone(),
+        presign_ttl_seconds: ttl,
+        wait_timeout_seconds: options.wait_timeout.as_secs(),
+        clean_leftovers: options.clean_leftovers,
+        overwrite: options.overwrite,
+        etcd_access: options.etcd_access,
+    })
+}
+
+/// Run (or resume, abort, dry-run) a restore.
+pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
+    let playbook = builtin::load("restore", options.playbook.as_deref())?;
+    playbook.check(&RESTORE_RULES)?;
+    let journal_given = options.resume.clone().or(options.abort.clone());
+    let mut inputs = match &journal_given {
+        Some(journal) => {
+            let state = Journal::read(journal)?;
+            if state.header.operation != "restore" {
+                return Err(OpsError::Input(format!(
+                    "{} is a `{}` journal; use `hcp-dr {}` with it",
+                    journal.display(),
+                    state.header.operation,
+                    state.header.operation
+                )));
+            }
+            serde_json::from_value::<RestoreInputs>(state.header.inputs.clone())
+                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
+        }
+        None => resolve_inputs(&options, &options.s3).await?,
+    };
+    // --overwrite may be added when resuming after a conflict report.
+    inputs.overwrite |= options.overwrite;
+    let mut s3 = options.s3.clone();
+    s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
+    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
+    let store = store::open(&inputs.store, s3.clone()).await?;
+    let staging = match &inputs.stage_snapshot_to {
+        Some(url) => Some(store::open(url, s3).await?),
+        None => None,
+    };
+    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let mut ctx = RestoreContext::new(client, store, staging, inputs.clone());
+    let catalog = restore_catalog();
+    let runner = Runner {
+        operation: "restore",
+        playbook: &playbook,
+        catalog: &catalog,
+        observer: options.observer.as_deref(),
+        on_failure: OnFailure::Stop,
+    };
+    let journal_path = journal_given.clone().unwrap_or_else(|| {
+        options.journal.clone().unwrap_or_else(|| {
+            options.journal_dir.join(format!(
+                "restore-{}-{}-{}-{}.jsonl",
+                inputs.namespace,
+                inputs.hosted_cluster,
+                inputs.backup_id,
+                chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ")
+            ))
+        })
+    });
+    let mode = if options.dry_run {
+        Mode::DryRun
+    } else if options.abort.is_some() {
+        Mode::Abort { journal: &journal_path }
+    } else if options.resume.is_some() {
+        Mode::Resume { journal: &journal_path }
+    } else {
+        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume, undo with --abort)");
+        Mode::Fresh {
+            journal: &journal_path,
+            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+        }
+    };
+    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    Ok(RestoreResult {
+        backup: format!("{}/{}", ctx.store.url(), inputs.layout().dir()),
+        hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
+        warnings: ctx.warnings.clone(),
+        run,
+    })
+}
+
+/// For `playbook show restore`.
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    let playbook = builtin::load("restore", file)?;
+    playbook.check(&RESTORE_RULES)?;
+    let catalog = restore_catalog();
+    Ok(playbook
+        .stages
+        .iter()
+        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backup_urls_split_into_store_and_backup() {
+        assert_eq!(
+            split_backup_url("s3://bucket/pre/clusters/demo/20261121T180000Z-0a1b2c/"),
+            Some(("s3://bucket/pre".into(), "clusters".into(), "demo".into(), "20261121T180000Z-0a1b2c".into()))
+        );
+        assert_eq!(
+            split_backup_url("s3://bucket/clusters/demo/latest"),
+            Some(("s3://bucket".into(), "clusters".into(), "demo".into(), "latest".into()))
+        );
+        assert_eq!(
+            split_backup_url("/var/backups/clusters/demo/20261121T180000Z-0a1b2c"),
+            Some(("/var/backups".into(), "clusters".into(), "demo".into(), "20261121T180000Z-0a1b2c".into()))
+        );
+        assert_eq!(split_backup_url("s3://bucket"), None);
+        assert_eq!(split_backup_url("s3://bucket/clusters/demo"), None);
+        assert_eq!(split_backup_url("s3://clusters/demo/latest"), None);
+    }
+}

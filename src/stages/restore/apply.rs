@@ -1,0 +1,378 @@
+//! `apply`: replay the backup's objects on the destination in the order of
+//! [`super::order::ORDER`], after the replay sanitizers (server metadata,
+//! owner references and the backup's pause dropped; everything else kept).
+//! The HostedControlPlane and the HostedCluster are created with
+//! `spec.etcd.managed.storage.restoreSnapshotURL` set to the one presigned
+//! URL: the field is immutable, so it is set in the create, never patched.
+//!
+//! Idempotent: an object that already exists and holds everything the
+//! backup has is left alone; one that differs is reported (or replaced with
+//! `--overwrite`). Every create is journaled first, so `--abort` deletes
+//! exactly what this restore created, newest first.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::discovery::Discovery;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::preflight::{Findings, describe, gvk_of};
+use super::snapshot_url::ensure_url;
+use super::verify::ensure_loaded;
+use super::{RestoreContext, order};
+use crate::archive::sanitize;
+use crate::kube::{KubeError, api_for, is_not_found, request};
+use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::stages::{StageError, earlier_progress, undo_record};
+
+pub struct Apply;
+
+/// The annotation naming the backup a restored object came from.
+pub const RESTORED_FROM: &str = "hcp-dr.openshift.io/restored-from";
+
+/// One object this restore created.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjRef {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjRef {
+    fn of(obj: &Value) -> ObjRef {
+        ObjRef {
+            api_version: obj["apiVersion"].as_str().unwrap_or_default().to_string(),
+            kind: obj["kind"].as_str().unwrap_or_default().to_string(),
+            namespace: obj["metadata"]["namespace"].as_str().map(str::to_string),
+            name: obj["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        }
+    }
+    fn label(&self) -> String {
+        format!("{} {}/{}", self.kind, self.namespace.as_deref().unwrap_or(""), self.name)
+    }
+}
+
+/// What `apply` did so far (journaled before each change).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Applied {
+    pub namespaces: Vec<String>,
+    pub deleted_leftovers: Vec<String>,
+    pub created: Vec<ObjRef>,
+    /// Being created when the record was written (may or may not exist).
+    #[serde(default)]
+    pub pending: Option<ObjRef>,
+    /// Existing objects left alone (identical) or replaced (--overwrite).
+    #[serde(default)]
+    pub identical: usize,
+    #[serde(default)]
+    pub replaced: Vec<String>,
+}
+
+const URL_POINTER: &str = "/spec/etcd/managed/storage/restoreSnapshotURL";
+
+/// The first path at which `have` lacks or differs from something in `want`
+/// (`None`: `have` holds all of `want`; server-added fields are fine).
+pub fn first_difference(want: &Value, have: &Value, path: &str) -> Option<String> {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w.iter().find_map(|(k, v)| {
+            let here = format!("{path}/{k}");
+            match h.get(k) {
+                Some(hv) => first_difference(v, hv, &here),
+                None if v.is_null() => None,
+                None => Some(here),
+            }
+        }),
+        _ if want == have => None,
+        _ => Some(path.to_string()),
+    }
+}
+
+/// Compare a backup object with the destination's, ignoring server metadata
+/// and (HostedCluster, HostedControlPlane) the snapshot URL, which differs
+/// per presign.
+pub fn differs(want: &Value, have: &Value) -> Option<String> {
+    let mut want = want.clone();
+    let mut have = have.clone();
+    for v in [&mut want, &mut have] {
+        sanitize::apply(sanitize::REPLAY, v);
+        if let Some(storage) = v.pointer_mut("/spec/etcd/managed/storage").and_then(Value::as_object_mut) {
+            storage.remove("restoreSnapshotURL");
+        }
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("finalizers");
+            if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                a.remove(RESTORED_FROM);
+            }
+        }
+        if let Some(map) = v.as_object_mut() {
+            map.remove("status");
+        }
+    }
+    first_difference(&want, &have, "")
+}
+
+/// The objects to create, in order, sanitized, the URL and provenance set.
+pub fn prepared(objects: &[Value], url: &str, from: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = objects.to_vec();
+    order::sort(&mut out);
+    for obj in &mut out {
+        sanitize::apply(sanitize::REPLAY, obj);
+        if obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("hypershift.openshift.io/"))
+            && matches!(obj["kind"].as_str(), Some("HostedCluster" | "HostedControlPlane"))
+        {
+            if let Some(spec) = obj.pointer_mut("/spec/etcd/managed/storage") {
+                spec["restoreSnapshotURL"] = json!([url]);
+            }
+            obj["metadata"]["annotations"][RESTORED_FROM] = json!(from);
+        }
+    }
+    out
+}
+
+fn api_of(ctx: &RestoreContext, discovery: &Discovery, r: &ObjRef) -> Result<Api<DynamicObject>, StageError> {
+    let obj = json!({"apiVersion": r.api_version, "kind": r.kind});
+    let (resource, caps) = discovery
+        .resolve_gvk(&gvk_of(&obj))
+        .ok_or_else(|| StageError::Precondition(format!("the destination does not serve {}", r.kind)))?;
+    Ok(match (&r.namespace, caps.scope) {
+        (Some(ns), kube::discovery::Scope::Namespaced) => api_for(&ctx.client, &resource, ns),
+        _ => Api::all_with(ctx.client.clone(), &resource),
+    })
+}
+
+async fn get_value(api: &Api<DynamicObject>, name: &str, what: &str) -> Result<Option<Value>, KubeError> {
+    match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {
+        Some(obj) => Ok(Some(serde_json::to_value(obj).map_err(|e| KubeError::Invalid(e.to_string()))?)),
+        None => Ok(None),
+    }
+}
+
+async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, StageFailure> {
+    ensure_loaded(ctx).await?;
+    let findings: Findings = step
+        .history()
+        .and_then(|h| h.stage("preflight").output)
+        .and_then(|o| serde_json::from_value(o).ok())
+        .unwrap_or_default();
+    let mut applied: Applied = earlier_progress(step, "apply").unwrap_or_default();
+    let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
+
+    // Leftover etcd volumes (only with --clean-leftovers; preflight refused otherwise).
+    if ctx.inputs.clean_leftovers {
+        let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+        for name in &findings.leftover_pvcs {
+            if !applied.deleted_leftovers.contains(name) {
+                applied.deleted_leftovers.push(name.clone());
+                step.record(serde_json::to_value(&applied)?)?;
+            }
+            match pvcs.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => return Err(request(format!("deleting leftover PVC {hcp_ns}/{name}"))(err).into()),
+            }
+            tracing::warn!(pvc = %name, namespace = %hcp_ns, "deleted a leftover etcd PVC (--clean-leftovers)");
+        }
+        crate::kube::wait_for("leftover etcd PVCs to be gone", Duration::from_secs(120), Duration::from_millis(500), || async {
+            for name in &findings.leftover_pvcs {
+                if pvcs.get_opt(name).await.map_err(request(format!("reading PVC {hcp_ns}/{name}")))?.is_some() {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        })
+        .await?;
+    }
+
+    // Namespaces.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    for name in [&ns, &hcp_ns] {
+        if namespaces.get_opt(name).await.map_err(request(format!("reading Namespace {name}")))?.is_none() {
+            if !applied.namespaces.contains(name) {
+                applied.namespaces.push(name.clone());
+                step.record(serde_json::to_value(&applied)?)?;
+            }
+            let body: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(json!({"metadata": {"name": name}}))?;
+            match namespaces.create(&PostParams::default(), &body).await {
+                Ok(_) => {}
+                Err(err) if crate::kube::is_conflict(&err) => {}
+                Err(err) => return Err(request(format!("creating Namespace {name}"))(err).into()),
+            }
+        }
+    }
+
+    // Objects, in order.
+    ensure_url(ctx).await?;
+    let discovery = Discovery::new(ctx.client.clone())
+        .run()
+        .await
+        .map_err(request("discovering the destination's API groups"))?;
+    let url = ctx.snapshot_url.clone().ok_or(StageError::Missing("the snapshot URL"))?;
+    let from = format!("{}/{}", ctx.store.url(), ctx.inputs.layout().dir());
+    let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), &url, &from);
+    let mut conflicts = Vec::new();
+    for mut obj in objects {
+        let r = ObjRef::of(&obj);
+        let api = api_of(ctx, &discovery, &r)?;
+        let existing = get_value(&api, &r.name, &describe(&obj)).await?;
+        match existing {
+            None => {
+                applied.pending = Some(r.clone());
+                step.record(serde_json::to_value(&applied)?)?;
+                let body: DynamicObject = serde_json::from_value(obj.clone())?;
+                api.create(&PostParams::default(), &body)
+                    .await
+                    .map_err(request(format!("creating {}", r.label())))?;
+                applied.created.push(r);
+                applied.pending = None;
+                step.record(serde_json::to_value(&applied)?)?;
+            }
+            Some(have) => {
+                // what this run created, controllers may since have changed
+                if applied.created.contains(&r) {
+                    continue;
+                }
+                let ours = applied.pending.as_ref() == Some(&r);
+                match differs(&obj, &have) {
+                    None => {
+                        if applied.pending.as_ref() == Some(&r) {
+                            applied.created.push(r);
+                            applied.pending = None;
+                            step.record(serde_json::to_value(&applied)?)?;
+                        } else if !ours {
+                            applied.identical += 1;
+                        }
+                    }
+                    // created by the interrupted attempt: ours, whatever changed since
+                    Some(_) if ours => {
+                        applied.created.push(r);
+                        applied.pending = None;
+                        step.record(serde_json::to_value(&applied)?)?;
+                    }
+                    Some(path) if ctx.inputs.overwrite => {
+                        // keep the destination's snapshot URL: it is immutable
+                        if let Some(existing_url) = have.pointer(URL_POINTER) {
+                            if let Some(storage) = obj.pointer_mut("/spec/etcd/managed/storage") {
+                                storage["restoreSnapshotURL"] = existing_url.clone();
+                            }
+                        }
+                        obj["metadata"]["resourceVersion"] = have["metadata"]["resourceVersion"].clone();
+                        let body: DynamicObject = serde_json::from_value(obj.clone())?;
+                        api.replace(&r.name, &PostParams::default(), &body)
+                            .await
+                            .map_err(request(format!("replacing {}", r.label())))?;
+                        applied.replaced.push(format!("{} (differed at {path})", r.label()));
+                        step.record(serde_json::to_value(&applied)?)?;
+                    }
+                    Some(path) => conflicts.push(format!("{} exists and differs from the backup at {path}", r.label())),
+                }
+            }
+        }
+    }
+    if !conflicts.is_empty() {
+        return Err(StageError::Precondition(format!(
+            "{} object(s) on the destination differ from the backup and were left alone:\n  - {}\nresolve them by hand, or resume with --overwrite to replace them with the backup's",
+            conflicts.len(),
+            conflicts.join("\n  - ")
+        ))
+        .into());
+    }
+    Ok(applied)
+}
+
+#[async_trait]
+impl Stage<RestoreContext> for Apply {
+    fn name(&self) -> &'static str {
+        "apply"
+    }
+    fn summary(&self) -> &'static str {
+        "create the namespaces, then secrets, HostedControlPlane, CAPI and platform objects, HostedCluster (with restoreSnapshotURL) and NodePools, in that order"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        let mut lines = Vec::new();
+        if ctx.inputs.clean_leftovers {
+            lines.push(format!("delete leftover data-etcd-* PVCs in {} (found by preflight)", ctx.inputs.hcp_namespace()));
+        }
+        lines.push(format!("create namespaces {} and {} if absent", ctx.inputs.namespace, ctx.inputs.hcp_namespace()));
+        let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), "<presigned URL>", "");
+        for obj in &objects {
+            lines.push(format!("create {}", describe(obj)));
+        }
+        lines
+    }
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let applied = run(ctx, step).await?;
+        Ok(serde_json::to_value(applied)?)
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        let Some(applied) = undo_record::<Applied>("apply", &input)? else { return Ok(()) };
+        let discovery = Discovery::new(ctx.client.clone())
+            .run()
+            .await
+            .map_err(request("discovering the destination's API groups"))?;
+        let mut refs = applied.created.clone();
+        refs.extend(applied.pending.clone());
+        // newest first: NodePools, HostedCluster, ..., secrets
+        for r in refs.iter().rev() {
+            let api = api_of(ctx, &discovery, r)?;
+            crate::teardown::delete_and_wait(&api, &r.name, &r.label(), ctx.inputs.wait_timeout().min(Duration::from_secs(300))).await?;
+        }
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+        for name in applied.namespaces.iter().rev() {
+            crate::teardown::delete_and_wait(&namespaces, name, &format!("Namespace {name}"), Duration::from_secs(300)).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn differences_ignore_server_fields_and_the_url() {
+        let want = json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+            "metadata": {"name": "demo", "namespace": "clusters", "labels": {"a": "b"}},
+            "spec": {"etcd": {"managed": {"storage": {"restoreSnapshotURL": ["https://x?sig=1"]}}}, "release": {"image": "i"}}});
+        let mut have = want.clone();
+        have["metadata"]["uid"] = json!("u");
+        have["metadata"]["resourceVersion"] = json!("9");
+        have["metadata"]["annotations"] = json!({RESTORED_FROM: "s3://b/x"});
+        have["spec"]["etcd"]["managed"]["storage"]["restoreSnapshotURL"] = json!(["https://x?sig=2"]);
+        have["spec"]["defaulted"] = json!(true);
+        have["status"] = json!({"conditions": []});
+        assert_eq!(differs(&want, &have), None);
+        have["spec"]["release"]["image"] = json!("other");
+        assert_eq!(differs(&want, &have).as_deref(), Some("/spec/release/image"));
+        have["metadata"]["labels"] = json!({});
+        assert_eq!(differs(&want, &have).as_deref(), Some("/metadata/labels/a"));
+    }
+
+    #[test]
+    fn prepared_objects_carry_the_url_and_lose_the_pause() {
+        let objects = vec![
+            json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"name": "demo", "namespace": "clusters", "ownerReferences": [{"uid": "x"}]},
+                "spec": {"pausedUntil": "2026-01-01T00:00:00Z", "etcd": {"managementType": "Managed", "managed": {"storage": {"type": "PersistentVolume"}}}}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-pull-secret", "namespace": "clusters"}}),
+        ];
+        let out = prepared(&objects, "https://s3/x?sig", "s3://b/clusters/demo/id");
+        assert_eq!(out[0]["kind"], "Secret");
+        let hc = &out[1];
+        assert_eq!(hc.pointer(URL_POINTER), Some(&json!(["https://s3/x?sig"])));
+        assert!(hc["spec"].get("pausedUntil").is_none());
+        assert!(hc["metadata"].get("ownerReferences").is_none());
+        assert_eq!(hc["metadata"]["annotations"][RESTORED_FROM], "s3://b/clusters/demo/id");
+        assert_eq!(hc["spec"]["etcd"]["managed"]["storage"]["type"], "PersistentVolume");
+    }
+}

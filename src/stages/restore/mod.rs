@@ -1,0 +1,131 @@
+//! The restore stages (`playbooks/restore.yaml`): verify a backup, check the
+//! destination, make a snapshot URL etcd can download, replay the objects in
+//! order, and wait until the restored cluster serves.
+//!
+//! Restore stops on failure instead of undoing (`OnFailure::Stop`): a
+//! half-finished restore is usually better continued (`--resume`) than thrown
+//! away; `--abort` deletes what it created.
+
+pub mod apply;
+pub mod order;
+pub mod preflight;
+pub mod snapshot_url;
+pub mod verify;
+pub mod wait;
+
+use std::time::Duration;
+
+use kube::Client;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::archive::{Layout, Manifest};
+use crate::pipeline::{Catalog, StageRules};
+use crate::stages::context::EtcdAccess;
+use crate::store::Store;
+
+/// The inputs of a restore (journaled on start; nothing secret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestoreInputs {
+    /// The store holding the backup, and the backup in it.
+    pub store: String,
+    pub namespace: String,
+    pub hosted_cluster: String,
+    pub backup_id: String,
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    #[serde(default)]
+    pub ca_bundle: Option<std::path::PathBuf>,
+    /// An S3 store a local backup's snapshot is copied to, for its URL.
+    #[serde(default)]
+    pub stage_snapshot_to: Option<String>,
+    pub presign_ttl_seconds: u64,
+    pub wait_timeout_seconds: u64,
+    /// Delete leftover `data-etcd-*` PVCs instead of refusing.
+    pub clean_leftovers: bool,
+    /// Replace existing objects that differ instead of refusing.
+    pub overwrite: bool,
+    pub etcd_access: EtcdAccess,
+}
+
+impl RestoreInputs {
+    pub fn layout(&self) -> Layout {
+        Layout::new(&self.namespace, &self.hosted_cluster, &self.backup_id)
+    }
+    pub fn hcp_namespace(&self) -> String {
+        crate::hosted::hcp_namespace(&self.namespace, &self.hosted_cluster)
+    }
+    pub fn wait_timeout(&self) -> Duration {
+        Duration::from_secs(self.wait_timeout_seconds)
+    }
+    pub fn presign_ttl(&self) -> Duration {
+        Duration::from_secs(self.presign_ttl_seconds)
+    }
+    pub fn hc_label(&self) -> String {
+        format!("HostedCluster {}/{}", self.namespace, self.hosted_cluster)
+    }
+}
+
+/// The context of one restore run.
+pub struct RestoreContext {
+    /// The destination management cluster.
+    pub client: Client,
+    pub store: Box<dyn Store>,
+    /// Where a local backup's snapshot is staged for its URL (an S3 store).
+    pub staging: Option<Box<dyn Store>>,
+    pub inputs: RestoreInputs,
+    /// Read by `verify` (and again by `apply` on a resumed run).
+    pub manifest: Option<Manifest>,
+    /// The sanitized objects to replay; never journaled (they hold secrets).
+    pub objects: Option<Vec<Value>>,
+    /// The presigned snapshot URL; never journaled or printed (it grants
+    /// read access to the snapshot until it expires).
+    pub snapshot_url: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+impl RestoreContext {
+    pub fn new(client: Client, store: Box<dyn Store>, staging: Option<Box<dyn Store>>, inputs: RestoreInputs) -> Self {
+        RestoreContext {
+            client,
+            store,
+            staging,
+            inputs,
+            manifest: None,
+            objects: None,
+            snapshot_url: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Every restore stage, by name.
+pub fn restore_catalog() -> Catalog<RestoreContext> {
+    Catalog::default()
+        .with(verify::Verify)
+        .with(preflight::Preflight)
+        .with(snapshot_url::SnapshotUrl)
+        .with(apply::Apply)
+        .with(wait::Wait)
+}
+
+/// The stage names a restore playbook may use, and their order constraints.
+pub const RESTORE_RULES: StageRules<'static> = StageRules {
+    operation: "restore",
+    known: &["verify", "preflight", "snapshot-url", "apply", "wait"],
+    requires_before: &[
+        ("preflight", "verify"),
+        ("snapshot-url", "verify"),
+        ("apply", "preflight"),
+        ("apply", "snapshot-url"),
+        ("wait", "apply"),
+    ],
+};
+
+/// A URL without its query string (a presigned URL's signature lives there).
+pub fn redact_url(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, _)) => format!("{base}?<signature redacted>"),
+        None => url.to_string(),
+    }
+}

@@ -1,0 +1,199 @@
+//! `preflight` (read-only) on the destination: every kind in the backup is
+//! served (CRDs installed), the HostedCluster's name is unused, none of the
+//! objects to create exists, the HCP namespace is absent or empty, no
+//! leftover `data-etcd-*` PVC would make etcd skip the restore, the etcd
+//! encryption key is in the backup, and the snapshot can be given a URL.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::Discovery;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::RestoreContext;
+use super::verify::ensure_loaded;
+use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
+use crate::kube::{api, get_json, request};
+use crate::pipeline::{Stage, StageFailure, Step};
+use crate::stages::StageError;
+use crate::store::StoreUrl;
+
+pub struct Preflight;
+
+/// What preflight found (journaled).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Findings {
+    /// Leftover etcd PVCs `apply` deletes (only with --clean-leftovers).
+    pub leftover_pvcs: Vec<String>,
+    pub hcp_namespace_exists: bool,
+    pub hc_namespace_exists: bool,
+    pub objects: usize,
+}
+
+/// `apiVersion` split into group and version.
+pub fn gvk_of(obj: &Value) -> GroupVersionKind {
+    let api_version = obj["apiVersion"].as_str().unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    GroupVersionKind::gvk(group, version, obj["kind"].as_str().unwrap_or(""))
+}
+
+/// `Kind ns/name` of an object, for messages.
+pub fn describe(obj: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        obj["kind"].as_str().unwrap_or("?"),
+        obj["metadata"]["namespace"].as_str().unwrap_or(""),
+        obj["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// The backup's HostedCluster object.
+pub fn hosted_cluster(objects: &[Value]) -> Result<HostedCluster, StageError> {
+    let mut found = objects.iter().filter(|o| {
+        o["kind"] == "HostedCluster" && gvk_of(o).group == HOSTED_CLUSTER.group
+    });
+    match (found.next(), found.next()) {
+        (Some(hc), None) => Ok(HostedCluster(hc.clone())),
+        (None, _) => Err(StageError::Precondition("the backup's objects hold no HostedCluster".into())),
+        (Some(_), Some(_)) => Err(StageError::Precondition("the backup's objects hold more than one HostedCluster".into())),
+    }
+}
+
+async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
+    ensure_loaded(ctx).await?;
+    let objects = ctx.objects.clone().unwrap_or_default();
+    let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
+    let mut problems: Vec<String> = Vec::new();
+
+    // The snapshot must be given a URL etcd can download.
+    if matches!(StoreUrl::parse(&ctx.inputs.store)?, StoreUrl::Local(_)) && ctx.staging.is_none() {
+        problems.push(format!(
+            "the backup is in a local directory ({}), which etcd cannot download from: pass --stage-snapshot-to s3://BUCKET/PREFIX (a temporary copy of the snapshot is uploaded there, presigned for --presign-ttl and deleted once etcd has restored it), or restore from a copy of the backup in S3",
+            ctx.store.url()
+        ));
+    }
+
+    // Every kind is served.
+    let discovery = Discovery::new(ctx.client.clone())
+        .run()
+        .await
+        .map_err(request("discovering the destination's API groups"))?;
+    let kinds: BTreeSet<(String, String, String)> = objects
+        .iter()
+        .map(|o| {
+            let g = gvk_of(o);
+            (g.group, g.version, g.kind)
+        })
+        .collect();
+    for (group, version, kind) in &kinds {
+        if discovery.resolve_gvk(&GroupVersionKind::gvk(group, version, kind)).is_none() {
+            problems.push(format!(
+                "the destination does not serve {kind} ({}{version}): install the HyperShift operator and its CRDs (and the platform's CAPI provider) first",
+                if group.is_empty() { String::new() } else { format!("{group}/") }
+            ));
+        }
+    }
+
+    // The HostedCluster's name is unused and none of the objects exists.
+    let hc = hosted_cluster(&objects)?;
+    if let Some(existing) = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ns), &ctx.inputs.hosted_cluster, &ctx.inputs.hc_label()).await? {
+        problems.push(format!(
+            "{} already exists on the destination (uid {}): restore never overwrites a cluster; destroy it first, or restore onto another management cluster",
+            ctx.inputs.hc_label(),
+            existing["metadata"]["uid"].as_str().unwrap_or("?")
+        ));
+    }
+    if problems.is_empty() {
+        for obj in &objects {
+            let gvk = gvk_of(obj);
+            let Some((resource, _)) = discovery.resolve_gvk(&gvk) else { continue };
+            let namespace = obj["metadata"]["namespace"].as_str().unwrap_or(&ns);
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+            if get_json(&crate::kube::api_for(&ctx.client, &resource, namespace), name, &describe(obj)).await?.is_some() {
+                problems.push(format!("{} already exists on the destination", describe(obj)));
+            }
+        }
+    }
+
+    // The HCP namespace is absent or empty; no leftover etcd volumes.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+    let hcp_namespace_exists = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?.is_some();
+    let hc_namespace_exists = namespaces.get_opt(&ns).await.map_err(request(format!("reading Namespace {ns}")))?.is_some();
+    let mut leftover_pvcs = Vec::new();
+    if hcp_namespace_exists {
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+        for pvc in pvcs.list(&ListParams::default()).await.map_err(request(format!("listing PVCs in {hcp_ns}")))?.items {
+            let name = pvc.metadata.name.unwrap_or_default();
+            if name.starts_with("data-etcd-") {
+                leftover_pvcs.push(name);
+            } else {
+                problems.push(format!("the HCP namespace {hcp_ns} is not empty: it holds PVC {name}; delete the namespace's contents first"));
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+        let pods = pods.list(&ListParams::default()).await.map_err(request(format!("listing Pods in {hcp_ns}")))?.items;
+        if let Some(pod) = pods.first() {
+            problems.push(format!(
+                "the HCP namespace {hcp_ns} is not empty: {} pod(s) run there (e.g. {}); a control plane from an earlier attempt? delete the namespace first",
+                pods.len(),
+                pod.metadata.name.as_deref().unwrap_or("?")
+            ));
+        }
+    }
+    if !leftover_pvcs.is_empty() && !ctx.inputs.clean_leftovers {
+        problems.push(format!(
+            "leftover etcd volumes in {hcp_ns}: {}. etcd would start from their old data and silently skip the restore; delete them (kubectl -n {hcp_ns} delete pvc {}) or pass --clean-leftovers",
+            leftover_pvcs.join(", "),
+            leftover_pvcs.join(" ")
+        ));
+    }
+
+    // Secrets in etcd are useless without the exact encryption key.
+    if let Some(key) = hc.encryption_key_secret() {
+        let included = objects.iter().any(|o| {
+            o["kind"] == "Secret" && o["metadata"]["name"] == key && o["metadata"]["namespace"].as_str().unwrap_or(&ns) == ns
+        });
+        if !included {
+            problems.push(format!(
+                "the HostedCluster encrypts secrets with the key in Secret {ns}/{key}, which is not in the backup: without that exact key the restored etcd's secrets cannot be read; take a new backup (hcp-dr exports it) or add the secret to the destination by hand first"
+            ));
+        }
+    }
+
+    if !problems.is_empty() {
+        return Err(StageError::Precondition(format!(
+            "the destination is not ready for the restore; nothing was changed:\n  - {}",
+            problems.join("\n  - ")
+        ))
+        .into());
+    }
+    Ok(Findings {
+        leftover_pvcs,
+        hcp_namespace_exists,
+        hc_namespace_exists,
+        objects: objects.len(),
+    })
+}
+
+#[async_trait]
+impl Stage<RestoreContext> for Preflight {
+    fn name(&self) -> &'static str {
+        "preflight"
+    }
+    fn summary(&self) -> &'static str {
+        "check the destination: CRDs served, names unused, HCP namespace empty, no leftover etcd PVCs, encryption key in the backup"
+    }
+    fn mutates(&self) -> bool {
+        false
+    }
+    fn plan(&self, _ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        vec!["read-only checks".into()]
+    }
+    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        Ok(serde_json::to_value(check(ctx).await?)?)
+    }
+}

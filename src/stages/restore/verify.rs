@@ -1,0 +1,73 @@
+//! `verify`: before anything touches the destination, re-read the backup
+//! from the store and check it against its manifest (format version, every
+//! artifact's size and SHA-256, SHA256SUMS, the objects archive parsing,
+//! and the best snapshot read offline as a bbolt database at its revision).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::RestoreContext;
+use crate::archive::check::check_backup;
+use crate::pipeline::{Stage, StageFailure, Step};
+use crate::stages::StageError;
+
+pub struct Verify;
+
+/// Load (and check) the backup into the context unless it already is: a
+/// resumed run re-reads it, as objects are never journaled.
+pub async fn ensure_loaded(ctx: &mut RestoreContext) -> Result<(), StageFailure> {
+    if ctx.objects.is_none() || ctx.manifest.is_none() {
+        let (manifest, objects, _) = check_backup(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
+        ctx.manifest = Some(manifest);
+        ctx.objects = Some(objects);
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Stage<RestoreContext> for Verify {
+    fn name(&self) -> &'static str {
+        "verify"
+    }
+    fn summary(&self) -> &'static str {
+        "re-read the backup and check its format version, every artifact's size and SHA-256, and the objects archive"
+    }
+    fn mutates(&self) -> bool {
+        false
+    }
+    fn plan(&self, _ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        vec!["read-only checks".into()]
+    }
+    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let (manifest, objects, report) = check_backup(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
+        let best = manifest
+            .best_snapshot()
+            .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
+        // The snapshot etcd will restore is also read as etcd will: its
+        // trailing hash and its database, and it must hold the recorded revision.
+        let key = ctx.inputs.layout().artifact(&best.artifact);
+        let offline = crate::etcd::verify::verify_store_object(ctx.store.as_ref(), &key).await?;
+        let revision = offline.summary.as_ref().map(|s| s.revision);
+        if !offline.is_ok() || revision != Some(best.revision) {
+            return Err(StageError::Precondition(format!(
+                "{}/{key}: the snapshot does not verify offline ({}; revision {revision:?}, the manifest records {}): the backup is damaged or was tampered with; use another backup",
+                ctx.store.url(),
+                offline.verdict,
+                best.revision
+            ))
+            .into());
+        }
+        let output = json!({
+            "backup": report.backup,
+            "artifacts_checked": report.artifacts_checked,
+            "bytes_checked": report.bytes_checked,
+            "objects": report.objects,
+            "snapshot": {"member": best.member, "revision": best.revision, "size": best.size,
+                "keys": offline.summary.as_ref().map(|s| s.live_keys)},
+            "backup_finished": manifest.timings.finished,
+        });
+        ctx.manifest = Some(manifest);
+        ctx.objects = Some(objects);
+        Ok(output)
+    }
+}
