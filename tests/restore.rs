@@ -185,6 +185,23 @@ async fn damaged_backups_leftover_volumes_and_bad_input_are_refused_before_any_c
     assert!(namespaces.get_opt("clusters").await.unwrap().is_none(), "the destination was changed");
     assert!(pvcs.get_opt("data-etcd-0").await.unwrap().is_some(), "the leftover PVC was deleted without --clean-leftovers");
 
+    // with --clean-leftovers the volume goes and the restore (from the local
+    // store, its snapshot staged in S3) completes; the staged copy is deleted
+    retire_source(&env).await;
+    let out = env.hcp_dr(
+        &["restore", "--from", backup.to_str().unwrap(), "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--clean-leftovers", "--wait", "5m", "-o", "json"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let applied = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "apply").unwrap()["output"];
+    assert_eq!(applied["deleted_leftovers"], json!(["data-etcd-0"]), "{applied}");
+    let url = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "snapshot-url").unwrap()["output"];
+    assert_eq!(url["staged"], true, "{url}");
+    let staged = env.sandbox.s3.root().join(hcp_dr_e2e::sandbox::BUCKET).join("staging").join(url["key"].as_str().unwrap());
+    assert!(!staged.exists(), "the staged snapshot copy {} was not deleted", staged.display());
+    wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
+
     // bad input: exit 2 with what to do
     for (args, expect) in [
         (vec!["restore", "--from", "s3://bucket"], "--backup-id"),

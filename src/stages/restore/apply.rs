@@ -153,11 +153,7 @@ async fn get_value(api: &Api<DynamicObject>, name: &str, what: &str) -> Result<O
 
 async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, StageFailure> {
     ensure_loaded(ctx).await?;
-    let findings: Findings = step
-        .history()
-        .and_then(|h| h.stage("preflight").output)
-        .and_then(|o| serde_json::from_value(o).ok())
-        .unwrap_or_default();
+    let findings: Findings = ctx.findings.clone().unwrap_or_default();
     let mut applied: Applied = earlier_progress(step, "apply").unwrap_or_default();
     let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
 

@@ -81,6 +81,10 @@ pub struct RestoreContext {
     /// The presigned snapshot URL; never journaled or printed (it grants
     /// read access to the snapshot until it expires).
     pub snapshot_url: Option<String>,
+    /// What `preflight` found and what `snapshot-url` presigned (journaled;
+    /// put back on resume).
+    pub findings: Option<preflight::Findings>,
+    pub url_record: Option<snapshot_url::UrlRecord>,
     pub warnings: Vec<String>,
 }
 
@@ -94,6 +98,8 @@ impl RestoreContext {
             manifest: None,
             objects: None,
             snapshot_url: None,
+            findings: None,
+            url_record: None,
             warnings: Vec::new(),
         }
     }

@@ -194,6 +194,12 @@ impl Stage<RestoreContext> for Preflight {
         vec!["read-only checks".into()]
     }
     async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(check(ctx).await?)?)
+        let findings = check(ctx).await?;
+        ctx.findings = Some(findings.clone());
+        Ok(serde_json::to_value(findings)?)
+    }
+    fn restore(&self, ctx: &mut RestoreContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.findings = Some(crate::stages::from_output("preflight", output)?);
+        Ok(())
     }
 }

@@ -112,7 +112,12 @@ impl Stage<RestoreContext> for SnapshotUrl {
         ctx.snapshot_url = None;
         ensure_url(ctx).await?;
         tracing::info!(store = %url, key = %key, staged, "snapshot URL presigned (not shown: it grants read access)");
+        ctx.url_record = Some(record.clone());
         Ok(serde_json::to_value(record)?)
+    }
+    fn restore(&self, ctx: &mut RestoreContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.url_record = Some(crate::stages::from_output("snapshot-url", output)?);
+        Ok(())
     }
     fn undoable(&self) -> bool {
         true

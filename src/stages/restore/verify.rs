@@ -30,7 +30,7 @@ impl Stage<RestoreContext> for Verify {
         "verify"
     }
     fn summary(&self) -> &'static str {
-        "re-read the backup and check its format version, every artifact's size and SHA-256, and the objects archive"
+        "re-read the backup: format version, every artifact's size and SHA-256, the objects archive, and the best snapshot read offline at its revision"
     }
     fn mutates(&self) -> bool {
         false

@@ -72,7 +72,7 @@ async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kube::E
         .count())
 }
 
-async fn run(ctx: &mut RestoreContext, step: &Step<'_>) -> Result<Healthy, StageFailure> {
+async fn run(ctx: &mut RestoreContext) -> Result<Healthy, StageFailure> {
     ensure_loaded(ctx).await?;
     let started = Instant::now();
     let timeout = ctx.inputs.wait_timeout();
@@ -164,10 +164,7 @@ async fn run(ctx: &mut RestoreContext, step: &Step<'_>) -> Result<Healthy, Stage
     }
 
     // The staged copy is no longer needed.
-    let staged: Option<UrlRecord> = step
-        .history()
-        .and_then(|h| h.stage("snapshot-url").output)
-        .and_then(|o| serde_json::from_value(o).ok());
+    let staged: Option<UrlRecord> = ctx.url_record.clone();
     if let (Some(record), Some(staging)) = (staged.filter(|r| r.staged), &ctx.staging) {
         staging.delete(&record.key).await?;
         tracing::info!(key = %record.key, "deleted the staged snapshot copy");
@@ -198,7 +195,7 @@ impl Stage<RestoreContext> for Wait {
             ctx.inputs.hc_label()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        Ok(serde_json::to_value(run(ctx).await?)?)
     }
 }
