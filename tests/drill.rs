@@ -2,7 +2,7 @@
 //! hcp-dr binary.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_sandbox_drill_backs_up_and_verifies_demo() {
+async fn the_sandbox_drill_backs_up_verifies_and_migrates_demo() {
     let tmp = tempfile::tempdir().unwrap();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_hcp-dr"));
     let report = hcp_dr_e2e::drill::run(&tmp.path().join("sb"), bin).await.expect("drill");
@@ -16,13 +16,17 @@ async fn the_sandbox_drill_backs_up_and_verifies_demo() {
             "connect to the hosted API",
             "write sample workloads",
             "inspect hosted etcd members",
-            "hcp-dr backup to S3",
+            "hcp-dr backup to the local store",
             "verify the backup",
             "cluster back in service",
+            "hcp-dr migrate to mgmt-b",
+            "verify on mgmt-b, source gone",
         ]
     );
     assert_eq!(report.members.len(), 3);
     assert!(report.members.iter().all(|m| m.workload_keys == 40));
     let rendered = report.render();
     assert!(rendered.contains("each restore all 40 workload keys"), "{rendered}");
+    assert!(rendered.contains("Available on mgmt-b, 3 members each with all 40 workload keys"), "{rendered}");
+    assert!(rendered.contains("RTO "), "{rendered}");
 }

@@ -60,7 +60,7 @@ impl DrillReport {
             out.push_str(&format!("  {:<34} {:>8.2}  {}\n", step.name, step.seconds, step.detail));
         }
         out.push_str(&format!(
-            "\n  hosted etcd members (real etcd processes; keys under /kubernetes.io/.../{WORKLOAD_NS}/):\n"
+            "\n  hosted etcd members after the migration, on mgmt-b (real etcd processes; keys under /kubernetes.io/.../{WORKLOAD_NS}/):\n"
         ));
         out.push_str(&format!(
             "  {:<8} {:<16} {:>9} {:>10} {:>7} {:>14}\n",
@@ -170,7 +170,9 @@ pub async fn write_workloads(hosted: &kube::Client) -> Result<usize, SandboxErro
 
 /// Look at each etcd member of the hosted cluster directly over its client
 /// port, with the client TLS of the HCP namespace.
-pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<MemberReport>, SandboxError> {
+/// A client per etcd member of the hosted cluster, straight to its client
+/// port with the client TLS of the HCP namespace: `(pod, pod IP, client)`.
+pub async fn member_clients(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<(String, String, etcd_client::Client)>, SandboxError> {
     let secret = Api::<Secret>::namespaced(mgmt.clone(), hcp_ns)
         .get("etcd-client-tls")
         .await
@@ -192,7 +194,7 @@ pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<Me
         .list(&ListParams::default().labels("app=etcd"))
         .await
         .map_err(kube_err("listing etcd pods"))?;
-    let mut members = Vec::new();
+    let mut out = Vec::new();
     for pod in pods.items {
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let pod_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
@@ -202,7 +204,33 @@ pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<Me
             key_pem: get("etcd-client.key"),
             server_name: format!("{pod_name}.etcd-discovery.{hcp_ns}.svc"),
         };
-        let mut client = connect_client(&[format!("https://{pod_ip}:2379")], Some(&tls)).await?;
+        let client = connect_client(&[format!("https://{pod_ip}:2379")], Some(&tls)).await?;
+        out.push((pod_name, pod_ip, client));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// Every key each member holds under `prefix`, and its revision.
+pub async fn member_keys(mgmt: &kube::Client, hcp_ns: &str, prefix: &str) -> Result<Vec<(String, i64, std::collections::BTreeSet<String>)>, SandboxError> {
+    let mut out = Vec::new();
+    for (pod, _, mut client) in member_clients(mgmt, hcp_ns).await? {
+        let resp = client
+            .get(prefix.as_bytes(), Some(etcd_client::GetOptions::new().with_prefix().with_keys_only()))
+            .await
+            .map_err(crate::procs::ProcError::Etcd)?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let keys = resp.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).to_string()).collect();
+        out.push((pod, revision, keys));
+    }
+    Ok(out)
+}
+
+/// Look at each etcd member of the hosted cluster directly over its client
+/// port, with the client TLS of the HCP namespace.
+pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<MemberReport>, SandboxError> {
+    let mut members = Vec::new();
+    for (pod_name, pod_ip, mut client) in member_clients(mgmt, hcp_ns).await? {
         let status = client.status().await.map_err(crate::procs::ProcError::Etcd)?;
         let (header_member, leader) = (
             status.header().map(|h| h.member_id()).unwrap_or_default(),
@@ -261,8 +289,7 @@ pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError>
         steps,
         members,
         not_yet_available: vec![
-            "hcp-dr restore / migrate mgmt-a -> mgmt-b with workload verification (issue 4)".into(),
-            "hcp-dr drill on mgmt-b with RTO/RPO (issue 7)".into(),
+            "hcp-dr cluster create for demo, and hcp-dr drill on mgmt-b with RTO/RPO (issue 7)".into(),
         ],
     })
 }
@@ -303,7 +330,7 @@ async fn drill_on(
     })
     .await?;
     let hcp_ns = format!("{}-{}", spec.namespace, spec.name);
-    let members = timed(steps, "inspect hosted etcd members", async {
+    timed(steps, "inspect hosted etcd members", async {
         let members = inspect_members(&mgmt, &hcp_ns).await?;
         let expected_members = if spec.availability == "HighlyAvailable" { 3 } else { 1 };
         if members.len() != expected_members {
@@ -318,10 +345,10 @@ async fn drill_on(
                 )));
             }
         }
-        Ok((members.clone(), format!("{} members, each holding all {} workload keys", members.len(), WORKLOAD_OBJECTS * 2)))
+        Ok(((), format!("{} members, each holding all {} workload keys", members.len(), WORKLOAD_OBJECTS * 2)))
     })
     .await?;
-    let backup = timed(steps, "hcp-dr backup to S3", async {
+    let backup = timed(steps, "hcp-dr backup to the local store", async {
         let report = run_backup(sandbox, hcp_dr, &spec).await?;
         let detail = format!(
             "{} (revision {}, API down {:.1}s)",
@@ -360,6 +387,60 @@ async fn drill_on(
         Ok(((), format!("Available, not paused, hosted API serves {} ConfigMaps", cms.items.len())))
     })
     .await?;
+    timed(steps, "hcp-dr migrate to mgmt-b", async {
+        let report = run_migrate(sandbox, hcp_dr, &spec).await?;
+        let detail = format!(
+            "RTO {:.1}s (API down on mgmt-a until Available on mgmt-b), {} stages",
+            report["rto_seconds"].as_f64().unwrap_or_default(),
+            report["stage_seconds"].as_object().map_or(0, |s| s.len())
+        );
+        Ok(((), detail))
+    })
+    .await?;
+    let mgmt_b = sandbox.clusters[1]
+        .api
+        .client()
+        .await
+        .map_err(|source| SandboxError::ApiServer { cluster: "mgmt-b".into(), source })?;
+    let members = timed(steps, "verify on mgmt-b, source gone", async {
+        wait_available(&mgmt_b, &spec.namespace, &spec.name, Duration::from_secs(120)).await?;
+        let members = inspect_members(&mgmt_b, &hcp_ns).await?;
+        if let Some(m) = members.iter().find(|m| m.workload_keys != WORKLOAD_OBJECTS * 2) {
+            return Err(SandboxError::Check(format!(
+                "on mgmt-b, member {} holds {} of the {} workload keys", m.pod, m.workload_keys, WORKLOAD_OBJECTS * 2
+            )));
+        }
+        let hosted_b = hosted_client(&mgmt_b, &spec.namespace, &spec.name).await?;
+        let cms = Api::<ConfigMap>::namespaced(hosted_b, WORKLOAD_NS)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing workloads on mgmt-b"))?;
+        let left = crate::sandbox::api_for(
+            &mgmt,
+            &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": spec.namespace}}),
+        )
+        .get_opt(&spec.name)
+        .await
+        .map_err(kube_err("reading the HostedCluster on mgmt-a"))?;
+        if left.is_some() {
+            return Err(SandboxError::Check("the HostedCluster is still on mgmt-a after the migration".into()));
+        }
+        let staging = sandbox.s3.root().join(crate::sandbox::BUCKET).join("staging");
+        let staged = walk_files(&staging);
+        if !staged.is_empty() {
+            return Err(SandboxError::Check(format!("the staged snapshot copy was not deleted: {staged:?}")));
+        }
+        Ok((
+            members.clone(),
+            format!(
+                "Available on mgmt-b, {} members each with all {} workload keys, hosted API serves {} ConfigMaps; gone from mgmt-a",
+                members.len(),
+                WORKLOAD_OBJECTS * 2,
+                cms.items.len()
+            ),
+        ))
+    })
+    .await?;
     Ok((format!("{}/{}", spec.namespace, spec.name), members))
 }
 
@@ -385,36 +466,89 @@ pub fn hcp_dr_binary() -> Result<std::path::PathBuf, SandboxError> {
     }
 }
 
-/// Run `hcp-dr backup` of `spec` on mgmt-a into the sandbox's S3 bucket; returns its JSON report.
-pub async fn run_backup(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
-    let journal = sandbox.dir.join("journals").join("drill-backup.jsonl");
-    let output = tokio::process::Command::new(&bin)
-        .args(["backup", "--hosted-cluster", &spec.name, "-n", &spec.namespace, "-o", "json"])
-        .arg("--kubeconfig")
-        .arg(&sandbox.clusters[0].kubeconfig)
-        .args(["--to", &format!("s3://{}/backups", crate::sandbox::BUCKET)])
-        .args(["--s3-endpoint", sandbox.s3.https_url()])
-        .arg("--ca-bundle")
-        .arg(sandbox.dir.join("ca.crt"))
-        .arg("--journal")
-        .arg(&journal)
+/// The hcp-dr binary with the sandbox's S3 credentials, CA and state dir.
+fn hcp_dr_command(sandbox: &Sandbox, bin: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--output")
+        .arg("json")
         .env("AWS_ACCESS_KEY_ID", sandbox.s3.access_key())
         .env("AWS_SECRET_ACCESS_KEY", sandbox.s3.secret_key())
         .env("AWS_REGION", sandbox.s3.region())
-        .env("HCP_DR_STATE_DIR", sandbox.dir.join("state"))
-        .output()
-        .await
-        .map_err(|source| SandboxError::Io { path: bin.to_path_buf(), source })?;
+        .env("HCP_DR_CA_BUNDLE", sandbox.dir.join("ca.crt"))
+        .env("HCP_DR_STATE_DIR", sandbox.dir.join("state"));
+    cmd
+}
+
+/// Run a prepared hcp-dr command; its JSON report, or an error with its output.
+async fn run_json(what: &str, bin: &Path, cmd: &mut tokio::process::Command) -> Result<serde_json::Value, SandboxError> {
+    let output = cmd.output().await.map_err(|source| SandboxError::Io { path: bin.to_path_buf(), source })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         return Err(SandboxError::Check(format!(
-            "hcp-dr backup exited with {}:\n{stdout}\n{}",
+            "hcp-dr {what} exited with {}:\n{stdout}\n{}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         )));
     }
     serde_json::from_str(&stdout)
-        .map_err(|e| SandboxError::Check(format!("hcp-dr backup printed no JSON report ({e}):\n{stdout}")))
+        .map_err(|e| SandboxError::Check(format!("hcp-dr {what} printed no JSON report ({e}):\n{stdout}")))
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk_files(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// The drill's store: a local directory, hcp-dr's default kind of store.
+pub fn local_store(sandbox: &Sandbox) -> std::path::PathBuf {
+    sandbox.dir.join("store")
+}
+
+/// Run `hcp-dr backup` of `spec` on mgmt-a into the local store; returns its JSON report.
+pub async fn run_backup(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
+    let journal = sandbox.dir.join("journals").join("drill-backup.jsonl");
+    let mut cmd = hcp_dr_command(sandbox, bin);
+    cmd.args(["backup", "--hosted-cluster", &spec.name, "-n", &spec.namespace])
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[0].kubeconfig)
+        .arg("--to")
+        .arg(local_store(sandbox))
+        .arg("--journal")
+        .arg(&journal);
+    run_json("backup", bin, &mut cmd).await
+}
+
+/// Run `hcp-dr migrate` of `spec` from mgmt-a to mgmt-b through the local
+/// store (the snapshot staged in the sandbox's S3 bucket for etcd's
+/// download), with the sandbox's Route53 zone; returns its JSON report.
+pub async fn run_migrate(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
+    let journal = sandbox.dir.join("journals").join("drill-migrate.jsonl");
+    let mut cmd = hcp_dr_command(sandbox, bin);
+    cmd.args(["migrate", "--hosted-cluster", &spec.name, "-n", &spec.namespace])
+        .arg("--from-kubeconfig")
+        .arg(&sandbox.clusters[0].kubeconfig)
+        .arg("--to-kubeconfig")
+        .arg(&sandbox.clusters[1].kubeconfig)
+        .arg("--via")
+        .arg(local_store(sandbox))
+        .args(["--stage-snapshot-to", &format!("s3://{}/staging", crate::sandbox::BUCKET)])
+        .args(["--s3-endpoint", sandbox.s3.https_url()])
+        .args(["--route53-zone", &sandbox.zone_id, "--route53-endpoint", sandbox.route53.url()])
+        .args(["--wait", "5m", "--dns-wait", "2m"])
+        .arg("--journal")
+        .arg(&journal);
+    run_json("migrate", bin, &mut cmd).await
 }
 
 /// Check the backup independently of hcp-dr: the manifest's hashes against
@@ -423,10 +557,11 @@ pub async fn run_backup(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec)
 pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Result<String, SandboxError> {
     use sha2::{Digest, Sha256};
     let url = report["backup"].as_str().unwrap_or_default();
-    let rel = url
-        .strip_prefix(&format!("s3://{}/", crate::sandbox::BUCKET))
-        .ok_or_else(|| SandboxError::Check(format!("backup URL {url} is not in the sandbox bucket")))?;
-    let folder = sandbox.s3.root().join(crate::sandbox::BUCKET).join(rel);
+    let folder = match (url.strip_prefix("file://"), url.strip_prefix(&format!("s3://{}/", crate::sandbox::BUCKET))) {
+        (Some(path), _) => std::path::PathBuf::from(path),
+        (None, Some(rel)) => sandbox.s3.root().join(crate::sandbox::BUCKET).join(rel),
+        _ => return Err(SandboxError::Check(format!("backup URL {url} is neither local nor in the sandbox bucket"))),
+    };
     let read = |p: std::path::PathBuf| std::fs::read(&p).map_err(|source| SandboxError::Io { path: p, source });
     let manifest: serde_json::Value = serde_json::from_slice(&read(folder.join("manifest.json"))?)
         .map_err(|e| SandboxError::Check(format!("manifest.json: {e}")))?;

@@ -3,6 +3,7 @@
 //! `ops`. Settings resolve as flag > environment > default.
 
 pub mod backup;
+pub mod migrate;
 pub mod playbook;
 pub mod progress;
 pub mod report;
@@ -33,6 +34,8 @@ pub enum Command {
     Backup(backup::Args),
     /// Restore one backup onto a management cluster (etcd from its snapshot).
     Restore(restore::Args),
+    /// Move one hosted cluster to another management cluster.
+    Migrate(migrate::Args),
     /// Inspect playbooks.
     #[command(subcommand)]
     Playbook(playbook::Command),
@@ -59,6 +62,7 @@ pub async fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Backup(args) => backup::exec(args, cli.output).await,
         Command::Restore(args) => restore::exec(args, cli.output).await,
+        Command::Migrate(args) => migrate::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
         Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
     }

@@ -12,7 +12,7 @@ use crate::ops;
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     Show {
-        /// The operation (backup, restore).
+        /// The operation (backup, restore, migrate).
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -25,8 +25,9 @@ pub fn exec(command: Command, output: Output) -> Exit {
     let result = match name.as_str() {
         "backup" => ops::backup::describe_playbook(playbook.as_deref()),
         "restore" => ops::restore::describe_playbook(playbook.as_deref()),
+        "migrate" => ops::migrate::describe_playbook(playbook.as_deref()),
         other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup, restore"
+            "no operation `{other}` has a playbook yet; known: backup, restore, migrate"
         ))),
     };
     match result {
@@ -39,7 +40,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
                 Output::Text => {
                     println!("{name} ({})", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
                     for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
-                        println!("  {:>2}. {stage:<14} {summary}{}", index + 1, if *undoable { "  [undoable]" } else { "" });
+                        println!("  {:>2}. {stage:<21} {summary}{}", index + 1, if *undoable { "  [undoable]" } else { "" });
                     }
                 }
             }

@@ -42,14 +42,14 @@ pub fn stage_lines(run: &RunReport) -> String {
             StageStatus::Resumed => "done earlier".to_string(),
             StageStatus::Planned { actions } => format!(
                 "would:\n{}",
-                actions.iter().map(|a| format!("{:>22}- {a}", "")).collect::<Vec<_>>().join("\n")
+                actions.iter().map(|a| format!("{:>30}- {a}", "")).collect::<Vec<_>>().join("\n")
             ),
             StageStatus::Failed { error } => format!("FAILED: {error}"),
             StageStatus::Undone => "undone".to_string(),
             StageStatus::UndoFailed { error } => format!("UNDO FAILED: {error}"),
             StageStatus::Skipped => "not run".to_string(),
         };
-        out.push_str(&format!("  {:<14} {:>6.2}s  {status}\n", stage.name, stage.duration.as_secs_f64()));
+        out.push_str(&format!("  {:<21} {:>7.2}s  {status}\n", stage.name, stage.duration.as_secs_f64()));
     }
     out
 }

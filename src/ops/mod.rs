@@ -2,6 +2,7 @@
 //! operation. The CLI builds the options and calls these.
 
 pub mod backup;
+pub mod migrate;
 pub mod restore;
 
 use crate::kube::KubeError;
@@ -30,6 +31,9 @@ pub enum OpsError {
     /// The store URL or the store itself.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The DNS zone.
+    #[error(transparent)]
+    Dns(#[from] crate::dns::DnsError),
 }
 
 impl OpsError {

@@ -6,6 +6,7 @@ use super::playbook::{Playbook, PlaybookError};
 pub const BUILTIN: &[(&str, &str)] = &[
     ("backup", include_str!("../../playbooks/backup.yaml")),
     ("restore", include_str!("../../playbooks/restore.yaml")),
+    ("migrate", include_str!("../../playbooks/migrate.yaml")),
 ];
 
 /// The embedded playbook `name`, parsed.
@@ -45,6 +46,12 @@ mod tests {
         backup.check(&crate::stages::BACKUP_RULES).unwrap();
         let catalog = crate::stages::backup_catalog();
         for stage in backup.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let migrate = builtin("migrate").unwrap().unwrap();
+        migrate.check(&crate::stages::migrate::MIGRATE_RULES).unwrap();
+        let catalog = crate::stages::migrate::migrate_catalog();
+        for stage in migrate.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
         let restore = builtin("restore").unwrap().unwrap();

@@ -6,6 +6,7 @@ pub mod etcd_access;
 pub mod etcd_snapshot;
 pub mod export;
 pub mod lock;
+pub mod migrate;
 pub mod package;
 pub mod pause;
 pub mod preflight;

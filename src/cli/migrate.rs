@@ -1,0 +1,171 @@
+//! `hcp-dr migrate`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+
+use super::backup::parse_duration;
+use super::{Exit, Output};
+use crate::ops::backup::default_journal_dir;
+use crate::ops::migrate::{MigrateOptions, MigrateResult, migrate};
+use crate::pipeline::{Interrupt, RunOutcome};
+use crate::stages::context::{EtcdAccess, TlsOverride};
+use crate::store::S3Options;
+
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The HostedCluster to move.
+    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    pub hosted_cluster: Option<String>,
+    /// Its namespace (kept on the destination).
+    #[arg(short = 'n', long, default_value = "clusters")]
+    pub namespace: String,
+    /// Source management cluster kubeconfig.
+    #[arg(long)]
+    pub from_kubeconfig: Option<PathBuf>,
+    /// Source kubeconfig context.
+    #[arg(long)]
+    pub from_context: Option<String>,
+    /// Destination management cluster kubeconfig.
+    #[arg(long)]
+    pub to_kubeconfig: Option<PathBuf>,
+    /// Destination kubeconfig context.
+    #[arg(long)]
+    pub to_context: Option<String>,
+    /// The store the backup travels through (s3://bucket/prefix).
+    #[arg(long, env = "HCP_DR_STORE", required_unless_present_any = ["resume", "abort"])]
+    pub via: Option<String>,
+    /// With a local --via: an S3 store for a temporary copy of the snapshot.
+    #[arg(long)]
+    pub stage_snapshot_to: Option<String>,
+    /// The Route53 hosted zone of the cluster's hostnames (Z123...).
+    #[arg(long, env = "HCP_DR_ROUTE53_ZONE")]
+    pub route53_zone: Option<String>,
+    /// Route53 endpoint override (default: the SDK's).
+    #[arg(long, env = "HCP_DR_ROUTE53_ENDPOINT")]
+    pub route53_endpoint: Option<String>,
+    /// Delete the source's records (owner TXT) directly instead of waiting for external-dns.
+    #[arg(long)]
+    pub dns_direct: bool,
+    /// How long to wait for the source's records to be gone.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub dns_wait: Duration,
+    /// How long the source stays paused at most if hcp-dr dies.
+    #[arg(long, default_value = "2h", value_parser = parse_duration)]
+    pub pause_ttl: Duration,
+    /// Upper bound of the source's waits (pods gone).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub wait_timeout: Duration,
+    /// Upper bound of the wait for the destination to be Available with its nodes Ready.
+    #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
+    pub restore_wait: Duration,
+    /// How long the presigned snapshot URL is valid.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub presign_ttl: Duration,
+    /// How to reach etcd members.
+    #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]
+    pub etcd_access: EtcdAccess,
+    /// S3 endpoint for S3-compatible services.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Extra CA bundle (PEM) to trust for the S3 and Route53 endpoints.
+    #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+    /// A playbook file instead of the embedded one.
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    /// Where to write the journal.
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue the migration recorded in this journal.
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "via", "abort"])]
+    pub resume: Option<PathBuf>,
+    /// Bring the source back (before teardown): undo what the migration did.
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "via", "resume"])]
+    pub abort: Option<PathBuf>,
+    /// Print what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn options(args: Args, output: Output) -> MigrateOptions {
+    MigrateOptions {
+        hosted_cluster: args.hosted_cluster,
+        namespace: args.namespace,
+        from_kubeconfig: args.from_kubeconfig,
+        from_context: args.from_context,
+        to_kubeconfig: args.to_kubeconfig,
+        to_context: args.to_context,
+        via: args.via,
+        s3: S3Options {
+            endpoint: args.s3_endpoint,
+            ca_bundle: args.ca_bundle,
+            ..S3Options::default()
+        },
+        stage_snapshot_to: args.stage_snapshot_to,
+        route53_zone: args.route53_zone,
+        route53_endpoint: args.route53_endpoint,
+        dns_direct: args.dns_direct,
+        dns_wait: args.dns_wait,
+        pause_ttl: args.pause_ttl,
+        wait_timeout: args.wait_timeout,
+        restore_wait: args.restore_wait,
+        presign_ttl: args.presign_ttl,
+        etcd_access: args.etcd_access,
+        tls: TlsOverride::default(),
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+        abort: args.abort,
+        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+    }
+}
+
+pub async fn exec(args: Args, output: Output) -> Exit {
+    let mut interrupt = match Interrupt::on_signals() {
+        Ok(i) => i,
+        Err(err) => {
+            eprintln!("error: installing signal handlers: {err}");
+            return Exit::Failed;
+        }
+    };
+    let aborting = args.abort.is_some();
+    match migrate(options(args, output), &mut interrupt).await {
+        Ok(result) => {
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
+                Output::Text => print!("{}", render(&result)),
+            }
+            match &result.run.outcome {
+                RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+                outcome => super::report::exit_for(outcome),
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+        }
+    }
+}
+
+/// The text report.
+pub fn render(result: &MigrateResult) -> String {
+    let mut out = super::report::headline("migrate", &result.run, "hcp-dr migrate");
+    out.push('\n');
+    out.push_str(&format!("hosted cluster: {}\nbackup: {}\n", result.hosted_cluster, result.backup));
+    out.push_str(&super::report::stage_lines(&result.run));
+    if let Some(rto) = result.rto_seconds {
+        out.push_str(&format!("RTO (API down on the source until Available on the destination): {rto:.1}s\n"));
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}

@@ -1,0 +1,289 @@
+//! `hcp-dr migrate`: move one hosted cluster from management cluster A to B
+//! through a store, never tearing A down before B is verified. Stops (never
+//! undoes by itself) on failure: `--resume` continues; `--abort` brings the
+//! source back until teardown has started.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+
+use super::OpsError;
+use super::backup::{check_name, holder};
+use crate::archive::new_backup_id;
+use crate::dns::{DnsZone, Route53Options, Route53Zone};
+use crate::pipeline::{Interrupt, Journal, JournalState, Mode, OnFailure, RunReport, Runner, StageState, builtin};
+use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
+use crate::stages::migrate::{MIGRATE_RULES, MigrateContext, MigrateInputs, migrate_catalog};
+use crate::stages::restore::{RestoreContext, RestoreInputs};
+use crate::store::{self, S3Options};
+
+/// Everything `hcp-dr migrate` was asked.
+#[derive(Clone)]
+pub struct MigrateOptions {
+    pub hosted_cluster: Option<String>,
+    pub namespace: String,
+    pub from_kubeconfig: Option<PathBuf>,
+    pub from_context: Option<String>,
+    pub to_kubeconfig: Option<PathBuf>,
+    pub to_context: Option<String>,
+    pub via: Option<String>,
+    pub s3: S3Options,
+    pub stage_snapshot_to: Option<String>,
+    pub route53_zone: Option<String>,
+    pub route53_endpoint: Option<String>,
+    pub dns_direct: bool,
+    pub dns_wait: Duration,
+    pub pause_ttl: Duration,
+    pub wait_timeout: Duration,
+    pub restore_wait: Duration,
+    pub presign_ttl: Duration,
+    pub etcd_access: EtcdAccess,
+    pub tls: TlsOverride,
+    pub playbook: Option<PathBuf>,
+    pub journal: Option<PathBuf>,
+    pub journal_dir: PathBuf,
+    pub dry_run: bool,
+    pub resume: Option<PathBuf>,
+    pub abort: Option<PathBuf>,
+    pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
+}
+
+/// What a migration reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateResult {
+    #[serde(flatten)]
+    pub run: RunReport,
+    pub hosted_cluster: String,
+    pub backup: String,
+    /// API unavailable: from scale-down on the source to Available on the destination.
+    pub rto_seconds: Option<f64>,
+    /// Seconds per stage, from the journal (this run and earlier ones).
+    pub stage_seconds: BTreeMap<String, f64>,
+    pub warnings: Vec<String>,
+}
+
+fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
+    let hosted_cluster = options
+        .hosted_cluster
+        .clone()
+        .ok_or_else(|| OpsError::Input("--hosted-cluster is required".into()))?;
+    check_name("hosted cluster", &hosted_cluster)?;
+    check_name("namespace", &options.namespace)?;
+    let via = options
+        .via
+        .clone()
+        .ok_or_else(|| OpsError::Input("--via is required: the store the backup travels through (s3://bucket/prefix)".into()))?;
+    let local = matches!(store::StoreUrl::parse(&via)?, store::StoreUrl::Local(_));
+    if local && options.stage_snapshot_to.is_none() {
+        return Err(OpsError::Input(format!(
+            "--via {via} is a local directory, which the destination's etcd cannot download from: use an S3 store, or add --stage-snapshot-to s3://bucket/prefix"
+        )));
+    }
+    if options.from_kubeconfig.is_none() && options.from_context.is_none() {
+        return Err(OpsError::Input("--from-kubeconfig (or --from-context) is required: the source management cluster".into()));
+    }
+    if options.to_kubeconfig.is_none() && options.to_context.is_none() {
+        return Err(OpsError::Input("--to-kubeconfig (or --to-context) is required: the destination management cluster".into()));
+    }
+    if options.from_kubeconfig == options.to_kubeconfig && options.from_context == options.to_context {
+        return Err(OpsError::Input("the source and the destination are the same management cluster".into()));
+    }
+    if options.pause_ttl < Duration::from_secs(600) {
+        return Err(OpsError::Input(format!(
+            "--pause-ttl {}s is too short for a migration: the source must stay paused until the destination serves; use at least 10m (default 2h)",
+            options.pause_ttl.as_secs()
+        )));
+    }
+    if options.dns_direct && options.route53_zone.is_none() {
+        return Err(OpsError::Input("--dns-direct needs --route53-zone".into()));
+    }
+    let started = Utc::now();
+    let backup_id = new_backup_id(started);
+    let presign = options.presign_ttl.as_secs();
+    if !(300..=7 * 24 * 3600).contains(&presign) {
+        return Err(OpsError::Input(format!("--presign-ttl {presign}s is out of range: between 5m and 168h")));
+    }
+    Ok(MigrateInputs {
+        source: BackupInputs {
+            hosted_cluster: hosted_cluster.clone(),
+            namespace: options.namespace.clone(),
+            store: via.clone(),
+            s3_endpoint: options.s3.endpoint.clone(),
+            ca_bundle: options.s3.ca_bundle.clone(),
+            pause_ttl_seconds: options.pause_ttl.as_secs(),
+            etcd_access: options.etcd_access,
+            extra_scale_down: vec![crate::hosted::CONTROL_PLANE_OPERATOR.to_string()],
+            wait_timeout_seconds: options.wait_timeout.as_secs(),
+            holder: holder(),
+            backup_id: backup_id.clone(),
+            started,
+        },
+        destination: RestoreInputs {
+            store: via,
+            namespace: options.namespace.clone(),
+            hosted_cluster,
+            backup_id,
+            s3_endpoint: options.s3.endpoint.clone(),
+            ca_bundle: options.s3.ca_bundle.clone(),
+            stage_snapshot_to: options.stage_snapshot_to.clone(),
+            presign_ttl_seconds: presign,
+            wait_timeout_seconds: options.restore_wait.as_secs(),
+            clean_leftovers: false,
+            overwrite: false,
+            etcd_access: options.etcd_access,
+        },
+        from_kubeconfig: options.from_kubeconfig.clone(),
+        from_context: options.from_context.clone(),
+        to_kubeconfig: options.to_kubeconfig.clone(),
+        to_context: options.to_context.clone(),
+        route53_zone: options.route53_zone.clone(),
+        route53_endpoint: options.route53_endpoint.clone(),
+        dns_direct: options.dns_direct,
+        dns_wait_seconds: options.dns_wait.as_secs(),
+    })
+}
+
+/// Seconds per succeeded stage, and the RTO: from scale-down's start on the
+/// source to the moment `wait` saw the destination Available.
+fn timings(state: &JournalState) -> (BTreeMap<String, f64>, Option<f64>) {
+    let mut stages = BTreeMap::new();
+    for (name, record) in &state.stages {
+        if let (StageState::Succeeded, Some(start), Some(end)) = (record.state, record.started_at, record.finished_at) {
+            stages.insert(name.clone(), (end - start).num_milliseconds() as f64 / 1000.0);
+        }
+    }
+    let down = state.stage("scale-down").started_at;
+    let wait = state.stage("wait");
+    let available = wait.output.as_ref().and_then(|o| o["available_after_seconds"].as_f64());
+    let rto = match (down, wait.started_at, available) {
+        (Some(down), Some(wait_start), Some(after)) => {
+            Some((wait_start - down).num_milliseconds() as f64 / 1000.0 + after)
+        }
+        _ => None,
+    };
+    (stages, rto)
+}
+
+/// Run (or resume, abort, dry-run) a migration.
+pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Result<MigrateResult, OpsError> {
+    let playbook = builtin::load("migrate", options.playbook.as_deref())?;
+    playbook.check(&MIGRATE_RULES)?;
+    let journal_given = options.resume.clone().or(options.abort.clone());
+    let inputs = match &journal_given {
+        Some(journal) => {
+            let state = Journal::read(journal)?;
+            if state.header.operation != "migrate" {
+                return Err(OpsError::Input(format!(
+                    "{} is a `{}` journal; use `hcp-dr {}` with it",
+                    journal.display(),
+                    state.header.operation,
+                    state.header.operation
+                )));
+            }
+            if options.abort.is_some() && state.stage("teardown").state != StageState::NotStarted {
+                return Err(OpsError::Input(format!(
+                    "{}: the source's teardown has started, so the source cannot be brought back; the destination was verified healthy before it began. Finish with `hcp-dr migrate --resume {}`",
+                    journal.display(),
+                    journal.display()
+                )));
+            }
+            serde_json::from_value::<MigrateInputs>(state.header.inputs.clone())
+                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
+        }
+        None => new_inputs(&options)?,
+    };
+    let from_kubeconfig = options.from_kubeconfig.clone().or(inputs.from_kubeconfig.clone());
+    let from_context = options.from_context.clone().or(inputs.from_context.clone());
+    let to_kubeconfig = options.to_kubeconfig.clone().or(inputs.to_kubeconfig.clone());
+    let to_context = options.to_context.clone().or(inputs.to_context.clone());
+    let source_client = crate::kube::client(from_kubeconfig.as_deref(), from_context.as_deref()).await?;
+    let dest_client = crate::kube::client(to_kubeconfig.as_deref(), to_context.as_deref()).await?;
+    let mut s3 = options.s3.clone();
+    s3.endpoint = s3.endpoint.or_else(|| inputs.source.s3_endpoint.clone());
+    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.source.ca_bundle.clone());
+    let source_store = store::open(&inputs.source.store, s3.clone()).await?;
+    let dest_store = store::open(&inputs.destination.store, s3.clone()).await?;
+    let staging = match &inputs.destination.stage_snapshot_to {
+        Some(url) => Some(store::open(url, s3.clone()).await?),
+        None => None,
+    };
+    let dns: Option<Box<dyn DnsZone>> = match &inputs.route53_zone {
+        Some(zone) => Some(Box::new(
+            Route53Zone::connect(Route53Options {
+                zone_id: zone.clone(),
+                endpoint: options.route53_endpoint.clone().or(inputs.route53_endpoint.clone()),
+                ca_bundle: s3.ca_bundle.clone(),
+                region: None,
+                static_credentials: None,
+            })
+            .await?,
+        )),
+        None => None,
+    };
+    let mut ctx = MigrateContext {
+        source: BackupContext::new(source_client, source_store, inputs.source.clone(), options.tls.clone()),
+        destination: RestoreContext::new(dest_client, dest_store, staging, inputs.destination.clone()),
+        dns,
+        inputs: inputs.clone(),
+        hosts: Vec::new(),
+    };
+    let catalog = migrate_catalog();
+    let runner = Runner {
+        operation: "migrate",
+        playbook: &playbook,
+        catalog: &catalog,
+        observer: options.observer.as_deref(),
+        on_failure: OnFailure::Stop,
+    };
+    let journal_path = journal_given.clone().unwrap_or_else(|| {
+        options.journal.clone().unwrap_or_else(|| {
+            options.journal_dir.join(format!(
+                "migrate-{}-{}-{}.jsonl",
+                inputs.source.namespace, inputs.source.hosted_cluster, inputs.source.backup_id
+            ))
+        })
+    });
+    let mode = if options.dry_run {
+        Mode::DryRun
+    } else if options.abort.is_some() {
+        Mode::Abort { journal: &journal_path }
+    } else if options.resume.is_some() {
+        Mode::Resume { journal: &journal_path }
+    } else {
+        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume, bring the source back with --abort)");
+        Mode::Fresh {
+            journal: &journal_path,
+            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+        }
+    };
+    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let (stage_seconds, rto_seconds) = match &run.journal {
+        Some(path) => timings(&Journal::read(Path::new(path))?),
+        None => (BTreeMap::new(), None),
+    };
+    let mut warnings = ctx.source.warnings.clone();
+    warnings.extend(ctx.destination.warnings.iter().cloned());
+    Ok(MigrateResult {
+        hosted_cluster: format!("{}/{}", inputs.source.namespace, inputs.source.hosted_cluster),
+        backup: format!("{}/{}", ctx.source.store.url(), inputs.source.layout().dir()),
+        rto_seconds,
+        stage_seconds,
+        warnings,
+        run,
+    })
+}
+
+/// For `playbook show migrate`.
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    let playbook = builtin::load("migrate", file)?;
+    playbook.check(&MIGRATE_RULES)?;
+    let catalog = migrate_catalog();
+    Ok(playbook
+        .stages
+        .iter()
+        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
+        .collect())
+}

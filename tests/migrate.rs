@@ -1,0 +1,215 @@
+//! `hcp-dr migrate` on the sandbox: `demo` moves from mgmt-a to mgmt-b with
+//! its workloads and every etcd key; the run is SIGKILLed at the start of
+//! every stage and resumed each time; `--abort` before teardown returns the
+//! source to service; bad input is refused.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client, member_keys};
+use hcp_dr_e2e::sandbox::{BUCKET, api_for, wait_available};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::Api;
+use serde_json::{Value, json};
+use support::*;
+
+const STAGES: [&str; 17] = [
+    "lock",
+    "preflight",
+    "destination-check",
+    "pause",
+    "scale-down",
+    "etcd-snapshot",
+    "export",
+    "package",
+    "dns-withdraw",
+    "verify",
+    "destination-preflight",
+    "snapshot-url",
+    "apply",
+    "wait",
+    "teardown",
+    "ovn-restart",
+    "unlock",
+];
+
+fn started_count(journal: &Path, stage: &str) -> usize {
+    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
+    std::fs::read_to_string(journal).map(|j| j.matches(&needle).count()).unwrap_or(0)
+}
+
+/// Run `args` holding in `stage`; SIGKILL it once the journal shows the stage started.
+fn kill_in(env: &Env, args: &[&str], journal: &Path, stage: &str) {
+    let before = started_count(journal, stage);
+    let mut child = env
+        .command(args, &[("HCP_DR_TEST_HOLD_IN", stage)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while started_count(journal, stage) <= before {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).ok();
+            panic!("hcp-dr ended ({status}) before `{stage}` started:\n{err}\njournal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "`{stage}` never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+fn dns_args(env: &Env) -> Vec<String> {
+    vec!["--route53-zone".into(), env.sandbox.zone_id.clone(), "--route53-endpoint".into(), env.sandbox.route53.url().to_string()]
+}
+
+async fn owners_of(env: &Env, host: &str) -> Vec<String> {
+    let client = env.sandbox.route53.client();
+    let out = client.list_resource_record_sets().hosted_zone_id(&env.sandbox.zone_id).send().await.expect("list records");
+    out.resource_record_sets()
+        .iter()
+        .filter(|r| r.name().trim_end_matches('.') == host && r.r#type().as_str() == "TXT")
+        .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
+        .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
+        .collect()
+}
+
+async fn hc_on(client: &kube::Client) -> Option<Value> {
+    let hc = api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
+    hc.get_opt("demo").await.expect("get HC").map(|o| serde_json::to_value(o).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
+    let env = env("HighlyAvailable").await;
+    let b = env.sandbox.clusters[1].api.client().await.unwrap();
+    let host = format!("api.demo.{}", hcp_dr_e2e::sandbox::BASE_DOMAIN);
+    // external-dns of mgmt-a has published the API name
+    for _ in 0..120 {
+        if owners_of(&env, &host).await == vec!["mgmt-a".to_string()] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(owners_of(&env, &host).await, vec!["mgmt-a".to_string()]);
+    let before = member_keys(&env.mgmt, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys before");
+    let (_, revision_before, keys_before) = before.iter().max_by_key(|m| m.1).cloned().unwrap();
+    assert!(keys_before.iter().any(|k| k.starts_with(&format!("/kubernetes.io/secrets/{WORKLOAD_NS}/"))));
+
+    let journal = env.dir.path().join("migrate.jsonl");
+    let (a, bk) = (env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string(), env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string());
+    let via = format!("s3://{BUCKET}/migrations");
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let mut fresh: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", &a, "--to-kubeconfig", &bk, "--via", &via, "--s3-endpoint", &endpoint, "--journal", journal.to_str().unwrap(), "--wait", "5m", "--dns-wait", "2m"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    fresh.extend(dns_args(&env));
+    let fresh: Vec<&str> = fresh.iter().map(String::as_str).collect();
+    let resume = ["migrate", "--resume", journal.to_str().unwrap(), "-o", "json"];
+
+    kill_in(&env, &fresh, &journal, STAGES[0]);
+    for stage in &STAGES[1..] {
+        if *stage == "ovn-restart" {
+            // teardown is done: the source cannot be brought back any more
+            let out = env.hcp_dr(&["migrate", "--abort", journal.to_str().unwrap()], &[]);
+            assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+            assert!(String::from_utf8_lossy(&out.stderr).contains("teardown has started"), "{}", text(&out));
+        }
+        kill_in(&env, &resume, &journal, stage);
+    }
+    let out = env.hcp_dr(&resume, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "succeeded", "{report:#}");
+    let rto = report["rto_seconds"].as_f64().expect("RTO measured");
+    assert!(rto > 0.0, "{report:#}");
+    assert_eq!(report["stage_seconds"].as_object().unwrap().len(), STAGES.len(), "{report:#}");
+    // every stage but the last ran in an earlier (killed and resumed) process
+    let statuses: Vec<&str> = report["stages"].as_array().unwrap().iter().map(|s| s["status"].as_str().unwrap_or("?")).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == "resumed").count(), STAGES.len() - 1, "{statuses:?}");
+
+    // the source is gone from mgmt-a
+    assert!(hc_on(&env.mgmt).await.is_none(), "the source HostedCluster is still on mgmt-a");
+    assert!(Api::<Namespace>::all(env.mgmt.clone()).get_opt(&env.hcp_ns()).await.unwrap().is_none());
+    // the destination serves every workload object and every etcd key from before
+    wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
+    let hosted = hosted_client(&b, "clusters", "demo").await.unwrap();
+    let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS).list(&Default::default()).await.unwrap();
+    let secrets = Api::<Secret>::namespaced(hosted, WORKLOAD_NS).list(&Default::default()).await.unwrap();
+    assert!(cms.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("config-"))).count() == WORKLOAD_OBJECTS);
+    assert!(secrets.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("secret-"))).count() == WORKLOAD_OBJECTS);
+    let after = member_keys(&b, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys after");
+    assert_eq!(after.len(), 3);
+    let ovn_before = keys_before.iter().filter(|k| k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-")).count();
+    let restarted = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "ovn-restart").unwrap()["output"]["restarted"].as_array().map_or(0, Vec::len);
+    assert_eq!(restarted, ovn_before, "every OVN pod from before was restarted");
+    for (pod, revision, keys) in &after {
+        assert!(*revision >= revision_before, "{pod}: revision {revision} < {revision_before}");
+        // ovn-restart replaces the OVN pods by design: their keys are the only ones to go
+        let missing: Vec<&String> = keys_before
+            .difference(keys)
+            .filter(|k| !k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-"))
+            .collect();
+        assert!(missing.is_empty(), "{pod} lacks keys from before: {missing:?}");
+    }
+    // the source's records are gone; the name is now mgmt-b's
+    for _ in 0..120 {
+        if owners_of(&env, &host).await == vec!["mgmt-b".to_string()] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(owners_of(&env, &host).await, vec!["mgmt-b".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abort_before_teardown_returns_the_source_to_service_and_bad_input_is_refused() {
+    let env = env("SingleReplica").await;
+    let b = env.sandbox.clusters[1].api.client().await.unwrap();
+    let (a, bk) = (env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string(), env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string());
+    let via = format!("s3://{BUCKET}/migrations");
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let journal = env.dir.path().join("migrate.jsonl");
+    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", &a, "--to-kubeconfig", &bk, "--via", &via, "--s3-endpoint", &endpoint, "--journal", journal.to_str().unwrap(), "--wait", "5m", "--dns-wait", "2m", "--dns-direct", "-o", "json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(dns_args(&env));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.hcp_dr(&args, &[("HCP_DR_TEST_FAIL_AFTER", "wait")]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "stopped", "{report:#}");
+    assert!(hc_on(&b).await.is_some(), "the destination was not restored before the stop");
+    assert!(hc_on(&env.mgmt).await.is_some(), "the source was torn down before the destination was confirmed");
+
+    let out = env.hcp_dr(&["migrate", "--abort", journal.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(hc_on(&b).await.is_none(), "--abort left the copy on mgmt-b");
+    env.assert_in_service("after --abort").await;
+    let cpo = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.mgmt.clone(), &env.hcp_ns())
+        .get("control-plane-operator")
+        .await
+        .expect("control-plane-operator");
+    assert!(cpo.spec.replicas.unwrap_or(1) > 0, "control-plane-operator left at 0");
+    wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(120)).await.expect("the source serves again");
+
+    // bad input: exit 2, nothing changed
+    for (bad, expect) in [
+        (vec!["migrate", "--hosted-cluster", "demo", "--via", via.as_str(), "--to-kubeconfig", bk.as_str()], "--from-kubeconfig"),
+        (vec!["migrate", "--hosted-cluster", "demo", "--via", via.as_str(), "--from-kubeconfig", a.as_str(), "--to-kubeconfig", a.as_str()], "the same management cluster"),
+        (vec!["migrate", "--hosted-cluster", "demo", "--via", "/tmp/local", "--from-kubeconfig", a.as_str(), "--to-kubeconfig", bk.as_str()], "--stage-snapshot-to"),
+        (vec!["migrate", "--hosted-cluster", "Demo!", "--via", via.as_str(), "--from-kubeconfig", a.as_str(), "--to-kubeconfig", bk.as_str()], "not a valid Kubernetes name"),
+        (vec!["migrate", "--hosted-cluster", "demo", "--via", via.as_str(), "--from-kubeconfig", a.as_str(), "--to-kubeconfig", bk.as_str(), "--pause-ttl", "1m"], "--pause-ttl"),
+    ] {
+        let out = env.hcp_dr(&bad, &[]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(expect), "{bad:?}: {}", text(&out));
+    }
+    env.assert_in_service("after refused input").await;
+}
