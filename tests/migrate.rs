@@ -181,6 +181,20 @@ async fn abort_before_teardown_returns_the_source_to_service_and_bad_input_is_re
         .collect();
     args.extend(dns_args(&env));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // --dry-run: the read-only stages run for real, the plan is printed, nothing changes
+    let mut dry: Vec<&str> = args.iter().copied().filter(|a| *a != "-o" && *a != "json").collect();
+    dry.push("--dry-run");
+    let out = env.hcp_dr(&dry, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("migrate plan (dry run: nothing was changed)"), "{}", text(&out));
+    assert!(plan.contains("source: scale every Deployment and StatefulSet in clusters-demo to 0"), "{}", text(&out));
+    assert!(plan.contains("destination: HostedCluster clusters/demo is created with restoreSnapshotURL"), "{}", text(&out));
+    assert!(plan.contains("destination: read back s3://"), "{}", text(&out));
+    env.assert_in_service("after --dry-run").await;
+    assert!(hc_on(&b).await.is_none(), "--dry-run created the cluster on mgmt-b");
+    assert!(!journal.exists(), "--dry-run wrote a journal");
+
     let out = env.hcp_dr(&args, &[("HCP_DR_TEST_FAIL_AFTER", "wait")]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let report = json_report(&out);

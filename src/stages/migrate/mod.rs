@@ -69,6 +69,9 @@ pub struct OnSource<S> {
 pub struct OnDestination<S> {
     pub name: &'static str,
     pub inner: S,
+    /// Planned rather than run in a dry-run although it only reads: what it
+    /// reads (the backup) is written by this run, so it does not exist yet.
+    pub reads_this_run: bool,
 }
 
 #[async_trait]
@@ -108,7 +111,7 @@ impl<S: Stage<RestoreContext>> Stage<MigrateContext> for OnDestination<S> {
         self.inner.summary()
     }
     fn mutates(&self) -> bool {
-        self.inner.mutates()
+        self.inner.mutates() || self.reads_this_run
     }
     fn plan(&self, ctx: &MigrateContext, params: &Value) -> Vec<String> {
         self.inner.plan(&ctx.destination, params).into_iter().map(|l| format!("destination: {l}")).collect()
@@ -140,11 +143,11 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnSource { name: "export", inner: export::Export, undo: false })
         .with(OnSource { name: "package", inner: package::Package, undo: false })
         .with(dns::DnsWithdraw)
-        .with(OnDestination { name: "verify", inner: restore::verify::Verify })
-        .with(OnDestination { name: "destination-preflight", inner: restore::preflight::Preflight })
-        .with(OnDestination { name: "snapshot-url", inner: restore::snapshot_url::SnapshotUrl })
-        .with(OnDestination { name: "apply", inner: restore::apply::Apply })
-        .with(OnDestination { name: "wait", inner: restore::wait::Wait })
+        .with(OnDestination { name: "verify", inner: restore::verify::Verify, reads_this_run: true })
+        .with(OnDestination { name: "destination-preflight", inner: restore::preflight::Preflight, reads_this_run: true })
+        .with(OnDestination { name: "snapshot-url", inner: restore::snapshot_url::SnapshotUrl, reads_this_run: true })
+        .with(OnDestination { name: "apply", inner: restore::apply::Apply, reads_this_run: true })
+        .with(OnDestination { name: "wait", inner: restore::wait::Wait, reads_this_run: true })
         .with(teardown::Teardown)
         .with(ovn::OvnRestart)
         .with(OnSource { name: "unlock", inner: lock::Unlock, undo: true })

@@ -297,9 +297,19 @@ impl Stage<RestoreContext> for Apply {
             lines.push(format!("delete leftover data-etcd-* PVCs in {} (found by preflight)", ctx.inputs.hcp_namespace()));
         }
         lines.push(format!("create namespaces {} and {} if absent", ctx.inputs.namespace, ctx.inputs.hcp_namespace()));
-        let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), "<presigned URL>", "");
-        for obj in &objects {
-            lines.push(format!("create {}", describe(obj)));
+        match ctx.objects.as_deref() {
+            Some(objects) => {
+                for obj in &prepared(objects, "<presigned URL>", "") {
+                    lines.push(format!("create {}", describe(obj)));
+                }
+            }
+            // the backup is written by this run (migrate): name the classes
+            None => {
+                for class in super::order::ORDER {
+                    lines.push(format!("create the backup's {} ({})", class.name, class.reason));
+                }
+                lines.push(format!("{} is created with restoreSnapshotURL set to the presigned URL", ctx.inputs.hc_label()));
+            }
         }
         lines
     }

@@ -190,8 +190,12 @@ impl Stage<RestoreContext> for Preflight {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &RestoreContext, _params: &Value) -> Vec<String> {
-        vec!["read-only checks".into()]
+    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        vec![format!(
+            "check the destination for {}: every kind served, names unused, {} empty, no leftover etcd PVCs, the encryption key in the backup",
+            ctx.inputs.hc_label(),
+            ctx.inputs.hcp_namespace()
+        )]
     }
     async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let findings = check(ctx).await?;

@@ -35,8 +35,12 @@ impl Stage<RestoreContext> for Verify {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &RestoreContext, _params: &Value) -> Vec<String> {
-        vec!["read-only checks".into()]
+    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        vec![format!(
+            "read back {}/{} and check it against its manifest, the best snapshot offline",
+            ctx.store.url(),
+            ctx.inputs.layout().dir()
+        )]
     }
     async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let (manifest, objects, report) = check_backup(ctx.store.as_ref(), &ctx.inputs.layout()).await?;

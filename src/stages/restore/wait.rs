@@ -79,8 +79,24 @@ async fn run(ctx: &mut RestoreContext) -> Result<Healthy, StageFailure> {
     let (ns, name, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone(), ctx.inputs.hcp_namespace());
     let hc_api = api(&ctx.client, &HOSTED_CLUSTER, &ns);
     let label = ctx.inputs.hc_label();
+    // progress: say what the cluster reports whenever it changes
+    let last = std::sync::Mutex::new(String::new());
     wait_for(&format!("{label} to become Available"), timeout, POLL, || async {
         let hc = get_json(&hc_api, &name, &label).await?.map(HostedCluster);
+        let now = match &hc {
+            None => "not found".to_string(),
+            Some(hc) => ["Available", "EtcdAvailable", "KubeAPIServerAvailable"]
+                .iter()
+                .map(|c| format!("{c}={}", hc.condition(c).unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        if let Ok(mut last) = last.lock() {
+            if *last != now {
+                tracing::info!(cluster = %label, elapsed = started.elapsed().as_secs(), "{now}");
+                *last = now;
+            }
+        }
         Ok(hc.filter(|hc| hc.condition("Available") == Some("True")))
     })
     .await?;
