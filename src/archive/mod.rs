@@ -16,6 +16,7 @@
 
 pub mod check;
 pub mod objects;
+pub mod retention;
 pub mod sanitize;
 
 use std::collections::BTreeMap;

@@ -3,6 +3,7 @@
 //! `ops`. Settings resolve as flag > environment > default.
 
 pub mod backup;
+pub mod backups;
 pub mod migrate;
 pub mod playbook;
 pub mod progress;
@@ -32,6 +33,9 @@ pub enum Output {
 pub enum Command {
     /// Back up one hosted cluster (etcd snapshots and objects) to a store.
     Backup(backup::Args),
+    /// List, describe, verify and prune the backups in a store.
+    #[command(subcommand)]
+    Backups(backups::Command),
     /// Restore one backup onto a management cluster (etcd from its snapshot).
     Restore(restore::Args),
     /// Move one hosted cluster to another management cluster.
@@ -61,6 +65,7 @@ pub enum Exit {
 pub async fn run(cli: Cli) -> Exit {
     match cli.command {
         Command::Backup(args) => backup::exec(args, cli.output).await,
+        Command::Backups(cmd) => backups::exec(cmd, cli.output).await,
         Command::Restore(args) => restore::exec(args, cli.output).await,
         Command::Migrate(args) => migrate::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),

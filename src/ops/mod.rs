@@ -2,6 +2,7 @@
 //! operation. The CLI builds the options and calls these.
 
 pub mod backup;
+pub mod backups;
 pub mod migrate;
 pub mod restore;
 

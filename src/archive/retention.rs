@@ -1,0 +1,255 @@
+//! Which backups a retention policy keeps, per hosted cluster, as pure
+//! functions of the backups' times (so the rules are tested exactly).
+//!
+//! Rules combine as in common backup tools (restic, borg): a complete
+//! backup is kept when ANY `keep-*` rule selects it; `max-age` removes what
+//! is older than it even if a keep rule selected it. Two safety rules come
+//! last and win: the newest complete backup of a cluster is never removed
+//! (a cluster is never left without a usable backup), and incomplete backups
+//! (no manifest) are removed only once older than `incomplete_after`, so a
+//! backup still being written is never touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Datelike, Duration, Utc};
+use serde::Serialize;
+
+/// A retention policy; all `None`/0 keeps everything.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Policy {
+    /// The N newest complete backups.
+    pub keep_last: Option<usize>,
+    /// The newest complete backup of each of the last N days that have one.
+    pub keep_daily: Option<usize>,
+    /// The newest complete backup of each of the last N ISO weeks that have one.
+    pub keep_weekly: Option<usize>,
+    /// Remove complete backups older than this.
+    pub max_age: Option<Duration>,
+    /// Remove incomplete backups older than this.
+    pub incomplete_after: Duration,
+}
+
+impl Policy {
+    pub fn is_empty(&self) -> bool {
+        self.keep_last.is_none() && self.keep_daily.is_none() && self.keep_weekly.is_none() && self.max_age.is_none()
+    }
+}
+
+/// One backup as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub id: String,
+    pub taken: DateTime<Utc>,
+    pub complete: bool,
+}
+
+/// The decision for one backup, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub id: String,
+    pub keep: bool,
+    pub reasons: Vec<String>,
+}
+
+fn newest_per<K: Ord>(complete: &[&Candidate], key: impl Fn(&Candidate) -> K, n: usize) -> BTreeSet<String> {
+    // complete is newest first: the first seen of each key is its newest
+    let mut seen = BTreeMap::new();
+    let mut order = Vec::new();
+    for c in complete {
+        let k = key(c);
+        if !seen.contains_key(&k) {
+            order.push(c.id.clone());
+            seen.insert(k, ());
+        }
+        if order.len() == n {
+            break;
+        }
+    }
+    order.into_iter().collect()
+}
+
+/// Decide, for the backups of ONE cluster, which to keep at `now`.
+/// Returned newest first.
+pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec<Decision> {
+    let mut sorted: Vec<&Candidate> = backups.iter().collect();
+    sorted.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.id.cmp(&a.id)));
+    let complete: Vec<&Candidate> = sorted.iter().copied().filter(|c| c.complete).collect();
+    let last: BTreeSet<String> = policy.keep_last.map(|n| complete.iter().take(n).map(|c| c.id.clone()).collect()).unwrap_or_default();
+    let daily = policy.keep_daily.map(|n| newest_per(&complete, |c| c.taken.date_naive(), n)).unwrap_or_default();
+    let weekly = policy
+        .keep_weekly
+        .map(|n| newest_per(&complete, |c| (c.taken.iso_week().year(), c.taken.iso_week().week()), n))
+        .unwrap_or_default();
+    let any_keep_rule = policy.keep_last.is_some() || policy.keep_daily.is_some() || policy.keep_weekly.is_some();
+    let newest_complete = complete.first().map(|c| c.id.clone());
+
+    sorted
+        .iter()
+        .map(|c| {
+            let mut reasons = Vec::new();
+            let keep = if !c.complete {
+                if now - c.taken > policy.incomplete_after {
+                    reasons.push(format!("incomplete (no manifest) for more than {}h", policy.incomplete_after.num_hours()));
+                    false
+                } else {
+                    reasons.push("incomplete but recent: may still be being written".into());
+                    true
+                }
+            } else {
+                let mut keep = !any_keep_rule;
+                for (set, rule) in [(&last, "keep-last"), (&daily, "keep-daily"), (&weekly, "keep-weekly")] {
+                    if set.contains(&c.id) {
+                        keep = true;
+                        reasons.push(rule.to_string());
+                    }
+                }
+                if any_keep_rule && !keep {
+                    reasons.push("selected by no keep rule".into());
+                }
+                if let Some(max_age) = policy.max_age {
+                    if now - c.taken > max_age {
+                        keep = false;
+                        reasons.push(format!("older than max-age ({}d)", max_age.num_days()));
+                    }
+                }
+                if !keep && newest_complete.as_deref() == Some(c.id.as_str()) {
+                    keep = true;
+                    reasons.push("the newest complete backup of the cluster is never removed".into());
+                }
+                keep
+            };
+            Decision {
+                id: c.id.clone(),
+                keep,
+                reasons,
+            }
+        })
+        .collect()
+}
+
+/// `30d`, `12h`, `2w`, `90m`.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: i64 = number.parse().map_err(|_| format!("`{text}`: use a number and a unit, e.g. 30d, 12h, 2w"))?;
+    if n <= 0 {
+        return Err(format!("`{text}` must be more than zero"));
+    }
+    match unit {
+        "m" => Ok(Duration::minutes(n)),
+        "h" => Ok(Duration::hours(n)),
+        "d" => Ok(Duration::days(n)),
+        "w" => Ok(Duration::weeks(n)),
+        _ => Err(format!("`{text}`: unknown unit `{unit}`; use m, h, d or w")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    /// Backups every 12 hours for 20 days before `now` (newest at now-1h),
+    /// ids `b00` (newest) .. `b39`.
+    fn history() -> (Vec<Candidate>, DateTime<Utc>) {
+        let now = at("2026-11-21T12:00:00Z");
+        let backups = (0..40)
+            .map(|i| Candidate {
+                id: format!("b{i:02}"),
+                taken: now - Duration::hours(1) - Duration::hours(12 * i),
+                complete: true,
+            })
+            .collect();
+        (backups, now)
+    }
+
+    fn kept(decisions: &[Decision]) -> Vec<&str> {
+        decisions.iter().filter(|d| d.keep).map(|d| d.id.as_str()).collect()
+    }
+
+    #[test]
+    fn no_policy_keeps_everything() {
+        let (b, now) = history();
+        assert_eq!(kept(&decide(&b, &Policy::default(), now)).len(), 40);
+    }
+
+    #[test]
+    fn keep_last() {
+        let (b, now) = history();
+        let p = Policy { keep_last: Some(3), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["b00", "b01", "b02"]);
+    }
+
+    #[test]
+    fn keep_daily_takes_the_newest_of_each_day() {
+        let (b, now) = history();
+        // b00 2026-11-21T11, b01 2026-11-20T23, b02 11-20T11, b03 11-19T23 ...
+        let p = Policy { keep_daily: Some(3), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["b00", "b01", "b03"]);
+    }
+
+    #[test]
+    fn keep_weekly_takes_the_newest_of_each_iso_week() {
+        let (b, now) = history();
+        // 2026-11-21 is a Saturday (week 47); week 46 ends Sunday 11-15 23:59
+        let p = Policy { keep_weekly: Some(3), ..Policy::default() };
+        let decisions = decide(&b, &p, now);
+        let k = kept(&decisions);
+        assert_eq!(k.len(), 3);
+        assert_eq!(k[0], "b00");
+        // newest of week 46: Sunday 2026-11-15T23:00 = now - 133h = b11
+        assert_eq!(k[1], "b11");
+        // newest of week 45: 2026-11-08T23:00 = b25
+        assert_eq!(k[2], "b25");
+    }
+
+    #[test]
+    fn rules_combine_as_a_union_and_max_age_cuts() {
+        let (b, now) = history();
+        let p = Policy { keep_last: Some(2), keep_daily: Some(4), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["b00", "b01", "b03", "b05"]);
+        let p = Policy { keep_last: Some(2), keep_weekly: Some(3), max_age: Some(Duration::days(7)), ..Policy::default() };
+        // b25 (13 days old) is cut by max-age although keep-weekly picked it
+        assert_eq!(kept(&decide(&b, &p, now)), ["b00", "b01", "b11"]);
+        let p = Policy { max_age: Some(Duration::days(2)), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["b00", "b01", "b02", "b03"]);
+    }
+
+    #[test]
+    fn the_newest_complete_backup_always_stays() {
+        let now = at("2026-11-21T12:00:00Z");
+        let b = vec![
+            Candidate { id: "old".into(), taken: now - Duration::days(90), complete: true },
+            Candidate { id: "partial".into(), taken: now - Duration::days(2), complete: false },
+        ];
+        let p = Policy { max_age: Some(Duration::days(30)), incomplete_after: Duration::hours(24), ..Policy::default() };
+        let d = decide(&b, &p, now);
+        assert_eq!(kept(&d), ["old"]);
+        assert!(d.iter().find(|x| x.id == "old").unwrap().reasons.iter().any(|r| r.contains("never removed")));
+    }
+
+    #[test]
+    fn incomplete_backups_go_only_when_old() {
+        let now = at("2026-11-21T12:00:00Z");
+        let b = vec![
+            Candidate { id: "good".into(), taken: now - Duration::hours(2), complete: true },
+            Candidate { id: "writing".into(), taken: now - Duration::minutes(5), complete: false },
+            Candidate { id: "crashed".into(), taken: now - Duration::hours(30), complete: false },
+        ];
+        let p = Policy { keep_last: Some(5), incomplete_after: Duration::hours(24), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["writing", "good"]);
+    }
+
+    #[test]
+    fn ages() {
+        assert_eq!(parse_age("30d").unwrap(), Duration::days(30));
+        assert_eq!(parse_age("2w").unwrap(), Duration::weeks(2));
+        assert_eq!(parse_age("12h").unwrap(), Duration::hours(12));
+        for bad in ["", "30", "d", "0d", "5y"] {
+            assert!(parse_age(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! `hcp-dr backups list|describe|verify|prune`.
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Subcommand};
+
+use super::{Exit, Output};
+use crate::archive::Layout;
+use crate::archive::retention::{Policy, parse_age};
+use crate::ops::OpsError;
+use crate::ops::backups::{self, BackupEntry, PruneEntry, VerifyReport};
+use crate::ops::restore::{latest_backup, split_backup_url};
+use crate::store::{self, S3Options, Store};
+
+#[derive(Debug, ClapArgs)]
+pub struct StoreArgs {
+    /// S3 endpoint for S3-compatible services.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Extra CA bundle (PEM) to trust for the S3 endpoint.
+    #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn s3(&self) -> S3Options {
+        S3Options {
+            endpoint: self.s3_endpoint.clone(),
+            ca_bundle: self.ca_bundle.clone(),
+            ..S3Options::default()
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Backups in a store, newest first (incomplete ones marked, never shown as good).
+    List {
+        /// The store: a directory, file:///path or s3://bucket/prefix.
+        #[arg(long, env = "HCP_DR_STORE")]
+        store: String,
+        /// Only this hosted cluster's backups.
+        #[arg(long)]
+        hosted_cluster: Option<String>,
+        /// Its namespace.
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        #[command(flatten)]
+        s3: StoreArgs,
+    },
+    /// One backup's manifest, readable.
+    Describe {
+        /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or `.../latest`).
+        backup: String,
+        #[command(flatten)]
+        s3: StoreArgs,
+    },
+    /// Download and check every artifact of a backup and its snapshots offline.
+    Verify {
+        /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or `.../latest`).
+        backup: String,
+        /// Also restore each snapshot into a scratch etcd and count its keys.
+        #[arg(long)]
+        deep: bool,
+        #[command(flatten)]
+        s3: StoreArgs,
+    },
+    /// Delete backups a retention policy does not keep (their bytes, all of them).
+    Prune {
+        #[arg(long, env = "HCP_DR_STORE")]
+        store: String,
+        /// Only this hosted cluster's backups.
+        #[arg(long)]
+        hosted_cluster: Option<String>,
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        /// Keep the N newest complete backups.
+        #[arg(long)]
+        keep_last: Option<usize>,
+        /// Keep the newest complete backup of each of the last N days.
+        #[arg(long)]
+        keep_daily: Option<usize>,
+        /// Keep the newest complete backup of each of the last N weeks.
+        #[arg(long)]
+        keep_weekly: Option<usize>,
+        /// Remove complete backups older than this (e.g. 30d), unless it is a cluster's newest.
+        #[arg(long, value_parser = parse_age)]
+        max_age: Option<chrono::Duration>,
+        /// Remove incomplete backups (no manifest) older than this.
+        #[arg(long, default_value = "24h", value_parser = parse_age)]
+        incomplete_after: chrono::Duration,
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        s3: StoreArgs,
+    },
+}
+
+fn fail(err: OpsError) -> Exit {
+    eprintln!("error: {err}");
+    if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+}
+
+/// `<store>/<ns>/<cluster>/<id|latest>` into the store and the backup.
+async fn open_backup(url: &str, s3: S3Options) -> Result<(Box<dyn Store>, Layout), OpsError> {
+    let (root, ns, hc, id) = split_backup_url(url).ok_or_else(|| {
+        OpsError::Input(format!("`{url}` does not end in <namespace>/<cluster>/<backup-id> (or .../latest): give one backup's URL (hcp-dr backups list)"))
+    })?;
+    let store = store::open(&root, s3).await?;
+    let id = if id == "latest" { latest_backup(store.as_ref(), &ns, &hc).await? } else { id };
+    Ok((store, Layout::new(&ns, &hc, &id)))
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+fn age(seconds: i64) -> String {
+    match seconds {
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86400 => format!("{}h", s / 3600),
+        s => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+fn render_list(entries: &[BackupEntry]) -> String {
+    let mut out = format!(
+        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}\n",
+        "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME"
+    );
+    for e in entries {
+        let opt = |v: Option<f64>| v.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}\n",
+            format!("{}/{}", e.namespace, e.hosted_cluster),
+            e.backup_id,
+            age(e.age_seconds),
+            if e.complete { "complete" } else { "INCOMPLETE" },
+            size(e.size_bytes),
+            e.etcd_revision.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            opt(e.duration_seconds),
+            opt(e.api_downtime_seconds),
+        ));
+    }
+    if entries.is_empty() {
+        out.push_str("(no backups)\n");
+    }
+    out
+}
+
+fn render_manifest(m: &crate::archive::Manifest) -> String {
+    let mut out = format!(
+        "backup {} of {}/{} (format {}, hcp-dr {})\n",
+        m.backup_id, m.cluster.namespace, m.cluster.name, m.format_version, m.tool_version
+    );
+    out.push_str(&format!(
+        "cluster: uid {}, platform {}, {}, release {}\n  HCP namespace {}; etcd encryption key Secret {}\n",
+        m.cluster.uid,
+        m.cluster.platform,
+        m.cluster.availability_policy,
+        m.cluster.release_image,
+        m.cluster.hcp_namespace,
+        m.cluster.encryption_key_secret.as_deref().unwrap_or("(none)")
+    ));
+    if let (Some(s), Some(f)) = (m.timings.started, m.timings.finished) {
+        out.push_str(&format!("taken {s} .. {f}"));
+        if let Some(d) = m.timings.api_downtime_seconds {
+            out.push_str(&format!(", API down {d:.1}s"));
+        }
+        out.push('\n');
+    }
+    let best = m.best_snapshot().map(|s| s.member.clone());
+    out.push_str("etcd snapshots:\n");
+    for s in &m.etcd {
+        out.push_str(&format!(
+            "  {:<8} revision {:<8} {:>10}  sha256 {}{}\n",
+            s.member,
+            s.revision,
+            size(s.size),
+            s.sha256,
+            if best.as_deref() == Some(s.member.as_str()) { "  (used by restore)" } else { "" }
+        ));
+    }
+    out.push_str("objects:\n");
+    for (kind, n) in &m.object_counts {
+        out.push_str(&format!("  {kind:<28} {n}\n"));
+    }
+    if let Some(e) = &m.encryption {
+        out.push_str(&format!("encrypted: {} for {}\n", e.scheme, e.recipients.join(", ")));
+    }
+    out
+}
+
+fn render_verify(r: &VerifyReport) -> String {
+    let mut out = format!("{}: {}\n", r.backup, if r.ok { "OK" } else { "FAILED" });
+    out.push_str(&format!(
+        "  {} artifacts ({}) match the manifest; {} objects parse\n",
+        r.artifacts_checked,
+        size(r.bytes_checked),
+        r.objects
+    ));
+    for s in &r.snapshots {
+        out.push_str(&format!(
+            "  {:<8} {}  revision {}  keys {}{}\n",
+            s.member,
+            s.verdict,
+            s.revision.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+            s.live_keys.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+            s.restored_keys.map(|k| format!("  (scratch etcd: {k} keys)")).unwrap_or_default()
+        ));
+    }
+    if let Some(why) = &r.deep_skipped {
+        out.push_str(&format!("  deep check skipped: {why}\n"));
+    }
+    for p in &r.problems {
+        out.push_str(&format!("  problem: {p}\n"));
+    }
+    out
+}
+
+fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
+    let mut out = String::new();
+    let (mut removed, mut bytes) = (0, 0);
+    for e in entries {
+        let action = match (e.keep, dry_run) {
+            (true, _) => "keep",
+            (false, true) => "WOULD DELETE",
+            (false, false) => "DELETED",
+        };
+        if !e.keep {
+            removed += 1;
+            bytes += e.size_bytes;
+        }
+        out.push_str(&format!("{:<24} {:<24} {:<12} {}\n", e.cluster, e.backup_id, action, e.reasons.join("; ")));
+    }
+    out.push_str(&format!(
+        "{} backup(s), {} {} ({})\n",
+        entries.len(),
+        removed,
+        if dry_run { "would be deleted" } else { "deleted" },
+        size(bytes)
+    ));
+    out
+}
+
+fn print<T: serde::Serialize>(output: Output, value: &T, text: impl FnOnce() -> String) {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
+        Output::Text => print!("{}", text()),
+    }
+}
+
+pub async fn exec(command: Command, output: Output) -> Exit {
+    match command {
+        Command::List { store, hosted_cluster, namespace, s3 } => {
+            let store = match store::open(&store, s3.s3()).await {
+                Ok(s) => s,
+                Err(e) => return fail(e.into()),
+            };
+            let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
+            match backups::list(store.as_ref(), cluster).await {
+                Ok(entries) => {
+                    print(output, &entries, || render_list(&entries));
+                    Exit::Success
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Describe { backup, s3 } => {
+            let (store, layout) = match open_backup(&backup, s3.s3()).await {
+                Ok(v) => v,
+                Err(e) => return fail(e),
+            };
+            match backups::describe(store.as_ref(), &layout).await {
+                Ok(manifest) => {
+                    print(output, &manifest, || render_manifest(&manifest));
+                    Exit::Success
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Verify { backup, deep, s3 } => {
+            let (store, layout) = match open_backup(&backup, s3.s3()).await {
+                Ok(v) => v,
+                Err(e) => return fail(e),
+            };
+            match backups::verify(store.as_ref(), &layout, deep).await {
+                Ok(report) => {
+                    print(output, &report, || render_verify(&report));
+                    if report.ok { Exit::Success } else { Exit::Failed }
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Prune {
+            store,
+            hosted_cluster,
+            namespace,
+            keep_last,
+            keep_daily,
+            keep_weekly,
+            max_age,
+            incomplete_after,
+            dry_run,
+            s3,
+        } => {
+            let store = match store::open(&store, s3.s3()).await {
+                Ok(s) => s,
+                Err(e) => return fail(e.into()),
+            };
+            let policy = Policy {
+                keep_last,
+                keep_daily,
+                keep_weekly,
+                max_age,
+                incomplete_after,
+            };
+            let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
+            match backups::prune(store.as_ref(), cluster, &policy, dry_run).await {
+                Ok(entries) => {
+                    print(output, &entries, || render_prune(&entries, dry_run));
+                    Exit::Success
+                }
+                Err(e) => fail(e),
+            }
+        }
+    }
+}

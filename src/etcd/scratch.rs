@@ -1,0 +1,120 @@
+//! A scratch etcd restored from a snapshot, for `backups verify --deep`:
+//! `etcdctl snapshot restore` into a temporary data dir, `etcd` started on
+//! loopback ports, every key counted, everything removed again. Needs the
+//! `etcd` and `etcdctl` binaries (Debian: `etcd-server`, `etcd-client`); when
+//! they are absent the deep check says so instead of pretending.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+
+use crate::store::Store;
+
+/// The binaries a scratch restore needs.
+pub struct ScratchTools {
+    pub etcd: PathBuf,
+    pub etcdctl: PathBuf,
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
+}
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl ScratchTools {
+    /// `etcd` and `etcdctl` from `PATH`, or why not.
+    pub fn find() -> Result<ScratchTools, String> {
+        match (which("etcd"), which("etcdctl")) {
+            (Some(etcd), Some(etcdctl)) => Ok(ScratchTools { etcd, etcdctl }),
+            _ => Err("no etcd/etcdctl binaries in PATH (apt-get install etcd-server etcd-client): the deep check did not run".into()),
+        }
+    }
+
+    /// Download `key`, restore it into a scratch member, and count its keys.
+    pub async fn count_keys(&self, store: &dyn Store, key: &str) -> Result<u64, String> {
+        let dir = TempDir(std::env::temp_dir().join(format!("hcp-dr-scratch-{}-{}", std::process::id(), crate::archive::new_backup_id(chrono::Utc::now()))));
+        std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
+        let snapshot = dir.0.join("snapshot.db");
+        let mut body = store.get(key).await.map_err(|e| e.to_string())?;
+        let mut file = tokio::fs::File::create(&snapshot).await.map_err(|e| format!("{}: {e}", snapshot.display()))?;
+        tokio::io::copy(&mut body, &mut file).await.map_err(|e| format!("downloading {key}: {e}"))?;
+        file.flush().await.map_err(|e| e.to_string())?;
+        drop(file);
+        self.count_keys_in(&snapshot, &dir.0).await
+    }
+
+    async fn count_keys_in(&self, snapshot: &Path, dir: &Path) -> Result<u64, String> {
+        let (peer, client_port) = (free_port()?, free_port()?);
+        let data = dir.join("data");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let restore = tokio::process::Command::new(&self.etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg("snapshot")
+            .arg("restore")
+            .arg(snapshot)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--name", "scratch", "--initial-cluster", &format!("scratch={peer_url}")])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .output()
+            .await
+            .map_err(|e| format!("running {}: {e}", self.etcdctl.display()))?;
+        if !restore.status.success() {
+            return Err(format!("etcdctl snapshot restore failed: {}", String::from_utf8_lossy(&restore.stderr).trim()));
+        }
+        let mut etcd = tokio::process::Command::new(&self.etcd)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--name", "scratch", "--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--initial-cluster", &format!("scratch={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.etcd.display()))?;
+        let started = Instant::now();
+        let count = loop {
+            let attempt = async {
+                let mut client = etcd_client::Client::connect([client_url.as_str()], None).await?;
+                let resp = client
+                    .get("", Some(etcd_client::GetOptions::new().with_all_keys().with_count_only()))
+                    .await?;
+                Ok::<u64, etcd_client::Error>(resp.count() as u64)
+            };
+            match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+                Ok(Ok(count)) => break count,
+                _ if started.elapsed() > Duration::from_secs(60) => {
+                    let _ = etcd.kill().await;
+                    return Err("the scratch etcd did not answer within 60s".into());
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let _ = etcd.kill().await;
+        let _ = etcd.wait().await;
+        Ok(count)
+    }
+}

@@ -1,0 +1,279 @@
+//! `hcp-dr backups list|describe|verify|prune`: the backup catalogue of a
+//! store, read from the store itself (there is no other record). A backup
+//! is complete when its manifest (written last) is there and parses;
+//! anything else is shown as incomplete, never as good.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::OpsError;
+use crate::archive::check::{CheckError, check_backup, read_manifest};
+use crate::archive::retention::{self, Candidate, Decision, Policy};
+use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
+use crate::store::Store;
+
+/// One backup folder in a store.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackupEntry {
+    pub namespace: String,
+    pub hosted_cluster: String,
+    pub backup_id: String,
+    pub url: String,
+    pub taken: DateTime<Utc>,
+    pub age_seconds: i64,
+    pub complete: bool,
+    /// Why it is not complete (no manifest, or one that does not parse).
+    pub problem: Option<String>,
+    pub size_bytes: u64,
+    pub objects: usize,
+    pub etcd_revision: Option<i64>,
+    pub duration_seconds: Option<f64>,
+    pub api_downtime_seconds: Option<f64>,
+}
+
+/// Every backup under the store (or one cluster's), newest first.
+pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Vec<BackupEntry>, OpsError> {
+    let prefix = cluster.map(|(ns, hc)| Layout::cluster_prefix(ns, hc)).unwrap_or_default();
+    let now = Utc::now();
+    let mut folders: BTreeMap<(String, String, String), (u64, usize, bool)> = BTreeMap::new();
+    for object in store.list(&prefix).await? {
+        let mut parts = object.key.splitn(4, '/');
+        let (Some(ns), Some(hc), Some(id), Some(rest)) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
+        if parse_backup_id(id).is_err() {
+            continue;
+        }
+        let entry = folders.entry((ns.to_string(), hc.to_string(), id.to_string())).or_default();
+        entry.0 += object.size;
+        entry.1 += 1;
+        entry.2 |= rest == MANIFEST;
+    }
+    let mut out = Vec::new();
+    for ((ns, hc, id), (size, objects, has_manifest)) in folders {
+        let layout = Layout::new(&ns, &hc, &id);
+        let taken = parse_backup_id(&id).unwrap_or(now);
+        let (manifest, problem) = if has_manifest {
+            match read_manifest(store, &layout).await {
+                Ok(m) => (Some(m), None),
+                Err(err) => (None, Some(err.to_string())),
+            }
+        } else {
+            (None, Some("no manifest.json: never finished, or still being written".to_string()))
+        };
+        out.push(BackupEntry {
+            url: format!("{}/{}", store.url(), layout.dir()),
+            namespace: ns,
+            hosted_cluster: hc,
+            backup_id: id,
+            taken,
+            age_seconds: (now - taken).num_seconds(),
+            complete: manifest.is_some(),
+            problem,
+            size_bytes: size,
+            objects,
+            etcd_revision: manifest.as_ref().and_then(|m| m.best_snapshot()).map(|s| s.revision),
+            duration_seconds: manifest.as_ref().and_then(|m| match (m.timings.started, m.timings.finished) {
+                (Some(s), Some(f)) => Some((f - s).num_milliseconds() as f64 / 1000.0),
+                _ => None,
+            }),
+            api_downtime_seconds: manifest.as_ref().and_then(|m| m.timings.api_downtime_seconds),
+        });
+    }
+    out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
+    Ok(out)
+}
+
+/// The manifest of one backup.
+pub async fn describe(store: &dyn Store, layout: &Layout) -> Result<Manifest, OpsError> {
+    read_manifest(store, layout).await.map_err(check_error)
+}
+
+fn check_error(err: CheckError) -> OpsError {
+    match err {
+        CheckError::Store(e) => OpsError::Store(e),
+        other => OpsError::Input(other.to_string()),
+    }
+}
+
+/// What `verify` found for one snapshot.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotCheck {
+    pub member: String,
+    pub verdict: String,
+    pub revision: Option<i64>,
+    pub live_keys: Option<u64>,
+    /// `--deep`: keys counted in a scratch etcd restored from the snapshot.
+    pub restored_keys: Option<u64>,
+}
+
+/// The result of `backups verify`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    pub backup: String,
+    pub ok: bool,
+    pub problems: Vec<String>,
+    pub artifacts_checked: usize,
+    pub bytes_checked: u64,
+    pub objects: usize,
+    pub snapshots: Vec<SnapshotCheck>,
+    /// Why the deep check did not run, when asked and impossible.
+    pub deep_skipped: Option<String>,
+}
+
+/// Download and check every artifact against the manifest, then every
+/// snapshot offline (and, `deep`, restored into a scratch etcd).
+pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<VerifyReport, OpsError> {
+    let mut report = VerifyReport {
+        backup: format!("{}/{}", store.url(), layout.dir()),
+        ok: false,
+        problems: Vec::new(),
+        artifacts_checked: 0,
+        bytes_checked: 0,
+        objects: 0,
+        snapshots: Vec::new(),
+        deep_skipped: None,
+    };
+    let manifest = match check_backup(store, layout).await {
+        Ok((manifest, objects, checked)) => {
+            report.artifacts_checked = checked.artifacts_checked;
+            report.bytes_checked = checked.bytes_checked;
+            report.objects = objects.len();
+            manifest
+        }
+        Err(CheckError::Store(err)) => return Err(OpsError::Store(err)),
+        Err(err) => {
+            report.problems.push(err.to_string());
+            return Ok(report);
+        }
+    };
+    let scratch = if deep {
+        match crate::etcd::scratch::ScratchTools::find() {
+            Ok(tools) => Some(tools),
+            Err(why) => {
+                report.deep_skipped = Some(why);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    for member in &manifest.etcd {
+        let key = layout.artifact(&member.artifact);
+        let offline = crate::etcd::verify::verify_store_object(store, &key)
+            .await
+            .map_err(|e| OpsError::Input(e.to_string()))?;
+        let summary = offline.summary.as_ref();
+        let mut check = SnapshotCheck {
+            member: member.member.clone(),
+            verdict: offline.verdict.to_string(),
+            revision: summary.map(|s| s.revision),
+            live_keys: summary.map(|s| s.live_keys),
+            restored_keys: None,
+        };
+        if !offline.is_ok() {
+            report.problems.push(format!("{key}: {}", offline.verdict));
+        } else if check.revision != Some(member.revision) {
+            report.problems.push(format!(
+                "{key}: the snapshot is at revision {:?}, the manifest records {}",
+                check.revision, member.revision
+            ));
+        }
+        if let (Some(tools), true) = (&scratch, offline.is_ok()) {
+            let restored = tools.count_keys(store, &key).await.map_err(OpsError::Input)?;
+            if Some(restored) != check.live_keys {
+                report.problems.push(format!(
+                    "{key}: a scratch etcd restored from it holds {restored} keys, the offline reading found {:?}",
+                    check.live_keys
+                ));
+            }
+            check.restored_keys = Some(restored);
+        }
+        report.snapshots.push(check);
+    }
+    report.ok = report.problems.is_empty();
+    Ok(report)
+}
+
+/// What prune decided for one backup.
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneEntry {
+    pub cluster: String,
+    pub backup_id: String,
+    pub complete: bool,
+    pub keep: bool,
+    pub reasons: Vec<String>,
+    pub size_bytes: u64,
+    /// Whether its bytes were deleted (false in a dry run).
+    pub deleted: bool,
+}
+
+/// Apply `policy` to every cluster's backups in the store (or one cluster's).
+pub async fn prune(
+    store: &dyn Store,
+    cluster: Option<(&str, &str)>,
+    policy: &Policy,
+    dry_run: bool,
+) -> Result<Vec<PruneEntry>, OpsError> {
+    if policy.is_empty() {
+        return Err(OpsError::Input(
+            "no retention rule given: pass at least one of --keep-last N, --keep-daily N, --keep-weekly N, --max-age AGE".into(),
+        ));
+    }
+    let entries = list(store, cluster).await?;
+    let mut by_cluster: BTreeMap<String, Vec<&BackupEntry>> = BTreeMap::new();
+    for e in &entries {
+        by_cluster.entry(format!("{}/{}", e.namespace, e.hosted_cluster)).or_default().push(e);
+    }
+    let now = Utc::now();
+    let mut out = Vec::new();
+    for (name, backups) in by_cluster {
+        let candidates: Vec<Candidate> = backups
+            .iter()
+            .map(|b| Candidate {
+                id: b.backup_id.clone(),
+                taken: b.taken,
+                complete: b.complete,
+            })
+            .collect();
+        for Decision { id, keep, reasons } in retention::decide(&candidates, policy, now) {
+            let Some(entry) = backups.iter().find(|b| b.backup_id == id) else { continue };
+            let mut deleted = false;
+            if !keep && !dry_run {
+                delete_backup(store, &Layout::new(&entry.namespace, &entry.hosted_cluster, &id)).await?;
+                deleted = true;
+            }
+            out.push(PruneEntry {
+                cluster: name.clone(),
+                backup_id: id,
+                complete: entry.complete,
+                keep,
+                reasons,
+                size_bytes: entry.size_bytes,
+                deleted,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Delete every object of a backup: the manifest first, so a backup cut
+/// short here shows as incomplete, never as good.
+pub async fn delete_backup(store: &dyn Store, layout: &Layout) -> Result<(), OpsError> {
+    store.delete(&layout.manifest()).await?;
+    for object in store.list(&format!("{}/", layout.dir())).await? {
+        store.delete(&object.key).await?;
+    }
+    let left = store.list(&format!("{}/", layout.dir())).await?;
+    if !left.is_empty() {
+        return Err(OpsError::Input(format!(
+            "{}/{}: {} object(s) remain after deleting them; check the store's permissions",
+            store.url(),
+            layout.dir(),
+            left.len()
+        )));
+    }
+    tracing::info!(backup = %layout.dir(), store = %store.url(), "deleted");
+    Ok(())
+}
+
