@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args as ClapArgs;
 
 use super::{Exit, Output};
-use crate::ops::backup::{BackupOptions, BackupResult, backup, default_journal_dir};
+use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all, default_journal_dir};
 use crate::pipeline::Interrupt;
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
@@ -14,11 +14,20 @@ use crate::store::{S3Options, ServerSideEncryption};
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The HostedCluster to back up.
-    #[arg(long, required_unless_present = "resume")]
+    #[arg(long, required_unless_present_any = ["resume", "all"])]
     pub hosted_cluster: Option<String>,
-    /// Its namespace.
-    #[arg(short = 'n', long, default_value = "clusters")]
-    pub namespace: String,
+    /// Its namespace (with --all: only this namespace; default every namespace).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Back up every HostedCluster (of -n, else of every namespace) matching -l.
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "resume", "journal"])]
+    pub all: bool,
+    /// With --all: a label selector on the HostedClusters.
+    #[arg(short = 'l', long, requires = "all")]
+    pub selector: Option<String>,
+    /// With --all: how many backups run at once.
+    #[arg(long, default_value_t = 2, requires = "all")]
+    pub concurrency: usize,
     /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
     /// several files, then ~/.kube/config, then in-cluster).
     #[arg(long)]
@@ -126,9 +135,9 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
     Ok(BackupOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
-        hosted_cluster: args.hosted_cluster.unwrap_or_default(),
-        namespace: args.namespace,
-        store: args.to.unwrap_or_default(),
+        hosted_cluster: args.hosted_cluster.clone().unwrap_or_default(),
+        namespace: args.namespace.clone().unwrap_or_else(|| "clusters".into()),
+        store: args.to.clone().unwrap_or_default(),
         s3: S3Options {
             endpoint: args.s3_endpoint,
             ca_bundle: args.ca_bundle,
@@ -151,6 +160,11 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
 }
 
 pub async fn exec(args: Args, output: Output) -> Exit {
+    let fleet = args.all.then(|| FleetSelection {
+        namespace: args.namespace.clone(),
+        selector: args.selector.clone(),
+        concurrency: args.concurrency,
+    });
     let options = match options(args, output) {
         Ok(o) => o,
         Err(message) => {
@@ -165,6 +179,21 @@ pub async fn exec(args: Args, output: Output) -> Exit {
             return Exit::Failed;
         }
     };
+    if let Some(fleet) = fleet {
+        return match backup_all(options, fleet, &mut interrupt).await {
+            Ok(result) => {
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
+                    Output::Text => print!("{}", render_fleet(&result)),
+                }
+                if result.failed == 0 { Exit::Success } else { Exit::Failed }
+            }
+            Err(err) => {
+                eprintln!("error: {err}");
+                if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+            }
+        };
+    }
     match backup(options, &mut interrupt).await {
         Ok(result) => {
             match output {
@@ -178,6 +207,32 @@ pub async fn exec(args: Args, output: Output) -> Exit {
             if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
         }
     }
+}
+
+/// The fleet summary: one line per cluster, then each failure's report.
+pub fn render_fleet(result: &FleetResult) -> String {
+    let mut out = format!("fleet backup: {} succeeded, {} failed\n", result.succeeded, result.failed);
+    for c in &result.clusters {
+        let line = match (&c.result, &c.error) {
+            (Some(r), _) if c.succeeded => format!(
+                "ok      {}  {}  (API down {:.1}s)",
+                c.hosted_cluster,
+                r.backup.as_deref().unwrap_or("-"),
+                r.api_downtime_seconds.unwrap_or_default()
+            ),
+            (Some(r), _) => format!("FAILED  {}  {}", c.hosted_cluster, super::report::headline("backup", &r.run, "hcp-dr backup").lines().next().unwrap_or_default()),
+            (None, Some(e)) => format!("FAILED  {}  {e}", c.hosted_cluster),
+            (None, None) => format!("FAILED  {}", c.hosted_cluster),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    for c in result.clusters.iter().filter(|c| !c.succeeded) {
+        if let Some(r) = &c.result {
+            out.push_str(&format!("\n--- {}\n{}", c.hosted_cluster, render(r)));
+        }
+    }
+    out
 }
 
 /// The text report.

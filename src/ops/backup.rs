@@ -202,3 +202,122 @@ pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, boo
         })
         .collect())
 }
+
+/// Which hosted clusters a fleet backup takes.
+#[derive(Debug, Clone)]
+pub struct FleetSelection {
+    /// `None`: every namespace.
+    pub namespace: Option<String>,
+    /// A label selector on the HostedClusters (`-l`).
+    pub selector: Option<String>,
+    /// How many backups run at once.
+    pub concurrency: usize,
+}
+
+/// One cluster's result in a fleet backup.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetMember {
+    pub hosted_cluster: String,
+    pub succeeded: bool,
+    /// The backup's report, when it ran.
+    pub result: Option<BackupResult>,
+    /// Why it could not run at all.
+    pub error: Option<String>,
+}
+
+/// What `hcp-dr backup --all` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetResult {
+    pub clusters: Vec<FleetMember>,
+    pub succeeded: usize,
+    pub failed: usize,
+}
+
+/// Back up every matching hosted cluster, each with its own lock, pause,
+/// journal and undo; one failing does not stop the others. `options`
+/// carries everything but the cluster's name and namespace.
+pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt: &mut Interrupt) -> Result<FleetResult, OpsError> {
+    use futures::StreamExt;
+    if options.resume.is_some() {
+        return Err(OpsError::Input("--resume continues one backup's journal; it does not go with --all".into()));
+    }
+    if fleet.concurrency == 0 {
+        return Err(OpsError::Input("--concurrency must be at least 1".into()));
+    }
+    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let mut params = kube::api::ListParams::default();
+    if let Some(selector) = &fleet.selector {
+        params = params.labels(selector);
+    }
+    let api: kube::Api<kube::api::DynamicObject> = match &fleet.namespace {
+        Some(ns) => crate::kube::api(&client, &crate::hosted::HOSTED_CLUSTER, ns),
+        None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
+    };
+    let mut targets: Vec<(String, String)> = crate::kube::list_json(&api, &params, "HostedClusters")
+        .await?
+        .iter()
+        .filter_map(|hc| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string())))
+        .collect();
+    targets.sort();
+    if targets.is_empty() {
+        return Err(OpsError::Input(format!(
+            "no HostedCluster matches (namespace {}, selector {}): nothing to back up",
+            fleet.namespace.as_deref().unwrap_or("(all)"),
+            fleet.selector.as_deref().unwrap_or("(none)")
+        )));
+    }
+    // one interrupt per backup, all fired by the command's
+    let mut triggers = Vec::new();
+    let mut interrupts = Vec::new();
+    for _ in &targets {
+        let (trigger, interrupt) = Interrupt::manual();
+        triggers.push(trigger);
+        interrupts.push(interrupt);
+    }
+    let fan_out = async {
+        let signal = interrupt.wait().await;
+        for t in &triggers {
+            t.fire(signal);
+        }
+    };
+    let runs = futures::stream::iter(targets.into_iter().zip(interrupts).map(|((ns, name), mut own)| {
+        let mut one = options.clone();
+        one.namespace = ns.clone();
+        one.hosted_cluster = name.clone();
+        // several progress bars would garble a terminal
+        one.observer = None;
+        async move {
+            let label = format!("{ns}/{name}");
+            match backup(one, &mut own).await {
+                Ok(result) => FleetMember {
+                    succeeded: result.run.outcome.is_success(),
+                    hosted_cluster: label,
+                    result: Some(result),
+                    error: None,
+                },
+                Err(err) => FleetMember {
+                    hosted_cluster: label,
+                    succeeded: false,
+                    result: None,
+                    error: Some(err.to_string()),
+                },
+            }
+        }
+    }))
+    .buffer_unordered(fleet.concurrency)
+    .collect::<Vec<_>>();
+    tokio::pin!(runs);
+    tokio::pin!(fan_out);
+    // on a signal every backup is told (each undoes itself); then wait for them all
+    let mut clusters = tokio::select! {
+        done = &mut runs => done,
+        () = &mut fan_out => runs.await,
+    };
+    clusters.sort_by(|a, b| a.hosted_cluster.cmp(&b.hosted_cluster));
+    let succeeded = clusters.iter().filter(|c| c.succeeded).count();
+    Ok(FleetResult {
+        failed: clusters.len() - succeeded,
+        succeeded,
+        clusters,
+    })
+}
