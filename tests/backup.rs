@@ -146,7 +146,7 @@ async fn dry_run_plans_from_the_live_cluster_and_changes_nothing() {
 async fn a_failure_after_any_stage_is_undone() {
     let env = env("SingleReplica").await;
     let store = env.local_store();
-    for stage in ["lock", "preflight", "pause", "scale-down", "etcd-snapshot", "resume", "export", "package"] {
+    for stage in ["lock", "preflight", "pause", "scale-down", "etcd-snapshot", "resume", "export", "snapshot-finish", "package"] {
         let out = env.hcp_dr(
             &["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--wait-timeout", "60s"],
             &[("HCP_DR_TEST_FAIL_AFTER", stage)],
@@ -178,6 +178,33 @@ fn wait_for_stage(journal: &Path, stage: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_after_the_snapshots_started_retakes_them_before_the_writers_return() {
+    let env = env("SingleReplica").await;
+    let store = env.local_store();
+    let journal = env.dir.path().join("backup.jsonl");
+    let args = ["backup", "--hosted-cluster", "demo", "--journal", journal.to_str().unwrap(), "--to", store.to_str().unwrap()];
+    // etcd-snapshot succeeded (streams started in the background), then the process dies
+    let mut child = env
+        .command(&args, &[("HCP_DR_TEST_HOLD_IN", "resume")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_stage(&journal, "resume");
+    child.kill().unwrap(); // SIGKILL: the streams die with it
+    child.wait().unwrap();
+    assert!(env.writer_replicas().await.iter().all(|(_, r)| *r == 0), "the writers are still stopped");
+
+    let out = env.hcp_dr(&["backup", "--resume", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert!(text(&out).contains("taking them again before the writers come back"), "{}", text(&out));
+    let folder = PathBuf::from(report["backup"].as_str().unwrap().strip_prefix("file://").unwrap());
+    check_backup(&env, &folder, 1).await;
+    env.assert_in_service("after the resumed backup").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -15,7 +15,7 @@ use kube::api::Api;
 use serde_json::{Value, json};
 use support::*;
 
-const STAGES: [&str; 17] = [
+const STAGES: [&str; 18] = [
     "lock",
     "preflight",
     "destination-check",
@@ -23,6 +23,7 @@ const STAGES: [&str; 17] = [
     "scale-down",
     "etcd-snapshot",
     "export",
+    "snapshot-finish",
     "package",
     "dns-withdraw",
     "verify",

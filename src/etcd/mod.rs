@@ -102,6 +102,25 @@ pub struct MemberStatus {
     pub errors: Vec<String>,
 }
 
+/// An alarm raised in the cluster, on one member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberAlarm {
+    pub member_id: u64,
+    /// `NOSPACE` (the database hit its quota) or `CORRUPT` (a hash check failed).
+    pub alarm: String,
+}
+
+/// One entry of the cluster's member list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListedMember {
+    pub id: u64,
+    /// Empty while the member was added but never started.
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub is_learner: bool,
+}
+
 /// What a snapshot produced.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct SnapshotReport {
@@ -161,34 +180,135 @@ impl Member {
         })
     }
 
+    /// A linearizable read through this member (what etcd's `/health` does):
+    /// fails when the member cannot reach a quorum.
+    pub async fn check_read(&self, client: &mut Client) -> Result<(), EtcdError> {
+        client.get("health", None).await.map_err(self.request("linearizable read"))?;
+        Ok(())
+    }
+
+    /// The alarms raised anywhere in the cluster (Maintenance/Alarm GET).
+    pub async fn alarms(&self, client: &mut Client) -> Result<Vec<MemberAlarm>, EtcdError> {
+        let response = client
+            .alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None)
+            .await
+            .map_err(self.request("alarm list"))?;
+        Ok(response
+            .alarms()
+            .iter()
+            .filter(|a| a.alarm() != etcd_client::AlarmType::None)
+            .map(|a| MemberAlarm {
+                member_id: a.member_id(),
+                alarm: a.alarm().as_str_name().to_string(),
+            })
+            .collect())
+    }
+
+    /// The cluster's member list, as this member knows it.
+    pub async fn member_list(&self, client: &mut Client) -> Result<Vec<ListedMember>, EtcdError> {
+        let response = client.member_list().await.map_err(self.request("member list"))?;
+        Ok(response
+            .members()
+            .iter()
+            .map(|m| ListedMember {
+                id: m.id(),
+                name: m.name().to_string(),
+                peer_urls: m.peer_urls().to_vec(),
+                client_urls: m.client_urls().to_vec(),
+                is_learner: m.is_learner(),
+            })
+            .collect())
+    }
+
     /// Stream a snapshot of this member into `store` at `key`, checking etcd's
-    /// trailing hash on the way and that the revision did not move.
+    /// trailing hash on the way and the revision it holds.
     pub async fn snapshot_to(&self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
+        self.start_snapshot().await?.finish(store, key).await
+    }
+
+    /// Open a snapshot stream and wait for its first bytes. etcd serves a
+    /// snapshot from one read transaction opened when the request arrives,
+    /// so from here its content is fixed: writes that happen while the rest
+    /// streams are not in it. The revision is read before the request and
+    /// again once the stream has started; equal, they are the snapshot's.
+    pub async fn start_snapshot(&self) -> Result<StartedSnapshot, EtcdError> {
         let mut client = self.connect().await?;
         let before = self.status(&mut client).await?.revision;
-        let stream = client
+        let mut stream = client
             .maintenance_client()
             .snapshot()
             .await
             .map_err(self.request("snapshot"))?;
+        let first = match stream.message().await.map_err(self.request("snapshot"))? {
+            Some(response) => Bytes::copy_from_slice(response.blob()),
+            None => Bytes::new(),
+        };
+        let after = self.status(&mut client).await?.revision;
+        if after != before {
+            return Err(EtcdError::RevisionMoved {
+                member: self.name.clone(),
+                before,
+                after,
+            });
+        }
+        Ok(StartedSnapshot {
+            member: self.name.clone(),
+            revision: before,
+            first,
+            stream,
+            _client: client,
+        })
+    }
+}
+
+/// A snapshot whose content is fixed (etcd holds its read transaction) and
+/// whose bytes are still to be received: [`StartedSnapshot::finish`] streams
+/// them into a store. The writers may run again meanwhile.
+pub struct StartedSnapshot {
+    member: String,
+    revision: i64,
+    first: Bytes,
+    stream: etcd_client::SnapshotStreaming,
+    _client: Client,
+}
+
+impl StartedSnapshot {
+    /// The revision the snapshot holds.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// Stream the rest into `store` at `key`, hashing it and checking etcd's
+    /// trailing hash; a corrupt stream leaves nothing behind.
+    pub async fn finish(self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
+        let StartedSnapshot {
+            member,
+            revision,
+            first,
+            stream,
+            _client,
+        } = self;
         let check = std::sync::Arc::new(std::sync::Mutex::new(TrailingHash::default()));
         let tap = check.clone();
-        let member = self.name.clone();
-        let chunks = futures::stream::unfold(stream, |mut stream| async move {
+        let rest = futures::stream::unfold(stream, |mut stream| async move {
             match stream.message().await {
                 Ok(Some(response)) => Some((Ok(Bytes::copy_from_slice(response.blob())), stream)),
                 Ok(None) => None,
                 Err(err) => Some((Err(std::io::Error::other(err)), stream)),
             }
-        })
-        .map(move |chunk: std::io::Result<Bytes>| {
-            if let Ok(bytes) = &chunk {
-                if let Ok(mut check) = tap.lock() {
+        });
+        let chunks = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(first) })
+            .chain(rest)
+            .map(move |chunk: std::io::Result<Bytes>| {
+                if let (Ok(bytes), Ok(mut check)) = (&chunk, tap.lock()) {
                     check.update(bytes);
                 }
-            }
-            chunk
-        });
+                chunk
+            });
         let reader = tokio_util::io::StreamReader::new(Box::pin(chunks));
         let put = store
             .put(key, Box::new(reader))
@@ -198,40 +318,24 @@ impl Member {
                 source,
             })?;
         let verdict = check.lock().map(|c| c.clone().finish()).unwrap_or(Verdict::TooShort);
-        match verdict {
-            Verdict::Ok => {}
-            Verdict::TooShort => {
-                let _ = store.delete(key).await;
-                return Err(EtcdError::Integrity {
+        let (expected, actual) = match verdict {
+            Verdict::Ok => {
+                return Ok(SnapshotReport {
                     member,
-                    expected: "(none)".into(),
-                    actual: "(stream shorter than a hash)".into(),
+                    revision,
                     size: put.size,
+                    sha256: put.sha256,
                 });
             }
-            Verdict::Mismatch { expected, actual } => {
-                let _ = store.delete(key).await;
-                return Err(EtcdError::Integrity {
-                    member,
-                    expected,
-                    actual,
-                    size: put.size,
-                });
-            }
-        }
-        let after = self.status(&mut client).await?.revision;
-        if after != before {
-            return Err(EtcdError::RevisionMoved {
-                member,
-                before,
-                after,
-            });
-        }
-        Ok(SnapshotReport {
+            Verdict::TooShort => ("(none)".to_string(), "(stream shorter than a hash)".to_string()),
+            Verdict::Mismatch { expected, actual } => (expected, actual),
+        };
+        let _ = store.delete(key).await;
+        Err(EtcdError::Integrity {
             member,
-            revision: before,
+            expected,
+            actual,
             size: put.size,
-            sha256: put.sha256,
         })
     }
 }

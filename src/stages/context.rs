@@ -95,7 +95,8 @@ pub struct ScaledDeployment {
 /// The context of one backup run.
 pub struct BackupContext {
     pub client: Client,
-    pub store: Box<dyn Store>,
+    /// Shared with the snapshot streams that finish in the background.
+    pub store: std::sync::Arc<dyn Store>,
     pub inputs: BackupInputs,
     pub tls_override: TlsOverride,
     /// Found by preflight.
@@ -108,8 +109,18 @@ pub struct BackupContext {
     pub paused: Option<PauseRecord>,
     pub scaled: Vec<ScaledDeployment>,
     pub snapshots: Vec<SnapshotReport>,
+    /// Snapshot streams started by `etcd-snapshot` (content fixed), still
+    /// being written to the store; `snapshot-finish` collects them.
+    pub pending: Vec<PendingSnapshot>,
     pub downtime_started: Option<DateTime<Utc>>,
     pub downtime_seconds: Option<f64>,
+}
+
+/// A member's snapshot streaming into the store in the background.
+pub struct PendingSnapshot {
+    pub member: String,
+    pub key: String,
+    pub task: tokio::task::JoinHandle<Result<SnapshotReport, crate::etcd::EtcdError>>,
 }
 
 /// etcd client TLS from the HCP namespace (never journaled, never printed).
@@ -146,7 +157,7 @@ impl BackupContext {
     pub fn new(client: Client, store: Box<dyn Store>, inputs: BackupInputs, tls_override: TlsOverride) -> Self {
         BackupContext {
             client,
-            store,
+            store: std::sync::Arc::from(store),
             inputs,
             tls_override,
             identity: None,
@@ -157,6 +168,7 @@ impl BackupContext {
             paused: None,
             scaled: Vec::new(),
             snapshots: Vec::new(),
+            pending: Vec::new(),
             downtime_started: None,
             downtime_seconds: None,
         }

@@ -1,14 +1,18 @@
-//! `etcd-snapshot`: every member in parallel over gRPC, each streamed
-//! straight into the store with its SHA-256 computed on the way and etcd's
-//! trailing hash checked. With the writers stopped the members must agree on
-//! one revision; if they do not, the backup fails.
+//! `etcd-snapshot`: with the writers stopped, every member's snapshot is
+//! started in parallel over gRPC. etcd serves a snapshot from one read
+//! transaction opened when the request arrives, so once every stream has
+//! delivered its first bytes at the revision the members agree on, the
+//! content is fixed and the writers may come back (`resume`): the API
+//! downtime no longer grows with the database. The streams go on in the
+//! background, into the store with SHA-256 and etcd's trailing hash
+//! checked, and `snapshot-finish` collects them.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::context::BackupContext;
+use super::context::{BackupContext, PendingSnapshot};
 use super::preflight::connect_member;
 use super::{StageError, from_output};
 use crate::archive::Layout;
@@ -16,6 +20,7 @@ use crate::etcd::SnapshotReport;
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct EtcdSnapshot;
+pub struct SnapshotFinish;
 
 /// Wait (bounded) until every member reports the same revision.
 async fn converge(ctx: &BackupContext) -> Result<i64, StageFailure> {
@@ -25,7 +30,10 @@ async fn converge(ctx: &BackupContext) -> Result<i64, StageFailure> {
         for target in &ctx.members {
             let (member, _forward) = connect_member(ctx, target).await?;
             let mut client = member.connect().await?;
-            last.push((target.pod.clone(), member.status(&mut client).await?.revision));
+            last.push((
+                target.pod.clone(),
+                member.status(&mut client).await?.revision,
+            ));
         }
         if last.windows(2).all(|w| w[0].1 == w[1].1) {
             return Ok(last.first().map(|m| m.1).unwrap_or_default());
@@ -39,13 +47,98 @@ async fn converge(ctx: &BackupContext) -> Result<i64, StageFailure> {
     .into())
 }
 
+/// Before the writers come back: if the streams `etcd-snapshot` started were
+/// lost with an earlier process (a crash, then `--resume`), start them again
+/// now, while the writers are still stopped.
+pub(crate) async fn ensure_started(ctx: &mut BackupContext, step: &Step<'_>) -> Result<(), StageFailure> {
+    let snapshotted = step
+        .history()
+        .is_some_and(|h| h.stage("etcd-snapshot").state == crate::pipeline::StageState::Succeeded);
+    if snapshotted && ctx.pending.is_empty() && ctx.snapshots.is_empty() {
+        tracing::warn!("the snapshot streams of an earlier run were lost; taking them again before the writers come back");
+        start_all(ctx).await?;
+    }
+    Ok(())
+}
+
+/// Stop the background streams and delete what they wrote.
+async fn discard(ctx: &mut BackupContext) -> Result<(), StageFailure> {
+    for pending in ctx.pending.drain(..) {
+        pending.task.abort();
+        let _ = pending.task.await;
+    }
+    let layout = ctx.inputs.layout();
+    for target in &ctx.members {
+        ctx.store
+            .delete(&layout.artifact(&Layout::snapshot_name(&target.pod)))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Start every member's snapshot (writers stopped) and leave the streams
+/// finishing in the background in `ctx.pending`; returns the revision.
+pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailure> {
+    if ctx.members.is_empty() {
+        return Err(StageError::Missing("etcd members").into());
+    }
+    // a rerun (resume) starts over
+    discard(ctx).await?;
+    let revision = converge(ctx).await?;
+    let ctx_ref: &BackupContext = ctx;
+    let starts = ctx_ref.members.iter().map(|target| async move {
+        let (member, forward) = connect_member(ctx_ref, target).await?;
+        let started = member.start_snapshot().await?;
+        Ok::<_, StageFailure>((target.pod.clone(), started, forward))
+    });
+    let mut started = Vec::new();
+    let mut errors = Vec::new();
+    for result in futures::future::join_all(starts).await {
+        match result {
+            Ok(s) => started.push(s),
+            Err(err) => errors.push(crate::pipeline::stage::error_chain(err.as_ref())),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(StageError::Precondition(format!(
+            "etcd snapshot failed: {}",
+            errors.join("; ")
+        ))
+        .into());
+    }
+    if let Some((pod, s, _)) = started.iter().find(|(_, s, _)| s.revision() != revision) {
+        return Err(StageError::Precondition(format!(
+                "member {pod} was snapshotted at revision {} but the members agreed on {revision}: a writer is running",
+                s.revision()
+            ))
+            .into());
+    }
+    let layout = ctx.inputs.layout();
+    for (pod, snapshot, forward) in started {
+        let key = layout.artifact(&Layout::snapshot_name(&pod));
+        let store = ctx.store.clone();
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            // a port-forward lives as long as its stream
+            let _forward = forward;
+            snapshot.finish(store.as_ref(), &task_key).await
+        });
+        ctx.pending.push(PendingSnapshot {
+            member: pod,
+            key,
+            task,
+        });
+    }
+    Ok(revision)
+}
+
 #[async_trait]
 impl Stage<BackupContext> for EtcdSnapshot {
     fn name(&self) -> &'static str {
         "etcd-snapshot"
     }
     fn summary(&self) -> &'static str {
-        "snapshot every etcd member in parallel, streamed to the store with SHA-256 and etcd's own hash checked"
+        "start every etcd member's snapshot in parallel; once each stream holds the agreed revision the content is fixed and the rest streams to the store in the background"
     }
     fn mutates(&self) -> bool {
         true
@@ -65,38 +158,89 @@ impl Stage<BackupContext> for EtcdSnapshot {
             })
             .collect()
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        if ctx.members.is_empty() {
-            return Err(StageError::Missing("etcd members").into());
+    async fn run(
+        &self,
+        ctx: &mut BackupContext,
+        _step: &mut Step<'_>,
+    ) -> Result<Value, StageFailure> {
+        let revision = start_all(ctx).await?;
+        let members: Vec<&str> = ctx.pending.iter().map(|p| p.member.as_str()).collect();
+        Ok(json!({"revision": revision, "started": members}))
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    /// A failed backup leaves no snapshot bytes behind.
+    async fn undo(
+        &self,
+        ctx: &mut BackupContext,
+        _input: UndoInput<'_>,
+    ) -> Result<(), StageFailure> {
+        discard(ctx).await
+    }
+}
+
+#[async_trait]
+impl Stage<BackupContext> for SnapshotFinish {
+    fn name(&self) -> &'static str {
+        "snapshot-finish"
+    }
+    fn summary(&self) -> &'static str {
+        "wait for the snapshot streams started by etcd-snapshot to be stored, each with its SHA-256 and etcd's trailing hash checked"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, _ctx: &BackupContext, _params: &Value) -> Vec<String> {
+        vec!["wait for every snapshot stream to be stored and checked".into()]
+    }
+    async fn run(
+        &self,
+        ctx: &mut BackupContext,
+        step: &mut Step<'_>,
+    ) -> Result<Value, StageFailure> {
+        let revision = step
+            .history()
+            .and_then(|h| h.stage("etcd-snapshot").output)
+            .and_then(|o| o["revision"].as_i64());
+        let mut revision = revision;
+        if ctx.pending.is_empty() {
+            // The process that started the streams is gone (a crash, then
+            // --resume). With the writers still stopped (no `resume` ran:
+            // migrate, or a crash before it) they are simply taken again.
+            let resumed = step
+                .history()
+                .is_some_and(|h| h.stage("resume").state == crate::pipeline::StageState::Succeeded);
+            if resumed {
+                return Err(StageError::Precondition(
+                    "the snapshot streams were lost with the process that started them, after the writers were resumed; they cannot be taken again at the same revision: take a new backup".into(),
+                )
+                .into());
+            }
+            revision = Some(start_all(ctx).await?);
         }
-        let revision = converge(ctx).await?;
-        let layout = ctx.inputs.layout();
-        let ctx_ref: &BackupContext = ctx;
-        let layout_ref = &layout;
-        let jobs = ctx_ref.members.iter().map(|target| async move {
-            let (member, _forward) = connect_member(ctx_ref, target).await?;
-            let key = layout_ref.artifact(&Layout::snapshot_name(&target.pod));
-            let report = member.snapshot_to(ctx_ref.store.as_ref(), &key).await?;
-            Ok::<SnapshotReport, StageFailure>(report)
-        });
-        let results = futures::future::join_all(jobs).await;
-        let mut reports = Vec::new();
+        let mut reports: Vec<SnapshotReport> = Vec::new();
         let mut errors = Vec::new();
-        for result in results {
-            match result {
-                Ok(report) => reports.push(report),
-                Err(err) => errors.push(crate::pipeline::stage::error_chain(err.as_ref())),
+        for pending in ctx.pending.drain(..) {
+            match pending.task.await {
+                Ok(Ok(report)) => reports.push(report),
+                Ok(Err(err)) => errors.push(crate::pipeline::stage::error_chain(&err)),
+                Err(err) => errors.push(format!(
+                    "{}: the snapshot task ended: {err}",
+                    pending.member
+                )),
             }
         }
         if !errors.is_empty() {
-            for report in &reports {
-                let _ = ctx.store.delete(&layout.artifact(&Layout::snapshot_name(&report.member))).await;
-            }
-            return Err(StageError::Precondition(format!("etcd snapshot failed: {}", errors.join("; "))).into());
-        }
-        if let Some(other) = reports.iter().find(|r| r.revision != revision) {
             return Err(StageError::Precondition(format!(
-                "member {} was snapshotted at revision {} but the members agreed on {revision}: a writer is running",
+                "etcd snapshot failed: {}",
+                errors.join("; ")
+            ))
+            .into());
+        }
+        if let Some(other) = reports.iter().find(|r| Some(r.revision) != revision) {
+            return Err(StageError::Precondition(format!(
+                "member {} was snapshotted at revision {} but the members agreed on {revision:?}",
                 other.member, other.revision
             ))
             .into());
@@ -106,18 +250,17 @@ impl Stage<BackupContext> for EtcdSnapshot {
         Ok(json!({"revision": revision, "snapshots": reports}))
     }
     fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.snapshots = from_output("etcd-snapshot", &output["snapshots"])?;
+        ctx.snapshots = from_output("snapshot-finish", &output["snapshots"])?;
         Ok(())
     }
     fn undoable(&self) -> bool {
         true
     }
-    /// A failed backup leaves no snapshot bytes behind.
-    async fn undo(&self, ctx: &mut BackupContext, _input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let layout = ctx.inputs.layout();
-        for target in &ctx.members {
-            ctx.store.delete(&layout.artifact(&Layout::snapshot_name(&target.pod))).await?;
-        }
-        Ok(())
+    async fn undo(
+        &self,
+        ctx: &mut BackupContext,
+        _input: UndoInput<'_>,
+    ) -> Result<(), StageFailure> {
+        discard(ctx).await
     }
 }

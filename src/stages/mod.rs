@@ -42,6 +42,7 @@ pub fn backup_catalog() -> Catalog<BackupContext> {
         .with(pause::Pause)
         .with(scale_down::ScaleDown)
         .with(etcd_snapshot::EtcdSnapshot)
+        .with(etcd_snapshot::SnapshotFinish)
         .with(resume::Resume)
         .with(export::Export)
         .with(package::Package)
@@ -59,6 +60,7 @@ pub const BACKUP_RULES: StageRules<'static> = StageRules {
         "etcd-snapshot",
         "resume",
         "export",
+        "snapshot-finish",
         "package",
         "unlock",
     ],
@@ -69,7 +71,8 @@ pub const BACKUP_RULES: StageRules<'static> = StageRules {
         ("etcd-snapshot", "preflight"),
         ("resume", "scale-down"),
         ("export", "preflight"),
-        ("package", "etcd-snapshot"),
+        ("snapshot-finish", "etcd-snapshot"),
+        ("package", "snapshot-finish"),
         ("package", "export"),
         ("unlock", "lock"),
     ],

@@ -1,4 +1,4 @@
-//! `resume`: as soon as the snapshots are safe, scale the writers back and
+//! `resume`: as soon as the snapshots' content is fixed, scale the writers back and
 //! lift the pause (to exactly what it was). The API downtime window, from
 //! the first writer scaled down until the writers are available again, is
 //! measured here.
@@ -35,7 +35,8 @@ impl Stage<BackupContext> for Resume {
             "put spec.pausedUntil back to its previous value".into(),
         ]
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        super::etcd_snapshot::ensure_started(ctx, step).await?;
         let ns = ctx.hcp_namespace();
         scale_down::scale_back(ctx, &ctx.scaled).await?;
         let mut warnings = Vec::new();

@@ -146,13 +146,19 @@ impl Store for LocalStore {
         Ok(out)
     }
 
+    /// Also removes an unfinished write of `key` (its `.partial` file), left
+    /// when a writer was cancelled or killed.
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let path = self.path(key)?;
-        match tokio::fs::remove_file(&path).await {
-            Ok(()) => Ok(()),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(err) => Err(io(&path)(err)),
+        let partial = PathBuf::from(format!("{}{PARTIAL}", path.display()));
+        for p in [path, partial] {
+            match tokio::fs::remove_file(&p).await {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(io(&p)(err)),
+            }
         }
+        Ok(())
     }
 
     async fn presign_get(&self, _key: &str, _ttl: Duration) -> Result<Option<String>, StoreError> {

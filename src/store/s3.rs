@@ -389,6 +389,8 @@ impl Store for S3Store {
         Ok(out)
     }
 
+    /// Also aborts unfinished multipart uploads of `key` (a writer that was
+    /// cancelled or killed leaves its parts behind, billed, until aborted).
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let full = self.full_key(key)?;
         self.client
@@ -397,8 +399,29 @@ impl Store for S3Store {
             .key(&full)
             .send()
             .await
-            .map(|_| ())
-            .map_err(|e| self.err("DeleteObject", &full, sdk_message(&e)))
+            .map_err(|e| self.err("DeleteObject", &full, sdk_message(&e)))?;
+        match self.client.list_multipart_uploads().bucket(&self.bucket).prefix(&full).send().await {
+            Ok(list) => {
+                for upload in list.uploads() {
+                    if upload.key() != Some(full.as_str()) {
+                        continue;
+                    }
+                    if let Some(id) = upload.upload_id() {
+                        self.client
+                            .abort_multipart_upload()
+                            .bucket(&self.bucket)
+                            .key(&full)
+                            .upload_id(id)
+                            .send()
+                            .await
+                            .map_err(|e| self.err("AbortMultipartUpload", &full, sdk_message(&e)))?;
+                    }
+                }
+            }
+            // not every S3-compatible service lists uploads; say so, do not fail the delete
+            Err(e) => tracing::warn!(key = %full, "could not list unfinished uploads to abort: {}", sdk_message(&e)),
+        }
+        Ok(())
     }
 
     async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, StoreError> {

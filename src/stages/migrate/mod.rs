@@ -141,6 +141,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnSource { name: "scale-down", inner: scale_down::ScaleDown, undo: true })
         .with(OnSource { name: "etcd-snapshot", inner: etcd_snapshot::EtcdSnapshot, undo: false })
         .with(OnSource { name: "export", inner: export::Export, undo: false })
+        .with(OnSource { name: "snapshot-finish", inner: etcd_snapshot::SnapshotFinish, undo: false })
         .with(OnSource { name: "package", inner: package::Package, undo: false })
         .with(dns::DnsWithdraw)
         .with(OnDestination { name: "verify", inner: restore::verify::Verify, reads_this_run: true })
@@ -166,6 +167,7 @@ pub const MIGRATE_RULES: StageRules<'static> = StageRules {
         "scale-down",
         "etcd-snapshot",
         "export",
+        "snapshot-finish",
         "package",
         "dns-withdraw",
         "verify",
@@ -184,7 +186,8 @@ pub const MIGRATE_RULES: StageRules<'static> = StageRules {
         ("scale-down", "pause"),
         ("etcd-snapshot", "scale-down"),
         ("export", "preflight"),
-        ("package", "etcd-snapshot"),
+        ("snapshot-finish", "etcd-snapshot"),
+        ("package", "snapshot-finish"),
         ("package", "export"),
         ("dns-withdraw", "package"),
         ("dns-withdraw", "destination-check"),
