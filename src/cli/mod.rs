@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod backups;
+pub mod etcd;
 pub mod migrate;
 pub mod playbook;
 pub mod progress;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Check etcd snapshots offline (no etcd needed).
     #[command(subcommand)]
     Snapshot(snapshot::Command),
+    /// Inspect and repair a hosted cluster's etcd members.
+    #[command(subcommand)]
+    Etcd(etcd::Command),
 }
 
 /// How a command ended, mapped to the process exit code by `main`.
@@ -70,5 +74,6 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Migrate(args) => migrate::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
         Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
+        Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
     }
 }

@@ -12,7 +12,7 @@ use crate::ops;
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     Show {
-        /// The operation (backup, restore, migrate).
+        /// The operation (backup, restore, migrate, etcd-recover).
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -26,8 +26,9 @@ pub fn exec(command: Command, output: Output) -> Exit {
         "backup" => ops::backup::describe_playbook(playbook.as_deref()),
         "restore" => ops::restore::describe_playbook(playbook.as_deref()),
         "migrate" => ops::migrate::describe_playbook(playbook.as_deref()),
+        "etcd-recover" => ops::etcd::describe_playbook(playbook.as_deref()),
         other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup, restore, migrate"
+            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, etcd-recover"
         ))),
     };
     match result {

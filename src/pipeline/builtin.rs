@@ -7,6 +7,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("backup", include_str!("../../playbooks/backup.yaml")),
     ("restore", include_str!("../../playbooks/restore.yaml")),
     ("migrate", include_str!("../../playbooks/migrate.yaml")),
+    ("etcd-recover", include_str!("../../playbooks/etcd-recover.yaml")),
 ];
 
 /// The embedded playbook `name`, parsed.
@@ -58,6 +59,12 @@ mod tests {
         restore.check(&crate::stages::restore::RESTORE_RULES).unwrap();
         let catalog = crate::stages::restore::restore_catalog();
         for stage in restore.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let recover = builtin("etcd-recover").unwrap().unwrap();
+        recover.check(&crate::stages::etcd_ops::RECOVER_RULES).unwrap();
+        let catalog = crate::stages::etcd_ops::recover_catalog();
+        for stage in recover.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
     }

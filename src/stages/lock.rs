@@ -1,9 +1,12 @@
 //! `lock` / `unlock`: a coordination.k8s.io Lease per hosted cluster, so two
-//! backups of one cluster cannot run at once. The second fails naming the
-//! holder; an expired Lease (its run died) is taken over.
+//! hcp-dr runs that change one cluster (backups, migrations, etcd recovery)
+//! cannot run at once. The second fails naming the holder; an expired Lease
+//! (its run died) is taken over. Any operation whose context is [`Lockable`]
+//! uses these stages.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration as ChronoDuration, SecondsFormat, Utc};
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
@@ -13,7 +16,47 @@ use super::context::BackupContext;
 use crate::kube::{is_conflict, is_not_found, request};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
-fn leases(ctx: &BackupContext) -> Api<DynamicObject> {
+/// Which hosted cluster's Lease a run takes, as whom, and for how long.
+pub struct LeaseTarget<'a> {
+    pub client: &'a Client,
+    /// The HostedCluster's namespace (the Lease lives there).
+    pub namespace: &'a str,
+    pub hosted_cluster: &'a str,
+    /// Journaled with the run's inputs, so a resumed run is the same holder.
+    pub holder: &'a str,
+    /// How long the Lease lasts without renewal.
+    pub seconds: i64,
+}
+
+impl LeaseTarget<'_> {
+    fn label(&self) -> String {
+        format!("HostedCluster {}/{}", self.namespace, self.hosted_cluster)
+    }
+}
+
+/// A context whose operation holds the hosted cluster's Lease while it runs.
+pub trait Lockable: Send + Sync {
+    fn lease_target(&self) -> LeaseTarget<'_>;
+    /// Told when the Lease could not be released at the end (it expires by itself).
+    fn lock_warning(&mut self, warning: String);
+}
+
+impl Lockable for BackupContext {
+    fn lease_target(&self) -> LeaseTarget<'_> {
+        LeaseTarget {
+            client: &self.client,
+            namespace: &self.inputs.namespace,
+            hosted_cluster: &self.inputs.hosted_cluster,
+            holder: &self.inputs.holder,
+            seconds: lease_seconds(self),
+        }
+    }
+    fn lock_warning(&mut self, warning: String) {
+        self.warnings.push(warning);
+    }
+}
+
+fn leases(target: &LeaseTarget<'_>) -> Api<DynamicObject> {
     let resource = ApiResource {
         group: "coordination.k8s.io".into(),
         version: "v1".into(),
@@ -21,7 +64,7 @@ fn leases(ctx: &BackupContext) -> Api<DynamicObject> {
         kind: "Lease".into(),
         plural: "leases".into(),
     };
-    Api::namespaced_with(ctx.client.clone(), &ctx.inputs.namespace, &resource)
+    Api::namespaced_with(target.client.clone(), target.namespace, &resource)
 }
 
 /// The Lease's name for a hosted cluster.
@@ -54,42 +97,44 @@ fn expired(lease: &Value, now: DateTime<Utc>) -> bool {
 pub struct Lock;
 
 #[async_trait]
-impl Stage<BackupContext> for Lock {
+impl<C: Lockable> Stage<C> for Lock {
     fn name(&self) -> &'static str {
         "lock"
     }
     fn summary(&self) -> &'static str {
-        "take a Lease on the hosted cluster so no other backup runs at the same time"
+        "take a Lease on the hosted cluster so no other hcp-dr run changes it at the same time"
     }
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &C, _params: &Value) -> Vec<String> {
+        let target = ctx.lease_target();
         vec![format!(
             "take Lease {}/{} as {} for {}s",
-            ctx.inputs.namespace,
-            lease_name(&ctx.inputs.hosted_cluster),
-            ctx.inputs.holder,
-            lease_seconds(ctx)
+            target.namespace,
+            lease_name(target.hosted_cluster),
+            target.holder,
+            target.seconds
         )]
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        let api = leases(ctx);
-        let name = lease_name(&ctx.inputs.hosted_cluster);
+    async fn run(&self, ctx: &mut C, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let target = ctx.lease_target();
+        let api = leases(&target);
+        let name = lease_name(target.hosted_cluster);
         let now = Utc::now();
         let spec = json!({
-            "holderIdentity": ctx.inputs.holder,
-            "leaseDurationSeconds": lease_seconds(ctx),
+            "holderIdentity": target.holder,
+            "leaseDurationSeconds": target.seconds,
             "acquireTime": micro(now),
             "renewTime": micro(now),
         });
-        let what = format!("Lease {}/{name}", ctx.inputs.namespace);
+        let what = format!("Lease {}/{name}", target.namespace);
         let existing = api.get_opt(&name).await.map_err(request(format!("reading {what}")))?;
         match existing {
             None => {
                 let lease: DynamicObject = serde_json::from_value(json!({
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": ctx.inputs.namespace,
+                    "metadata": {"name": name, "namespace": target.namespace,
                                  "labels": {"app.kubernetes.io/managed-by": "hcp-dr"}},
                     "spec": spec,
                 }))?;
@@ -107,14 +152,14 @@ impl Stage<BackupContext> for Lock {
             Some(lease) => {
                 let value = serde_json::to_value(&lease)?;
                 let holder = value["spec"]["holderIdentity"].as_str().unwrap_or("(unknown)");
-                if holder != ctx.inputs.holder && !expired(&value, now) {
+                if holder != target.holder && !expired(&value, now) {
                     return Err(StageError::Locked(format!(
                         "{} is locked by another run: holder `{holder}` since {}, lease {what} valid for {}s after {}; wait for it to finish, or if that run is dead, delete the Lease (kubectl -n {} delete lease {name})",
-                        ctx.hc_label(),
+                        target.label(),
                         value["spec"]["acquireTime"].as_str().unwrap_or("?"),
                         value["spec"]["leaseDurationSeconds"].as_i64().unwrap_or(0),
                         value["spec"]["renewTime"].as_str().unwrap_or("?"),
-                        ctx.inputs.namespace,
+                        target.namespace,
                     ))
                     .into());
                 }
@@ -132,26 +177,26 @@ impl Stage<BackupContext> for Lock {
                     })?;
             }
         }
-        Ok(json!({"lease": name, "holder": ctx.inputs.holder}))
+        Ok(json!({"lease": name, "holder": target.holder}))
     }
     fn undoable(&self) -> bool {
         true
     }
-    async fn undo(&self, ctx: &mut BackupContext, _input: UndoInput<'_>) -> Result<(), StageFailure> {
-        release(ctx).await
+    async fn undo(&self, ctx: &mut C, _input: UndoInput<'_>) -> Result<(), StageFailure> {
+        release(&ctx.lease_target()).await
     }
 }
 
 /// Delete the Lease if this run holds it.
-async fn release(ctx: &BackupContext) -> Result<(), StageFailure> {
-    let api = leases(ctx);
-    let name = lease_name(&ctx.inputs.hosted_cluster);
-    let what = format!("Lease {}/{name}", ctx.inputs.namespace);
+async fn release(target: &LeaseTarget<'_>) -> Result<(), StageFailure> {
+    let api = leases(target);
+    let name = lease_name(target.hosted_cluster);
+    let what = format!("Lease {}/{name}", target.namespace);
     let Some(lease) = api.get_opt(&name).await.map_err(request(format!("reading {what}")))? else {
         return Ok(());
     };
     let value = serde_json::to_value(&lease)?;
-    if value["spec"]["holderIdentity"].as_str() != Some(ctx.inputs.holder.as_str()) {
+    if value["spec"]["holderIdentity"].as_str() != Some(target.holder) {
         tracing::warn!("{what} is held by another run now; leaving it");
         return Ok(());
     }
@@ -172,7 +217,7 @@ async fn release(ctx: &BackupContext) -> Result<(), StageFailure> {
 pub struct Unlock;
 
 #[async_trait]
-impl Stage<BackupContext> for Unlock {
+impl<C: Lockable> Stage<C> for Unlock {
     fn name(&self) -> &'static str {
         "unlock"
     }
@@ -182,25 +227,25 @@ impl Stage<BackupContext> for Unlock {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
-        vec![format!("release Lease {}/{}", ctx.inputs.namespace, lease_name(&ctx.inputs.hosted_cluster))]
+    fn plan(&self, ctx: &C, _params: &Value) -> Vec<String> {
+        let target = ctx.lease_target();
+        vec![format!("release Lease {}/{}", target.namespace, lease_name(target.hosted_cluster))]
     }
-    /// The backup is complete by now: failing to release the Lease must not
-    /// undo it. The Lease expires by itself; the warning says so.
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        match release(ctx).await {
-            Ok(()) => Ok(Value::Null),
-            Err(err) => {
-                let warning = format!(
-                    "could not release Lease {}/{} ({}); it expires by itself",
-                    ctx.inputs.namespace,
-                    lease_name(&ctx.inputs.hosted_cluster),
-                    crate::pipeline::stage::error_chain(err.as_ref())
-                );
-                ctx.warnings.push(warning.clone());
-                Ok(json!({"warning": warning}))
-            }
-        }
+    /// The operation is complete by now: failing to release the Lease must
+    /// not undo it. The Lease expires by itself; the output says so.
+    async fn run(&self, ctx: &mut C, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let target = ctx.lease_target();
+        let warning = match release(&target).await {
+            Ok(()) => return Ok(Value::Null),
+            Err(err) => format!(
+                "could not release Lease {}/{} ({}); it expires by itself",
+                target.namespace,
+                lease_name(target.hosted_cluster),
+                crate::pipeline::stage::error_chain(err.as_ref())
+            ),
+        };
+        ctx.lock_warning(warning.clone());
+        Ok(json!({"warning": warning}))
     }
 }
 

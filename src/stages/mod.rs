@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod etcd_access;
+pub mod etcd_ops;
 pub mod etcd_snapshot;
 pub mod export;
 pub mod lock;

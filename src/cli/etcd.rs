@@ -1,0 +1,403 @@
+//! `hcp-dr etcd status|recover`: a hosted cluster's etcd members.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, Subcommand};
+
+use super::backup::parse_duration;
+use super::{Exit, Output};
+use crate::ops::backup::default_journal_dir;
+use crate::ops::etcd::{RecoverOptions, RecoverResult, StatusOptions, recover, status};
+use crate::pipeline::{Interrupt, RunOutcome};
+use crate::stages::context::{EtcdAccess, TlsOverride};
+use crate::stages::etcd_ops::health::{ClusterHealth, MemberHealth};
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One row per etcd member: pod, restarts, reachability, health, leader,
+    /// raft term and index, revision, database size, alarms. Exit 1 when the
+    /// cluster is degraded, 0 when it is healthy.
+    Status(StatusArgs),
+    /// Replace one failing member (its pod and volume claim together); it
+    /// rejoins empty and catches up from the others. Refused when that would
+    /// lose quorum, when several members fail, or for a SingleReplica cluster.
+    Recover(RecoverArgs),
+}
+
+/// How to reach the management cluster and the etcd members.
+#[derive(Debug, ClapArgs)]
+pub struct Connection {
+    /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
+    /// several files, then ~/.kube/config, then in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// How to reach etcd members.
+    #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]
+    pub etcd_access: EtcdAccess,
+    /// etcd CA file (PEM), instead of the HCP namespace's.
+    #[arg(long)]
+    pub etcd_ca: Option<PathBuf>,
+    /// etcd client certificate file (PEM).
+    #[arg(long)]
+    pub etcd_cert: Option<PathBuf>,
+    /// etcd client key file (PEM).
+    #[arg(long)]
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl Connection {
+    fn tls(&self) -> Result<TlsOverride, String> {
+        let read = |what: &str, path: &Option<PathBuf>| {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read_to_string(p).map_err(|e| format!("--{what} {}: {e}", p.display()))
+                })
+                .transpose()
+        };
+        let tls = TlsOverride {
+            ca_pem: read("etcd-ca", &self.etcd_ca)?,
+            cert_pem: read("etcd-cert", &self.etcd_cert)?,
+            key_pem: read("etcd-key", &self.etcd_key)?,
+        };
+        if tls.cert_pem.is_some() != tls.key_pem.is_some() {
+            return Err("--etcd-cert and --etcd-key go together".into());
+        }
+        Ok(tls)
+    }
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct StatusArgs {
+    /// The HostedCluster.
+    #[arg(long)]
+    pub hosted_cluster: String,
+    /// Its namespace.
+    #[arg(short = 'n', long, default_value = "clusters")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct RecoverArgs {
+    /// The HostedCluster.
+    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    pub hosted_cluster: Option<String>,
+    /// Its namespace.
+    #[arg(short = 'n', long, default_value = "clusters")]
+    pub namespace: String,
+    /// Recover this member (e.g. etcd-1) instead of the one that fails; it
+    /// may be healthy (its data is rebuilt from the others).
+    #[arg(long)]
+    pub member: Option<String>,
+    /// How long to wait for the member to rejoin and catch up (default 10m;
+    /// with --resume, a new bound for the wait).
+    #[arg(long, value_parser = parse_duration)]
+    pub wait_timeout: Option<Duration>,
+    #[command(flatten)]
+    pub connection: Connection,
+    /// A playbook file instead of the embedded one.
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue the run recorded in this journal (retrying the stage that stopped).
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "member", "abort"])]
+    pub resume: Option<PathBuf>,
+    /// Close the run recorded in this journal: release its Lease (a deleted
+    /// volume cannot be brought back).
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "member", "resume"])]
+    pub abort: Option<PathBuf>,
+    /// Print what would be done; change nothing (the health checks run for real).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub async fn exec(command: Command, output: Output) -> Exit {
+    match command {
+        Command::Status(args) => exec_status(args, output).await,
+        Command::Recover(args) => exec_recover(args, output).await,
+    }
+}
+
+async fn exec_status(args: StatusArgs, output: Output) -> Exit {
+    let options = match args.connection.tls() {
+        Ok(tls) => StatusOptions {
+            kubeconfig: args.connection.kubeconfig,
+            context: args.connection.context,
+            hosted_cluster: args.hosted_cluster,
+            namespace: args.namespace,
+            etcd_access: args.connection.etcd_access,
+            tls,
+        },
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Exit::Usage;
+        }
+    };
+    match status(&options).await {
+        Ok(health) => {
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&health).unwrap_or_default()
+                ),
+                Output::Text => print!("{}", render_status(&health, &options)),
+            }
+            if health.healthy {
+                Exit::Success
+            } else {
+                Exit::Failed
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 {
+                Exit::Usage
+            } else {
+                Exit::Failed
+            }
+        }
+    }
+}
+
+async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
+    let tls = match args.connection.tls() {
+        Ok(tls) => tls,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Exit::Usage;
+        }
+    };
+    let mut interrupt = match Interrupt::on_signals() {
+        Ok(i) => i,
+        Err(err) => {
+            eprintln!("error: installing signal handlers: {err}");
+            return Exit::Failed;
+        }
+    };
+    let aborting = args.abort.is_some();
+    let options = RecoverOptions {
+        kubeconfig: args.connection.kubeconfig,
+        context: args.connection.context,
+        hosted_cluster: args.hosted_cluster,
+        namespace: args.namespace,
+        member: args.member,
+        etcd_access: args.connection.etcd_access,
+        tls,
+        wait_timeout: args.wait_timeout,
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+        abort: args.abort,
+        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+    };
+    match recover(options, &mut interrupt).await {
+        Ok(result) => {
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&result).unwrap_or_default()
+                ),
+                Output::Text => print!("{}", render_recover(&result)),
+            }
+            match &result.run.outcome {
+                // --abort asked for the undo: done is success
+                RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+                outcome => super::report::exit_for(outcome),
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            if err.exit_code() == 2 {
+                Exit::Usage
+            } else {
+                Exit::Failed
+            }
+        }
+    }
+}
+
+/// `1.5 MiB`.
+fn bytes(n: i64) -> String {
+    let mut value = n as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if value < 1024.0 || unit == "GiB" {
+            return if unit == "B" {
+                format!("{n} B")
+            } else {
+                format!("{value:.1} {unit}")
+            };
+        }
+        value /= 1024.0;
+    }
+    format!("{n} B")
+}
+
+fn cells(m: &MemberHealth) -> Vec<String> {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let yes = |b: bool| if b { "yes" } else { "NO" }.to_string();
+    vec![
+        m.name.clone(),
+        opt(m.pod.clone()),
+        opt(match (&m.phase, &m.state) {
+            (Some(phase), Some(state)) if phase != state => Some(format!("{phase}/{state}")),
+            (phase, state) => phase.clone().or(state.clone()),
+        }),
+        opt(m.restarts.map(|r| r.to_string())),
+        opt(m.endpoint.clone()),
+        yes(m.reachable),
+        yes(m.healthy),
+        if m.leader { "*".into() } else { String::new() },
+        opt(m.raft_term.map(|t| t.to_string())),
+        opt(m.raft_index.map(|i| i.to_string())),
+        opt(m.revision.map(|r| r.to_string())),
+        opt(m.db_size.map(bytes)),
+        opt(m.db_size_in_use.map(bytes)),
+        if m.alarms.is_empty() {
+            "-".into()
+        } else {
+            m.alarms.join(",")
+        },
+        opt(m.last_error.clone()),
+    ]
+}
+
+/// The text report of `etcd status`: a headline, a row per member, the problems.
+pub fn render_status(health: &ClusterHealth, options: &StatusOptions) -> String {
+    let mut out = format!(
+        "etcd of HostedCluster {} ({}, {}: {} member(s) expected): {}\n",
+        health.hosted_cluster,
+        health.hcp_namespace,
+        health.availability_policy,
+        health.expected_members,
+        if health.healthy {
+            "HEALTHY"
+        } else {
+            "DEGRADED"
+        }
+    );
+    let mut rows = vec![
+        [
+            "MEMBER",
+            "POD",
+            "PHASE",
+            "RESTARTS",
+            "ENDPOINT",
+            "REACHABLE",
+            "HEALTHY",
+            "LEADER",
+            "TERM",
+            "INDEX",
+            "REVISION",
+            "DB SIZE",
+            "IN USE",
+            "ALARMS",
+            "LAST ERROR",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    rows.extend(health.members.iter().map(cells));
+    let columns = rows[0].len();
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| {
+                if c + 1 == columns {
+                    cell.clone()
+                } else {
+                    format!("{cell:<w$}", w = widths[c])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "members reached by {}\n",
+        match health.access {
+            EtcdAccess::PortForward => "port-forward through the API server",
+            _ => "pod IP",
+        }
+    ));
+    if !health.healthy {
+        out.push_str("problems:\n");
+        for problem in &health.problems {
+            out.push_str(&format!("  - {problem}\n"));
+        }
+        out.push_str(&format!(
+            "one failing member: hcp-dr etcd recover --hosted-cluster {} -n {}; several, or no quorum: restore etcd from a backup (hcp-dr etcd restore)\n",
+            options.hosted_cluster, options.namespace
+        ));
+    }
+    out
+}
+
+/// The text report of `etcd recover`.
+pub fn render_recover(result: &RecoverResult) -> String {
+    let mut out = super::report::headline("etcd recover", &result.run, "hcp-dr etcd recover");
+    out.push('\n');
+    out.push_str(&format!("hosted cluster: {}\n", result.hosted_cluster));
+    out.push_str(&super::report::stage_lines(&result.run));
+    let or_dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    if let Some(member) = &result.member {
+        out.push_str(&format!("member: {member}: {}\n", or_dash(&result.reason)));
+        out.push_str(&format!(
+            "pod {member}: uid {} -> {}\n",
+            or_dash(&result.old_pod_uid),
+            or_dash(&result.new_pod_uid)
+        ));
+        out.push_str(&format!(
+            "volume claim {}: uid {} -> {}\n",
+            or_dash(&result.pvc),
+            or_dash(&result.old_pvc_uid),
+            or_dash(&result.new_pvc_uid)
+        ));
+    }
+    if let Some(before) = result.revision_before {
+        out.push_str(&format!(
+            "revision: cluster at {before} before; member at {} after rejoining\n",
+            result
+                .revision_after
+                .map_or("-".to_string(), |r| r.to_string())
+        ));
+    }
+    if let Some(seconds) = result.seconds {
+        out.push_str(&format!(
+            "rejoined {seconds:.1}s after its pod and volume were deleted\n"
+        ));
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(8 * 1024 * 1024 * 1024), "8.0 GiB");
+    }
+}

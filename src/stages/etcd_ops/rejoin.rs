@@ -1,0 +1,251 @@
+//! `rejoin`: wait, bounded by `--wait-timeout`, until the StatefulSet has
+//! recreated the member with a new pod on a new volume claim, the member is
+//! healthy and has caught up with the leader's revision, and the whole
+//! cluster is healthy again. A rerun (`--resume`) simply waits again.
+//!
+//! Caught up: the member's revision is at least the leader's, as read in the
+//! same round or the round before (under writes the leader moves on while
+//! the member is asked, so "equal right now" may never be seen).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::RecoverContext;
+use super::replace::Replaced;
+use crate::kube::request;
+use crate::pipeline::stage::error_chain;
+use crate::pipeline::{Stage, StageFailure, Step};
+use crate::stages::StageError;
+
+pub struct Rejoin;
+
+/// The member back in the cluster (journaled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejoined {
+    pub member: String,
+    pub pod_uid: String,
+    pub pvc_uid: String,
+    pub member_id: Option<String>,
+    /// The member's revision once caught up, and the leader's it was compared with.
+    pub revision: i64,
+    pub leader_revision: i64,
+    pub leader: Option<String>,
+    /// From the deletion of its pod and volume to healthy and caught up.
+    pub seconds: f64,
+    /// Every member's revision at the end.
+    pub revisions: BTreeMap<String, i64>,
+}
+
+const POLL: Duration = Duration::from_secs(2);
+
+/// One look: done, or what is still missing (and the leader's revision seen).
+enum Seen {
+    Back(Rejoined),
+    Waiting {
+        state: String,
+        leader_revision: Option<i64>,
+    },
+}
+
+async fn look(
+    ctx: &mut RecoverContext,
+    replaced: &Replaced,
+    previous_leader_revision: Option<i64>,
+) -> Result<Seen, StageFailure> {
+    let waiting = |state: String, leader_revision: Option<i64>| {
+        Ok(Seen::Waiting {
+            state,
+            leader_revision,
+        })
+    };
+    let hcp_ns = ctx.inputs.hcp_namespace();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let claim = pvcs.get_opt(&replaced.pvc).await.map_err(request(format!(
+        "reading PersistentVolumeClaim {hcp_ns}/{}",
+        replaced.pvc
+    )))?;
+    let pvc_uid = match claim.and_then(|c| c.metadata.uid) {
+        None => {
+            return waiting(
+                format!("volume claim {} not recreated yet", replaced.pvc),
+                None,
+            );
+        }
+        Some(uid) if uid == replaced.pvc_uid => {
+            return waiting(
+                format!(
+                    "the old volume claim {} is still being deleted",
+                    replaced.pvc
+                ),
+                None,
+            );
+        }
+        Some(uid) => uid,
+    };
+    let health = ctx.probe().await?;
+    let leader_revision = health.revision;
+    let Some(member) = health.member(&replaced.member) else {
+        return waiting(
+            format!("pod {} not recreated yet", replaced.member),
+            leader_revision,
+        );
+    };
+    let pod_uid = member.pod_uid.clone().unwrap_or_default();
+    if pod_uid == replaced.pod_uid {
+        return waiting(
+            format!("the old pod {} is still being deleted", replaced.member),
+            leader_revision,
+        );
+    }
+    if !member.ok() {
+        let pod = format!(
+            "pod {}, {}",
+            member
+                .state
+                .as_deref()
+                .or(member.phase.as_deref())
+                .unwrap_or("unknown"),
+            if member.ready == Some(true) {
+                "ready"
+            } else {
+                "not ready"
+            }
+        );
+        return waiting(
+            format!(
+                "{} {} ({pod})",
+                replaced.member,
+                member.problem().unwrap_or_default()
+            ),
+            leader_revision,
+        );
+    }
+    if member.ready != Some(true) {
+        return waiting(
+            format!("{} answers but its pod is not Ready yet", replaced.member),
+            leader_revision,
+        );
+    }
+    let (Some(revision), Some(leader)) = (member.revision, leader_revision) else {
+        return waiting("no leader revision yet".into(), leader_revision);
+    };
+    let target = previous_leader_revision.map_or(leader, |previous| previous.min(leader));
+    if revision < target {
+        return waiting(
+            format!(
+                "{} is catching up: revision {revision}, leader at {leader}",
+                replaced.member
+            ),
+            leader_revision,
+        );
+    }
+    if !health.healthy {
+        return waiting(
+            format!(
+                "the cluster is not healthy yet: {}",
+                health.problems.join("; ")
+            ),
+            leader_revision,
+        );
+    }
+    Ok(Seen::Back(Rejoined {
+        member: replaced.member.clone(),
+        pod_uid,
+        pvc_uid,
+        member_id: member.member_id.clone(),
+        revision,
+        leader_revision: leader,
+        leader: health.leader.clone(),
+        seconds: (Utc::now() - replaced.deleted_at).num_milliseconds() as f64 / 1000.0,
+        revisions: health
+            .members
+            .iter()
+            .filter_map(|m| m.revision.map(|r| (m.name.clone(), r)))
+            .collect(),
+    }))
+}
+
+async fn run(ctx: &mut RecoverContext) -> Result<Rejoined, StageFailure> {
+    let replaced = ctx
+        .replaced
+        .clone()
+        .ok_or(StageError::Missing("what replace deleted (replace)"))?;
+    let timeout = ctx.inputs.wait_timeout();
+    let started = Instant::now();
+    let mut previous_leader_revision = None;
+    let mut last = String::new();
+    loop {
+        // A failed look (the API server or a member briefly away) is one
+        // more reason to wait, not the end of the recovery.
+        let state = match look(ctx, &replaced, previous_leader_revision).await {
+            Ok(Seen::Back(rejoined)) => {
+                tracing::info!(member = %rejoined.member, seconds = rejoined.seconds, revision = rejoined.revision, "rejoined");
+                return Ok(rejoined);
+            }
+            Ok(Seen::Waiting {
+                state,
+                leader_revision,
+            }) => {
+                previous_leader_revision = leader_revision.or(previous_leader_revision);
+                state
+            }
+            Err(err) => error_chain(err.as_ref()),
+        };
+        if state != last {
+            tracing::info!(member = %replaced.member, elapsed = started.elapsed().as_secs(), "{state}");
+            last = state;
+        }
+        if started.elapsed() >= timeout {
+            return Err(StageError::Precondition(format!(
+                "etcd member {} did not rejoin within {}s; last seen: {last}",
+                replaced.member,
+                timeout.as_secs()
+            ))
+            .into());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[async_trait]
+impl Stage<RecoverContext> for Rejoin {
+    fn name(&self) -> &'static str {
+        "rejoin"
+    }
+    fn summary(&self) -> &'static str {
+        "wait until the member is back with a new pod and volume, healthy and at the leader's revision (--wait-timeout)"
+    }
+    fn mutates(&self) -> bool {
+        // It only waits, but on what `replace` did: a dry-run has nothing to wait for.
+        true
+    }
+    fn plan(&self, ctx: &RecoverContext, _params: &Value) -> Vec<String> {
+        let member = ctx
+            .assessment
+            .as_ref()
+            .map_or("the member", |a| a.member.as_str());
+        let revision = ctx
+            .assessment
+            .as_ref()
+            .and_then(|a| a.cluster_revision)
+            .map_or(String::new(), |r| format!(" (now {r})"));
+        vec![format!(
+            "wait up to {}s for {member} to come back on a new volume, healthy and at the leader's revision{revision}",
+            ctx.inputs.wait_timeout_seconds
+        )]
+    }
+    async fn run(
+        &self,
+        ctx: &mut RecoverContext,
+        _step: &mut Step<'_>,
+    ) -> Result<Value, StageFailure> {
+        Ok(serde_json::to_value(run(ctx).await?)?)
+    }
+}
