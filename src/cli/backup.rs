@@ -7,7 +7,6 @@ use clap::Args as ClapArgs;
 
 use super::{Exit, Output};
 use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all, default_journal_dir};
-use crate::pipeline::Interrupt;
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
 
@@ -154,8 +153,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         journal_dir: default_journal_dir(),
         dry_run: args.dry_run,
         resume: args.resume,
-        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+        observer: super::report::progress(output),
     })
 }
 
@@ -172,40 +170,25 @@ pub async fn exec(args: Args, output: Output) -> Exit {
             return Exit::Usage;
         }
     };
-    let mut interrupt = match Interrupt::on_signals() {
+    let mut interrupt = match super::report::signals() {
         Ok(i) => i,
-        Err(err) => {
-            eprintln!("error: installing signal handlers: {err}");
-            return Exit::Failed;
-        }
+        Err(exit) => return exit,
     };
     if let Some(fleet) = fleet {
         return match backup_all(options, fleet, &mut interrupt).await {
             Ok(result) => {
-                match output {
-                    Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
-                    Output::Text => print!("{}", render_fleet(&result)),
-                }
+                super::report::print(output, &result, || render_fleet(&result));
                 if result.failed == 0 { Exit::Success } else { Exit::Failed }
             }
-            Err(err) => {
-                eprintln!("error: {err}");
-                if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
-            }
+            Err(err) => super::report::error_exit(&err),
         };
     }
     match backup(options, &mut interrupt).await {
         Ok(result) => {
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
-                Output::Text => print!("{}", render(&result)),
-            }
+            super::report::print(output, &result, || render(&result));
             super::report::exit_for(&result.run.outcome)
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
-        }
+        Err(err) => super::report::error_exit(&err),
     }
 }
 

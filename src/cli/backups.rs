@@ -98,8 +98,7 @@ pub enum Command {
 }
 
 fn fail(err: OpsError) -> Exit {
-    eprintln!("error: {err}");
-    if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+    super::report::error_exit(&err)
 }
 
 /// `<store>/<ns>/<cluster>/<id|latest>` into the store and the backup.
@@ -251,12 +250,7 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
     out
 }
 
-fn print<T: serde::Serialize>(output: Output, value: &T, text: impl FnOnce() -> String) {
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
-        Output::Text => print!("{}", text()),
-    }
-}
+use super::report::print;
 
 pub async fn exec(command: Command, output: Output) -> Exit {
     match command {

@@ -9,7 +9,6 @@ use super::backup::parse_duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::etcd::{RecoverOptions, RecoverResult, StatusOptions, recover, status};
-use crate::pipeline::{Interrupt, RunOutcome};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::stages::etcd_ops::health::{ClusterHealth, MemberHealth};
 
@@ -142,27 +141,14 @@ async fn exec_status(args: StatusArgs, output: Output) -> Exit {
     };
     match status(&options).await {
         Ok(health) => {
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&health).unwrap_or_default()
-                ),
-                Output::Text => print!("{}", render_status(&health, &options)),
-            }
+            super::report::print(output, &health, || render_status(&health, &options));
             if health.healthy {
                 Exit::Success
             } else {
                 Exit::Failed
             }
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.exit_code() == 2 {
-                Exit::Usage
-            } else {
-                Exit::Failed
-            }
-        }
+        Err(err) => super::report::error_exit(&err),
     }
 }
 
@@ -174,12 +160,9 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
             return Exit::Usage;
         }
     };
-    let mut interrupt = match Interrupt::on_signals() {
+    let mut interrupt = match super::report::signals() {
         Ok(i) => i,
-        Err(err) => {
-            eprintln!("error: installing signal handlers: {err}");
-            return Exit::Failed;
-        }
+        Err(exit) => return exit,
     };
     let aborting = args.abort.is_some();
     let options = RecoverOptions {
@@ -197,32 +180,14 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
         dry_run: args.dry_run,
         resume: args.resume,
         abort: args.abort,
-        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+        observer: super::report::progress(output),
     };
     match recover(options, &mut interrupt).await {
         Ok(result) => {
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&result).unwrap_or_default()
-                ),
-                Output::Text => print!("{}", render_recover(&result)),
-            }
-            match &result.run.outcome {
-                // --abort asked for the undo: done is success
-                RunOutcome::RolledBack { .. } if aborting => Exit::Success,
-                outcome => super::report::exit_for(outcome),
-            }
+            super::report::print(output, &result, || render_recover(&result));
+            super::report::exit_for_run(&result.run.outcome, aborting)
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.exit_code() == 2 {
-                Exit::Usage
-            } else {
-                Exit::Failed
-            }
-        }
+        Err(err) => super::report::error_exit(&err),
     }
 }
 

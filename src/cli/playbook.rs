@@ -47,9 +47,6 @@ pub fn exec(command: Command, output: Output) -> Exit {
             }
             Exit::Success
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
-        }
+        Err(err) => super::report::error_exit(&err),
     }
 }

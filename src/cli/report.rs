@@ -53,3 +53,39 @@ pub fn stage_lines(run: &RunReport) -> String {
     }
     out
 }
+
+/// Print an operation's error and map it to its exit code (2: bad input).
+pub fn error_exit(err: &crate::ops::OpsError) -> Exit {
+    eprintln!("error: {err}");
+    if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
+}
+
+/// SIGINT/SIGTERM as an [`Interrupt`], or the exit code when they cannot be caught.
+pub fn signals() -> Result<crate::pipeline::Interrupt, Exit> {
+    crate::pipeline::Interrupt::on_signals().map_err(|err| {
+        eprintln!("error: installing signal handlers: {err}");
+        Exit::Failed
+    })
+}
+
+/// The final report: JSON, or the text `render` makes.
+pub fn print<T: serde::Serialize>(output: super::Output, value: &T, render: impl FnOnce() -> String) {
+    match output {
+        super::Output::Json => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
+        super::Output::Text => print!("{}", render()),
+    }
+}
+
+/// The exit code of a run; an `--abort` that undid everything succeeded.
+pub fn exit_for_run(outcome: &RunOutcome, aborting: bool) -> Exit {
+    match outcome {
+        RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+        other => exit_for(other),
+    }
+}
+
+/// Progress bars when a person watches a terminal and asked for text.
+pub fn progress(output: super::Output) -> Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>> {
+    (output == super::Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _)
+}

@@ -9,7 +9,6 @@ use super::backup::parse_duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::restore::{RestoreOptions, RestoreResult, restore};
-use crate::pipeline::Interrupt;
 use crate::stages::context::EtcdAccess;
 use crate::store::S3Options;
 
@@ -102,36 +101,22 @@ fn options(args: Args, output: Output) -> RestoreOptions {
         dry_run: args.dry_run,
         resume: args.resume,
         abort: args.abort,
-        observer: (output == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _),
+        observer: super::report::progress(output),
     }
 }
 
 pub async fn exec(args: Args, output: Output) -> Exit {
-    let mut interrupt = match Interrupt::on_signals() {
+    let mut interrupt = match super::report::signals() {
         Ok(i) => i,
-        Err(err) => {
-            eprintln!("error: installing signal handlers: {err}");
-            return Exit::Failed;
-        }
+        Err(exit) => return exit,
     };
     let aborting = args.abort.is_some();
     match restore(options(args, output), &mut interrupt).await {
         Ok(result) => {
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default()),
-                Output::Text => print!("{}", render(&result)),
-            }
-            match &result.run.outcome {
-                // --abort asked for the undo: done is success
-                crate::pipeline::RunOutcome::RolledBack { .. } if aborting => Exit::Success,
-                outcome => super::report::exit_for(outcome),
-            }
+            super::report::print(output, &result, || render(&result));
+            super::report::exit_for_run(&result.run.outcome, aborting)
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.exit_code() == 2 { Exit::Usage } else { Exit::Failed }
-        }
+        Err(err) => super::report::error_exit(&err),
     }
 }
 

@@ -169,22 +169,7 @@ pub async fn recover(
     playbook.check(&RECOVER_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
     let mut inputs = match &journal_given {
-        Some(journal) => {
-            let state = Journal::read(journal)?;
-            if state.header.operation != RECOVER {
-                return Err(OpsError::Input(format!(
-                    "{} is a `{}` journal, not an etcd recovery's",
-                    journal.display(),
-                    state.header.operation
-                )));
-            }
-            serde_json::from_value::<RecoverInputs>(state.header.inputs.clone()).map_err(|e| {
-                OpsError::Input(format!(
-                    "{}: journal inputs unreadable: {e}",
-                    journal.display()
-                ))
-            })?
-        }
+        Some(journal) => super::journal_inputs::<RecoverInputs>(journal, RECOVER)?.0,
         None => resolve_inputs(&options)?,
     };
     // A longer wait may be given when resuming after a timeout.
@@ -218,23 +203,14 @@ pub async fn recover(
             ))
         })
     });
-    let mode = if options.dry_run {
-        Mode::DryRun
-    } else if options.abort.is_some() {
-        Mode::Abort {
-            journal: &journal_path,
-        }
-    } else if options.resume.is_some() {
-        Mode::Resume {
-            journal: &journal_path,
-        }
-    } else {
-        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume)");
-        Mode::Fresh {
-            journal: &journal_path,
-            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
-        }
-    };
+    let mode = super::run_mode(
+        options.dry_run,
+        options.abort.is_some(),
+        options.resume.is_some(),
+        &journal_path,
+        &inputs,
+        "resume with --resume",
+    )?;
     let mut run = runner.run(&mut ctx, mode, interrupt).await?;
     if let RunOutcome::Stopped { stage, error } = run.outcome.clone()
         && !changed_the_cluster(&journal_path)?

@@ -14,7 +14,7 @@ use super::OpsError;
 use super::backup::{check_name, holder};
 use crate::archive::new_backup_id;
 use crate::dns::{DnsZone, Route53Options, Route53Zone};
-use crate::pipeline::{Interrupt, Journal, JournalState, Mode, OnFailure, RunReport, Runner, StageState, builtin};
+use crate::pipeline::{Interrupt, Journal, JournalState, OnFailure, RunReport, Runner, StageState, builtin};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::migrate::{MIGRATE_RULES, MigrateContext, MigrateInputs, migrate_catalog};
 use crate::stages::restore::{RestoreContext, RestoreInputs};
@@ -174,15 +174,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     let journal_given = options.resume.clone().or(options.abort.clone());
     let inputs = match &journal_given {
         Some(journal) => {
-            let state = Journal::read(journal)?;
-            if state.header.operation != "migrate" {
-                return Err(OpsError::Input(format!(
-                    "{} is a `{}` journal; use `hcp-dr {}` with it",
-                    journal.display(),
-                    state.header.operation,
-                    state.header.operation
-                )));
-            }
+            let (inputs, state) = super::journal_inputs::<MigrateInputs>(journal, "migrate")?;
             if options.abort.is_some() && state.stage("teardown").state != StageState::NotStarted {
                 return Err(OpsError::Input(format!(
                     "{}: the source's teardown has started, so the source cannot be brought back; the destination was verified healthy before it began. Finish with `hcp-dr migrate --resume {}`",
@@ -190,8 +182,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
                     journal.display()
                 )));
             }
-            serde_json::from_value::<MigrateInputs>(state.header.inputs.clone())
-                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
+            inputs
         }
         None => new_inputs(&options)?,
     };
@@ -246,19 +237,14 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
             ))
         })
     });
-    let mode = if options.dry_run {
-        Mode::DryRun
-    } else if options.abort.is_some() {
-        Mode::Abort { journal: &journal_path }
-    } else if options.resume.is_some() {
-        Mode::Resume { journal: &journal_path }
-    } else {
-        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume, bring the source back with --abort)");
-        Mode::Fresh {
-            journal: &journal_path,
-            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
-        }
-    };
+    let mode = super::run_mode(
+        options.dry_run,
+        options.abort.is_some(),
+        options.resume.is_some(),
+        &journal_path,
+        &inputs,
+        "resume with --resume, bring the source back with --abort",
+    )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let (stage_seconds, rto_seconds) = match &run.journal {
         Some(path) => timings(&Journal::read(Path::new(path))?),

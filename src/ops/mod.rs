@@ -48,3 +48,49 @@ impl OpsError {
         }
     }
 }
+
+/// The inputs an earlier run of `operation` journaled (for `--resume` and
+/// `--abort`), and the journal's state.
+pub fn journal_inputs<T: serde::de::DeserializeOwned>(
+    journal: &std::path::Path,
+    operation: &str,
+) -> Result<(T, crate::pipeline::JournalState), OpsError> {
+    let state = crate::pipeline::Journal::read(journal)?;
+    if state.header.operation != operation {
+        return Err(OpsError::Input(format!(
+            "{} is a `{}` journal; use `hcp-dr {}` with it",
+            journal.display(),
+            state.header.operation,
+            state.header.operation
+        )));
+    }
+    let inputs = serde_json::from_value(state.header.inputs.clone())
+        .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?;
+    Ok((inputs, state))
+}
+
+/// The runner's mode from a command's flags; a fresh run journals `inputs`
+/// and says where (`hint`: how to resume or undo it).
+pub fn run_mode<'a>(
+    dry_run: bool,
+    abort: bool,
+    resume: bool,
+    journal: &'a std::path::Path,
+    inputs: &impl serde::Serialize,
+    hint: &str,
+) -> Result<crate::pipeline::Mode<'a>, OpsError> {
+    use crate::pipeline::Mode;
+    Ok(if dry_run {
+        Mode::DryRun
+    } else if abort {
+        Mode::Abort { journal }
+    } else if resume {
+        Mode::Resume { journal }
+    } else {
+        tracing::info!(journal = %journal.display(), "journal ({hint})");
+        Mode::Fresh {
+            journal,
+            inputs: serde_json::to_value(inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+        }
+    })
+}

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::backup::check_name;
 use crate::archive::{Layout, parse_backup_id};
-use crate::pipeline::{Interrupt, Journal, Mode, OnFailure, RunReport, Runner, builtin};
+use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::{RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
 use crate::store::{self, S3Options, Store};
@@ -153,19 +153,7 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
     playbook.check(&RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
     let mut inputs = match &journal_given {
-        Some(journal) => {
-            let state = Journal::read(journal)?;
-            if state.header.operation != "restore" {
-                return Err(OpsError::Input(format!(
-                    "{} is a `{}` journal; use `hcp-dr {}` with it",
-                    journal.display(),
-                    state.header.operation,
-                    state.header.operation
-                )));
-            }
-            serde_json::from_value::<RestoreInputs>(state.header.inputs.clone())
-                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
-        }
+        Some(journal) => super::journal_inputs::<RestoreInputs>(journal, "restore")?.0,
         None => resolve_inputs(&options, &options.s3).await?,
     };
     // --overwrite may be added when resuming after a conflict report.
@@ -199,19 +187,14 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
             ))
         })
     });
-    let mode = if options.dry_run {
-        Mode::DryRun
-    } else if options.abort.is_some() {
-        Mode::Abort { journal: &journal_path }
-    } else if options.resume.is_some() {
-        Mode::Resume { journal: &journal_path }
-    } else {
-        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume, undo with --abort)");
-        Mode::Fresh {
-            journal: &journal_path,
-            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
-        }
-    };
+    let mode = super::run_mode(
+        options.dry_run,
+        options.abort.is_some(),
+        options.resume.is_some(),
+        &journal_path,
+        &inputs,
+        "resume with --resume, undo with --abort",
+    )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     Ok(RestoreResult {
         backup: format!("{}/{}", ctx.store.url(), inputs.layout().dir()),
