@@ -76,6 +76,10 @@ pub struct Args {
     /// Print what would be done; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Keep Prometheus metrics (last success, duration, downtime, bytes,
+    /// failures) in this file, for the node exporter's textfile collector.
+    #[arg(long, env = "HCP_DR_METRICS_FILE")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// `30m`, `1h`, `90s`, `2h30m`.
@@ -154,6 +158,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         dry_run: args.dry_run,
         resume: args.resume,
         observer: super::report::progress(output),
+        metrics_file: args.metrics_file,
     })
 }
 

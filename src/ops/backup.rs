@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::Serialize;
 
-use super::OpsError;
+use super::{OpsError, signals};
 use crate::archive::new_backup_id;
 use crate::pipeline::{Interrupt, Journal, Mode, RunReport, Runner, builtin};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
@@ -36,6 +36,8 @@ pub struct BackupOptions {
     pub resume: Option<PathBuf>,
     /// Progress display, if any.
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
+    /// Where to keep Prometheus metrics (textfile collector), if anywhere.
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// What a backup run reports.
@@ -161,9 +163,15 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
         }
     };
+    let signalling = !options.dry_run;
+    if signalling {
+        signal(&ctx, options.metrics_file.as_deref(), &signals::Outcome::Started).await;
+    }
+    let started = std::time::Instant::now();
     let run = runner.run(&mut ctx, mode, interrupt).await?;
-    let package = run.output("package");
-    Ok(BackupResult {
+    let package = run.output("package").cloned();
+    let package = package.as_ref();
+    let mut result = BackupResult {
         backup: package.and_then(|p| p["backup"].as_str()).map(str::to_string),
         etcd_revision: package.and_then(|p| p["revision"].as_i64()),
         api_downtime_seconds: run
@@ -172,7 +180,51 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             .or(ctx.downtime_seconds),
         warnings: ctx.warnings.clone(),
         run,
-    })
+    };
+    if signalling {
+        let seconds = started.elapsed().as_secs_f64();
+        let outcome = match (&result.run.outcome, &result.backup) {
+            (crate::pipeline::RunOutcome::Succeeded, Some(backup)) => signals::Outcome::Succeeded {
+                backup: backup.clone(),
+                revision: result.etcd_revision,
+                api_downtime_seconds: result.api_downtime_seconds,
+                bytes: package.and_then(|p| p["bytes"].as_u64()).unwrap_or_else(|| ctx.snapshots.iter().map(|s| s.size).sum()),
+                seconds,
+            },
+            (crate::pipeline::RunOutcome::RolledBack { stage, error }, _)
+            | (crate::pipeline::RunOutcome::Stopped { stage, error }, _)
+            | (crate::pipeline::RunOutcome::UndoFailed { stage, error, .. }, _) => signals::Outcome::Failed {
+                reason: format!("{stage}: {error}"),
+                seconds,
+            },
+            _ => signals::Outcome::Failed { reason: "the run ended without a backup".into(), seconds },
+        };
+        result.warnings.extend(signal(&ctx, options.metrics_file.as_deref(), &outcome).await);
+    }
+    Ok(result)
+}
+
+/// Event, status ConfigMap and metrics for one outcome; what could not be
+/// written comes back as warnings.
+async fn signal(ctx: &BackupContext, metrics: Option<&Path>, outcome: &signals::Outcome) -> Vec<String> {
+    let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
+    let now = Utc::now();
+    let mut warnings = Vec::new();
+    if let Err(e) = signals::event(&ctx.client, ns, name, outcome).await {
+        warnings.push(format!("could not record an Event: {e}"));
+    }
+    if let Err(e) = signals::status(&ctx.client, ns, name, outcome, now).await {
+        warnings.push(format!("could not update the status ConfigMap: {e}"));
+    }
+    if let Some(path) = metrics {
+        if let Err(e) = signals::metrics_file(path, ns, name, outcome, now) {
+            warnings.push(format!("could not write metrics: {e}"));
+        }
+    }
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    warnings
 }
 
 fn journal_path(options: &BackupOptions, inputs: &BackupInputs) -> PathBuf {

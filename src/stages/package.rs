@@ -94,6 +94,7 @@ impl Stage<BackupContext> for Package {
             "backup": format!("{}/{}", ctx.store.url(), layout.dir()),
             "manifest": layout.manifest(),
             "revision": manifest.best_snapshot().map(|s| s.revision),
+            "bytes": manifest.artifacts.iter().map(|a| a.size).sum::<u64>(),
         }))
     }
     fn undoable(&self) -> bool {
