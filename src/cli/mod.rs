@@ -10,6 +10,7 @@ pub mod playbook;
 pub mod progress;
 pub mod report;
 pub mod restore;
+pub mod schedule;
 pub mod snapshot;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -44,6 +45,9 @@ pub enum Command {
     /// Inspect playbooks.
     #[command(subcommand)]
     Playbook(playbook::Command),
+    /// Run backups unattended: render the CronJob and its RBAC.
+    #[command(subcommand)]
+    Schedule(schedule::Command),
     /// Check etcd snapshots offline (no etcd needed).
     #[command(subcommand)]
     Snapshot(snapshot::Command),
@@ -74,6 +78,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Migrate(args) => migrate::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
         Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
+        Command::Schedule(cmd) => schedule::exec(cmd, cli.output),
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
     }
 }

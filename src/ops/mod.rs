@@ -6,6 +6,7 @@ pub mod backups;
 pub mod etcd;
 pub mod migrate;
 pub mod restore;
+pub mod schedule;
 pub mod signals;
 
 use crate::kube::KubeError;

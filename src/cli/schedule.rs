@@ -1,0 +1,101 @@
+//! `hcp-dr schedule render`.
+
+use clap::Subcommand;
+
+use super::{Exit, Output};
+use crate::archive::retention::parse_age;
+use crate::ops::schedule::{ScheduleOptions, render, render_yaml};
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the Namespace, ServiceAccount, least-privilege RBAC and CronJob
+    /// that run backups unattended (apply with `kubectl apply -f -`).
+    Render {
+        /// Cron schedule, e.g. "0 */6 * * *".
+        #[arg(long)]
+        schedule: String,
+        /// The store backups go to.
+        #[arg(long)]
+        to: String,
+        /// Namespace for the CronJob and its ServiceAccount.
+        #[arg(long, default_value = "hcp-dr")]
+        namespace: String,
+        /// The hcp-dr image (built from the Containerfile).
+        #[arg(long, default_value = concat!("quay.io/hcp-dr/hcp-dr:", env!("CARGO_PKG_VERSION")))]
+        image: String,
+        /// Back up only this HostedCluster (default: every one, --all).
+        #[arg(long)]
+        hosted_cluster: Option<String>,
+        /// Its namespace.
+        #[arg(short = 'n', long = "cluster-namespace", default_value = "clusters")]
+        cluster_namespace: String,
+        /// With every cluster: a label selector on the HostedClusters.
+        #[arg(short = 'l', long, conflicts_with = "hosted_cluster")]
+        selector: Option<String>,
+        /// S3 endpoint for S3-compatible services.
+        #[arg(long)]
+        s3_endpoint: Option<String>,
+        /// Secret (in --namespace) holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+        #[arg(long)]
+        credentials_secret: Option<String>,
+        /// After each successful backup, prune keeping the N newest.
+        #[arg(long)]
+        keep_last: Option<usize>,
+        #[arg(long)]
+        keep_daily: Option<usize>,
+        #[arg(long)]
+        keep_weekly: Option<usize>,
+        /// And remove backups older than this (e.g. 30d).
+        #[arg(long)]
+        max_age: Option<String>,
+    },
+}
+
+pub fn exec(command: Command, output: Output) -> Exit {
+    let Command::Render {
+        schedule,
+        to,
+        namespace,
+        image,
+        hosted_cluster,
+        cluster_namespace,
+        selector,
+        s3_endpoint,
+        credentials_secret,
+        keep_last,
+        keep_daily,
+        keep_weekly,
+        max_age,
+    } = command;
+    if let Some(age) = &max_age {
+        if let Err(e) = parse_age(age) {
+            eprintln!("error: --max-age {e}");
+            return Exit::Usage;
+        }
+    }
+    let options = ScheduleOptions {
+        schedule,
+        store: to,
+        namespace,
+        image,
+        hosted_cluster: hosted_cluster.map(|hc| (cluster_namespace, hc)),
+        selector,
+        s3_endpoint,
+        credentials_secret,
+        keep_last,
+        keep_daily,
+        keep_weekly,
+        max_age,
+    };
+    let rendered = match output {
+        Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),
+        Output::Text => render_yaml(&options),
+    };
+    match rendered {
+        Ok(text) => {
+            print!("{text}");
+            Exit::Success
+        }
+        Err(err) => super::report::error_exit(&err),
+    }
+}

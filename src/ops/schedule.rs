@@ -1,0 +1,221 @@
+//! `hcp-dr schedule render`: everything a management cluster needs to run
+//! backups unattended, as Kubernetes objects: a Namespace, a ServiceAccount,
+//! a least-privilege ClusterRole (exactly the verbs and resources backup
+//! uses) with its binding, and a CronJob (`concurrencyPolicy: Forbid`,
+//! deadlines, no retries within a run: a failed backup undoes itself and
+//! the next schedule tries again). Store credentials come from a Secret the
+//! operator creates (named, never rendered). With `--keep-*`, prune runs
+//! after each successful backup (the backup is an init container).
+
+use serde_json::{Value, json};
+
+use super::OpsError;
+
+/// What `schedule render` was asked.
+#[derive(Debug, Clone)]
+pub struct ScheduleOptions {
+    pub schedule: String,
+    pub store: String,
+    pub namespace: String,
+    pub image: String,
+    /// `None`: every HostedCluster (`--all`); else one.
+    pub hosted_cluster: Option<(String, String)>,
+    pub selector: Option<String>,
+    pub s3_endpoint: Option<String>,
+    /// A Secret (in `namespace`) with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+    pub credentials_secret: Option<String>,
+    pub keep_last: Option<usize>,
+    pub keep_daily: Option<usize>,
+    pub keep_weekly: Option<usize>,
+    pub max_age: Option<String>,
+}
+
+/// The rules of the ClusterRole: what backup (and prune, and the signals)
+/// read and change, nothing more. Each with why.
+pub fn rules() -> Vec<(Value, &'static str)> {
+    vec![
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedclusters", "nodepools"], "verbs": ["get", "list", "patch"]}),
+         "read the clusters; pausedUntil is patched for the pause and put back"),
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedcontrolplanes"], "verbs": ["get", "list"]}),
+         "exported"),
+        (json!({"apiGroups": ["cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io", "capi-provider.agent-install.openshift.io"], "resources": ["*"], "verbs": ["get", "list"]}),
+         "Cluster API and platform objects of the HCP namespace, exported"),
+        (json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}),
+         "the cluster's secrets are exported; etcd client TLS is read"),
+        (json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]}),
+         "etcd-ca is read; the status ConfigMap is written"),
+        (json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}),
+         "etcd members and the writers' pods"),
+        (json!({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]}),
+         "reaching etcd members when pod IPs are not routable"),
+        (json!({"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}),
+         "BackupStarted/Succeeded/Failed on the HostedCluster"),
+        (json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "patch"]}),
+         "the etcd writers are scaled to zero and back"),
+        (json!({"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch", "update"]}),
+         "scaling through the scale subresource"),
+        (json!({"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]}),
+         "the etcd StatefulSet's PVC retention is checked"),
+        (json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "delete"]}),
+         "the per-cluster lock"),
+    ]
+}
+
+fn check_schedule(schedule: &str) -> Result<(), OpsError> {
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    let ok_field = |f: &str| f.chars().all(|c| c.is_ascii_digit() || matches!(c, '*' | '/' | ',' | '-'));
+    if fields.len() == 5 && fields.iter().all(|f| ok_field(f)) || schedule.starts_with('@') {
+        Ok(())
+    } else {
+        Err(OpsError::Input(format!(
+            "--schedule `{schedule}` is not a cron schedule of five fields (minute hour day month weekday), e.g. \"0 */6 * * *\""
+        )))
+    }
+}
+
+/// The objects, in apply order.
+pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
+    check_schedule(&o.schedule)?;
+    crate::store::StoreUrl::parse(&o.store)?;
+    let name = "hcp-dr-backup";
+    let labels = json!({"app.kubernetes.io/name": "hcp-dr", "app.kubernetes.io/component": "backup"});
+    let mut backup_args = vec!["backup".to_string()];
+    match &o.hosted_cluster {
+        Some((ns, hc)) => backup_args.extend(["--hosted-cluster".into(), hc.clone(), "-n".into(), ns.clone()]),
+        None => {
+            backup_args.push("--all".into());
+            if let Some(selector) = &o.selector {
+                backup_args.extend(["-l".into(), selector.clone()]);
+            }
+        }
+    }
+    backup_args.extend(["--to".into(), o.store.clone(), "--output".into(), "json".into()]);
+    let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
+    if let Some(endpoint) = &o.s3_endpoint {
+        env.push(json!({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint}));
+    }
+    let env_from: Vec<Value> = o
+        .credentials_secret
+        .iter()
+        .map(|s| json!({"secretRef": {"name": s}}))
+        .collect();
+    let container = |cname: &str, args: &[String]| {
+        json!({
+            "name": cname, "image": o.image, "args": args, "env": env, "envFrom": env_from,
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "state", "mountPath": "/var/lib/hcp-dr"}, {"name": "tmp", "mountPath": "/tmp"}],
+        })
+    };
+    let mut prune_args = vec!["backups".to_string(), "prune".into(), "--store".into(), o.store.clone()];
+    for (flag, value) in [
+        ("--keep-last", o.keep_last.map(|n| n.to_string())),
+        ("--keep-daily", o.keep_daily.map(|n| n.to_string())),
+        ("--keep-weekly", o.keep_weekly.map(|n| n.to_string())),
+        ("--max-age", o.max_age.clone()),
+    ] {
+        if let Some(v) = value {
+            prune_args.extend([flag.to_string(), v]);
+        }
+    }
+    let pruning = prune_args.len() > 4;
+    let (init, main) = if pruning {
+        (vec![container("backup", &backup_args)], container("prune", &prune_args))
+    } else {
+        (vec![], container("backup", &backup_args))
+    };
+    let mut rules_json = Vec::new();
+    for (rule, _) in rules() {
+        rules_json.push(rule);
+    }
+    Ok(vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace, "labels": labels}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": o.namespace, "labels": labels}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": labels}, "rules": rules_json}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": o.namespace}]}),
+        json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": o.namespace, "labels": labels},
+               "spec": {
+                   "schedule": o.schedule,
+                   "concurrencyPolicy": "Forbid",
+                   "startingDeadlineSeconds": 600,
+                   "successfulJobsHistoryLimit": 3,
+                   "failedJobsHistoryLimit": 5,
+                   "jobTemplate": {"metadata": {"labels": labels}, "spec": {
+                       "backoffLimit": 0,
+                       "activeDeadlineSeconds": 3 * 3600,
+                       "template": {"metadata": {"labels": labels}, "spec": {
+                           "serviceAccountName": name,
+                           "restartPolicy": "Never",
+                           "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                           "initContainers": init,
+                           "containers": [main],
+                           "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                       }},
+                   }},
+               }}),
+    ])
+}
+
+/// The objects as one multi-document YAML stream.
+pub fn render_yaml(o: &ScheduleOptions) -> Result<String, OpsError> {
+    let objects = render(o)?;
+    let mut out = String::from("# Rendered by hcp-dr schedule render. Apply with: kubectl apply -f -\n");
+    if let Some(secret) = &o.credentials_secret {
+        out.push_str(&format!(
+            "# Store credentials: create Secret {}/{secret} with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY first.\n",
+            o.namespace
+        ));
+    }
+    out.push_str(&serde_saphyr::to_string_multiple(&objects).map_err(|e| OpsError::Input(e.to_string()))?);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> ScheduleOptions {
+        ScheduleOptions {
+            schedule: "0 */6 * * *".into(),
+            store: "s3://bucket/hcp".into(),
+            namespace: "hcp-dr".into(),
+            image: "quay.io/example/hcp-dr:0.1.0".into(),
+            hosted_cluster: None,
+            selector: Some("backup=yes".into()),
+            s3_endpoint: None,
+            credentials_secret: Some("hcp-dr-s3".into()),
+            keep_last: Some(7),
+            keep_daily: None,
+            keep_weekly: None,
+            max_age: Some("30d".into()),
+        }
+    }
+
+    #[test]
+    fn renders_a_forbid_cronjob_with_backup_then_prune() {
+        let objects = render(&options()).unwrap();
+        let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CronJob"]);
+        let cron = &objects[4]["spec"];
+        assert_eq!(cron["concurrencyPolicy"], "Forbid");
+        let pod = &cron["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(pod["initContainers"][0]["args"], json!(["backup", "--all", "-l", "backup=yes", "--to", "s3://bucket/hcp", "--output", "json"]));
+        assert_eq!(pod["containers"][0]["args"], json!(["backups", "prune", "--store", "s3://bucket/hcp", "--keep-last", "7", "--max-age", "30d"]));
+        assert_eq!(pod["containers"][0]["envFrom"][0]["secretRef"]["name"], "hcp-dr-s3");
+        let yaml = render_yaml(&options()).unwrap();
+        let back: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        assert_eq!(back, objects, "the YAML reads back as the objects");
+    }
+
+    #[test]
+    fn bad_schedules_are_refused() {
+        for bad in ["", "every 6h", "0 */6 * *", "0 */6 * * * *"] {
+            let mut o = options();
+            o.schedule = bad.into();
+            assert!(render(&o).is_err(), "{bad}");
+        }
+    }
+}

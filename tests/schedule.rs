@@ -1,0 +1,62 @@
+//! `hcp-dr schedule render`: the rendered objects are what `kubectl apply`
+//! and the API server accept, and say exactly what the CronJob does.
+
+use std::process::Command;
+
+use hcp_dr_e2e::sandbox::Sandbox;
+use serde_json::Value;
+
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl not found ({e}): install kubectl (https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubectl)"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rendered_schedule_applies_with_kubectl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sandbox = Sandbox::up(&tmp.path().join("sb")).await.expect("sandbox");
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-dr"))
+        .args(["schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://backups/hcp", "--credentials-secret", "hcp-dr-s3", "--keep-daily", "7", "--max-age", "30d", "-l", "backup=yes"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = tmp.path().join("schedule.yaml");
+    std::fs::write(&yaml, &out.stdout).unwrap();
+    let kubeconfig = &sandbox.clusters[0].kubeconfig;
+    let applied = kubectl(kubeconfig, &["apply", "-f", yaml.to_str().unwrap()]);
+    assert!(applied.status.success(), "kubectl apply: {}\n{}", String::from_utf8_lossy(&applied.stdout), String::from_utf8_lossy(&applied.stderr));
+    let text = String::from_utf8_lossy(&applied.stdout);
+    for created in ["namespace/hcp-dr", "serviceaccount/hcp-dr-backup", "clusterrole.rbac.authorization.k8s.io/hcp-dr-backup", "clusterrolebinding.rbac.authorization.k8s.io/hcp-dr-backup", "cronjob.batch/hcp-dr-backup"] {
+        assert!(text.contains(created), "{created} not applied: {text}");
+    }
+    // applying again changes nothing
+    let again = kubectl(kubeconfig, &["apply", "-f", yaml.to_str().unwrap()]);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).lines().all(|l| l.ends_with("unchanged")), "{}", String::from_utf8_lossy(&again.stdout));
+
+    let cron = kubectl(kubeconfig, &["get", "cronjob", "hcp-dr-backup", "-n", "hcp-dr", "-o", "json"]);
+    let cron: Value = serde_json::from_slice(&cron.stdout).unwrap();
+    assert_eq!(cron["spec"]["concurrencyPolicy"], "Forbid");
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "hcp-dr-backup");
+    assert_eq!(pod["initContainers"][0]["args"][0], "backup");
+    assert_eq!(pod["containers"][0]["args"][1], "prune");
+    let role = kubectl(kubeconfig, &["get", "clusterrole", "hcp-dr-backup", "-o", "json"]);
+    let role: Value = serde_json::from_slice(&role.stdout).unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    // least privilege: no wildcard verbs, nothing that deletes cluster objects
+    assert!(rules.iter().all(|r| r["verbs"].as_array().unwrap().iter().all(|v| v != "*")));
+    let deletes: Vec<&Value> = rules.iter().filter(|r| r["verbs"].as_array().unwrap().iter().any(|v| v == "delete")).collect();
+    assert_eq!(deletes.len(), 1, "only the lock Lease is deleted: {deletes:?}");
+    assert_eq!(deletes[0]["resources"][0], "leases");
+
+    // bad input: exit 2
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(["schedule", "render", "--schedule", "every 6h", "--to", "s3://b/p"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("five fields"));
+    sandbox.shutdown().await;
+}
