@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod backups;
+pub mod cluster;
 pub mod etcd;
 pub mod migrate;
 pub mod playbook;
@@ -45,6 +46,9 @@ pub enum Command {
     /// Inspect playbooks.
     #[command(subcommand)]
     Playbook(playbook::Command),
+    /// Create hosted clusters.
+    #[command(subcommand)]
+    Cluster(cluster::Command),
     /// Run backups unattended: render the CronJob and its RBAC.
     #[command(subcommand)]
     Schedule(schedule::Command),
@@ -79,6 +83,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
         Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
         Command::Schedule(cmd) => schedule::exec(cmd, cli.output),
+        Command::Cluster(cmd) => cluster::exec(cmd, cli.output).await,
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
     }
 }

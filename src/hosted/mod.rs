@@ -2,6 +2,8 @@
 //! rules that tie them together (HCP namespace, secret names, writers).
 //! Views wrap the object as JSON so nothing the tool does not know is lost.
 
+pub mod render;
+
 use kube::core::ApiResource;
 use serde_json::Value;
 

@@ -3,6 +3,7 @@
 
 pub mod backup;
 pub mod backups;
+pub mod cluster;
 pub mod etcd;
 pub mod migrate;
 pub mod restore;
