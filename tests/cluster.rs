@@ -96,6 +96,38 @@ async fn create_makes_an_available_cluster_and_refuses_a_second() {
     let out = hcp_dr(&args, tmp.path());
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+
+    // pause (a deadline), resume, scale, destroy
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(["cluster"]).args(args).args(["--kubeconfig", &kubeconfig]).output().unwrap()
+    };
+    let client = sandbox.clusters[0].api.client().await.unwrap();
+    let hcs = hcp_dr_e2e::sandbox::api_for(&client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
+    let nps = hcp_dr_e2e::sandbox::api_for(&client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool", "metadata": {"namespace": "clusters"}}));
+    let get = |v: kube::api::DynamicObject| serde_json::to_value(v).unwrap();
+    let out = run(&["pause", "gamma", "--for", "30m"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let until = get(hcs.get("gamma").await.unwrap())["spec"]["pausedUntil"].as_str().unwrap().to_string();
+    assert!(chrono::DateTime::parse_from_rfc3339(&until).is_ok(), "a deadline, never \"true\": {until}");
+    assert_eq!(get(nps.get("gamma-workers").await.unwrap())["spec"]["pausedUntil"], until.as_str());
+    let out = run(&["resume", "gamma"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(get(hcs.get("gamma").await.unwrap())["spec"]["pausedUntil"].is_null());
+    assert!(get(nps.get("gamma-workers").await.unwrap())["spec"]["pausedUntil"].is_null());
+    let out = run(&["scale", "gamma", "--node-pool", "gamma-workers", "--replicas", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(get(nps.get("gamma-workers").await.unwrap())["spec"]["replicas"], 2);
+    let out = run(&["scale", "gamma", "--node-pool", "nope", "--replicas", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["destroy", "gamma"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(hcs.get_opt("gamma").await.unwrap().is_none(), "the HostedCluster is gone");
+    assert!(nps.get_opt("gamma-workers").await.unwrap().is_none(), "the NodePool is gone");
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    assert!(namespaces.get_opt("clusters-gamma").await.unwrap().is_none(), "the HCP namespace is gone");
+    let out = run(&["destroy", "gamma"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to destroy"));
     let out = hcp_dr(&["--name", "Bad_Name", "--render"], tmp.path());
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--name"));

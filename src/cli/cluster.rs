@@ -15,6 +15,57 @@ use crate::ops::cluster::{CreateOptions, create, render};
 pub enum Command {
     /// Create a hosted cluster (or, with --render, print its objects).
     Create(CreateArgs),
+    /// Pause reconciliation of a cluster and its NodePools until a deadline.
+    Pause {
+        name: String,
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        /// An RFC3339 time; default: now + --for.
+        #[arg(long)]
+        until: Option<String>,
+        /// How long the pause lasts (when --until is not given).
+        #[arg(long = "for", default_value = "1h", value_parser = parse_duration)]
+        duration: Duration,
+        #[command(flatten)]
+        access: Access,
+    },
+    /// Lift the pause of a cluster and its NodePools.
+    Resume {
+        name: String,
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        #[command(flatten)]
+        access: Access,
+    },
+    /// Set the replicas of one of a cluster's NodePools.
+    Scale {
+        name: String,
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        #[arg(long)]
+        node_pool: String,
+        #[arg(long)]
+        replicas: i64,
+        #[command(flatten)]
+        access: Access,
+    },
+    /// Delete a cluster in order: NodePools, CAPI and platform objects,
+    /// HostedControlPlane, HCP namespace, HostedCluster (finalizers cleared).
+    Destroy {
+        name: String,
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        #[command(flatten)]
+        access: Access,
+    },
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct Access {
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    pub context: Option<String>,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -86,7 +137,10 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
 }
 
 pub async fn exec(command: Command, output: Output) -> Exit {
-    let Command::Create(args) = command;
+    let args = match command {
+        Command::Create(args) => args,
+        other => return exec_other(other, output).await,
+    };
     let new = match cluster(&args) {
         Ok(c) => c,
         Err(e) => return super::report::error_exit(&e),
@@ -107,6 +161,48 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     match create(&options).await {
         Ok(hc) => {
             super::report::print(output, &hc, || format!("HostedCluster {}/{} is Available\n", args.namespace, args.name));
+            Exit::Success
+        }
+        Err(e) => super::report::error_exit(&e),
+    }
+}
+
+async fn exec_other(command: Command, output: Output) -> Exit {
+    let access = match &command {
+        Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } | Command::Destroy { access, .. } => access,
+        Command::Create(_) => return Exit::Usage,
+    };
+    let client = match crate::kube::client(access.kubeconfig.as_deref(), access.context.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => return super::report::error_exit(&e.into()),
+    };
+    let result: Result<serde_json::Value, OpsError> = match &command {
+        Command::Pause { name, namespace, until, duration, .. } => {
+            let until = match until {
+                Some(t) => match chrono::DateTime::parse_from_rfc3339(t) {
+                    Ok(_) => t.clone(),
+                    Err(e) => return super::report::error_exit(&OpsError::Input(format!("--until `{t}` is not an RFC3339 time ({e}), e.g. 2026-11-21T18:00:00Z"))),
+                },
+                None => (chrono::Utc::now() + chrono::Duration::seconds(duration.as_secs() as i64)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            };
+            crate::ops::cluster::pause(&client, namespace, name, &until)
+                .await
+                .map(|changed| serde_json::json!({"paused_until": until, "objects": changed}))
+        }
+        Command::Resume { name, namespace, .. } => crate::ops::cluster::resume(&client, namespace, name)
+            .await
+            .map(|changed| serde_json::json!({"resumed": changed})),
+        Command::Scale { name, namespace, node_pool, replicas, .. } => crate::ops::cluster::scale(&client, namespace, name, node_pool, *replicas)
+            .await
+            .map(|()| serde_json::json!({"node_pool": node_pool, "replicas": replicas})),
+        Command::Destroy { name, namespace, .. } => crate::ops::cluster::destroy(&client, namespace, name)
+            .await
+            .and_then(|t| serde_json::to_value(t).map_err(|e| OpsError::Input(e.to_string()))),
+        Command::Create(_) => return Exit::Usage,
+    };
+    match result {
+        Ok(value) => {
+            super::report::print(output, &value, || format!("{}\n", serde_json::to_string_pretty(&value).unwrap_or_default()));
             Exit::Success
         }
         Err(e) => super::report::error_exit(&e),

@@ -69,3 +69,76 @@ pub async fn create(options: &CreateOptions) -> Result<Value, OpsError> {
     .await?;
     Ok(hc)
 }
+
+/// Pause reconciliation of a cluster and its NodePools until `until`
+/// (an RFC3339 deadline: a forgotten pause ends by itself).
+pub async fn pause(client: &kube::Client, ns: &str, name: &str, until: &str) -> Result<Vec<String>, OpsError> {
+    set_pause(client, ns, name, Some(until)).await
+}
+
+/// Lift the pause of a cluster and its NodePools.
+pub async fn resume(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<String>, OpsError> {
+    set_pause(client, ns, name, None).await
+}
+
+async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>) -> Result<Vec<String>, OpsError> {
+    let label = format!("HostedCluster {ns}/{name}");
+    let hcs = api(client, &HOSTED_CLUSTER, ns);
+    if get_json(&hcs, name, &label).await?.is_none() {
+        return Err(OpsError::Input(format!("{label} not found: check the name and -n")));
+    }
+    let mut changed = Vec::new();
+    crate::kube::set_paused_until(client, &HOSTED_CLUSTER, ns, name, until).await?;
+    changed.push(label);
+    let pools = api(client, &NODE_POOL, ns);
+    for np in crate::kube::list_json(&pools, &Default::default(), "NodePools").await? {
+        if np["spec"]["clusterName"].as_str() == Some(name) {
+            let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let what = format!("NodePool {ns}/{np_name}");
+            crate::kube::set_paused_until(client, &NODE_POOL, ns, &np_name, until).await?;
+            changed.push(what);
+        }
+    }
+    Ok(changed)
+}
+
+/// Set a NodePool's replicas (it must belong to the cluster).
+pub async fn scale(client: &kube::Client, ns: &str, name: &str, pool: &str, replicas: i64) -> Result<(), OpsError> {
+    if replicas < 0 {
+        return Err(OpsError::Input("--replicas cannot be negative".into()));
+    }
+    let what = format!("NodePool {ns}/{pool}");
+    let pools = api(client, &NODE_POOL, ns);
+    let np = get_json(&pools, pool, &what)
+        .await?
+        .ok_or_else(|| OpsError::Input(format!("{what} not found: kubectl get nodepools -n {ns}")))?;
+    if np["spec"]["clusterName"].as_str() != Some(name) {
+        return Err(OpsError::Input(format!("{what} belongs to {}, not {name}", np["spec"]["clusterName"].as_str().unwrap_or("?"))));
+    }
+    if np.pointer("/spec/autoScaling").is_some_and(|a| !a.is_null()) {
+        return Err(OpsError::Input(format!("{what} is autoscaled: change spec.autoScaling instead of replicas")));
+    }
+    crate::kube::merge_patch(&pools, pool, &json!({"spec": {"replicas": replicas}}), &what).await?;
+    Ok(())
+}
+
+/// Delete a cluster in order (the same code migrate's teardown runs),
+/// after pausing it so nothing is recreated meanwhile.
+pub async fn destroy(client: &kube::Client, ns: &str, name: &str) -> Result<crate::stages::migrate::teardown::TornDown, OpsError> {
+    let label = format!("HostedCluster {ns}/{name}");
+    if get_json(&api(client, &HOSTED_CLUSTER, ns), name, &label).await?.is_none() {
+        return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
+    }
+    // paused first, so the operator does not recreate what is being deleted
+    let until = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    set_pause(client, ns, name, Some(&until)).await?;
+    let mut out = Default::default();
+    let mut record = |t: &crate::stages::migrate::teardown::TornDown| {
+        tracing::info!(deleted = t.deleted.len(), "destroying");
+        Ok(())
+    };
+    crate::stages::migrate::teardown::destroy(client, ns, name, &mut out, &mut record)
+        .await
+        .map_err(|e| OpsError::Input(crate::pipeline::stage::error_chain(e.as_ref())))?;
+    Ok(out)
+}

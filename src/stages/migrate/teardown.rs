@@ -49,9 +49,8 @@ fn deletion_rank(group: &str, kind: &str) -> usize {
     }
 }
 
-async fn scale_to_zero(ctx: &MigrateContext, out: &mut TornDown, step: &mut Step<'_>) -> Result<(), StageFailure> {
-    let ns = ctx.source.hcp_namespace();
-    let client = &ctx.source.client;
+async fn scale_to_zero(client: &kube::Client, ns: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), StageFailure> {
+    let ns = ns.to_string();
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     for set in sts.list(&ListParams::default()).await.map_err(request(format!("listing StatefulSets in {ns}")))?.items {
         let name = set.metadata.name.clone().unwrap_or_default();
@@ -77,27 +76,39 @@ async fn scale_to_zero(ctx: &MigrateContext, out: &mut TornDown, step: &mut Step
             .map_err(request(format!("scaling Deployment {ns}/{name} to 0")))?;
         out.scaled_to_zero.push(format!("Deployment {name}"));
     }
-    step.record(serde_json::to_value(&*out)?)?;
-    Ok(())
+    record(out)
 }
 
-async fn gone(api: &Api<DynamicObject>, name: &str, what: &str, out: &mut TornDown, step: &mut Step<'_>) -> Result<(), StageFailure> {
+/// Journals what was done so far (or nothing, outside a pipeline).
+pub type Record<'a> = &'a mut (dyn FnMut(&TornDown) -> Result<(), StageFailure> + Send);
+
+async fn gone(api: &Api<DynamicObject>, name: &str, what: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), StageFailure> {
     remove_finalizers(api, name, what).await?;
     delete_and_wait(api, name, what, WAIT).await?;
     out.deleted.push(what.to_string());
-    step.record(serde_json::to_value(&*out)?)?;
-    Ok(())
+    record(out)
 }
 
 async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<TornDown, StageFailure> {
     let (ns, name) = (ctx.inputs.source.namespace.clone(), ctx.inputs.source.hosted_cluster.clone());
-    let hcp_ns = ctx.source.hcp_namespace();
-    let client = ctx.source.client.clone();
     let mut out: TornDown = crate::stages::earlier_progress(step, "teardown").unwrap_or_default();
+    let mut record = |t: &TornDown| -> Result<(), StageFailure> { Ok(step.record(serde_json::to_value(t)?)?) };
+    destroy(&ctx.source.client, &ns, &name, &mut out, &mut record).await?;
+    Ok(out)
+}
+
+/// Scale the HCP namespace to zero, then remove finalizers and delete, in
+/// order, NodePools, CAPI and platform objects, HostedControlPlane, the HCP
+/// namespace and the HostedCluster. Idempotent: what is gone is skipped.
+/// Migrate's teardown and `hcp-dr cluster destroy` share it.
+pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), StageFailure> {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    let hcp_ns = crate::hosted::hcp_namespace(&ns, &name);
+    let client = client.clone();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let hcp_ns_exists = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?.is_some();
     if hcp_ns_exists {
-        scale_to_zero(ctx, &mut out, step).await?;
+        scale_to_zero(&client, &hcp_ns, out, record).await?;
     }
 
     // NodePools of this cluster.
@@ -105,7 +116,7 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<TornDown, 
     for np in list_json(&pools, &ListParams::default(), "NodePools").await? {
         if np["spec"]["clusterName"].as_str() == Some(name.as_str()) {
             let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            gone(&pools, &np_name, &format!("NodePool {ns}/{np_name}"), &mut out, step).await?;
+            gone(&pools, &np_name, &format!("NodePool {ns}/{np_name}"), out, record).await?;
         }
     }
 
@@ -131,21 +142,20 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<TornDown, 
         objects.sort_by(|a, b| (a.0, &a.1.kind, &a.2).cmp(&(b.0, &b.1.kind, &b.2)));
         for (_, resource, obj_name) in objects {
             let api = api_for(&client, &resource, &hcp_ns);
-            gone(&api, &obj_name, &format!("{} {hcp_ns}/{obj_name}", resource.kind), &mut out, step).await?;
+            gone(&api, &obj_name, &format!("{} {hcp_ns}/{obj_name}", resource.kind), out, record).await?;
         }
         let hcps = api(&client, &HOSTED_CONTROL_PLANE, &hcp_ns);
         for hcp in list_json(&hcps, &ListParams::default(), "HostedControlPlanes").await? {
             let hcp_name = hcp["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), &mut out, step).await?;
+            gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), out, record).await?;
         }
         delete_and_wait(&namespaces, &hcp_ns, &format!("Namespace {hcp_ns}"), Duration::from_secs(300)).await?;
         out.deleted.push(format!("Namespace {hcp_ns}"));
-        step.record(serde_json::to_value(&out)?)?;
+        record(out)?;
     }
 
     let hcs = api(&client, &HOSTED_CLUSTER, &ns);
-    gone(&hcs, &name, &format!("HostedCluster {ns}/{name}"), &mut out, step).await?;
-    Ok(out)
+    gone(&hcs, &name, &format!("HostedCluster {ns}/{name}"), out, record).await
 }
 
 #[async_trait]
