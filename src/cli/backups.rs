@@ -111,17 +111,6 @@ async fn open_backup(url: &str, s3: S3Options) -> Result<(Box<dyn Store>, Layout
     Ok((store, Layout::new(&ns, &hc, &id)))
 }
 
-fn size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
-}
-
 fn age(seconds: i64) -> String {
     match seconds {
         s if s < 3600 => format!("{}m", s / 60),
@@ -250,7 +239,7 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
     out
 }
 
-use super::report::print;
+use super::report::{human_bytes as size, print};
 
 pub async fn exec(command: Command, output: Output) -> Exit {
     match command {

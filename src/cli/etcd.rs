@@ -191,20 +191,9 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
     }
 }
 
-/// `1.5 MiB`.
+/// `1.5 MiB` (etcd reports sizes as i64; they are never negative).
 fn bytes(n: i64) -> String {
-    let mut value = n as f64;
-    for unit in ["B", "KiB", "MiB", "GiB"] {
-        if value < 1024.0 || unit == "GiB" {
-            return if unit == "B" {
-                format!("{n} B")
-            } else {
-                format!("{value:.1} {unit}")
-            };
-        }
-        value /= 1024.0;
-    }
-    format!("{n} B")
+    super::report::human_bytes(n.max(0) as u64)
 }
 
 fn cells(m: &MemberHealth) -> Vec<String> {

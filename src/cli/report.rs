@@ -89,3 +89,15 @@ pub fn progress(output: super::Output) -> Option<std::sync::Arc<dyn crate::pipel
     (output == super::Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .then(|| std::sync::Arc::new(super::progress::TerminalProgress::new()) as _)
 }
+
+/// A byte count for people: `512 B`, `1.5 MiB`, `8.0 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
