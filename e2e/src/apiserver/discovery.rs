@@ -32,10 +32,20 @@ fn group_entry(name: &str, versions: &[String]) -> Value {
     json!({"name": name, "versions": vs, "preferredVersion": preferred})
 }
 
+/// The registry's groups and the groups of the review resources (not stored).
+fn served_groups(inner: &Inner) -> Vec<(String, Vec<String>)> {
+    let mut groups = inner.registry().groups();
+    for (group, ..) in super::rbac::REVIEWS {
+        if !groups.iter().any(|(g, _)| g == group) {
+            groups.push((group.to_string(), vec!["v1".to_string()]));
+        }
+    }
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    groups
+}
+
 pub(crate) fn api_group_list(inner: &Inner) -> Value {
-    let groups: Vec<Value> = inner
-        .registry()
-        .groups()
+    let groups: Vec<Value> = served_groups(inner)
         .into_iter()
         .filter(|(g, _)| !g.is_empty())
         .map(|(g, vs)| group_entry(&g, &vs))
@@ -44,9 +54,7 @@ pub(crate) fn api_group_list(inner: &Inner) -> Value {
 }
 
 pub(crate) fn api_group(inner: &Inner, group: &str) -> Option<Value> {
-    inner
-        .registry()
-        .groups()
+    served_groups(inner)
         .into_iter()
         .find(|(g, _)| g == group)
         .map(|(g, vs)| {
@@ -100,6 +108,12 @@ fn resource_entries(t: &ResourceType) -> Vec<Value> {
             "kind": "PodPortForwardOptions", "verbs": ["create", "get"]}),
         );
     }
+    if t.is_builtin() && t.group.is_empty() && t.plural == "serviceaccounts" {
+        out.push(
+            json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
+            "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}),
+        );
+    }
     if t.is_builtin() && t.group.is_empty() && t.plural == "namespaces" {
         out.push(
             json!({"name": "namespaces/finalize", "singularName": "", "namespaced": false,
@@ -111,7 +125,8 @@ fn resource_entries(t: &ResourceType) -> Vec<Value> {
 
 pub(crate) fn resource_list(inner: &Inner, group: &str, version: &str) -> Option<Value> {
     let types = inner.registry().resources_of(group, version);
-    if types.is_empty() {
+    let reviews = super::rbac::review_resources(group, version);
+    if types.is_empty() && reviews.is_empty() {
         return None;
     }
     let gv = if group.is_empty() {
@@ -119,7 +134,8 @@ pub(crate) fn resource_list(inner: &Inner, group: &str, version: &str) -> Option
     } else {
         format!("{group}/{version}")
     };
-    let resources: Vec<Value> = types.iter().flat_map(|t| resource_entries(t)).collect();
+    let mut resources: Vec<Value> = types.iter().flat_map(|t| resource_entries(t)).collect();
+    resources.extend(reviews);
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
     )

@@ -1,4 +1,5 @@
-//! HTTP routing: authentication, URL parsing, verb dispatch, content types.
+//! HTTP routing: authentication and authorization (`authn`, `rbac`), URL
+//! parsing, verb dispatch, content types.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,21 +59,6 @@ fn text(code: StatusCode, s: &'static str) -> Response {
         .into_response()
 }
 
-fn authenticate(inner: &Inner, headers: &HeaderMap) -> Result<(), ApiError> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match token {
-        Some(t) if inner.tokens.iter().any(|u| u.token == t) => Ok(()),
-        _ => Err(ApiError::unauthorized()),
-    }
-}
-
 /// Query parameters, last value wins.
 struct Params(Vec<(String, String)>);
 
@@ -100,12 +86,15 @@ async fn handle(inner: Arc<Inner>, req: Request) -> Result<Response, ApiError> {
         }
         _ => {}
     }
-    authenticate(&inner, req.headers())?;
+    let user = super::authn::authenticate(&inner, req.headers()).await?;
+    let user = super::authn::impersonate(&inner, user, req.headers()).await?;
     let params = Params(
         Query::<Vec<(String, String)>>::try_from_uri(req.uri())
             .map(|q| q.0)
             .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?,
     );
+    super::rbac::authorize_request(&inner, &user, req.method(), &path, &params.0, req.headers())
+        .await?;
     let segs: Vec<String> = path
         .trim_matches('/')
         .split('/')
@@ -158,9 +147,39 @@ async fn handle(inner: Arc<Inner>, req: Request) -> Result<Response, ApiError> {
             Ok(json_response(StatusCode::OK, &d, &[]))
         }
         ["api", "v1", rest @ ..] => resource_request(inner, req, &params, "", "v1", rest).await,
+        [
+            "apis",
+            "authentication.k8s.io" | "authorization.k8s.io",
+            "v1",
+            rest @ ..,
+        ] if !rest.is_empty() => review_request(&inner, &user, rest, req).await,
         ["apis", g, v, rest @ ..] => resource_request(inner, req, &params, g, v, rest).await,
         _ => Err(ApiError::no_route()),
     }
+}
+
+/// `POST` of a review (SelfSubjectAccessReview, TokenReview, ...): computed, not stored.
+async fn review_request(
+    inner: &Inner,
+    user: &super::authn::UserInfo,
+    rest: &[&str],
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (ns, plural) = match rest {
+        [plural] => (None, *plural),
+        ["namespaces", ns, plural] => (Some(*ns), *plural),
+        _ => return Err(ApiError::no_route()),
+    };
+    if !super::rbac::REVIEWS.iter().any(|r| r.1 == plural) {
+        return Err(ApiError::no_route());
+    }
+    if req.method() != Method::POST {
+        return Err(ApiError::method_not_allowed());
+    }
+    let headers = req.headers().clone();
+    let body = read_body(req.into_body()).await?;
+    let obj = decode_body(&headers, &body)?;
+    super::rbac::review(inner, user, plural, ns, obj).await
 }
 
 fn write_opts(params: &Params, headers: &HeaderMap) -> Result<WriteOpts, ApiError> {
@@ -432,6 +451,23 @@ async fn resource_request(
         .unwrap_or("")
         .to_string();
     let want_table = table::wants_table(&accept);
+
+    if sub == Some("token")
+        && rt.is_builtin()
+        && rt.group.is_empty()
+        && rt.plural == "serviceaccounts"
+    {
+        let (Some(name), Some(ns)) = (name.as_deref(), ns) else {
+            return Err(ApiError::no_route());
+        };
+        if method != Method::POST {
+            return Err(ApiError::method_not_allowed());
+        }
+        let headers = req.headers().clone();
+        let body = read_body(req.into_body()).await?;
+        let obj = decode_body(&headers, &body)?;
+        return super::authn::token_request(&inner, ns, name, &obj).await;
+    }
 
     if sub == Some("portforward") && rt.is_builtin() && rt.group.is_empty() && rt.plural == "pods" {
         let Some(name) = name.as_deref() else {

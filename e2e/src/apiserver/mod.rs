@@ -5,8 +5,11 @@
 //! authentication, with the status codes, `Status` bodies, resourceVersion
 //! conflicts, finalizers, namespace lifecycle, garbage collection, CRDs
 //! (schema defaulting, pruning and validation), watches and discovery that
-//! clients such as kube-rs and kubectl rely on. See `docs/sandbox.md` for the
-//! scope and the known differences from a real server.
+//! clients such as kube-rs and kubectl rely on, and the authentication
+//! (static and ServiceAccount bearer tokens) and RBAC authorization a real
+//! server applies. See `docs/sandbox.md` for the scope and the known
+//! differences from a real server.
+mod authn;
 pub mod cel;
 pub mod patch;
 pub mod portforward;
@@ -18,6 +21,7 @@ mod defaults;
 mod discovery;
 mod http;
 mod ops;
+mod rbac;
 pub mod resources;
 pub mod selector;
 mod serve;
@@ -144,6 +148,12 @@ pub enum ApiServerError {
         #[source]
         source: status::ApiError,
     },
+    /// Creating the bootstrap RBAC roles and bindings failed.
+    #[error("creating the bootstrap RBAC policy: {source}")]
+    BootstrapPolicy {
+        #[source]
+        source: status::ApiError,
+    },
     /// The kube-rs client could not be configured from the kubeconfig.
     #[error("building a kube client: {0}")]
     Client(String),
@@ -157,6 +167,8 @@ pub(crate) struct Inner {
     pub(crate) store: Store,
     pub(crate) registry: RwLock<Registry>,
     pub(crate) tokens: Vec<TokenUser>,
+    /// Signs and checks the ServiceAccount tokens of the TokenRequest API.
+    pub(crate) token_signing_key: [u8; 32],
     pub(crate) shutdown: tokio_watch::Receiver<bool>,
     /// Wakes the controllers (namespace lifecycle, CRD cleanup, garbage collection).
     pub(crate) kick: Notify,
@@ -295,6 +307,7 @@ impl ApiServer {
             store,
             registry: RwLock::new(Registry::with_builtins()),
             tokens,
+            token_signing_key: authn::signing_key(cfg.ca.key_pem(), &cfg.cluster_name, &cfg.key_prefix),
             shutdown: shutdown_rx,
             kick: Notify::new(),
             gc_queue: Mutex::new(Vec::new()),
@@ -307,6 +320,10 @@ impl ApiServer {
             .ensure_system_namespaces()
             .await
             .map_err(|source| ApiServerError::Bootstrap { source })?;
+        inner
+            .ensure_bootstrap_policy()
+            .await
+            .map_err(|source| ApiServerError::BootstrapPolicy { source })?;
         for dir in &cfg.crd_dirs {
             load_crd_dir(&inner, dir).await?;
         }
@@ -343,15 +360,21 @@ impl ApiServer {
 
     /// A kubeconfig (YAML) with the CA data and the admin token, `context` current.
     pub fn kubeconfig(&self, context: &str) -> String {
+        let user = format!("admin-{}", self.cluster_name);
+        self.kubeconfig_with_token(context, &user, &self.admin_token)
+    }
+
+    /// A kubeconfig (YAML) with the CA data and `token` (e.g. a
+    /// ServiceAccount's, from `kubectl create token`) for `user`, `context` current.
+    pub fn kubeconfig_with_token(&self, context: &str, user: &str, token: &str) -> String {
         use base64::Engine as _;
         let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem.as_bytes());
         let cluster = &self.cluster_name;
-        let user = format!("admin-{cluster}");
         let doc = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": cluster, "cluster": {"server": self.url, "certificate-authority-data": ca}}],
-            "users": [{"name": user, "user": {"token": self.admin_token}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": context, "context": {"cluster": cluster, "user": user}}],
             "current-context": context,
             "preferences": {},
@@ -378,7 +401,12 @@ impl ApiServer {
 
     /// A kube-rs client authenticated with the admin token.
     pub async fn client(&self) -> Result<kube::Client, ApiServerError> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig("admin"))
+        self.client_with_token(&self.admin_token).await
+    }
+
+    /// A kube-rs client authenticated with `token`.
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, ApiServerError> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig_with_token("client", "client", token))
             .map_err(|e| ApiServerError::Client(e.to_string()))?;
         let config =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
