@@ -20,6 +20,72 @@ async fn reasons(env: &Env) -> Vec<(String, String)> {
     out
 }
 
+/// A Pushgateway stand-in on 127.0.0.1:0 recording each request as
+/// (method, path, body); it knows no earlier values (`GET` answers empty).
+async fn pushgateway() -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut data = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                data.extend_from_slice(&buf[..n]);
+                let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                let head = String::from_utf8_lossy(&data[..end]).to_string();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                    .unwrap_or(0);
+                if data.len() < end + 4 + length {
+                    continue;
+                }
+                let mut first = head.lines().next().unwrap_or_default().split(' ');
+                let (method, path) = (first.next().unwrap_or_default().to_string(), first.next().unwrap_or_default().to_string());
+                let body = String::from_utf8_lossy(&data[end + 4..end + 4 + length]).to_string();
+                record.lock().unwrap().push((method, path, body));
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+                break;
+            }
+        }
+    });
+    (url, seen)
+}
+
+/// The value of `metric` in a pushed body (no labels: the group carries them).
+fn pushed(body: &str, metric: &str) -> f64 {
+    let line = body
+        .lines()
+        .find(|l| l.starts_with(&format!("{metric} ")))
+        .unwrap_or_else(|| panic!("{metric} not pushed:\n{body}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+const PUSHED: [&str; 6] = [
+    "hcp_dr_backup_last_success_timestamp_seconds",
+    "hcp_dr_backup_last_duration_seconds",
+    "hcp_dr_backup_last_api_downtime_seconds",
+    "hcp_dr_backup_last_bytes",
+    "hcp_dr_backup_failures_total",
+    "hcp_dr_backup_last_success",
+];
+
+/// The PUT of the last push, after checking its group.
+fn last_put(seen: &std::sync::Mutex<Vec<(String, String, String)>>) -> String {
+    let seen = seen.lock().unwrap();
+    let (method, path, body) = seen.iter().rev().find(|(m, _, _)| m != "GET").expect("nothing pushed").clone();
+    assert_eq!(method, "PUT");
+    assert_eq!(path, "/metrics/job/nightly/namespace/clusters/hosted_cluster/demo/site/sandbox");
+    body
+}
+
 fn series(text: &str, metric: &str) -> f64 {
     let line = text
         .lines()
@@ -33,7 +99,11 @@ async fn backups_record_events_status_and_metrics() {
     let env = env("SingleReplica").await;
     let store = env.local_store();
     let metrics = env.dir.path().join("hcp_dr.prom");
-    let args = ["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--metrics-file", metrics.to_str().unwrap(), "-o", "json"];
+    let (gateway, pushes) = pushgateway().await;
+    let args = [
+        "backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--metrics-file", metrics.to_str().unwrap(),
+        "--pushgateway", &gateway, "--pushgateway-job", "nightly", "--pushgateway-label", "site=sandbox", "-o", "json",
+    ];
     let out = env.hcp_dr(&args, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
@@ -52,6 +122,11 @@ async fn backups_record_events_status_and_metrics() {
     assert!(series(&prom, "hcp_dr_backup_last_bytes") > 1000.0);
     let success_at = series(&prom, "hcp_dr_backup_last_success_timestamp_seconds");
     assert!(success_at > 1.7e9);
+    // the Pushgateway got the same metrics, in the cluster's group
+    let body = last_put(&pushes);
+    for metric in PUSHED {
+        assert_eq!(pushed(&body, metric), series(&prom, metric), "{metric}:\n{body}");
+    }
 
     // a failed backup: a Warning Event with the reason, the failure recorded, the last success kept
     let out = env.hcp_dr(&args, &[("HCP_DR_TEST_FAIL_AFTER", "export")]);
@@ -67,5 +142,22 @@ async fn backups_record_events_status_and_metrics() {
     assert_eq!(series(&prom, "hcp_dr_backup_failures_total"), 1.0);
     assert_eq!(series(&prom, "hcp_dr_backup_last_success"), 0.0);
     assert_eq!(series(&prom, "hcp_dr_backup_last_success_timestamp_seconds"), success_at);
+    let body = last_put(&pushes);
+    assert_eq!(pushed(&body, "hcp_dr_backup_failures_total"), 1.0, "{body}");
+    assert_eq!(pushed(&body, "hcp_dr_backup_last_success"), 0.0, "{body}");
+    assert_eq!(pushed(&body, "hcp_dr_backup_last_duration_seconds"), series(&prom, "hcp_dr_backup_last_duration_seconds"));
     env.assert_in_service("after the failed backup").await;
+
+    // a Pushgateway that cannot be reached is a warning, never a failed backup
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--pushgateway", &closed, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let warnings = json_report(&out)["warnings"].clone();
+    assert!(
+        warnings.as_array().unwrap().iter().any(|w| w.as_str().unwrap().starts_with("could not push metrics to the Pushgateway: PUT")),
+        "{warnings:#}"
+    );
 }

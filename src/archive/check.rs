@@ -8,8 +8,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
+use super::encryption::{self, EncryptionError, HashingReader, Identities};
 use super::{ArchiveError, Layout, Manifest, OBJECTS, SHA256SUMS, objects, sha256sums};
-use crate::store::{Hasher, Store, StoreError};
+use crate::store::{Hasher, PutReport, Store, StoreError};
 
 /// Why a stored backup cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,10 @@ pub enum CheckError {
         #[source]
         source: ArchiveError,
     },
+    /// The backup is encrypted and cannot be decrypted with what was given
+    /// (no identity, or none of the recipients').
+    #[error(transparent)]
+    Encryption(#[from] EncryptionError),
 }
 
 /// What a check found (nothing secret).
@@ -45,6 +50,21 @@ pub struct CheckReport {
     pub artifacts_checked: usize,
     pub bytes_checked: u64,
     pub objects: usize,
+    /// The recipients of an encrypted backup (empty: not encrypted).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub encrypted_to: Vec<String>,
+    /// Whether the encrypted artifacts were decrypted and their plaintext
+    /// checked too (always true for a backup that is not encrypted).
+    pub plaintext_checked: bool,
+}
+
+/// A checked backup: its manifest, its objects (`None` when it is
+/// encrypted and no identity was given) and what was checked.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub manifest: Manifest,
+    pub objects: Option<Vec<Value>>,
+    pub report: CheckReport,
 }
 
 /// Read and parse the manifest of one backup.
@@ -71,6 +91,15 @@ pub async fn read_manifest(store: &dyn Store, layout: &Layout) -> Result<Manifes
     })
 }
 
+/// The manifest at `key` of `store` (a backup folder opened as a store),
+/// parsed; `None` when it is absent or unreadable. For messages only.
+pub async fn read_manifest_at(store: &dyn Store, key: &str) -> Option<Manifest> {
+    let mut body = store.get(key).await.ok()?;
+    let mut bytes = Vec::new();
+    body.read_to_end(&mut bytes).await.ok()?;
+    Manifest::parse(&bytes).ok()
+}
+
 /// Stream `key` back, hashing it; `keep` collects the bytes too (small artifacts).
 async fn rehash(store: &dyn Store, key: &str, mut keep: Option<&mut Vec<u8>>) -> Result<crate::store::PutReport, CheckError> {
     let mut body = store.get(key).await?;
@@ -92,9 +121,66 @@ async fn rehash(store: &dyn Store, key: &str, mut keep: Option<&mut Vec<u8>>) ->
     Ok(hasher.finish())
 }
 
+/// Stream an encrypted artifact back: hash the ciphertext (what is stored)
+/// and, decrypting on the way, the plaintext; `keep` collects the plaintext.
+async fn rehash_decrypted(
+    store: &dyn Store,
+    key: &str,
+    identities: &Identities,
+    recipients: &[String],
+    mut keep: Option<&mut Vec<u8>>,
+) -> Result<(PutReport, Result<PutReport, String>), CheckError> {
+    let body = store.get(key).await?;
+    let (hashing, stored) = HashingReader::new(body);
+    let mut plain = encryption::decrypting_reader(Box::new(hashing), identities, key, recipients).await?;
+    let mut hasher = Hasher::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let read: Result<(), String> = async {
+        loop {
+            let n = plain.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Ok(());
+            }
+            hasher.update(&buf[..n]);
+            if let Some(keep) = keep.as_deref_mut() {
+                keep.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+    .await;
+    drop(plain);
+    let stored = std::mem::take(&mut *stored.lock().map_err(|_| StoreError::Body {
+        key: key.to_string(),
+        source: std::io::Error::other("hash state poisoned"),
+    })?)
+    .finish();
+    Ok((stored, read.map(|()| hasher.finish())))
+}
+
 /// Check every artifact of a backup against its manifest and parse the
-/// objects; returns the manifest, the objects and what was checked.
+/// objects; returns the manifest, the objects and what was checked. An
+/// encrypted backup needs an identity here ([`check_backup_with`] checks
+/// its stored bytes without one).
 pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifest, Vec<Value>, CheckReport), CheckError> {
+    let checked = check_backup_with(store, layout, None).await?;
+    match checked.objects {
+        Some(objects) => Ok((checked.manifest, objects, checked.report)),
+        None => Err(EncryptionError::IdentityNeeded {
+            what: format!("backup {}", checked.report.backup),
+            recipients: checked.report.encrypted_to,
+        }
+        .into()),
+    }
+}
+
+/// Check a backup as [`check_backup`] does. For an encrypted backup, the
+/// stored (encrypted) bytes are always checked against the manifest and
+/// `SHA256SUMS`; with `identities`, every encrypted artifact is also
+/// decrypted while it streams and its plaintext checked against the
+/// manifest's `encryption.artifacts`, and the objects are parsed from the
+/// decrypted archive (in memory: it is never written out). A wrong identity
+/// is refused before any artifact is read.
+pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: Option<&Identities>) -> Result<Checked, CheckError> {
     let manifest = read_manifest(store, layout).await?;
     if manifest.backup_id != layout.backup_id
         || manifest.cluster.namespace != layout.namespace
@@ -109,11 +195,22 @@ pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifes
             ),
         });
     }
+    let backup = format!("{}/{}", store.url(), layout.dir());
+    let recipients = manifest.recipients().to_vec();
+    let decrypting = match (manifest.encryption.is_some(), identities) {
+        (true, Some(ids)) => {
+            ids.check(&format!("backup {backup}"), &recipients)?;
+            Some(ids)
+        }
+        _ => None,
+    };
     let mut report = CheckReport {
-        backup: format!("{}/{}", store.url(), layout.dir()),
+        backup,
         artifacts_checked: 0,
         bytes_checked: 0,
         objects: 0,
+        plaintext_checked: manifest.encryption.is_none() || decrypting.is_some(),
+        encrypted_to: recipients.clone(),
     };
     let mut tarball = Vec::new();
     let mut sums = Vec::new();
@@ -124,7 +221,37 @@ pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifes
             SHA256SUMS => Some(&mut sums),
             _ => None,
         };
-        let got = match rehash(store, &key, keep).await {
+        let plaintext = manifest.plaintext(&artifact.name);
+        let (keep, plain_keep) = if plaintext.is_some() { (None, keep) } else { (keep, None) };
+        let rehashed = match (plaintext, decrypting) {
+            (Some(want), Some(ids)) => match rehash_decrypted(store, &key, ids, &recipients, plain_keep).await {
+                Ok((_, Err(e))) => {
+                    return Err(CheckError::Mismatch {
+                        url: store.url(),
+                        key,
+                        what: format!("does not decrypt ({e})"),
+                    });
+                }
+                Ok((stored, Ok(got))) => {
+                    // the stored bytes are compared below; the plaintext here
+                    let stored_ok = stored.size == artifact.size && stored.sha256 == artifact.sha256;
+                    if stored_ok && (got.size != want.size || got.sha256 != want.sha256) {
+                        return Err(CheckError::Mismatch {
+                            url: store.url(),
+                            key,
+                            what: format!(
+                                "decrypts to {} bytes with SHA-256 {}, but the manifest records {} bytes with SHA-256 {}",
+                                got.size, got.sha256, want.size, want.sha256
+                            ),
+                        });
+                    }
+                    Ok(stored)
+                }
+                Err(err) => Err(err),
+            },
+            _ => rehash(store, &key, keep).await,
+        };
+        let got = match rehashed {
             Err(CheckError::Store(StoreError::NotFound { .. })) => {
                 return Err(CheckError::Mismatch {
                     url: store.url(),
@@ -164,6 +291,13 @@ pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifes
             what: "SHA256SUMS does not list the manifest's artifacts".into(),
         });
     }
+    if !report.plaintext_checked {
+        return Ok(Checked {
+            manifest,
+            objects: None,
+            report,
+        });
+    }
     let objects: Vec<Value> = objects::read_tar_gz(&tarball[..])
         .map_err(|source| CheckError::Objects {
             url: store.url(),
@@ -174,5 +308,136 @@ pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifes
         .map(|(_, value)| value)
         .collect();
     report.objects = objects.len();
-    Ok((manifest, objects, report))
+    Ok(Checked {
+        manifest,
+        objects: Some(objects),
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::archive::encryption::Recipients;
+    use crate::archive::{Artifact, ClusterIdentity, ENCRYPTED_FORMAT_VERSION, Encryption, MemberSnapshot, Timings};
+    use crate::store::LocalStore;
+    use crate::store::sealed::SealingStore;
+
+    fn key() -> (Identities, String) {
+        let identity = age::x25519::Identity::generate();
+        let secret = age::secrecy::ExposeSecret::expose_secret(&identity.to_string()).to_string();
+        (Identities::parse(Path::new("test.key"), &secret).unwrap(), identity.to_public().to_string())
+    }
+
+    /// An encrypted backup in a local store, written as `package` writes it.
+    async fn encrypted_backup(dir: &Path, recipient: &str) -> (Arc<dyn Store>, Layout) {
+        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir));
+        let sealed = SealingStore::new(store.clone(), Recipients::parse(&[recipient.to_string()]).unwrap().unwrap());
+        let layout = Layout::new("clusters", "demo", "20261121T180000Z-0a1b2c");
+        let mut tarball = Vec::new();
+        let objects = vec![json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-pull-secret", "namespace": "clusters"}, "data": {"k": "c2VjcmV0"}})];
+        objects::write_tar_gz(&objects, &mut tarball).unwrap();
+        let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        let mut artifacts = Vec::new();
+        let mut plain = Vec::new();
+        for (name, bytes) in [("etcd/etcd-0.db", &snapshot), (OBJECTS, &tarball)] {
+            let key = layout.artifact(name);
+            let stored = sealed.put(&key, Box::new(&bytes[..])).await.unwrap();
+            artifacts.push(Artifact { name: name.into(), size: stored.size, sha256: stored.sha256 });
+            let p = sealed.plaintext(&key).unwrap();
+            plain.push(Artifact { name: name.into(), size: p.size, sha256: p.sha256 });
+        }
+        let sums = sha256sums(&artifacts);
+        let put = store.put(&layout.sums(), Box::new(sums.as_bytes())).await.unwrap();
+        artifacts.push(Artifact { name: SHA256SUMS.into(), size: put.size, sha256: put.sha256 });
+        let manifest = Manifest {
+            format_version: ENCRYPTED_FORMAT_VERSION,
+            tool_version: "test".into(),
+            backup_id: layout.backup_id.clone(),
+            cluster: ClusterIdentity {
+                namespace: "clusters".into(),
+                name: "demo".into(),
+                uid: "u".into(),
+                cluster_id: None,
+                infra_id: None,
+                hcp_namespace: "clusters-demo".into(),
+                platform: "None".into(),
+                availability_policy: "SingleReplica".into(),
+                release_image: "img".into(),
+                encryption_key_secret: None,
+            },
+            etcd: vec![MemberSnapshot {
+                member: "etcd-0".into(),
+                artifact: "etcd/etcd-0.db".into(),
+                revision: 7,
+                size: artifacts[0].size,
+                sha256: artifacts[0].sha256.clone(),
+            }],
+            artifacts,
+            object_counts: Default::default(),
+            timings: Timings::default(),
+            encryption: Some(Encryption { scheme: "age".into(), recipients: vec![recipient.to_string()], artifacts: plain }),
+        };
+        store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
+        (store, layout)
+    }
+
+    #[tokio::test]
+    async fn encrypted_backups_check_stored_bytes_without_a_key_and_plaintext_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+
+        let blind = check_backup_with(store.as_ref(), &layout, None).await.unwrap();
+        assert!(!blind.report.plaintext_checked);
+        assert!(blind.objects.is_none());
+        assert_eq!(blind.report.encrypted_to, vec![recipient.clone()]);
+        assert_eq!(blind.report.artifacts_checked, 3);
+        let err = check_backup(store.as_ref(), &layout).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("is encrypted (age) to {recipient}: pass --identity")), "{err}");
+
+        let full = check_backup_with(store.as_ref(), &layout, Some(&ids)).await.unwrap();
+        assert!(full.report.plaintext_checked);
+        let objects = full.objects.unwrap();
+        assert_eq!(objects[0]["data"]["k"], "c2VjcmV0");
+
+        let (wrong, _) = key();
+        let err = check_backup_with(store.as_ref(), &layout, Some(&wrong)).await.unwrap_err().to_string();
+        assert!(err.contains("none of the identities in test.key can decrypt backup"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn tampered_or_mislabelled_ciphertext_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+        let path = dir.path().join(layout.artifact("etcd/etcd-0.db"));
+        let original = std::fs::read(&path).unwrap();
+
+        // a flipped byte: the stored hash no longer matches, with or without the key
+        let mut bytes = original.clone();
+        let at = bytes.len() - 500;
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        for ids in [None, Some(&ids)] {
+            let err = check_backup_with(store.as_ref(), &layout, ids).await.unwrap_err().to_string();
+            assert!(err.contains("damaged or was tampered with"), "{err}");
+        }
+
+        // ciphertext re-encrypted from other plaintext, hashes updated to match:
+        // only the plaintext digest catches it
+        std::fs::write(&path, &original).unwrap();
+        let manifest = read_manifest(store.as_ref(), &layout).await.unwrap();
+        let mut forged = manifest.clone();
+        forged.encryption.as_mut().unwrap().artifacts[0].sha256 = "00".repeat(32);
+        store.put(&layout.manifest(), Box::new(&forged.to_json()[..])).await.unwrap();
+        check_backup_with(store.as_ref(), &layout, None).await.unwrap();
+        let err = check_backup_with(store.as_ref(), &layout, Some(&ids)).await.unwrap_err().to_string();
+        assert!(err.contains("decrypts to 200000 bytes"), "{err}");
+    }
 }

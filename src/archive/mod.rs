@@ -15,6 +15,7 @@
 //! size and SHA-256; readers check `format_version` before anything else.
 
 pub mod check;
+pub mod encryption;
 pub mod objects;
 pub mod retention;
 pub mod sanitize;
@@ -26,6 +27,10 @@ use serde::{Deserialize, Serialize};
 
 /// The format this code writes; readers accept exactly the versions they know.
 pub const FORMAT_VERSION: u32 = 1;
+/// The format of a backup whose artifacts are encrypted client-side (version
+/// 1 plus `encryption`): a reader that knows only version 1 refuses it
+/// instead of taking ciphertext for a snapshot.
+pub const ENCRYPTED_FORMAT_VERSION: u32 = 2;
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
 /// The checksum list's file name.
@@ -40,7 +45,7 @@ pub enum ArchiveError {
     #[error("manifest: {0}")]
     ManifestParse(#[source] serde_json::Error),
     /// The manifest was written by a format this version cannot read.
-    #[error("manifest: format version {found} is not supported (this hcp-dr reads version {FORMAT_VERSION}); use the hcp-dr release that wrote it")]
+    #[error("manifest: format version {found} is not supported (this hcp-dr reads versions {FORMAT_VERSION} and {ENCRYPTED_FORMAT_VERSION}); use the hcp-dr release that wrote it")]
     UnknownFormat { found: u32 },
     /// The manifest does not name an artifact it must have.
     #[error("manifest: {0}")]
@@ -216,8 +221,15 @@ pub struct Manifest {
 /// Client-side encryption of artifacts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Encryption {
+    /// `age` ([`encryption::SCHEME`]).
     pub scheme: String,
+    /// The public keys (`age1…`) the artifacts are encrypted to.
     pub recipients: Vec<String>,
+    /// The encrypted artifacts with the size and SHA-256 of their
+    /// plaintext (checked after decryption); `artifacts` above holds what is
+    /// stored (the ciphertext).
+    #[serde(default)]
+    pub artifacts: Vec<Artifact>,
 }
 
 impl Manifest {
@@ -228,7 +240,7 @@ impl Manifest {
             format_version: u32,
         }
         let version: Version = serde_json::from_slice(bytes).map_err(ArchiveError::ManifestParse)?;
-        if version.format_version != FORMAT_VERSION {
+        if version.format_version != FORMAT_VERSION && version.format_version != ENCRYPTED_FORMAT_VERSION {
             return Err(ArchiveError::UnknownFormat {
                 found: version.format_version,
             });
@@ -254,11 +266,58 @@ impl Manifest {
                 return Err(ArchiveError::Incomplete(format!("artifact `{name}` is not listed")));
             }
         }
+        match (&self.encryption, self.format_version) {
+            (None, FORMAT_VERSION) => Ok(()),
+            (Some(encryption), ENCRYPTED_FORMAT_VERSION) => self.check_encryption(encryption),
+            (None, _) => Err(ArchiveError::Incomplete(format!(
+                "format version {} is for encrypted backups, but `encryption` is missing",
+                self.format_version
+            ))),
+            (Some(_), _) => Err(ArchiveError::Incomplete(format!(
+                "`encryption` is set in a format version {} manifest (encrypted backups are version {ENCRYPTED_FORMAT_VERSION})",
+                self.format_version
+            ))),
+        }
+    }
+
+    /// The snapshots and the objects archive are encrypted, each with its
+    /// plaintext digest; nothing else is.
+    fn check_encryption(&self, encryption: &Encryption) -> Result<(), ArchiveError> {
+        if encryption.scheme != encryption::SCHEME {
+            return Err(ArchiveError::Incomplete(format!(
+                "the artifacts are encrypted with `{}`, which this hcp-dr cannot decrypt (it knows `{}`)",
+                encryption.scheme,
+                encryption::SCHEME
+            )));
+        }
+        if encryption.recipients.is_empty() {
+            return Err(ArchiveError::Incomplete("`encryption` names no recipient".into()));
+        }
+        let mut want: Vec<&str> = self.etcd.iter().map(|m| m.artifact.as_str()).chain([OBJECTS]).collect();
+        let mut have: Vec<&str> = encryption.artifacts.iter().map(|a| a.name.as_str()).collect();
+        want.sort();
+        have.sort();
+        if want != have {
+            return Err(ArchiveError::Incomplete(format!(
+                "`encryption.artifacts` lists {have:?}; an encrypted backup encrypts exactly {want:?}"
+            )));
+        }
         Ok(())
     }
 
     pub fn artifact(&self, name: &str) -> Option<&Artifact> {
         self.artifacts.iter().find(|a| a.name == name)
+    }
+
+    /// The plaintext size and SHA-256 of an encrypted artifact (`None`: it
+    /// is stored as it is).
+    pub fn plaintext(&self, name: &str) -> Option<&Artifact> {
+        self.encryption.as_ref()?.artifacts.iter().find(|a| a.name == name)
+    }
+
+    /// The recipients of an encrypted backup (empty: not encrypted).
+    pub fn recipients(&self) -> &[String] {
+        self.encryption.as_ref().map(|e| e.recipients.as_slice()).unwrap_or_default()
     }
 
     pub fn to_json(&self) -> Vec<u8> {
@@ -355,11 +414,40 @@ mod tests {
         let m = manifest();
         assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
         let mut future = serde_json::to_value(&m).unwrap();
-        future["format_version"] = 2.into();
+        future["format_version"] = 3.into();
         future["something_new"] = true.into();
         let err = Manifest::parse(&serde_json::to_vec(&future).unwrap()).unwrap_err();
-        assert!(matches!(err, ArchiveError::UnknownFormat { found: 2 }), "{err}");
+        assert!(matches!(err, ArchiveError::UnknownFormat { found: 3 }), "{err}");
         assert!(Manifest::parse(b"{not json").is_err());
+    }
+
+    #[test]
+    fn encrypted_manifests_are_version_2_and_list_every_plaintext_digest() {
+        let plain = |name: &str| Artifact { name: name.into(), size: 2, sha256: "cd".repeat(32) };
+        let mut m = manifest();
+        m.format_version = ENCRYPTED_FORMAT_VERSION;
+        m.encryption = Some(Encryption {
+            scheme: encryption::SCHEME.into(),
+            recipients: vec!["age1xyz".into()],
+            artifacts: vec![plain("etcd/etcd-0.db"), plain("etcd/etcd-1.db"), plain(OBJECTS)],
+        });
+        assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
+        assert_eq!(m.plaintext(OBJECTS).unwrap().sha256, "cd".repeat(32));
+        assert!(m.plaintext(SHA256SUMS).is_none());
+        assert_eq!(m.recipients(), ["age1xyz".to_string()]);
+
+        let mut v1 = m.clone();
+        v1.format_version = FORMAT_VERSION;
+        assert!(Manifest::parse(&v1.to_json()).unwrap_err().to_string().contains("encrypted backups are version 2"));
+        let mut missing = m.clone();
+        missing.encryption.as_mut().unwrap().artifacts.pop();
+        assert!(Manifest::parse(&missing.to_json()).unwrap_err().to_string().contains("encrypts exactly"));
+        let mut other = m.clone();
+        other.encryption.as_mut().unwrap().scheme = "gpg".into();
+        assert!(Manifest::parse(&other.to_json()).unwrap_err().to_string().contains("cannot decrypt"));
+        let mut unencrypted = manifest();
+        unencrypted.format_version = ENCRYPTED_FORMAT_VERSION;
+        assert!(Manifest::parse(&unencrypted.to_json()).unwrap_err().to_string().contains("`encryption` is missing"));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args as ClapArgs;
 
 use super::{Exit, Output};
+use crate::ops::signals::Pushgateway;
 use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all, default_journal_dir};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
@@ -80,6 +81,22 @@ pub struct Args {
     /// failures) in this file, for the node exporter's textfile collector.
     #[arg(long, env = "HCP_DR_METRICS_FILE")]
     pub metrics_file: Option<PathBuf>,
+    /// Also push those metrics to this Prometheus Pushgateway (http:// or
+    /// https://; --ca-bundle is trusted too). A failed push is a warning.
+    #[arg(long, env = "HCP_DR_PUSHGATEWAY")]
+    pub pushgateway: Option<String>,
+    /// The Pushgateway `job` label.
+    #[arg(long, default_value = "hcp-dr", requires = "pushgateway")]
+    pub pushgateway_job: String,
+    /// An extra Pushgateway grouping label, NAME=VALUE (repeatable).
+    #[arg(long, value_name = "NAME=VALUE", requires = "pushgateway")]
+    pub pushgateway_label: Vec<String>,
+    /// Encrypt the etcd snapshots and the objects archive client-side to
+    /// this age public key (age1…; repeatable, or comma-separated in
+    /// HCP_DR_ENCRYPT_TO). Restoring then needs --identity. A resumed run
+    /// encrypts to the recipients its journal recorded.
+    #[arg(long, value_name = "RECIPIENT", env = "HCP_DR_ENCRYPT_TO", value_delimiter = ',')]
+    pub encrypt_to: Vec<String>,
 }
 
 /// `30m`, `1h`, `90s`, `2h30m`.
@@ -135,6 +152,11 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
     if tls.cert_pem.is_some() != tls.key_pem.is_some() {
         return Err("--etcd-cert and --etcd-key go together".into());
     }
+    let pushgateway = args
+        .pushgateway
+        .as_deref()
+        .map(|url| Pushgateway::new(url, &args.pushgateway_job, &args.pushgateway_label, args.ca_bundle.clone()))
+        .transpose()?;
     Ok(BackupOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
@@ -159,6 +181,8 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         resume: args.resume,
         observer: super::report::progress(output),
         metrics_file: args.metrics_file,
+        pushgateway,
+        encrypt_to: args.encrypt_to,
     })
 }
 

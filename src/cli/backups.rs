@@ -62,6 +62,10 @@ pub enum Command {
         /// Also restore each snapshot into a scratch etcd and count its keys.
         #[arg(long)]
         deep: bool,
+        /// age identity file to decrypt an encrypted backup and check its
+        /// plaintext too (without it, only the stored bytes are checked).
+        #[arg(long, env = "HCP_DR_IDENTITY")]
+        identity: Option<PathBuf>,
         #[command(flatten)]
         s3: StoreArgs,
     },
@@ -183,18 +187,35 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
     }
     if let Some(e) = &m.encryption {
         out.push_str(&format!("encrypted: {} for {}\n", e.scheme, e.recipients.join(", ")));
+        for a in &e.artifacts {
+            out.push_str(&format!("  {:<20} plaintext {:>10}  sha256 {}\n", a.name, size(a.size), a.sha256));
+        }
     }
     out
 }
 
 fn render_verify(r: &VerifyReport) -> String {
     let mut out = format!("{}: {}\n", r.backup, if r.ok { "OK" } else { "FAILED" });
-    out.push_str(&format!(
-        "  {} artifacts ({}) match the manifest; {} objects parse\n",
-        r.artifacts_checked,
-        size(r.bytes_checked),
-        r.objects
-    ));
+    if r.plaintext_checked {
+        out.push_str(&format!(
+            "  {} artifacts ({}) match the manifest; {} objects parse\n",
+            r.artifacts_checked,
+            size(r.bytes_checked),
+            r.objects
+        ));
+    } else {
+        out.push_str(&format!("  {} artifacts ({}) match the manifest\n", r.artifacts_checked, size(r.bytes_checked)));
+    }
+    if !r.encrypted_to.is_empty() {
+        if r.plaintext_checked {
+            out.push_str(&format!("  encrypted (age) to {}: decrypted with --identity, the plaintext matches the manifest\n", r.encrypted_to.join(", ")));
+        } else {
+            out.push_str(&format!(
+                "  encrypted (age) to {}: the stored (encrypted) bytes were checked; checking the plaintext (objects, snapshots read offline, --deep) needs --identity KEY-FILE\n",
+                r.encrypted_to.join(", ")
+            ));
+        }
+    }
     for s in &r.snapshots {
         out.push_str(&format!(
             "  {:<8} {}  revision {}  keys {}{}\n",
@@ -270,12 +291,16 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Err(e) => fail(e),
             }
         }
-        Command::Verify { backup, deep, s3 } => {
+        Command::Verify { backup, deep, identity, s3 } => {
+            let identities = match identity.as_deref().map(crate::archive::encryption::Identities::from_file).transpose() {
+                Ok(ids) => ids,
+                Err(e) => return fail(OpsError::Input(e.to_string())),
+            };
             let (store, layout) = match open_backup(&backup, s3.s3()).await {
                 Ok(v) => v,
                 Err(e) => return fail(e),
             };
-            match backups::verify(store.as_ref(), &layout, deep).await {
+            match backups::verify_with(store.as_ref(), &layout, deep, identities.as_ref()).await {
                 Ok(report) => {
                     print(output, &report, || render_verify(&report));
                     if report.ok { Exit::Success } else { Exit::Failed }

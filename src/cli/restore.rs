@@ -8,7 +8,7 @@ use clap::Args as ClapArgs;
 use super::backup::parse_duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
-use crate::ops::restore::{RestoreOptions, RestoreResult, restore};
+use crate::ops::restore::{Decrypt, RestoreOptions, RestoreResult, restore_with};
 use crate::stages::context::EtcdAccess;
 use crate::store::S3Options;
 
@@ -38,9 +38,16 @@ pub struct Args {
     /// it from a presigned URL; deleted once etcd has restored it.
     #[arg(long)]
     pub stage_snapshot_to: Option<String>,
-    /// How long the presigned snapshot URL is valid (5m to 168h).
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
-    pub presign_ttl: Duration,
+    /// How long the presigned snapshot URL is valid (5m to 168h; default
+    /// 1h, 15m for the decrypted copy of an encrypted backup's snapshot).
+    #[arg(long, value_parser = parse_duration)]
+    pub presign_ttl: Option<Duration>,
+    /// age identity file (as age-keygen writes it) holding the private key
+    /// of one of an encrypted backup's recipients. The snapshot etcd
+    /// downloads is staged decrypted (--stage-snapshot-to, default the
+    /// backup's own S3 store) and deleted once etcd has restored it.
+    #[arg(long, env = "HCP_DR_IDENTITY")]
+    pub identity: Option<PathBuf>,
     /// How long to wait for the restored cluster to be Available with its nodes Ready.
     #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
     pub wait_timeout: Duration,
@@ -90,7 +97,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
             ..S3Options::default()
         },
         stage_snapshot_to: args.stage_snapshot_to,
-        presign_ttl: args.presign_ttl,
+        presign_ttl: args.presign_ttl.unwrap_or(Duration::from_secs(3600)),
         wait_timeout: args.wait_timeout,
         clean_leftovers: args.clean_leftovers,
         overwrite: args.overwrite,
@@ -111,7 +118,11 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Err(exit) => return exit,
     };
     let aborting = args.abort.is_some();
-    match restore(options(args, output), &mut interrupt).await {
+    let decrypt = Decrypt {
+        identity: args.identity.clone(),
+        presign_ttl_given: args.presign_ttl.is_some(),
+    };
+    match restore_with(options(args, output), decrypt, &mut interrupt).await {
         Ok(result) => {
             super::report::print(output, &result, || render(&result));
             super::report::exit_for_run(&result.run.outcome, aborting)

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use clap::{Args as ClapArgs, Subcommand};
 
 use super::{Exit, Output};
-use crate::etcd::verify::{Report, Verdict, VerifyError, verify_source};
+use crate::archive::encryption::Identities;
+use crate::etcd::verify::{Report, Verdict, VerifyError, verify_source_with};
 use crate::store::S3Options;
 
 #[derive(Debug, Subcommand)]
@@ -30,6 +31,11 @@ pub struct VerifyArgs {
     /// Extra CA bundle (PEM) to trust for the S3 endpoint.
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
+    /// age identity file (as age-keygen writes it) to decrypt a snapshot of
+    /// an encrypted backup (hcp-dr backup --encrypt-to). The plaintext is
+    /// never written to disk.
+    #[arg(long, env = "HCP_DR_IDENTITY")]
+    pub identity: Option<PathBuf>,
 }
 
 pub async fn exec(command: Command, output: Output) -> Exit {
@@ -39,7 +45,14 @@ pub async fn exec(command: Command, output: Output) -> Exit {
         ca_bundle: args.ca_bundle,
         ..S3Options::default()
     };
-    match verify_source(&args.snapshot, s3).await {
+    let identities = match args.identity.as_deref().map(Identities::from_file).transpose() {
+        Ok(ids) => ids,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return Exit::Usage;
+        }
+    };
+    match verify_source_with(&args.snapshot, s3, identities.as_ref()).await {
         Ok(report) => {
             match output {
                 Output::Json => println!(
@@ -72,6 +85,10 @@ fn hint(err: &VerifyError) -> &'static str {
         VerifyError::Store(_) | VerifyError::Fetch { .. } => {
             "hint: check the URL (`hcp-dr` backups keep snapshots at <store>/<namespace>/<name>/<backup-id>/etcd/etcd-N.db), \
              the S3 credentials (AWS_* environment or profile), --s3-endpoint and --ca-bundle"
+        }
+        VerifyError::Encrypted(_) => {
+            "hint: the backup was taken with --encrypt-to; pass --identity KEY-FILE holding the private key of one of its recipients \
+             (hcp-dr backups describe BACKUP-URL lists them)"
         }
         VerifyError::Read { .. } | VerifyError::Scratch { .. } => {
             "hint: the snapshot could not be read to the end; check the disk and TMPDIR's free space, then retry"

@@ -4,6 +4,7 @@
 //! `etcd` and `etcdctl` binaries (Debian: `etcd-server`, `etcd-client`); when
 //! they are absent the deep check says so instead of pretending.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -53,11 +54,41 @@ impl ScratchTools {
 
     /// Download `key`, restore it into a scratch member, and count its keys.
     pub async fn count_keys(&self, store: &dyn Store, key: &str) -> Result<u64, String> {
+        self.count_keys_with(store, key, &super::verify::Decryption::default()).await
+    }
+
+    /// As [`ScratchTools::count_keys`], decrypting an age-encrypted snapshot
+    /// on the way. `etcdctl snapshot restore` needs a plaintext file: it is
+    /// written into the scratch directory (mode 0700, the file 0600) and
+    /// removed with it.
+    pub async fn count_keys_with(&self, store: &dyn Store, key: &str, decryption: &super::verify::Decryption<'_>) -> Result<u64, String> {
         let dir = TempDir(std::env::temp_dir().join(format!("hcp-dr-scratch-{}-{}", std::process::id(), crate::archive::new_backup_id(chrono::Utc::now()))));
-        std::fs::create_dir_all(&dir.0).map_err(|e| format!("{}: {e}", dir.0.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir.0)
+            .map_err(|e| format!("{}: {e}", dir.0.display()))?;
         let snapshot = dir.0.join("snapshot.db");
         let mut body = store.get(key).await.map_err(|e| e.to_string())?;
-        let mut file = tokio::fs::File::create(&snapshot).await.map_err(|e| format!("{}: {e}", snapshot.display()))?;
+        if let Some(identities) = decryption.identities {
+            let mut head = [0u8; 32];
+            let n = crate::store::read_full(&mut body, &mut head).await.map_err(|e| format!("downloading {key}: {e}"))?;
+            let whole: crate::store::Body<'static> = Box::new(tokio::io::AsyncReadExt::chain(std::io::Cursor::new(head[..n].to_vec()), body));
+            body = if crate::archive::encryption::is_age(&head[..n]) {
+                crate::archive::encryption::decrypting_reader(whole, identities, key, decryption.recipients)
+                    .await
+                    .map_err(|e| e.to_string())?
+            } else {
+                whole
+            };
+        }
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&snapshot)
+            .await
+            .map_err(|e| format!("{}: {e}", snapshot.display()))?;
         tokio::io::copy(&mut body, &mut file).await.map_err(|e| format!("downloading {key}: {e}"))?;
         file.flush().await.map_err(|e| e.to_string())?;
         drop(file);

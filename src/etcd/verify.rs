@@ -36,6 +36,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::bbolt::{self, BoltError, Db, Meta, Visitor};
+use crate::archive::encryption::{self, EncryptionError, Identities};
 use crate::store::{self, S3Options, Store, StoreError, StoreUrl, hex};
 
 /// Bytes of etcd's trailing SHA-256.
@@ -84,6 +85,10 @@ pub enum VerifyError {
         #[source]
         source: std::io::Error,
     },
+    /// The snapshot is encrypted (`hcp-dr backup --encrypt-to`) and cannot
+    /// be read without the right identity.
+    #[error(transparent)]
+    Encrypted(#[from] EncryptionError),
 }
 
 /// What a snapshot is, in one word (and the details to act on).
@@ -197,20 +202,75 @@ impl Report {
     }
 }
 
-/// Verify the snapshot file at `path`.
+/// Verify the snapshot file at `path`. An age-encrypted one is refused
+/// ([`VerifyError::Encrypted`]): see [`verify_file_with`].
 pub fn verify_file(path: &Path) -> Result<Report, VerifyError> {
+    verify_file_with(path, &Decryption::default())
+}
+
+/// How to read snapshots that may be age-encrypted (`hcp-dr backup
+/// --encrypt-to`): the identities to try, and the recipients the backup's
+/// manifest names (for messages).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Decryption<'a> {
+    pub identities: Option<&'a Identities>,
+    pub recipients: &'a [String],
+}
+
+/// Verify the snapshot file at `path`, decrypting it with `decryption`
+/// when it is age-encrypted. The plaintext is never written anywhere: the
+/// database is read at random through age's seekable reader over the
+/// encrypted file.
+pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Report, VerifyError> {
     let open = |source| VerifyError::Open {
         path: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(open)?;
+    let mut file = File::open(path).map_err(open)?;
     let metadata = file.metadata().map_err(open)?;
     if !metadata.is_file() {
         return Err(VerifyError::NotAFile {
             path: path.to_path_buf(),
         });
     }
-    check(file, metadata.len(), &path.display().to_string())
+    let source = path.display().to_string();
+    let mut head = [0u8; 32];
+    let n = read_head(&mut file, &mut head).map_err(open)?;
+    if !encryption::is_age(&head[..n]) {
+        return check(file, metadata.len(), &source);
+    }
+    let Some(identities) = decryption.identities else {
+        return Err(EncryptionError::IdentityNeeded {
+            what: format!("snapshot {source}"),
+            recipients: decryption.recipients.to_vec(),
+        }
+        .into());
+    };
+    if !decryption.recipients.is_empty() {
+        identities.check(&format!("snapshot {source}"), decryption.recipients)?;
+    }
+    let mut reader = encryption::decrypting_file(file, identities, &format!("snapshot {source}"), decryption.recipients)?;
+    let read_error = |err| VerifyError::Read {
+        what: source.clone(),
+        source: err,
+    };
+    let len = reader.seek(SeekFrom::End(0)).map_err(read_error)?;
+    reader.seek(SeekFrom::Start(0)).map_err(read_error)?;
+    check(reader, len, &source)
+}
+
+/// Read up to `buf.len()` bytes from the start, then go back to the start.
+fn read_head(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = file.read(&mut buf[filled..])?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    file.seek(SeekFrom::Start(0))?;
+    Ok(filled)
 }
 
 /// Verify a snapshot of `len` bytes read from `reader`.
@@ -221,6 +281,13 @@ pub fn verify_reader<R: Read + Seek>(reader: R, len: u64) -> Result<Report, Veri
 /// Fetch `key` from `store` into a private scratch file (under `TMPDIR`),
 /// verify it and remove it.
 pub async fn verify_store_object(store: &dyn Store, key: &str) -> Result<Report, VerifyError> {
+    verify_store_object_with(store, key, &Decryption::default()).await
+}
+
+/// As [`verify_store_object`], decrypting with `decryption` when the object
+/// is age-encrypted: the scratch file holds the object as stored (the
+/// ciphertext), never the plaintext.
+pub async fn verify_store_object_with(store: &dyn Store, key: &str, decryption: &Decryption<'_>) -> Result<Report, VerifyError> {
     let url = format!("{}/{key}", store.url().trim_end_matches('/'));
     let mut body = store.get(key).await.map_err(|source| VerifyError::Fetch {
         url: url.clone(),
@@ -241,8 +308,18 @@ pub async fn verify_store_object(store: &dyn Store, key: &str) -> Result<Report,
     copied.await.map_err(scratch_error)?;
     drop(file);
     let path = scratch.0.clone();
-    let mut report = tokio::task::spawn_blocking(move || verify_file(&path))
-        .await
+    let identities = decryption.identities.cloned();
+    let recipients = decryption.recipients.to_vec();
+    let mut report = tokio::task::spawn_blocking(move || {
+        verify_file_with(
+            &path,
+            &Decryption {
+                identities: identities.as_ref(),
+                recipients: &recipients,
+            },
+        )
+    })
+    .await
         .map_err(|err| VerifyError::Read {
             what: url.clone(),
             source: std::io::Error::other(err),
@@ -301,19 +378,63 @@ impl SnapshotSource {
 /// Verify what `given` names (see [`SnapshotSource::parse`]); `s3` holds the
 /// S3 settings for `s3://` URLs.
 pub async fn verify_source(given: &str, s3: S3Options) -> Result<Report, VerifyError> {
+    verify_source_with(given, s3, None).await
+}
+
+/// As [`verify_source`], decrypting an age-encrypted snapshot with
+/// `identities`. When the snapshot sits in a backup folder
+/// (`<backup>/etcd/<member>.db`), the backup's manifest is read for the
+/// recipients it was encrypted to, so a missing or wrong identity is
+/// reported with them.
+pub async fn verify_source_with(given: &str, s3: S3Options, identities: Option<&Identities>) -> Result<Report, VerifyError> {
     match SnapshotSource::parse(given)? {
         SnapshotSource::File(path) => {
             let what = path.display().to_string();
-            tokio::task::spawn_blocking(move || verify_file(&path))
-                .await
-                .map_err(|err| VerifyError::Read {
-                    what,
-                    source: std::io::Error::other(err),
-                })?
+            let recipients = path
+                .parent()
+                .filter(|p| p.file_name().is_some_and(|n| n == "etcd"))
+                .and_then(Path::parent)
+                .and_then(|backup| std::fs::read(backup.join(crate::archive::MANIFEST)).ok())
+                .and_then(|bytes| crate::archive::Manifest::parse(&bytes).ok())
+                .map(|m| m.recipients().to_vec())
+                .unwrap_or_default();
+            let identities = identities.cloned();
+            tokio::task::spawn_blocking(move || {
+                verify_file_with(
+                    &path,
+                    &Decryption {
+                        identities: identities.as_ref(),
+                        recipients: &recipients,
+                    },
+                )
+            })
+            .await
+            .map_err(|err| VerifyError::Read {
+                what,
+                source: std::io::Error::other(err),
+            })?
         }
         SnapshotSource::Object { store_url, key } => {
+            let recipients = match store_url.strip_suffix("/etcd") {
+                Some(backup) => match store::open(backup, s3.clone()).await {
+                    Ok(store) => crate::archive::check::read_manifest_at(store.as_ref(), crate::archive::MANIFEST)
+                        .await
+                        .map(|m| m.recipients().to_vec())
+                        .unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                },
+                None => Vec::new(),
+            };
             let store = store::open(&store_url, s3).await?;
-            verify_store_object(store.as_ref(), &key).await
+            verify_store_object_with(
+                store.as_ref(),
+                &key,
+                &Decryption {
+                    identities,
+                    recipients: &recipients,
+                },
+            )
+            .await
         }
     }
 }

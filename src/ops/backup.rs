@@ -7,6 +7,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::{OpsError, signals};
+use crate::archive::encryption::Recipients;
 use crate::archive::new_backup_id;
 use crate::pipeline::{Interrupt, Journal, Mode, RunReport, Runner, builtin};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
@@ -38,6 +39,11 @@ pub struct BackupOptions {
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
     /// Where to keep Prometheus metrics (textfile collector), if anywhere.
     pub metrics_file: Option<PathBuf>,
+    /// A Pushgateway to push the same metrics to, if any.
+    pub pushgateway: Option<signals::Pushgateway>,
+    /// age public keys to encrypt the snapshots and the objects archive to
+    /// (`--encrypt-to`, repeatable); empty: not encrypted.
+    pub encrypt_to: Vec<String>,
 }
 
 /// What a backup run reports.
@@ -127,9 +133,14 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 holder: holder(),
                 backup_id: new_backup_id(started),
                 started,
+                encrypt_to: Recipients::parse(&options.encrypt_to)
+                    .map_err(|e| OpsError::Input(e.to_string()))?
+                    .map(|r| r.names())
+                    .unwrap_or_default(),
             }
         }
     };
+    let recipients = Recipients::parse(&inputs.encrypt_to).map_err(|e| OpsError::Input(format!("journal inputs: {e}")))?;
     if inputs.pause_ttl_seconds < 60 {
         return Err(OpsError::Input(format!(
             "--pause-ttl {}s is too short: the pause must outlast the snapshot; use at least 1m (default 30m)",
@@ -143,6 +154,9 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3).await?;
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
+    if let Some(recipients) = recipients {
+        ctx.encrypt_to(recipients);
+    }
     let catalog = backup_catalog();
     let runner = Runner {
         operation: "backup",
@@ -165,7 +179,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     };
     let signalling = !options.dry_run;
     if signalling {
-        signal(&ctx, options.metrics_file.as_deref(), &signals::Outcome::Started).await;
+        signal(&ctx, &options, &signals::Outcome::Started).await;
     }
     let started = std::time::Instant::now();
     let run = runner.run(&mut ctx, mode, interrupt).await?;
@@ -199,14 +213,15 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             },
             _ => signals::Outcome::Failed { reason: "the run ended without a backup".into(), seconds },
         };
-        result.warnings.extend(signal(&ctx, options.metrics_file.as_deref(), &outcome).await);
+        result.warnings.extend(signal(&ctx, &options, &outcome).await);
     }
     Ok(result)
 }
 
 /// Event, status ConfigMap and metrics for one outcome; what could not be
 /// written comes back as warnings.
-async fn signal(ctx: &BackupContext, metrics: Option<&Path>, outcome: &signals::Outcome) -> Vec<String> {
+async fn signal(ctx: &BackupContext, options: &BackupOptions, outcome: &signals::Outcome) -> Vec<String> {
+    let metrics = options.metrics_file.as_deref();
     let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
     let now = Utc::now();
     let mut warnings = Vec::new();
@@ -219,6 +234,12 @@ async fn signal(ctx: &BackupContext, metrics: Option<&Path>, outcome: &signals::
     if let Some(path) = metrics {
         if let Err(e) = signals::metrics_file(path, ns, name, outcome, now) {
             warnings.push(format!("could not write metrics: {e}"));
+        }
+    }
+    if let Some(gateway) = &options.pushgateway {
+        match signals::push(gateway, ns, name, outcome, now).await {
+            Ok(notes) => warnings.extend(notes),
+            Err(e) => warnings.push(format!("could not push metrics to the Pushgateway: {e}")),
         }
     }
     for w in &warnings {
@@ -241,18 +262,7 @@ fn journal_path(options: &BackupOptions, inputs: &BackupInputs) -> PathBuf {
 
 /// For `playbook show`: the stages and what each does.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = builtin::load("backup", file)?;
-    playbook.check(&BACKUP_RULES)?;
-    let catalog = backup_catalog();
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| {
-            catalog
-                .get(&s.name)
-                .map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable()))
-        })
-        .collect())
+    super::describe("backup", file, &BACKUP_RULES, &backup_catalog())
 }
 
 /// Which hosted clusters a fleet backup takes.

@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OpsError;
-use crate::archive::check::{CheckError, check_backup, read_manifest};
+use crate::archive::check::{CheckError, check_backup_with, read_manifest};
+use crate::archive::encryption::Identities;
 use crate::archive::retention::{self, Candidate, Decision, Policy};
 use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
 use crate::store::Store;
@@ -119,11 +120,26 @@ pub struct VerifyReport {
     pub snapshots: Vec<SnapshotCheck>,
     /// Why the deep check did not run, when asked and impossible.
     pub deep_skipped: Option<String>,
+    /// The recipients of an encrypted backup (empty: not encrypted).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub encrypted_to: Vec<String>,
+    /// Whether the plaintext was checked (decrypted with --identity; always
+    /// for a backup that is not encrypted). Without it only the stored
+    /// bytes are: sizes, SHA-256s and SHA256SUMS.
+    pub plaintext_checked: bool,
 }
 
 /// Download and check every artifact against the manifest, then every
 /// snapshot offline (and, `deep`, restored into a scratch etcd).
 pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<VerifyReport, OpsError> {
+    verify_with(store, layout, deep, None).await
+}
+
+/// As [`verify`], for a backup that may be encrypted: without `identities`
+/// only what is stored (the ciphertext) is checked, and the report says so;
+/// with them every encrypted artifact is decrypted while it streams and its
+/// plaintext checked too. A wrong identity is bad input.
+pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identities: Option<&Identities>) -> Result<VerifyReport, OpsError> {
     let mut report = VerifyReport {
         backup: format!("{}/{}", store.url(), layout.dir()),
         ok: false,
@@ -133,15 +149,20 @@ pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<Ve
         objects: 0,
         snapshots: Vec::new(),
         deep_skipped: None,
+        encrypted_to: Vec::new(),
+        plaintext_checked: false,
     };
-    let manifest = match check_backup(store, layout).await {
-        Ok((manifest, objects, checked)) => {
-            report.artifacts_checked = checked.artifacts_checked;
-            report.bytes_checked = checked.bytes_checked;
-            report.objects = objects.len();
-            manifest
+    let manifest = match check_backup_with(store, layout, identities).await {
+        Ok(checked) => {
+            report.artifacts_checked = checked.report.artifacts_checked;
+            report.bytes_checked = checked.report.bytes_checked;
+            report.objects = checked.report.objects;
+            report.encrypted_to = checked.report.encrypted_to.clone();
+            report.plaintext_checked = checked.report.plaintext_checked;
+            checked.manifest
         }
         Err(CheckError::Store(err)) => return Err(OpsError::Store(err)),
+        Err(CheckError::Encryption(err)) => return Err(OpsError::Input(err.to_string())),
         Err(err) => {
             report.problems.push(err.to_string());
             return Ok(report);
@@ -158,9 +179,21 @@ pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<Ve
     } else {
         None
     };
+    if !report.plaintext_checked {
+        // the snapshots are ciphertext: nothing more can be read without a key
+        if deep {
+            report.deep_skipped = Some("the backup is encrypted: pass --identity to restore its snapshots into a scratch etcd".into());
+        }
+        report.ok = report.problems.is_empty();
+        return Ok(report);
+    }
+    let decryption = crate::etcd::verify::Decryption {
+        identities,
+        recipients: manifest.recipients(),
+    };
     for member in &manifest.etcd {
         let key = layout.artifact(&member.artifact);
-        let offline = crate::etcd::verify::verify_store_object(store, &key)
+        let offline = crate::etcd::verify::verify_store_object_with(store, &key, &decryption)
             .await
             .map_err(|e| OpsError::Input(e.to_string()))?;
         let summary = offline.summary.as_ref();
@@ -180,7 +213,7 @@ pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<Ve
             ));
         }
         if let (Some(tools), true) = (&scratch, offline.is_ok()) {
-            let restored = tools.count_keys(store, &key).await.map_err(OpsError::Input)?;
+            let restored = tools.count_keys_with(store, &key, &decryption).await.map_err(OpsError::Input)?;
             if Some(restored) != check.live_keys {
                 report.problems.push(format!(
                     "{key}: a scratch etcd restored from it holds {restored} keys, the offline reading found {:?}",

@@ -120,6 +120,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             holder: holder(),
             backup_id: backup_id.clone(),
             started,
+            encrypt_to: Vec::new(),
         },
         destination: RestoreInputs {
             store: via,
@@ -134,6 +135,8 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             clean_leftovers: false,
             overwrite: false,
             etcd_access: options.etcd_access,
+            backup_of: None,
+            identity: None,
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),
@@ -264,12 +267,5 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
 
 /// For `playbook show migrate`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = builtin::load("migrate", file)?;
-    playbook.check(&MIGRATE_RULES)?;
-    let catalog = migrate_catalog();
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
-        .collect())
+    super::describe("migrate", file, &MIGRATE_RULES, &migrate_catalog())
 }

@@ -13,6 +13,8 @@ use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::{RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
+use crate::archive::check::{CheckError, read_manifest};
+use crate::archive::encryption::{EncryptionError, Identities};
 use crate::store::{self, S3Options, Store};
 
 /// Everything `hcp-dr restore` was asked.
@@ -82,7 +84,7 @@ pub async fn latest_backup(store: &dyn Store, namespace: &str, hosted_cluster: &
     })
 }
 
-async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> Result<RestoreInputs, OpsError> {
+pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> Result<RestoreInputs, OpsError> {
     let from = options
         .from
         .clone()
@@ -144,11 +146,82 @@ async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> Result<Rest
         clean_leftovers: options.clean_leftovers,
         overwrite: options.overwrite,
         etcd_access: options.etcd_access,
+        backup_of: None,
+        identity: None,
     })
+}
+
+/// How long a presigned URL of a decrypted snapshot copy lives unless
+/// `--presign-ttl` says otherwise: long enough for etcd's first start, short
+/// because the copy is plaintext.
+pub const DECRYPTED_COPY_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// How to read an encrypted backup.
+#[derive(Debug, Clone, Default)]
+pub struct Decrypt {
+    /// The age identity file (`--identity`).
+    pub identity: Option<PathBuf>,
+    /// `--presign-ttl` was given; otherwise the URL of a decrypted snapshot
+    /// copy lives [`DECRYPTED_COPY_TTL`].
+    pub presign_ttl_given: bool,
+}
+
+/// For an encrypted backup: the identities, checked against the recipients
+/// in the manifest before anything changes; the backup's own S3 store as
+/// the place of the decrypted snapshot copy unless `--stage-snapshot-to`
+/// names one (etcd's init download cannot decrypt); and a short URL life.
+/// Returns the identities (`None`: not encrypted) and warnings.
+pub(crate) async fn prepare_decryption(
+    inputs: &mut RestoreInputs,
+    store: &dyn Store,
+    decrypt: &Decrypt,
+    fresh: bool,
+) -> Result<(Option<Identities>, Vec<String>), OpsError> {
+    let input = |e: EncryptionError| OpsError::Input(e.to_string());
+    if let Some(path) = &decrypt.identity {
+        inputs.identity = Some(path.clone());
+    }
+    let manifest = match read_manifest(store, &inputs.layout()).await {
+        Ok(manifest) => manifest,
+        Err(CheckError::Store(err)) => return Err(err.into()),
+        // `verify` says what is wrong with it
+        Err(_) => return Ok((None, Vec::new())),
+    };
+    let Some(encryption) = &manifest.encryption else {
+        let warnings = match &inputs.identity {
+            Some(path) => vec![format!("the backup is not encrypted; --identity {} was not used", path.display())],
+            None => Vec::new(),
+        };
+        return Ok((None, warnings));
+    };
+    let what = format!("backup {}/{}", store.url(), inputs.layout().dir());
+    let path = inputs.identity.clone().ok_or_else(|| {
+        input(EncryptionError::IdentityNeeded {
+            what: what.clone(),
+            recipients: encryption.recipients.clone(),
+        })
+    })?;
+    let identities = Identities::from_file(&path).map_err(input)?;
+    identities.check(&what, &encryption.recipients).map_err(input)?;
+    if fresh {
+        if inputs.stage_snapshot_to.is_none() && matches!(store::StoreUrl::parse(&inputs.store)?, store::StoreUrl::S3 { .. }) {
+            inputs.stage_snapshot_to = Some(inputs.store.clone());
+        }
+        if !decrypt.presign_ttl_given {
+            inputs.presign_ttl_seconds = DECRYPTED_COPY_TTL.as_secs();
+        }
+    }
+    Ok((Some(identities), Vec::new()))
 }
 
 /// Run (or resume, abort, dry-run) a restore.
 pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
+    restore_with(options, Decrypt::default(), interrupt).await
+}
+
+/// Run (or resume, abort, dry-run) a restore of a backup that may be
+/// encrypted (`decrypt`).
+pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
     let playbook = builtin::load("restore", options.playbook.as_deref())?;
     playbook.check(&RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
@@ -162,12 +235,20 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
     s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3.clone()).await?;
+    // --abort deletes what the run made, the decrypted copy too: no key needed
+    let (keys, warnings) = if options.abort.is_some() {
+        (None, Vec::new())
+    } else {
+        prepare_decryption(&mut inputs, store.as_ref(), &decrypt, journal_given.is_none()).await?
+    };
     let staging = match &inputs.stage_snapshot_to {
         Some(url) => Some(store::open(url, s3).await?),
         None => None,
     };
     let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
     let mut ctx = RestoreContext::new(client, store, staging, inputs.clone());
+    ctx.keys = keys;
+    ctx.warnings.extend(warnings);
     let catalog = restore_catalog();
     let runner = Runner {
         operation: "restore",
@@ -206,14 +287,7 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
 
 /// For `playbook show restore`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = builtin::load("restore", file)?;
-    playbook.check(&RESTORE_RULES)?;
-    let catalog = restore_catalog();
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
-        .collect())
+    super::describe("restore", file, &RESTORE_RULES, &restore_catalog())
 }
 
 #[cfg(test)]

@@ -134,27 +134,42 @@ fn read_series(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// One cluster's metric values (by metric name) after `outcome`, from
+/// their values before (`previous`); `None` for a start (nothing changes).
+pub fn next_values(previous: &BTreeMap<String, f64>, outcome: &Outcome, at: DateTime<Utc>) -> Option<BTreeMap<String, f64>> {
+    let mut values = previous.clone();
+    values.entry("hcp_dr_backup_failures_total".into()).or_insert(0.0);
+    match outcome {
+        Outcome::Started => return None,
+        Outcome::Succeeded { api_downtime_seconds, bytes, seconds, .. } => {
+            values.insert("hcp_dr_backup_last_success_timestamp_seconds".into(), at.timestamp() as f64);
+            values.insert("hcp_dr_backup_last_duration_seconds".into(), *seconds);
+            values.insert("hcp_dr_backup_last_api_downtime_seconds".into(), api_downtime_seconds.unwrap_or_default());
+            values.insert("hcp_dr_backup_last_bytes".into(), *bytes as f64);
+            values.insert("hcp_dr_backup_last_success".into(), 1.0);
+        }
+        Outcome::Failed { seconds, .. } => {
+            *values.entry("hcp_dr_backup_failures_total".into()).or_insert(0.0) += 1.0;
+            values.insert("hcp_dr_backup_last_duration_seconds".into(), *seconds);
+            values.insert("hcp_dr_backup_last_success".into(), 0.0);
+        }
+    }
+    Some(values)
+}
+
 /// Update the cluster's series in a textfile-collector file (other series,
 /// e.g. other clusters', are kept), written atomically.
 pub fn metrics_file(path: &Path, namespace: &str, name: &str, outcome: &Outcome, at: DateTime<Utc>) -> Result<(), String> {
     let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
     let labels = format!("{{namespace=\"{namespace}\",hosted_cluster=\"{name}\"}}");
     let key = |metric: &str| format!("{metric}{labels}");
-    series.entry(key("hcp_dr_backup_failures_total")).or_insert(0.0);
-    match outcome {
-        Outcome::Started => return Ok(()),
-        Outcome::Succeeded { api_downtime_seconds, bytes, seconds, .. } => {
-            series.insert(key("hcp_dr_backup_last_success_timestamp_seconds"), at.timestamp() as f64);
-            series.insert(key("hcp_dr_backup_last_duration_seconds"), *seconds);
-            series.insert(key("hcp_dr_backup_last_api_downtime_seconds"), api_downtime_seconds.unwrap_or_default());
-            series.insert(key("hcp_dr_backup_last_bytes"), *bytes as f64);
-            series.insert(key("hcp_dr_backup_last_success"), 1.0);
-        }
-        Outcome::Failed { seconds, .. } => {
-            *series.entry(key("hcp_dr_backup_failures_total")).or_insert(0.0) += 1.0;
-            series.insert(key("hcp_dr_backup_last_duration_seconds"), *seconds);
-            series.insert(key("hcp_dr_backup_last_success"), 0.0);
-        }
+    let previous: BTreeMap<String, f64> = METRICS
+        .iter()
+        .filter_map(|(metric, _, _)| series.get(&key(metric)).map(|v| (metric.to_string(), *v)))
+        .collect();
+    let Some(values) = next_values(&previous, outcome, at) else { return Ok(()) };
+    for (metric, value) in values {
+        series.insert(key(&metric), value);
     }
     let mut out = String::new();
     for (metric, kind, help) in METRICS {
@@ -166,6 +181,280 @@ pub fn metrics_file(path: &Path, namespace: &str, name: &str, outcome: &Outcome,
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, out).map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Where to push the metrics (`--pushgateway`): the same metrics as the
+/// textfile, one group per cluster at
+/// `<url>/metrics/job/<job>/namespace/<ns>/hosted_cluster/<name>[/<label>/<value>...]`.
+#[derive(Debug, Clone)]
+pub struct Pushgateway {
+    /// `http://host:port` or `https://host:port`, optionally with a path prefix.
+    url: String,
+    /// The `job` grouping label.
+    job: String,
+    /// Extra grouping labels.
+    labels: Vec<(String, String)>,
+    /// Extra CA certificates (PEM) to trust for https.
+    ca_bundle: Option<std::path::PathBuf>,
+    timeout: std::time::Duration,
+}
+
+/// The grouping labels hcp-dr sets itself.
+const RESERVED_LABELS: [&str; 3] = ["job", "namespace", "hosted_cluster"];
+
+fn valid_label_name(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__")
+}
+
+/// A path segment of a grouping label: plain when it is safe, else
+/// `name@base64/<url-safe base64>` as the Pushgateway accepts.
+fn label_segments(name: &str, value: &str) -> String {
+    let plain = !value.is_empty()
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~'));
+    if plain {
+        format!("{name}/{value}")
+    } else {
+        use base64::Engine;
+        let encoded = base64::engine::general_purpose::URL_SAFE.encode(value.as_bytes());
+        format!("{name}@base64/{}", if encoded.is_empty() { "=".to_string() } else { encoded })
+    }
+}
+
+impl Pushgateway {
+    /// Check the URL (http or https, no credentials, no query) and the labels
+    /// (`name=value`, names as Prometheus allows, not `job`, `namespace` or
+    /// `hosted_cluster`, which hcp-dr sets).
+    pub fn new(url: &str, job: &str, labels: &[String], ca_bundle: Option<std::path::PathBuf>) -> Result<Pushgateway, String> {
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|e| format!("--pushgateway `{url}` is not a URL ({e}): give http://host:9091 or https://host:9091"))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => return Err(format!("--pushgateway `{url}`: use an http:// or https:// URL (e.g. http://pushgateway:9091)")),
+        }
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(format!("--pushgateway `{url}` names no host"));
+        }
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err("--pushgateway: credentials in the URL are not supported (they would show in messages); put the Pushgateway behind a proxy that authenticates hcp-dr another way".into());
+        }
+        if uri.query().is_some() {
+            return Err(format!("--pushgateway `{url}`: a query string is not supported; give the Pushgateway's base URL"));
+        }
+        if job.is_empty() {
+            return Err("--pushgateway-job must not be empty".into());
+        }
+        let mut parsed = Vec::new();
+        for label in labels {
+            let (name, value) = label
+                .split_once('=')
+                .ok_or_else(|| format!("--pushgateway-label `{label}`: use NAME=VALUE (e.g. cluster=prod-east)"))?;
+            if !valid_label_name(name) {
+                return Err(format!("--pushgateway-label `{label}`: `{name}` is not a Prometheus label name (letters, digits and _, not starting with a digit or __)"));
+            }
+            if RESERVED_LABELS.contains(&name) {
+                return Err(format!("--pushgateway-label `{label}`: hcp-dr sets `{name}` itself (use --pushgateway-job for the job)"));
+            }
+            if value.is_empty() {
+                return Err(format!("--pushgateway-label `{label}`: the value is empty"));
+            }
+            parsed.push((name.to_string(), value.to_string()));
+        }
+        Ok(Pushgateway {
+            url: url.trim_end_matches('/').to_string(),
+            job: job.to_string(),
+            labels: parsed,
+            ca_bundle,
+            timeout: std::time::Duration::from_secs(10),
+        })
+    }
+
+    /// Every grouping label of a cluster's group, in path order.
+    fn grouping(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        let mut out = vec![
+            ("job".to_string(), self.job.clone()),
+            ("namespace".to_string(), namespace.to_string()),
+            ("hosted_cluster".to_string(), name.to_string()),
+        ];
+        out.extend(self.labels.iter().cloned());
+        out
+    }
+
+    /// The URL of a cluster's group.
+    pub fn group_url(&self, namespace: &str, name: &str) -> String {
+        let path: Vec<String> = self.grouping(namespace, name).iter().map(|(k, v)| label_segments(k, v)).collect();
+        format!("{}/metrics/{}", self.url, path.join("/"))
+    }
+
+    async fn request(&self, method: hyper::Method, url: &str, body: String) -> Result<(hyper::StatusCode, String), String> {
+        use http_body_util::{BodyExt, Full};
+        let client = http_client(self.ca_bundle.as_deref())?;
+        let request = hyper::Request::builder()
+            .method(method.clone())
+            .uri(url)
+            .header(hyper::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| format!("{method} {url}: {e}"))?;
+        let exchange = async {
+            let response = client.request(request).await.map_err(|e| format!("{method} {url}: {}", error_chain(&e)))?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{method} {url}: reading the answer: {e}"))?
+                .to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).to_string()))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| format!("{method} {url}: no answer within {}s", self.timeout.as_secs()))?
+    }
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    out
+}
+
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// An HTTP/1 client for http and https (rustls; the platform's roots plus
+/// the PEM certificates in `ca_bundle`).
+fn http_client(ca_bundle: Option<&Path>) -> Result<HttpClient, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_bundle {
+        let pem = std::fs::read(path).map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
+        for cert in rustls_pemfile::certs(&mut &pem[..]) {
+            let cert = cert.map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector))
+}
+
+/// The Prometheus text format of one group's values (no labels: the
+/// Pushgateway adds the grouping labels).
+pub fn exposition(values: &BTreeMap<String, f64>) -> String {
+    let mut out = String::new();
+    for (metric, kind, help) in METRICS {
+        if let Some(value) = values.get(*metric) {
+            out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric} {value}\n"));
+        }
+    }
+    out
+}
+
+/// `name{labels} value` of a text exposition, split into the name, the
+/// labels and the value (`None` for comments and lines it cannot read).
+fn parse_sample(line: &str) -> Option<(String, BTreeMap<String, String>, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (name, rest) = match line.find(['{', ' ']) {
+        Some(i) => line.split_at(i),
+        None => return None,
+    };
+    let mut labels = BTreeMap::new();
+    let mut rest = rest;
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices();
+        let mut key = String::new();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '}' => {
+                    end = Some(i + 1);
+                    break;
+                }
+                ',' | ' ' => {}
+                '=' => {
+                    if chars.next().map(|(_, q)| q) != Some('"') {
+                        return None;
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next()? {
+                            (_, '\\') => match chars.next()?.1 {
+                                'n' => value.push('\n'),
+                                other => value.push(other),
+                            },
+                            (_, '"') => break,
+                            (_, other) => value.push(other),
+                        }
+                    }
+                    labels.insert(std::mem::take(&mut key), value);
+                }
+                other => key.push(other),
+            }
+        }
+        rest = &inner[end?..];
+    }
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some((name.to_string(), labels, value))
+}
+
+/// Push a backup's outcome to the Pushgateway: the group's earlier values
+/// are read back (`GET /metrics`) so the failure counter goes on counting,
+/// then the whole group is replaced (`PUT`). Returns notes worth a warning
+/// (the earlier values could not be read); `Err` when the push failed.
+pub async fn push(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &Outcome, at: DateTime<Utc>) -> Result<Vec<String>, String> {
+    if matches!(outcome, Outcome::Started) {
+        return Ok(Vec::new());
+    }
+    let mut notes = Vec::new();
+    let grouping = gateway.grouping(namespace, name);
+    let mut previous = BTreeMap::new();
+    let url = format!("{}/metrics", gateway.url);
+    match gateway.request(hyper::Method::GET, &url, String::new()).await {
+        Ok((status, text)) if status.is_success() => {
+            for (metric, labels, value) in text.lines().filter_map(parse_sample) {
+                let ours = METRICS.iter().any(|(m, _, _)| *m == metric)
+                    && grouping.iter().all(|(k, v)| labels.get(k) == Some(v));
+                if ours {
+                    previous.insert(metric, value);
+                }
+            }
+        }
+        Ok((status, _)) => notes.push(format!(
+            "the Pushgateway's earlier values could not be read (GET {url}: HTTP {status}); hcp_dr_backup_failures_total restarts from this run"
+        )),
+        Err(e) => notes.push(format!(
+            "the Pushgateway's earlier values could not be read ({e}); hcp_dr_backup_failures_total restarts from this run"
+        )),
+    }
+    let Some(values) = next_values(&previous, outcome, at) else { return Ok(notes) };
+    let group = gateway.group_url(namespace, name);
+    let (status, answer) = gateway.request(hyper::Method::PUT, &group, exposition(&values)).await?;
+    if !status.is_success() {
+        return Err(format!("PUT {group}: HTTP {status}: {}", answer.trim().chars().take(300).collect::<String>()));
+    }
+    tracing::info!(group = %group, "metrics pushed to the Pushgateway");
+    Ok(notes)
 }
 
 #[cfg(test)]
@@ -190,5 +479,141 @@ mod tests {
         assert_eq!(series["hcp_dr_backup_last_success{namespace=\"clusters\",hosted_cluster=\"b\"}"], 0.0);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("# TYPE hcp_dr_backup_failures_total counter"));
+    }
+
+    /// A Pushgateway stand-in on 127.0.0.1:0: records every request
+    /// (method, path, body) and answers `GET /metrics` with `metrics`.
+    async fn fake_gateway(metrics: &'static str, put_status: u16) -> (String, std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut data = Vec::new();
+                let mut buf = [0u8; 4096];
+                let (head, body) = loop {
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break (String::new(), Vec::new());
+                    }
+                    data.extend_from_slice(&buf[..n]);
+                    if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&data[..end]).to_string();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                            .unwrap_or(0);
+                        while data.len() < end + 4 + length {
+                            let n = conn.read(&mut buf).await.unwrap_or(0);
+                            if n == 0 {
+                                break;
+                            }
+                            data.extend_from_slice(&buf[..n]);
+                        }
+                        break (head, data[end + 4..].to_vec());
+                    }
+                };
+                let mut first = head.lines().next().unwrap_or_default().split(' ');
+                let (method, path) = (first.next().unwrap_or_default().to_string(), first.next().unwrap_or_default().to_string());
+                let (status, answer) = if method == "GET" { (200, metrics) } else { (put_status, "") };
+                record.lock().unwrap().push((method, path, String::from_utf8_lossy(&body).to_string()));
+                let reply = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}", answer.len());
+                let _ = conn.write_all(reply.as_bytes()).await;
+            }
+        });
+        (url, seen)
+    }
+
+    fn pushed(body: &str) -> BTreeMap<String, f64> {
+        body.lines().filter_map(parse_sample).map(|(m, labels, v)| {
+            assert!(labels.is_empty(), "pushed series carry labels: {body}");
+            (m, v)
+        }).collect()
+    }
+
+    #[tokio::test]
+    async fn pushes_the_same_metrics_and_keeps_counting_failures() {
+        // the group's earlier values, as the Pushgateway shows them: other
+        // label order, `instance`, another cluster's series, and its own metrics
+        const EARLIER: &str = "# TYPE hcp_dr_backup_failures_total counter\n\
+            hcp_dr_backup_failures_total{hosted_cluster=\"demo\",instance=\"\",job=\"hcp-dr\",namespace=\"clusters\",site=\"east/1\"} 2\n\
+            hcp_dr_backup_failures_total{hosted_cluster=\"other\",instance=\"\",job=\"hcp-dr\",namespace=\"clusters\",site=\"east/1\"} 9\n\
+            hcp_dr_backup_last_success_timestamp_seconds{hosted_cluster=\"demo\",instance=\"\",job=\"hcp-dr\",namespace=\"clusters\",site=\"east/1\"} 1.7e+09\n\
+            push_time_seconds{hosted_cluster=\"demo\",instance=\"\",job=\"hcp-dr\",namespace=\"clusters\",site=\"east/1\"} 1.7e+09\n";
+        let (url, seen) = fake_gateway(EARLIER, 200).await;
+        let gateway = Pushgateway::new(&url, "hcp-dr", &["site=east/1".into()], None).unwrap();
+        let at = DateTime::parse_from_rfc3339("2026-11-21T12:00:00Z").unwrap().with_timezone(&Utc);
+        let failed = Outcome::Failed { reason: "boom".into(), seconds: 3.5 };
+        assert!(push(&gateway, "clusters", "demo", &Outcome::Started, at).await.unwrap().is_empty());
+        assert!(seen.lock().unwrap().is_empty(), "a start pushed something");
+        let notes = push(&gateway, "clusters", "demo", &failed, at).await.unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        let requests = seen.lock().unwrap().clone();
+        assert_eq!(requests.len(), 2, "{requests:?}");
+        assert_eq!((requests[0].0.as_str(), requests[0].1.as_str()), ("GET", "/metrics"));
+        let (method, path, body) = &requests[1];
+        assert_eq!(method, "PUT");
+        assert_eq!(path, "/metrics/job/hcp-dr/namespace/clusters/hosted_cluster/demo/site@base64/ZWFzdC8x");
+        assert!(body.contains("# TYPE hcp_dr_backup_failures_total counter\n"), "{body}");
+        let values = pushed(body);
+        assert_eq!(values["hcp_dr_backup_failures_total"], 3.0, "{body}");
+        assert_eq!(values["hcp_dr_backup_last_success"], 0.0);
+        assert_eq!(values["hcp_dr_backup_last_duration_seconds"], 3.5);
+        assert_eq!(values["hcp_dr_backup_last_success_timestamp_seconds"], 1.7e9, "the last success is kept");
+
+        seen.lock().unwrap().clear();
+        let ok = Outcome::Succeeded { backup: "x".into(), revision: Some(7), api_downtime_seconds: Some(2.5), bytes: 1024, seconds: 9.0 };
+        push(&gateway, "clusters", "demo", &ok, at).await.unwrap();
+        let requests = seen.lock().unwrap().clone();
+        let values = pushed(&requests[1].2);
+        let expected: BTreeMap<String, f64> = [
+            ("hcp_dr_backup_last_success_timestamp_seconds", at.timestamp() as f64),
+            ("hcp_dr_backup_last_duration_seconds", 9.0),
+            ("hcp_dr_backup_last_api_downtime_seconds", 2.5),
+            ("hcp_dr_backup_last_bytes", 1024.0),
+            ("hcp_dr_backup_failures_total", 2.0),
+            ("hcp_dr_backup_last_success", 1.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(values, expected);
+    }
+
+    #[tokio::test]
+    async fn a_refused_or_unreachable_push_is_an_error_for_a_warning() {
+        let (url, _) = fake_gateway("", 400).await;
+        let gateway = Pushgateway::new(&url, "nightly", &[], None).unwrap();
+        assert_eq!(gateway.group_url("clusters", "demo"), format!("{url}/metrics/job/nightly/namespace/clusters/hosted_cluster/demo"));
+        let at = Utc::now();
+        let failed = Outcome::Failed { reason: "boom".into(), seconds: 1.0 };
+        let err = push(&gateway, "clusters", "demo", &failed, at).await.unwrap_err();
+        assert!(err.contains("HTTP 400"), "{err}");
+        // nothing listens there any more
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let gateway = Pushgateway::new(&closed, "hcp-dr", &[], None).unwrap();
+        let err = push(&gateway, "clusters", "demo", &failed, at).await.unwrap_err();
+        assert!(err.starts_with(&format!("PUT {closed}/metrics/job/hcp-dr")), "{err}");
+    }
+
+    #[test]
+    fn pushgateway_input_is_checked() {
+        for (url, labels, expect) in [
+            ("ftp://gw:9091", vec![], "http:// or https://"),
+            ("http://user:pw@gw:9091", vec![], "credentials"),
+            ("http://gw:9091", vec!["nolabel".to_string()], "NAME=VALUE"),
+            ("http://gw:9091", vec!["9x=a".to_string()], "not a Prometheus label name"),
+            ("http://gw:9091", vec!["namespace=a".to_string()], "sets `namespace` itself"),
+            ("not a url at all", vec![], "not a URL"),
+        ] {
+            let err = Pushgateway::new(url, "hcp-dr", &labels, None).unwrap_err();
+            assert!(err.contains(expect), "{url} {labels:?}: {err}");
+        }
+        assert!(Pushgateway::new("https://gw.example:9091/prefix/", "hcp-dr", &["site=a".into()], None).is_ok());
     }
 }

@@ -55,6 +55,11 @@ pub struct BackupInputs {
     /// Set once when the run starts, so a resumed run writes the same backup.
     pub backup_id: String,
     pub started: DateTime<Utc>,
+    /// age public keys (`age1…`) the snapshots and the objects archive are
+    /// encrypted to; empty: not encrypted. Journaled, so a resumed run
+    /// encrypts the same way.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encrypt_to: Vec<String>,
 }
 
 impl BackupInputs {
@@ -114,6 +119,12 @@ pub struct BackupContext {
     pub pending: Vec<PendingSnapshot>,
     pub downtime_started: Option<DateTime<Utc>>,
     pub downtime_seconds: Option<f64>,
+    /// With `--encrypt-to`: the store the encrypted artifacts are written
+    /// through (see [`BackupContext::artifact_store`]).
+    pub sealing: Option<std::sync::Arc<crate::store::sealed::SealingStore>>,
+    /// Plaintext size and SHA-256 of each encrypted snapshot, by artifact
+    /// name (`snapshot-finish` journals them for `package`).
+    pub plaintext: Vec<crate::archive::Artifact>,
 }
 
 /// A member's snapshot streaming into the store in the background.
@@ -171,6 +182,23 @@ impl BackupContext {
             pending: Vec::new(),
             downtime_started: None,
             downtime_seconds: None,
+            sealing: None,
+            plaintext: Vec::new(),
+        }
+    }
+
+    /// Encrypt the snapshots and the objects archive to `recipients` (the
+    /// manifest and SHA256SUMS stay readable).
+    pub fn encrypt_to(&mut self, recipients: crate::archive::encryption::Recipients) {
+        self.sealing = Some(std::sync::Arc::new(crate::store::sealed::SealingStore::new(self.store.clone(), recipients)));
+    }
+
+    /// Where snapshots and the objects archive are put: through the
+    /// encrypting store when the backup is encrypted, else the store.
+    pub fn artifact_store(&self) -> std::sync::Arc<dyn Store> {
+        match &self.sealing {
+            Some(sealing) => sealing.clone(),
+            None => self.store.clone(),
         }
     }
 

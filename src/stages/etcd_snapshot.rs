@@ -116,7 +116,8 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
     let layout = ctx.inputs.layout();
     for (pod, snapshot, forward) in started {
         let key = layout.artifact(&Layout::snapshot_name(&pod));
-        let store = ctx.store.clone();
+        // encrypted on the way when the backup is (`--encrypt-to`)
+        let store = ctx.artifact_store();
         let task_key = key.clone();
         let task = tokio::spawn(async move {
             // a port-forward lives as long as its stream
@@ -130,6 +131,27 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
         });
     }
     Ok(revision)
+}
+
+/// For an encrypted backup: each snapshot's plaintext size and SHA-256 (the
+/// reports hold the stored ciphertext's).
+fn plaintext_digests(ctx: &BackupContext, reports: &[SnapshotReport]) -> Result<Vec<crate::archive::Artifact>, StageFailure> {
+    let Some(sealing) = &ctx.sealing else { return Ok(Vec::new()) };
+    let layout = ctx.inputs.layout();
+    reports
+        .iter()
+        .map(|r| {
+            let name = Layout::snapshot_name(&r.member);
+            let plain = sealing
+                .plaintext(&layout.artifact(&name))
+                .ok_or(StageError::Missing("the plaintext digest of an encrypted snapshot"))?;
+            Ok(crate::archive::Artifact {
+                name,
+                size: plain.size,
+                sha256: plain.sha256,
+            })
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -148,8 +170,12 @@ impl Stage<BackupContext> for EtcdSnapshot {
         ctx.members
             .iter()
             .map(|m| {
+                let encrypted = match ctx.inputs.encrypt_to.is_empty() {
+                    true => String::new(),
+                    false => format!(", encrypted (age) to {}", ctx.inputs.encrypt_to.join(", ")),
+                };
                 format!(
-                    "stream a snapshot of {} ({}) to {}/{}",
+                    "stream a snapshot of {} ({}) to {}/{}{encrypted}",
                     m.pod,
                     m.pod_ip,
                     ctx.store.url(),
@@ -247,10 +273,18 @@ impl Stage<BackupContext> for SnapshotFinish {
         }
         reports.sort_by(|a, b| a.member.cmp(&b.member));
         ctx.snapshots = reports.clone();
-        Ok(json!({"revision": revision, "snapshots": reports}))
+        ctx.plaintext = plaintext_digests(ctx, &reports)?;
+        let mut output = json!({"revision": revision, "snapshots": reports});
+        if ctx.sealing.is_some() {
+            output["plaintext"] = serde_json::to_value(&ctx.plaintext)?;
+        }
+        Ok(output)
     }
     fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
         ctx.snapshots = from_output("snapshot-finish", &output["snapshots"])?;
+        if !output["plaintext"].is_null() {
+            ctx.plaintext = from_output("snapshot-finish", &output["plaintext"])?;
+        }
         Ok(())
     }
     fn undoable(&self) -> bool {

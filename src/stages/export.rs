@@ -132,20 +132,24 @@ impl Stage<BackupContext> for Export {
         "export"
     }
     fn summary(&self) -> &'static str {
-        "export HostedCluster, NodePools, their secrets, the HCP and CAPI/platform objects (found by discovery) to objects.tar.gz"
+        "export HostedCluster, NodePools, their secrets, the HCP and CAPI/platform objects (found by discovery) to objects.tar.gz (encrypted with --encrypt-to)"
     }
     fn mutates(&self) -> bool {
         true
     }
     fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
-        vec![format!(
+        let mut line = format!(
             "export {} and its NodePools ({}), their secrets, and the HyperShift/Cluster API/provider objects of {} to {}/{}",
             ctx.hc_label(),
             ctx.node_pools.join(", "),
             ctx.hcp_namespace(),
             ctx.store.url(),
             ctx.inputs.layout().objects()
-        )]
+        );
+        if !ctx.inputs.encrypt_to.is_empty() {
+            line.push_str(&format!(", encrypted (age) to {}", ctx.inputs.encrypt_to.join(", ")));
+        }
+        vec![line]
     }
     async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let objects = collect(ctx).await?;
@@ -153,13 +157,17 @@ impl Stage<BackupContext> for Export {
         for obj in &objects {
             *counts.entry(obj["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
         }
+        // built in memory: with --encrypt-to, the plaintext never touches a disk
         let mut tarball = Vec::new();
         archive::objects::write_tar_gz(&objects, &mut tarball)?;
-        let put = ctx
-            .store
-            .put(&ctx.inputs.layout().objects(), Box::new(&tarball[..]))
-            .await?;
-        Ok(json!({"artifact": {"name": OBJECTS, "size": put.size, "sha256": put.sha256}, "object_counts": counts}))
+        let key = ctx.inputs.layout().objects();
+        let put = ctx.artifact_store().put(&key, Box::new(&tarball[..])).await?;
+        let mut output = json!({"artifact": {"name": OBJECTS, "size": put.size, "sha256": put.sha256}, "object_counts": counts});
+        if let Some(sealing) = &ctx.sealing {
+            let plain = sealing.plaintext(&key).ok_or(StageError::Missing("the plaintext digest of the objects archive"))?;
+            output["plaintext"] = json!({"name": OBJECTS, "size": plain.size, "sha256": plain.sha256});
+        }
+        Ok(output)
     }
     fn restore(&self, _ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
         let _: archive::Artifact = from_output("export", &output["artifact"])?;

@@ -7,10 +7,31 @@ use serde_json::{Value, json};
 
 use super::context::BackupContext;
 use super::{StageError, from_output};
-use crate::archive::{self, Artifact, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
+use crate::archive::{self, Artifact, ENCRYPTED_FORMAT_VERSION, Encryption, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
 use crate::pipeline::{Stage, StageFailure, StageState, Step, UndoInput};
 
 pub struct Package;
+
+/// The manifest's `encryption` for an encrypted backup: the recipients and
+/// the plaintext digests `snapshot-finish` and `export` journaled.
+fn encryption(ctx: &BackupContext, export_output: &Value) -> Result<Option<Encryption>, StageFailure> {
+    if ctx.inputs.encrypt_to.is_empty() {
+        return Ok(None);
+    }
+    let mut artifacts = ctx.plaintext.clone();
+    if artifacts.len() != ctx.snapshots.len() {
+        return Err(StageError::Missing("the plaintext digests of the encrypted snapshots").into());
+    }
+    if export_output["plaintext"].is_null() {
+        return Err(StageError::Missing("the plaintext digest of the encrypted objects archive").into());
+    }
+    artifacts.push(from_output("export", &export_output["plaintext"])?);
+    Ok(Some(Encryption {
+        scheme: archive::encryption::SCHEME.into(),
+        recipients: ctx.inputs.encrypt_to.clone(),
+        artifacts,
+    }))
+}
 
 #[async_trait]
 impl Stage<BackupContext> for Package {
@@ -62,8 +83,9 @@ impl Stage<BackupContext> for Package {
             size: put.size,
             sha256: put.sha256,
         });
+        let encryption = encryption(ctx, &export_output)?;
         let manifest = Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: if encryption.is_some() { ENCRYPTED_FORMAT_VERSION } else { FORMAT_VERSION },
             tool_version: env!("CARGO_PKG_VERSION").into(),
             backup_id: ctx.inputs.backup_id.clone(),
             cluster: identity,
@@ -86,7 +108,7 @@ impl Stage<BackupContext> for Package {
                 api_downtime_seconds: ctx.downtime_seconds,
                 stages,
             },
-            encryption: None,
+            encryption,
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;

@@ -46,11 +46,30 @@ pub struct RestoreInputs {
     /// Replace existing objects that differ instead of refusing.
     pub overwrite: bool,
     pub etcd_access: EtcdAccess,
+    /// The cluster the backup is of, when it is restored under another
+    /// name (`hcp-dr drill`); `None`: `namespace` and `hosted_cluster` are both.
+    #[serde(default)]
+    pub backup_of: Option<BackupOf>,
+    /// The age identity file that decrypts an encrypted backup (the path,
+    /// never the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<std::path::PathBuf>,
+}
+
+/// The namespace and name a backup was taken of (its folder in the store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupOf {
+    pub namespace: String,
+    pub hosted_cluster: String,
 }
 
 impl RestoreInputs {
+    /// Where the backup is in the store.
     pub fn layout(&self) -> Layout {
-        Layout::new(&self.namespace, &self.hosted_cluster, &self.backup_id)
+        match &self.backup_of {
+            Some(of) => Layout::new(&of.namespace, &of.hosted_cluster, &self.backup_id),
+            None => Layout::new(&self.namespace, &self.hosted_cluster, &self.backup_id),
+        }
     }
     pub fn hcp_namespace(&self) -> String {
         crate::hosted::hcp_namespace(&self.namespace, &self.hosted_cluster)
@@ -86,6 +105,9 @@ pub struct RestoreContext {
     pub findings: Option<preflight::Findings>,
     pub url_record: Option<snapshot_url::UrlRecord>,
     pub warnings: Vec<String>,
+    /// The identities that decrypt an encrypted backup (`--identity`);
+    /// never journaled or printed.
+    pub keys: Option<crate::archive::encryption::Identities>,
 }
 
 impl RestoreContext {
@@ -101,6 +123,7 @@ impl RestoreContext {
             findings: None,
             url_record: None,
             warnings: Vec::new(),
+            keys: None,
         }
     }
 }

@@ -5,6 +5,12 @@
 //! against the manifest on the way) and that copy is presigned; `wait`
 //! deletes the copy once etcd has restored it, and `--abort` does too.
 //!
+//! An encrypted backup's snapshot is always staged: etcd's download cannot
+//! decrypt, so a decrypted copy is streamed (never written locally) to the
+//! staging store (the backup's own S3 store unless `--stage-snapshot-to`
+//! names another), presigned for a short time, and deleted like any staged
+//! copy.
+//!
 //! The URL is never journaled or printed: it grants read access to the
 //! snapshot until it expires. A resumed run presigns again.
 
@@ -43,8 +49,20 @@ fn source_key(ctx: &RestoreContext) -> Result<(String, String, bool), StageFailu
     let layout = ctx.inputs.layout();
     Ok(match &ctx.staging {
         Some(staging) => (staging.url(), staged_key(&layout, &best.member), true),
+        // etcd cannot decrypt: an encrypted snapshot is never presigned as it is
+        None if manifest.encryption.is_some() => {
+            return Err(StageError::Precondition(
+                "the backup is encrypted and etcd's download cannot decrypt it: a decrypted copy must be staged in S3 (--stage-snapshot-to s3://BUCKET/PREFIX; for a backup in S3 that is its own store by default)".into(),
+            )
+            .into());
+        }
         None => (ctx.store.url(), layout.artifact(&best.artifact), false),
     })
+}
+
+/// Whether the staged copy is the decrypted snapshot of an encrypted backup.
+fn decrypting(ctx: &RestoreContext) -> bool {
+    ctx.manifest.as_ref().is_some_and(|m| m.encryption.is_some())
 }
 
 /// Presign the snapshot (again, on a resumed run) into `ctx.snapshot_url`.
@@ -76,6 +94,10 @@ impl Stage<RestoreContext> for SnapshotUrl {
     }
     fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
         match source_key(ctx) {
+            Ok((url, key, true)) if decrypting(ctx) => vec![
+                format!("decrypt the snapshot (--identity) into a temporary copy at {url}/{key} (deleted once etcd has restored it, or by --abort)"),
+                format!("presign it for {}s", ctx.inputs.presign_ttl_seconds),
+            ],
             Ok((url, key, true)) => vec![
                 format!("copy the snapshot to {url}/{key} (deleted once etcd has restored it)"),
                 format!("presign it for {}s", ctx.inputs.presign_ttl_seconds),
@@ -97,20 +119,43 @@ impl Stage<RestoreContext> for SnapshotUrl {
             let manifest = ctx.manifest.as_ref().ok_or(StageError::Missing("the manifest"))?;
             let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?.clone();
             step.record(serde_json::to_value(&record)?)?;
-            let body = ctx.store.get(&ctx.inputs.layout().artifact(&best.artifact)).await?;
+            let source = ctx.inputs.layout().artifact(&best.artifact);
+            let mut body = ctx.store.get(&source).await?;
+            // the manifest's digest of what the copy must hold: the
+            // plaintext, for a snapshot decrypted on the way
+            let (mut want_size, mut want_sha) = (best.size, best.sha256.clone());
+            if let Some(plain) = manifest.plaintext(&best.artifact) {
+                let keys = ctx.keys.as_ref().ok_or_else(|| crate::archive::encryption::EncryptionError::IdentityNeeded {
+                    what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
+                    recipients: manifest.recipients().to_vec(),
+                })?;
+                body = crate::archive::encryption::decrypting_reader(body, keys, &source, manifest.recipients()).await?;
+                (want_size, want_sha) = (plain.size, plain.sha256.clone());
+            }
             let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
-            let put = staging.put(&key, body).await?;
-            if put.sha256 != best.sha256 || put.size != best.size {
+            let put = match staging.put(&key, body).await {
+                Ok(put) => put,
+                Err(err) => {
+                    // a decryption that failed part-way leaves no partial copy
+                    let _ = staging.delete(&key).await;
+                    return Err(err.into());
+                }
+            };
+            if put.sha256 != want_sha || put.size != want_size {
                 staging.delete(&key).await?;
                 return Err(StageError::Precondition(format!(
                     "the snapshot copied to {url}/{key} is {} bytes with SHA-256 {}, not the manifest's {} bytes with {}: the backup changed while it was read; run the restore again",
-                    put.size, put.sha256, best.size, best.sha256
+                    put.size, put.sha256, want_size, want_sha
                 ))
                 .into());
             }
         }
         ctx.snapshot_url = None;
         ensure_url(ctx).await?;
+        if staged && decrypting(ctx) {
+            tracing::warn!(store = %url, key = %key, ttl_seconds = ctx.inputs.presign_ttl_seconds,
+                "a decrypted copy of the snapshot is staged for etcd's download; it is deleted once etcd has restored it (or by --abort)");
+        }
         tracing::info!(store = %url, key = %key, staged, "snapshot URL presigned (not shown: it grants read access)");
         ctx.url_record = Some(record.clone());
         Ok(serde_json::to_value(record)?)

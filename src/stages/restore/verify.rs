@@ -7,17 +7,33 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::RestoreContext;
-use crate::archive::check::check_backup;
+use crate::archive::Manifest;
+use crate::archive::check::{CheckReport, check_backup_with};
+use crate::archive::encryption::EncryptionError;
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::StageError;
 
 pub struct Verify;
 
+/// Check the backup (decrypting it with `--identity` when it is encrypted)
+/// and read its objects.
+async fn load(ctx: &RestoreContext) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
+    let checked = check_backup_with(ctx.store.as_ref(), &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
+    match checked.objects {
+        Some(objects) => Ok((checked.manifest, objects, checked.report)),
+        None => Err(EncryptionError::IdentityNeeded {
+            what: format!("backup {}", checked.report.backup),
+            recipients: checked.report.encrypted_to,
+        }
+        .into()),
+    }
+}
+
 /// Load (and check) the backup into the context unless it already is: a
 /// resumed run re-reads it, as objects are never journaled.
 pub async fn ensure_loaded(ctx: &mut RestoreContext) -> Result<(), StageFailure> {
     if ctx.objects.is_none() || ctx.manifest.is_none() {
-        let (manifest, objects, _) = check_backup(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
+        let (manifest, objects, _) = load(ctx).await?;
         ctx.manifest = Some(manifest);
         ctx.objects = Some(objects);
     }
@@ -43,14 +59,18 @@ impl Stage<RestoreContext> for Verify {
         )]
     }
     async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        let (manifest, objects, report) = check_backup(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
+        let (manifest, objects, report) = load(ctx).await?;
         let best = manifest
             .best_snapshot()
             .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
         // The snapshot etcd will restore is also read as etcd will: its
         // trailing hash and its database, and it must hold the recorded revision.
         let key = ctx.inputs.layout().artifact(&best.artifact);
-        let offline = crate::etcd::verify::verify_store_object(ctx.store.as_ref(), &key).await?;
+        let decryption = crate::etcd::verify::Decryption {
+            identities: ctx.keys.as_ref(),
+            recipients: manifest.recipients(),
+        };
+        let offline = crate::etcd::verify::verify_store_object_with(ctx.store.as_ref(), &key, &decryption).await?;
         let revision = offline.summary.as_ref().map(|s| s.revision);
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
@@ -67,8 +87,10 @@ impl Stage<RestoreContext> for Verify {
             "bytes_checked": report.bytes_checked,
             "objects": report.objects,
             "snapshot": {"member": best.member, "revision": best.revision, "size": best.size,
-                "keys": offline.summary.as_ref().map(|s| s.live_keys)},
+                "keys": offline.summary.as_ref().map(|s| s.live_keys),
+                "keys_by_prefix": offline.summary.as_ref().map(|s| &s.live_keys_by_prefix)},
             "backup_finished": manifest.timings.finished,
+            "encrypted_to": manifest.recipients(),
         });
         ctx.manifest = Some(manifest);
         ctx.objects = Some(objects);
