@@ -514,6 +514,32 @@ async fn statefulset_immutable_fields() {
 }
 
 #[tokio::test]
+async fn a_claim_is_bound_once_and_is_immutable_after() {
+    let env = start(vec![]).await;
+    let c = &env.client;
+    mk_ns(c, "hcp").await;
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data-etcd-1"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "8Gi"}}}});
+    let path = "/api/v1/namespaces/hcp/persistentvolumeclaims";
+    let (code, _) = raw_json(c, "POST", path, "application/json", &claim).await;
+    assert_eq!(code, 201);
+    let merge = "application/merge-patch+json";
+    let named = format!("{path}/data-etcd-1");
+    // The binder sets volumeName once on an unbound claim.
+    let (code, body) = raw_json(c, "PATCH", &named, merge, &json!({"spec": {"volumeName": "pvc-1"}})).await;
+    assert_eq!(code, 200, "{body}");
+    // Not twice, and no other spec field ever.
+    for patch in [json!({"spec": {"volumeName": "pvc-2"}}), json!({"spec": {"accessModes": ["ReadWriteMany"]}})] {
+        let (code, body) = raw_json(c, "PATCH", &named, merge, &patch).await;
+        assert_eq!(code, 422, "{patch}: {body}");
+        assert!(body["message"].as_str().is_some_and(|m| m.contains("spec is immutable after creation")), "{body}");
+    }
+    // The requested size may grow.
+    let (code, body) = raw_json(c, "PATCH", &named, merge, &json!({"spec": {"resources": {"requests": {"storage": "9Gi"}}}})).await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test]
 async fn finalizers_hold_deletion() {
     let env = start(vec![]).await;
     let c = &env.client;

@@ -1,4 +1,4 @@
-//! `hcp-dr etcd status|recover`: a hosted cluster's etcd members.
+//! `hcp-dr etcd status|recover|restore`: a hosted cluster's etcd members.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +9,8 @@ use super::backup::parse_duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::etcd::{RecoverOptions, RecoverResult, StatusOptions, recover, status};
+use crate::ops::etcd_restore::{EtcdRestoreOptions, EtcdRestoreResult, etcd_restore};
+use crate::store::S3Options;
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::stages::etcd_ops::health::{ClusterHealth, MemberHealth};
 
@@ -22,6 +24,11 @@ pub enum Command {
     /// rejoins empty and catches up from the others. Refused when that would
     /// lose quorum, when several members fail, or for a SingleReplica cluster.
     Recover(RecoverArgs),
+    /// Put the cluster's etcd back to a snapshot or backup, in place (the
+    /// on-premise full restore): writers and etcd stopped, every member's
+    /// volume restored with a revision above the one reached, etcd and the
+    /// writers back, the pause lifted.
+    Restore(RestoreArgs),
 }
 
 /// How to reach the management cluster and the etcd members.
@@ -121,6 +128,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     match command {
         Command::Status(args) => exec_status(args, output).await,
         Command::Recover(args) => exec_recover(args, output).await,
+        Command::Restore(args) => exec_restore(args, output).await,
     }
 }
 
@@ -192,6 +200,150 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
 }
 
 /// `1.5 MiB` (etcd reports sizes as i64; they are never negative).
+#[derive(Debug, ClapArgs)]
+pub struct RestoreArgs {
+    /// The HostedCluster whose etcd is restored.
+    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    pub hosted_cluster: Option<String>,
+    /// Its namespace.
+    #[arg(short = 'n', long, default_value = "clusters")]
+    pub namespace: String,
+    /// A backup (`STORE/NS/CLUSTER/ID` or `.../latest`, or STORE with
+    /// --backup-id) or a snapshot (a file, or an s3:// object).
+    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    pub from: Option<String>,
+    /// The backup id in the --from store (or `latest`).
+    #[arg(long)]
+    pub backup_id: Option<String>,
+    /// For a snapshot in a file or local store: an S3 store a temporary copy
+    /// is presigned from (deleted once the members are restored).
+    #[arg(long)]
+    pub stage_snapshot_to: Option<String>,
+    /// How long the presigned snapshot URL is valid (1m to 7d).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub presign_ttl: Duration,
+    /// Raise the restored revision by this much (default: measured from the
+    /// members, plus a margin; 1000000000 when they cannot be read).
+    #[arg(long)]
+    pub bump_revision: Option<u64>,
+    /// Image of the restore pods (default: the etcd StatefulSet's).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// How long the cluster stays paused at most (a deadline, never "true").
+    #[arg(long, default_value = "2h", value_parser = parse_duration)]
+    pub pause_ttl: Duration,
+    /// Bound on each wait (pods gone, a member restored, etcd healthy); default 15m.
+    #[arg(long, value_parser = parse_duration)]
+    pub wait_timeout: Option<Duration>,
+    /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Extra CA bundle (PEM) to trust for the S3 endpoint.
+    #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: Connection,
+    /// A playbook file instead of the embedded one.
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue the run recorded in this journal.
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "from", "abort"])]
+    pub resume: Option<PathBuf>,
+    /// Undo the run recorded in this journal (refused once restore-members started).
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "from", "resume"])]
+    pub abort: Option<PathBuf>,
+    /// Verify the snapshot and print what would be done; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+async fn exec_restore(args: RestoreArgs, output: Output) -> Exit {
+    let tls = match args.connection.tls() {
+        Ok(tls) => tls,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Exit::Usage;
+        }
+    };
+    let mut interrupt = match super::report::signals() {
+        Ok(i) => i,
+        Err(exit) => return exit,
+    };
+    let aborting = args.abort.is_some();
+    let options = EtcdRestoreOptions {
+        kubeconfig: args.connection.kubeconfig,
+        context: args.connection.context,
+        hosted_cluster: args.hosted_cluster,
+        namespace: args.namespace,
+        from: args.from,
+        backup_id: args.backup_id,
+        s3: S3Options {
+            endpoint: args.s3_endpoint,
+            ca_bundle: args.ca_bundle,
+            ..S3Options::default()
+        },
+        stage_snapshot_to: args.stage_snapshot_to,
+        presign_ttl: args.presign_ttl,
+        bump_revision: args.bump_revision,
+        image: args.image,
+        pause_ttl: args.pause_ttl,
+        etcd_access: args.connection.etcd_access,
+        tls,
+        wait_timeout: args.wait_timeout,
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+        abort: args.abort,
+        observer: super::report::progress(output),
+    };
+    match etcd_restore(options, &mut interrupt).await {
+        Ok(result) => {
+            super::report::print(output, &result, || render_restore(&result));
+            super::report::exit_for_run(&result.run.outcome, aborting)
+        }
+        Err(err) => super::report::error_exit(&err),
+    }
+}
+
+pub fn render_restore(result: &EtcdRestoreResult) -> String {
+    let mut out = super::report::headline("etcd restore", &result.run, "hcp-dr etcd restore");
+    out.push('\n');
+    out.push_str(&format!("hosted cluster: {}\n", result.hosted_cluster));
+    out.push_str(&super::report::stage_lines(&result.run));
+    if let Some(snapshot) = &result.snapshot {
+        out.push_str(&format!(
+            "snapshot: {snapshot} (revision {}, SHA-256 {})\n",
+            result.snapshot_revision.map_or("-".into(), |r| r.to_string()),
+            result.snapshot_sha256.as_deref().unwrap_or("-")
+        ));
+    }
+    if let Some(bump) = result.bump_revision {
+        out.push_str(&format!(
+            "revision: cluster had reached {}; restored with --bump-revision {bump} --mark-compacted\n",
+            result.revision_before.map_or("an unknown revision".into(), |r| r.to_string())
+        ));
+    }
+    if let Some(after) = result.revisions_after.as_ref().and_then(|v| v.as_object()) {
+        let members: Vec<String> = after.iter().map(|(m, r)| format!("{m} at {r}")).collect();
+        out.push_str(&format!("members healthy: {}\n", members.join(", ")));
+    }
+    if let Some(seconds) = result.api_downtime_seconds {
+        out.push_str(&format!("API down {seconds:.1}s\n"));
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}
+
 fn bytes(n: i64) -> String {
     super::report::human_bytes(n.max(0) as u64)
 }

@@ -125,14 +125,15 @@ fn resolve_inputs(options: &RecoverOptions) -> Result<RecoverInputs, OpsError> {
 /// How long `rejoin` waits unless told.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
 
-/// A stop before `replace` journaled anything changed nothing but the
-/// Lease: undo it at once (a plain failure) instead of leaving the run open.
-fn changed_the_cluster(journal: &Path) -> Result<bool, OpsError> {
-    Ok(Journal::read(journal)?.stage("replace").progress.is_some())
+/// Whether the run has journaled a first change in `stage` (the point of no
+/// return). A stop before that changed nothing that cannot be put back:
+/// undo it at once (a plain failure) instead of leaving the run open.
+pub(crate) fn changed_the_cluster(journal: &Path, stage: &str) -> Result<bool, OpsError> {
+    Ok(Journal::read(journal)?.stage(stage).progress.is_some())
 }
 
 /// The stopped run's report with the undo's statuses, as a plain failure.
-fn undone(stopped: RunReport, undo: RunReport, stage: String, error: String) -> RunReport {
+pub(crate) fn undone(stopped: RunReport, undo: RunReport, stage: String, error: String) -> RunReport {
     let stages = stopped
         .stages
         .into_iter()
@@ -193,16 +194,15 @@ pub async fn recover(
         observer: options.observer.as_deref(),
         on_failure: OnFailure::Stop,
     };
-    let journal_path = journal_given.clone().unwrap_or_else(|| {
-        options.journal.clone().unwrap_or_else(|| {
-            options.journal_dir.join(format!(
-                "{RECOVER}-{}-{}-{}.jsonl",
-                inputs.namespace,
-                inputs.hosted_cluster,
-                chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ")
-            ))
-        })
-    });
+    let journal_path = super::journal_path(
+        journal_given.as_deref(),
+        options.journal.as_deref(),
+        &options.journal_dir,
+        RECOVER,
+        &inputs.namespace,
+        &inputs.hosted_cluster,
+        &super::stamp(),
+    );
     let mode = super::run_mode(
         options.dry_run,
         options.abort.is_some(),
@@ -213,7 +213,7 @@ pub async fn recover(
     )?;
     let mut run = runner.run(&mut ctx, mode, interrupt).await?;
     if let RunOutcome::Stopped { stage, error } = run.outcome.clone()
-        && !changed_the_cluster(&journal_path)?
+        && !changed_the_cluster(&journal_path, "replace")?
     {
         let undo = runner
             .run(
@@ -252,22 +252,7 @@ pub async fn recover(
 
 /// For `playbook show etcd-recover`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = builtin::load(RECOVER, file)?;
-    playbook.check(&RECOVER_RULES)?;
-    let catalog = recover_catalog();
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| {
-            catalog.get(&s.name).map(|stage| {
-                (
-                    s.name.clone(),
-                    stage.summary().to_string(),
-                    stage.undoable(),
-                )
-            })
-        })
-        .collect())
+    super::describe(RECOVER, file, &RECOVER_RULES, &recover_catalog())
 }
 
 #[cfg(test)]

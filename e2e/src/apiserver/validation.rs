@@ -150,14 +150,16 @@ pub fn validate_builtin_update(kind: &str, old: &Value, new: &Value) -> Vec<Fiel
             }
         }
         "PersistentVolumeClaim" => {
-            let o = without(
-                at(old, "/spec"),
-                &["resources", "volumeAttributesClassName"],
-            );
-            let n = without(
-                at(new, "/spec"),
-                &["resources", "volumeAttributesClassName"],
-            );
+            // As the real validation: `volumeName` may be set once, by the
+            // binder, on a claim that has none.
+            let unbound = at(old, "/spec/volumeName").as_str().is_none_or(str::is_empty);
+            let ignored: &[&str] = if unbound {
+                &["resources", "volumeAttributesClassName", "volumeName"]
+            } else {
+                &["resources", "volumeAttributesClassName"]
+            };
+            let o = without(at(old, "/spec"), ignored);
+            let n = without(at(new, "/spec"), ignored);
             if o != n {
                 errs.push(field_error(
                     FieldErrorKind::Forbidden,

@@ -23,6 +23,7 @@ pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
 pub(crate) mod objects;
+pub mod restore_pod;
 pub mod workloads;
 
 use std::collections::HashMap;
@@ -184,6 +185,8 @@ pub(crate) struct Ctx {
     pub hosted: tokio::sync::Mutex<HashMap<String, hosted_api::HostedApi>>,
     /// What the hosted API servers report (readable without awaiting).
     pub hosted_up: std::sync::Mutex<HashMap<String, hosted_api::HostedStatus>>,
+    /// hcp-dr restore pods being run, by pod uid.
+    pub restores: restore_pod::Running,
 }
 
 impl Ctx {
@@ -266,6 +269,7 @@ impl Operator {
             members: std::sync::Mutex::new(HashMap::new()),
             hosted: tokio::sync::Mutex::new(HashMap::new()),
             hosted_up: std::sync::Mutex::new(HashMap::new()),
+            restores: std::sync::Mutex::new(HashMap::new()),
         });
         let mut tasks = vec![
             spawn_loop(

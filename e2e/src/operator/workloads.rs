@@ -88,6 +88,8 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
         pvcs: ctx.kube.list(&PVC, None, None).await?,
     };
     release_storage(&ctx, &world).await;
+    bind_claims(&ctx, &world, &statefulsets).await;
+    super::restore_pod::sync(&ctx, &world.pods).await;
     for d in &deployments {
         if let Err(e) = sync_deployment(&ctx, d, &world).await {
             log_failure("deployment", &format!("{}/{}", ns_of(d), name_of(d)), &e);
@@ -153,6 +155,45 @@ async fn release_storage(ctx: &Ctx, world: &World) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The provisioner and the PV controller for claims made outside a
+/// StatefulSet (a StatefulSet's own are bound as it creates them): bind each
+/// to a new local volume, with the pod address the sandbox gives the pod of a
+/// StatefulSet claim.
+async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
+    for pvc in world.pvcs.iter().filter(|p| !is_deleting(p) && str_at(p, "/spec/volumeName").is_none()) {
+        // The StatefulSet whose pods would mount it: `<template>-<set>-<ordinal>`.
+        let spec = statefulsets.iter().find_map(|s| {
+            s.pointer("/spec/volumeClaimTemplates").and_then(Value::as_array)?.iter().find_map(|c| {
+                let rest = name_of(pvc).strip_prefix(&format!("{}-", name_of(c)))?;
+                (ns_of(s) == ns_of(pvc) && ordinal(name_of(s), rest).is_some()).then(|| s.pointer("/spec/template/spec").cloned())?
+            })
+        });
+        let bound = async {
+            let ip = alloc_pod_ip(spec.as_ref().unwrap_or(&Value::Null))?.to_string();
+            let patch = json!({
+                "metadata": {"annotations": {POD_IP_ANNOTATION: ip.clone(), "pv.kubernetes.io/bind-completed": "yes",
+                    "volume.kubernetes.io/storage-provisioner": "sandbox.hcp-dr.io/local"},
+                    "resourceVersion": pvc.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)},
+                "spec": {"volumeName": format!("pvc-{}", uuid::Uuid::new_v4())},
+            });
+            let updated = ctx.kube.merge(&PVC, Some(ns_of(pvc)), name_of(pvc), &patch).await?;
+            add_finalizer(ctx, &PVC, &updated, PVC_PROTECTION).await?;
+            let capacity = pvc.pointer("/spec/resources/requests/storage").cloned().unwrap_or(json!("1Gi"));
+            let access = pvc.pointer("/spec/accessModes").cloned().unwrap_or(json!(["ReadWriteOnce"]));
+            ctx.kube
+                .merge_status(&PVC, Some(ns_of(pvc)), name_of(pvc),
+                    &json!({"status": {"phase": "Bound", "accessModes": access, "capacity": {"storage": capacity}}}))
+                .await?;
+            ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
+            tracing::info!(namespace = ns_of(pvc), pvc = name_of(pvc), pod_ip = %ip, "bound claim");
+            Ok::<(), OperatorError>(())
+        };
+        if let Err(e) = bound.await {
+            log_failure("pv-controller", &format!("{}/{}", ns_of(pvc), name_of(pvc)), &e);
         }
     }
 }
@@ -322,6 +363,7 @@ pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
 /// once on a fresh loopback IP.
 async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
     if is_etcd_pod(pod)
+        || super::restore_pod::is_restore_pod(pod)
         || is_deleting(pod)
         || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending")
     {

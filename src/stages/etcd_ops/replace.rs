@@ -38,7 +38,7 @@ pub struct Replaced {
 
 /// Delete `name` if it still has `uid`. `false` when it was already gone or
 /// replaced by an object with another uid.
-async fn delete_exact<K>(
+pub(crate) async fn delete_exact<K>(
     api: &Api<K>,
     what: &str,
     name: &str,

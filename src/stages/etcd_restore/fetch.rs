@@ -1,0 +1,184 @@
+//! `fetch-snapshot`: copy the snapshot to a local scratch file, hash it and
+//! verify it offline (etcd's trailing SHA-256 and the bbolt structure, the
+//! code `hcp-dr snapshot verify` runs). A snapshot that fails is refused
+//! before anything changes. When it is a member snapshot of an hcp-dr
+//! backup, its size and SHA-256 must be the manifest's, and the backup must
+//! be of this very HostedCluster (same uid): etcd's data is encrypted with
+//! the cluster's own key, so another cluster's snapshot would be unreadable.
+//! Read-only: it runs in a dry-run too.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::EtcdRestoreContext;
+use crate::archive::Layout;
+use crate::archive::check::read_manifest;
+use crate::hosted::HOSTED_CLUSTER;
+use crate::kube::{api, get_json};
+use crate::pipeline::{Stage, StageFailure, Step};
+use crate::stages::{StageError, from_output};
+
+pub struct FetchSnapshot;
+
+/// The snapshot, verified (journaled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckedSnapshot {
+    /// `<store>/<key>`.
+    pub source: String,
+    pub key: String,
+    /// The backup and member it belongs to, when from a backup.
+    pub backup_id: Option<String>,
+    pub member: Option<String>,
+    pub size: u64,
+    pub sha256: String,
+    /// What it holds, read offline.
+    pub revision: i64,
+    pub live_keys: u64,
+    pub live_keys_by_prefix: BTreeMap<String, u64>,
+}
+
+/// The key to fetch and, for a backup, the size and SHA-256 it must have.
+async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<(u64, String, String)>), StageFailure> {
+    let Some(backup) = ctx.inputs.snapshot.backup.clone() else {
+        ctx.warn(format!(
+            "{} is a bare snapshot, not an hcp-dr backup: nothing says which cluster it is of; make sure it is {}'s (its data is encrypted with that cluster's key)",
+            ctx.inputs.snapshot.key,
+            ctx.hc_label()
+        ));
+        return Ok((ctx.inputs.snapshot.key.clone(), None));
+    };
+    let layout = Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
+    let manifest = read_manifest(ctx.source.as_ref(), &layout).await?;
+    if manifest.encryption.is_some() {
+        return Err(StageError::Precondition(format!(
+            "backup {} is encrypted client-side: etcd restore cannot decrypt it yet; decrypt its snapshot first (age -d -i IDENTITY) and pass the file with --from",
+            layout.dir()
+        ))
+        .into());
+    }
+    let (ns, name) = (&ctx.cluster.inputs.namespace, &ctx.cluster.inputs.hosted_cluster);
+    if manifest.cluster.namespace != *ns || manifest.cluster.name != *name {
+        return Err(StageError::Precondition(format!(
+            "backup {} is of HostedCluster {}/{}, not {}: etcd restore puts a cluster's own snapshot back; to bring another cluster's backup up, use hcp-dr restore or hcp-dr drill",
+            layout.dir(),
+            manifest.cluster.namespace,
+            manifest.cluster.name,
+            ctx.hc_label()
+        ))
+        .into());
+    }
+    let live = get_json(&api(&ctx.cluster.client, &HOSTED_CLUSTER, ns), name, &ctx.hc_label()).await?;
+    let live_uid = live.as_ref().and_then(|hc| hc["metadata"]["uid"].as_str()).unwrap_or_default();
+    if !manifest.cluster.uid.is_empty() && live_uid != manifest.cluster.uid {
+        return Err(StageError::Precondition(format!(
+            "backup {} is of an earlier {} (uid {}); the live one has uid {live_uid}: it was recreated since, with its own etcd encryption key, so this snapshot's secrets would not decrypt; rebuild the cluster from the backup with hcp-dr restore instead",
+            layout.dir(),
+            ctx.hc_label(),
+            manifest.cluster.uid
+        ))
+        .into());
+    }
+    let best = manifest
+        .best_snapshot()
+        .ok_or_else(|| StageError::Precondition(format!("backup {} has no etcd snapshot", layout.dir())))?
+        .clone();
+    Ok((layout.artifact(&best.artifact), Some((best.size, best.sha256, best.member))))
+}
+
+/// Copy `key` into a scratch file, hashing on the way.
+async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
+    let url = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
+    let mut body = ctx.source.get(key).await?;
+    let scratch = tempfile::Builder::new()
+        .prefix("hcp-dr-etcd-restore-")
+        .suffix(".db")
+        .tempfile()
+        .map_err(|e| StageError::Precondition(format!("creating a scratch file for {url} (set TMPDIR to a directory with room for the snapshot): {e}")))?;
+    let (file, path) = scratch.into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = body
+            .read(&mut buf)
+            .await
+            .map_err(|e| StageError::Precondition(format!("reading {url}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+        file.write_all(&buf[..n])
+            .await
+            .map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
+    }
+    file.flush().await.map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
+    Ok((path, size, crate::store::hex(&hasher.finalize())))
+}
+
+#[async_trait]
+impl Stage<EtcdRestoreContext> for FetchSnapshot {
+    fn name(&self) -> &'static str {
+        "fetch-snapshot"
+    }
+    fn summary(&self) -> &'static str {
+        "copy the snapshot locally and verify it offline (hash, structure, the backup's manifest and cluster); refuse one that fails"
+    }
+    fn mutates(&self) -> bool {
+        false
+    }
+    fn plan(&self, _ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+        Vec::new()
+    }
+    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let (key, expected) = locate(ctx).await?;
+        let source = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
+        let (path, size, sha256) = download(ctx, &key).await?;
+        if let Some((want_size, want_sha, _)) = &expected
+            && (size != *want_size || sha256 != *want_sha)
+        {
+            return Err(StageError::Precondition(format!(
+                "{source} is {size} bytes with SHA-256 {sha256}, but the backup's manifest says {want_size} bytes with {want_sha}: the snapshot was damaged or replaced; nothing was changed (check the backup: hcp-dr backups verify)"
+            ))
+            .into());
+        }
+        let file = path.to_path_buf();
+        let report = tokio::task::spawn_blocking(move || crate::etcd::verify::verify_file(&file))
+            .await
+            .map_err(|e| StageError::Precondition(format!("verifying {source}: {e}")))??;
+        let summary = match (&report.verdict, report.summary) {
+            (verdict, Some(summary)) if verdict.is_ok() => summary,
+            (verdict, _) => {
+                return Err(StageError::Precondition(format!(
+                    "{source} fails verification: {verdict}; nothing was changed (hcp-dr snapshot verify shows the details)"
+                ))
+                .into());
+            }
+        };
+        let checked = CheckedSnapshot {
+            source,
+            key,
+            backup_id: ctx.inputs.snapshot.backup.as_ref().map(|b| b.backup_id.clone()),
+            member: expected.map(|(_, _, member)| member),
+            size,
+            sha256,
+            revision: summary.revision,
+            live_keys: summary.live_keys,
+            live_keys_by_prefix: summary.live_keys_by_prefix,
+        };
+        tracing::info!(source = %checked.source, revision = checked.revision, keys = checked.live_keys, "snapshot verified");
+        ctx.snapshot = Some(checked.clone());
+        ctx.local_copy = Some(path);
+        Ok(serde_json::to_value(checked)?)
+    }
+    fn restore(&self, ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.snapshot = Some(from_output("fetch-snapshot", output)?);
+        Ok(())
+    }
+}

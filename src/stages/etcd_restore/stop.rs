@@ -1,0 +1,180 @@
+//! `stop-etcd`: with the writers stopped, read the revision the members
+//! reached (it no longer moves) and decide the `--bump-revision`: the
+//! restored cluster must start above every revision a client may have seen,
+//! or watchers would see time go backwards. Then scale the etcd StatefulSet
+//! to zero and wait until its pods are gone. Undo scales it back.
+//!
+//! The revision is measured when a quorum of members answers (any committed
+//! revision is on a quorum, so the highest they report covers it); the bump
+//! is then the distance from the snapshot plus a margin. Without a quorum it
+//! cannot be measured and etcd's recovery guide's 1,000,000,000 is used,
+//! unless `--bump-revision` says otherwise.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::assess::revisions;
+use super::{BUMP_MARGIN, BUMP_UNMEASURED, EtcdRestoreContext};
+use crate::hosted;
+use crate::kube::{KubeError, request, wait_for};
+use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::stages::etcd_ops::assess::quorum;
+use crate::stages::{StageError, earlier_progress, from_output, undo_record};
+
+pub struct StopEtcd;
+
+/// What `stop-etcd` measured and did (journaled before scaling).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stopped {
+    /// The StatefulSet's replicas before (scaled back to this).
+    pub replicas: i32,
+    /// The highest revision the members reported with the writers stopped.
+    pub revision_before: Option<i64>,
+    /// Whether a quorum answered (the revision is then known).
+    pub measured: bool,
+    pub bump: u64,
+    /// The snapshot's revision plus the bump: every member must start at or above it.
+    pub expected_min_revision: i64,
+}
+
+/// The bump for a snapshot at `snapshot_revision` (pure, for tests).
+pub fn choose_bump(snapshot_revision: i64, revision_before: Option<i64>, measured: bool, given: Option<u64>) -> Result<u64, String> {
+    let needed = match (measured, revision_before) {
+        (true, Some(before)) => Some((before - snapshot_revision).max(0) as u64 + 1),
+        _ => None,
+    };
+    match (given, needed) {
+        (Some(given), Some(needed)) if given < needed => Err(format!(
+            "--bump-revision {given} is too small: the cluster reached revision {}, the snapshot is at {snapshot_revision}, so the bump must be at least {needed} or watchers would see revisions go backwards",
+            revision_before.unwrap_or_default()
+        )),
+        (Some(given), _) => Ok(given),
+        (None, Some(needed)) => Ok(needed - 1 + BUMP_MARGIN),
+        (None, None) => Ok(BUMP_UNMEASURED),
+    }
+}
+
+/// Scale the etcd StatefulSet through its scale subresource.
+pub async fn scale_etcd(ctx: &EtcdRestoreContext, replicas: i32) -> Result<(), KubeError> {
+    let ns = ctx.hcp_namespace();
+    let api: Api<StatefulSet> = Api::namespaced(ctx.cluster.client.clone(), &ns);
+    api.patch_scale(hosted::ETCD_STATEFULSET, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": replicas}})))
+        .await
+        .map(|_| ())
+        .map_err(request(format!("scaling StatefulSet {ns}/etcd to {replicas}")))
+}
+
+async fn wait_no_etcd_pods(ctx: &EtcdRestoreContext) -> Result<(), KubeError> {
+    let ns = ctx.hcp_namespace();
+    let pods: Api<Pod> = Api::namespaced(ctx.cluster.client.clone(), &ns);
+    let what = format!("the etcd pods in {ns} to terminate");
+    wait_for(&what, ctx.cluster.inputs.wait_timeout(), Duration::from_millis(250), || async {
+        let left = pods
+            .list(&ListParams::default().labels(hosted::ETCD_POD_SELECTOR))
+            .await
+            .map_err(request(format!("listing etcd pods in {ns}")))?;
+        Ok(left.items.is_empty().then_some(()))
+    })
+    .await
+}
+
+#[async_trait]
+impl Stage<EtcdRestoreContext> for StopEtcd {
+    fn name(&self) -> &'static str {
+        "stop-etcd"
+    }
+    fn summary(&self) -> &'static str {
+        "read the revision the members reached, choose the revision bump, scale etcd to zero and wait until its pods are gone"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+        let ns = ctx.hcp_namespace();
+        let mut lines = vec![format!(
+            "read every member's revision (the writers are stopped) and bump the restored revision above it{}",
+            ctx.inputs.bump_revision.map(|b| format!(" (--bump-revision {b})")).unwrap_or_default()
+        )];
+        if let Some(plan) = &ctx.plan {
+            lines.push(format!("scale StatefulSet {ns}/etcd from {} to 0 and wait until its pods are gone", plan.replicas));
+        }
+        lines
+    }
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
+        let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+        let stopped = match earlier_progress::<Stopped>(step, "stop-etcd") {
+            // A rerun after a crash: etcd may be down already; keep the first measurement.
+            Some(first) => first,
+            None => {
+                let seen = revisions(ctx).await?;
+                let answered: Vec<i64> = plan.members.iter().filter_map(|m| seen.get(&m.name).copied().flatten()).collect();
+                let measured = answered.len() >= quorum(plan.members.len());
+                let revision_before = answered.iter().max().copied();
+                let bump = choose_bump(snapshot.revision, revision_before, measured, ctx.inputs.bump_revision).map_err(StageError::Precondition)?;
+                if !measured && ctx.inputs.bump_revision.is_none() {
+                    ctx.warn(format!(
+                        "only {} of {} members answered, so the revision the cluster reached is unknown: bumping by {bump} (pass --bump-revision to choose)",
+                        answered.len(),
+                        plan.members.len()
+                    ));
+                }
+                Stopped {
+                    replicas: plan.replicas,
+                    revision_before,
+                    measured,
+                    bump,
+                    expected_min_revision: snapshot.revision + bump as i64,
+                }
+            }
+        };
+        step.record(serde_json::to_value(&stopped)?)?;
+        scale_etcd(ctx, 0).await?;
+        wait_no_etcd_pods(ctx).await?;
+        ctx.stopped = Some(stopped.clone());
+        Ok(serde_json::to_value(stopped)?)
+    }
+    fn restore(&self, ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
+        ctx.stopped = Some(from_output("stop-etcd", output)?);
+        Ok(())
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    async fn undo(&self, ctx: &mut EtcdRestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        match undo_record::<Stopped>("stop-etcd", &input)? {
+            Some(stopped) => Ok(scale_etcd(ctx, stopped.replicas).await?),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_measured_bump_covers_the_distance_and_a_margin() {
+        assert_eq!(choose_bump(100, Some(250), true, None).unwrap(), 150 + BUMP_MARGIN);
+        assert_eq!(choose_bump(100, Some(90), true, None).unwrap(), BUMP_MARGIN);
+    }
+
+    #[test]
+    fn an_unmeasured_bump_is_large_unless_given() {
+        assert_eq!(choose_bump(100, Some(250), false, None).unwrap(), BUMP_UNMEASURED);
+        assert_eq!(choose_bump(100, None, false, Some(5000)).unwrap(), 5000);
+    }
+
+    #[test]
+    fn a_given_bump_below_the_distance_is_refused() {
+        let err = choose_bump(100, Some(250), true, Some(100)).unwrap_err();
+        assert!(err.contains("at least 151"), "{err}");
+        assert_eq!(choose_bump(100, Some(250), true, Some(151)).unwrap(), 151);
+    }
+}
