@@ -58,7 +58,7 @@ fn secret(name: &str, namespace: &str, kind: &str, key: &str, value: Vec<u8>) ->
 }
 
 /// 32 bytes from the kernel's CSPRNG: the AES-CBC key of etcd encryption.
-fn random_key() -> Result<Vec<u8>, String> {
+pub(crate) fn random_key() -> Result<Vec<u8>, String> {
     use std::io::Read;
     let mut key = vec![0u8; 32];
     std::fs::File::open("/dev/urandom")
@@ -169,10 +169,11 @@ pub fn objects(c: &NewCluster) -> Result<Vec<Value>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn demo(platform: Platform) -> NewCluster {
+    /// `demo` in `clusters` on `platform` (other modules' tests use it too).
+    pub(crate) fn demo(platform: Platform) -> NewCluster {
         NewCluster {
             name: "demo".into(),
             namespace: "clusters".into(),

@@ -153,3 +153,58 @@ pub fn files(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// Copy the local store to `dest` and flip one bit in the middle of `file`
+/// of `backup` in the copy; returns the copied backup's folder.
+pub fn tampered_copy(store: &Path, backup: &Path, file: &str, dest: &Path) -> PathBuf {
+    let copy = dest.join(format!("tampered-{}", file.replace('/', "-")));
+    let status = std::process::Command::new("cp").arg("-a").arg(store).arg(&copy).status().unwrap();
+    assert!(status.success());
+    let target = copy.join(backup.strip_prefix(store).unwrap()).join(file);
+    let mut bytes = std::fs::read(&target).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&target, bytes).unwrap();
+    copy.join(backup.strip_prefix(store).unwrap())
+}
+
+/// The external-dns owners of `host`'s records in the sandbox zone.
+pub async fn owners_of(env: &Env, host: &str) -> Vec<String> {
+    let client = env.sandbox.route53.client();
+    let out = client.list_resource_record_sets().hosted_zone_id(&env.sandbox.zone_id).send().await.expect("list records");
+    out.resource_record_sets()
+        .iter()
+        .filter(|r| r.name().trim_end_matches('.') == host && r.r#type().as_str() == "TXT")
+        .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
+        .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
+        .collect()
+}
+
+/// `hcp-dr backup` of demo to the sandbox's S3 store: the backup's URL and etcd revision.
+pub fn backup_to_s3(env: &Env) -> (String, i64) {
+    let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
+    let s3 = env.s3_args();
+    args.extend(s3.iter().map(String::as_str));
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let backup = json_report(&out);
+    (backup["backup"].as_str().expect("backup URL").to_string(), backup["etcd_revision"].as_i64().expect("revision"))
+}
+
+/// `hcp-dr backup` of demo to the local store: the backup's folder.
+pub fn backup_to_local(env: &Env) -> PathBuf {
+    let store = env.local_store();
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "-o", "json", "--to", store.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    PathBuf::from(json_report(&out)["backup"].as_str().expect("backup URL").strip_prefix("file://").expect("a local backup"))
+}
+
+/// An age key file as `age-keygen -o` writes it, and its public key.
+pub fn age_key_file(dir: &Path, name: &str) -> (PathBuf, String) {
+    let identity = age::x25519::Identity::generate();
+    let public = identity.to_public().to_string();
+    let secret = age::secrecy::ExposeSecret::expose_secret(&identity.to_string()).to_string();
+    let path = dir.join(name);
+    std::fs::write(&path, format!("# public key: {public}\n{secret}\n")).unwrap();
+    (path, public)
+}

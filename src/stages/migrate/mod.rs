@@ -57,6 +57,46 @@ pub struct MigrateContext {
     pub hosts: Vec<String>,
 }
 
+/// A context that carries a backup context for the backup stages it reuses
+/// (the source of a migration; the cluster of an etcd restore).
+pub trait HasSource: Send + Sync {
+    fn source(&self) -> &BackupContext;
+    fn source_mut(&mut self) -> &mut BackupContext;
+    /// Put before each line a reused stage plans ("source: " in a migration).
+    fn plan_prefix(&self) -> &'static str {
+        "source: "
+    }
+}
+
+impl HasSource for MigrateContext {
+    fn source(&self) -> &BackupContext {
+        &self.source
+    }
+    fn source_mut(&mut self) -> &mut BackupContext {
+        &mut self.source
+    }
+}
+
+/// A context that carries a restore context for the restore stages it
+/// reuses (the destination of a migration; the staging cluster of a drill).
+pub trait HasDestination: Send + Sync {
+    fn destination(&self) -> &RestoreContext;
+    fn destination_mut(&mut self) -> &mut RestoreContext;
+    /// Put before each line a reused stage plans ("destination: " in a migration).
+    fn destination_prefix(&self) -> &'static str {
+        "destination: "
+    }
+}
+
+impl HasDestination for MigrateContext {
+    fn destination(&self) -> &RestoreContext {
+        &self.destination
+    }
+    fn destination_mut(&mut self) -> &mut RestoreContext {
+        &mut self.destination
+    }
+}
+
 /// A backup stage run on the source, under its own name or another.
 pub struct OnSource<S> {
     pub name: &'static str,
@@ -75,7 +115,7 @@ pub struct OnDestination<S> {
 }
 
 #[async_trait]
-impl<S: Stage<BackupContext>> Stage<MigrateContext> for OnSource<S> {
+impl<S: Stage<BackupContext>, C: HasSource> Stage<C> for OnSource<S> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -85,25 +125,25 @@ impl<S: Stage<BackupContext>> Stage<MigrateContext> for OnSource<S> {
     fn mutates(&self) -> bool {
         self.inner.mutates()
     }
-    fn plan(&self, ctx: &MigrateContext, params: &Value) -> Vec<String> {
-        self.inner.plan(&ctx.source, params).into_iter().map(|l| format!("source: {l}")).collect()
+    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
+        self.inner.plan(ctx.source(), params).into_iter().map(|l| format!("{}{l}", ctx.plan_prefix())).collect()
     }
-    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        self.inner.run(&mut ctx.source, step).await
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        self.inner.run(ctx.source_mut(), step).await
     }
-    fn restore(&self, ctx: &mut MigrateContext, output: &Value) -> Result<(), StageFailure> {
-        self.inner.restore(&mut ctx.source, output)
+    fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure> {
+        self.inner.restore(ctx.source_mut(), output)
     }
     fn undoable(&self) -> bool {
         self.undo && self.inner.undoable()
     }
-    async fn undo(&self, ctx: &mut MigrateContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        self.inner.undo(&mut ctx.source, input).await
+    async fn undo(&self, ctx: &mut C, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        self.inner.undo(ctx.source_mut(), input).await
     }
 }
 
 #[async_trait]
-impl<S: Stage<RestoreContext>> Stage<MigrateContext> for OnDestination<S> {
+impl<S: Stage<RestoreContext>, C: HasDestination> Stage<C> for OnDestination<S> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -113,20 +153,21 @@ impl<S: Stage<RestoreContext>> Stage<MigrateContext> for OnDestination<S> {
     fn mutates(&self) -> bool {
         self.inner.mutates() || self.reads_this_run
     }
-    fn plan(&self, ctx: &MigrateContext, params: &Value) -> Vec<String> {
-        self.inner.plan(&ctx.destination, params).into_iter().map(|l| format!("destination: {l}")).collect()
+    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
+        let prefix = ctx.destination_prefix();
+        self.inner.plan(ctx.destination(), params).into_iter().map(|l| format!("{prefix}{l}")).collect()
     }
-    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        self.inner.run(&mut ctx.destination, step).await
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        self.inner.run(ctx.destination_mut(), step).await
     }
-    fn restore(&self, ctx: &mut MigrateContext, output: &Value) -> Result<(), StageFailure> {
-        self.inner.restore(&mut ctx.destination, output)
+    fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure> {
+        self.inner.restore(ctx.destination_mut(), output)
     }
     fn undoable(&self) -> bool {
         self.inner.undoable()
     }
-    async fn undo(&self, ctx: &mut MigrateContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        self.inner.undo(&mut ctx.destination, input).await
+    async fn undo(&self, ctx: &mut C, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        self.inner.undo(ctx.destination_mut(), input).await
     }
 }
 

@@ -57,7 +57,8 @@ pub async fn hosted_client(client: &kube::Client, hc: &HostedCluster) -> Result<
     kube::Client::try_from(config).map(Some).map_err(|e| invalid(e.to_string()))
 }
 
-async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kube::Error> {
+/// Ready nodes of NodePool `pool` in the hosted cluster (by HyperShift's node label).
+pub async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes.list(&ListParams::default().labels(&format!("hypershift.openshift.io/nodePool={pool}"))).await?;
     Ok(list

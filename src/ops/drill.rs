@@ -1,0 +1,364 @@
+//! `hcp-dr drill`: prove a backup restores. The backup is restored under a
+//! new name (and namespace, clusterID, infraID and hostnames) on a staging
+//! management cluster through the drill playbook, checked against the
+//! backup, and removed again unless `--keep`. RTO is the time from the
+//! drill's start to the restored cluster being Available; RPO is the
+//! backup's age when the drill started. The report (`--report FILE`) is
+//! written after the run, whatever its outcome.
+
+pub mod report;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::OpsError;
+use super::restore::{Decrypt, RestoreOptions, prepare_decryption, resolve_inputs};
+use crate::archive::parse_backup_id;
+use crate::pipeline::{Interrupt, OnFailure, RunOutcome, RunReport, Runner, StageStatus, builtin};
+use crate::stages::context::EtcdAccess;
+use crate::stages::drill::checks::CheckResult;
+use crate::stages::drill::rewrite::{ClusterRef, DrillIdentity, RewriteReport};
+use crate::stages::drill::{DRILL_RULES, DrillContext, DrillInputs, drill_catalog};
+use crate::stages::restore::{BackupOf, RestoreContext};
+use crate::store::{self, S3Options};
+
+/// The suffix the drill's names get when none is given.
+pub const DEFAULT_SUFFIX: &str = "-drill";
+
+/// Everything `hcp-dr drill` was asked.
+#[derive(Clone)]
+pub struct DrillOptions {
+    /// The staging management cluster (required: a drill never guesses it).
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    /// A backup's URL, or a store URL with `backup_id`.
+    pub from: Option<String>,
+    pub backup_id: Option<String>,
+    pub hosted_cluster: Option<String>,
+    pub namespace: Option<String>,
+    pub s3: S3Options,
+    pub stage_snapshot_to: Option<String>,
+    pub presign_ttl: Duration,
+    /// An encrypted backup's identity file, and whether `presign_ttl` was given.
+    pub decrypt: Decrypt,
+    pub wait_timeout: Duration,
+    pub etcd_access: EtcdAccess,
+    /// Added to the cluster's name and namespace.
+    pub name_suffix: String,
+    /// Leave the drill cluster in place (also when the drill fails).
+    pub keep: bool,
+    /// Write the report to `<report>.md` and `<report>.json`.
+    pub report: Option<PathBuf>,
+    pub playbook: Option<PathBuf>,
+    pub journal: Option<PathBuf>,
+    pub journal_dir: PathBuf,
+    pub dry_run: bool,
+    /// Undo a drill that stopped (`--keep`) or was killed.
+    pub abort: Option<PathBuf>,
+    pub observer: Option<Arc<dyn crate::pipeline::runner::Observer>>,
+}
+
+/// What became of the drill cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrillCluster {
+    /// Nothing was created on the staging cluster (refused before `apply`, or a dry run).
+    NeverCreated,
+    /// Created, checked and removed by `teardown`.
+    Removed,
+    /// Created and removed again when a stage failed.
+    RemovedAfterFailure,
+    /// Left in place (`--keep`).
+    Kept,
+    /// A stage failed and removing what it created failed too: see the run's undo errors.
+    LeftAfterFailedUndo,
+}
+
+impl DrillCluster {
+    pub fn describe(&self) -> &'static str {
+        match self {
+            DrillCluster::NeverCreated => "never created: the staging cluster was not changed",
+            DrillCluster::Removed => "removed after the checks",
+            DrillCluster::RemovedAfterFailure => "removed again after the failure",
+            DrillCluster::Kept => "kept (--keep)",
+            DrillCluster::LeftAfterFailedUndo => "LEFT IN PLACE: removing it failed (see the undo errors)",
+        }
+    }
+}
+
+/// What a drill reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillResult {
+    #[serde(flatten)]
+    pub run: RunReport,
+    /// The stages succeeded and every check passed.
+    pub passed: bool,
+    pub backup: String,
+    /// `namespace/name` of the backed-up cluster and of the drill's.
+    pub source: String,
+    pub drill: String,
+    /// Drill start to the drill cluster Available.
+    pub rto_seconds: Option<f64>,
+    /// The backup's age when the drill started.
+    pub rpo_seconds: Option<f64>,
+    pub backup_taken: Option<DateTime<Utc>>,
+    pub started: DateTime<Utc>,
+    pub checks: Vec<CheckResult>,
+    /// Names, identity and hostnames, old and new; what was dropped and kept.
+    pub rewrite: Option<RewriteReport>,
+    pub drill_cluster: DrillCluster,
+    /// How to remove a kept drill cluster.
+    pub remove_with: Option<String>,
+    /// This run was `--abort`: it removed what an earlier drill left.
+    pub aborted: bool,
+    /// `<report>.md` and `<report>.json`, once written.
+    pub report_files: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+impl DrillResult {
+    /// The checks that failed.
+    pub fn failed_checks(&self) -> Vec<&CheckResult> {
+        self.checks.iter().filter(|c| !c.passed).collect()
+    }
+}
+
+fn restore_options(options: &DrillOptions) -> RestoreOptions {
+    RestoreOptions {
+        kubeconfig: options.kubeconfig.clone(),
+        context: options.context.clone(),
+        from: options.from.clone(),
+        backup_id: options.backup_id.clone(),
+        hosted_cluster: options.hosted_cluster.clone(),
+        namespace: options.namespace.clone(),
+        s3: options.s3.clone(),
+        stage_snapshot_to: options.stage_snapshot_to.clone(),
+        presign_ttl: options.presign_ttl,
+        wait_timeout: options.wait_timeout,
+        clean_leftovers: false,
+        overwrite: false,
+        etcd_access: options.etcd_access,
+        playbook: None,
+        journal: None,
+        journal_dir: options.journal_dir.clone(),
+        dry_run: options.dry_run,
+        resume: None,
+        abort: None,
+        observer: None,
+    }
+}
+
+/// The report's base path: `FILE`, `FILE.md` or `FILE.json` all mean `FILE`.
+pub fn report_base(path: &Path) -> PathBuf {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("md" | "json") => path.with_extension(""),
+        _ => path.to_path_buf(),
+    }
+}
+
+async fn new_inputs(options: &DrillOptions) -> Result<DrillInputs, OpsError> {
+    if options.kubeconfig.is_none() {
+        return Err(OpsError::Input(
+            "--kubeconfig is required: the staging management cluster the drill restores onto (a drill never falls back to $KUBECONFIG)".into(),
+        ));
+    }
+    if let Some(report) = &options.report {
+        let base = report_base(report);
+        let dir = base.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            return Err(OpsError::Input(format!(
+                "--report {}: the directory {} does not exist; create it or name a file in an existing one",
+                report.display(),
+                dir.display()
+            )));
+        }
+    }
+    let mut restore = resolve_inputs(&restore_options(options), &options.s3).await?;
+    let source = ClusterRef::new(&restore.namespace, &restore.hosted_cluster);
+    let random = crate::hosted::render::random_key().map_err(OpsError::Input)?;
+    let identity = DrillIdentity::new(source.clone(), &options.name_suffix, &random).map_err(OpsError::Input)?;
+    restore.backup_of = Some(BackupOf {
+        namespace: source.namespace,
+        hosted_cluster: source.name,
+    });
+    restore.namespace = identity.drill.namespace.clone();
+    restore.hosted_cluster = identity.drill.name.clone();
+    Ok(DrillInputs {
+        restore,
+        identity,
+        keep: options.keep,
+        started: Utc::now(),
+        kubeconfig: options.kubeconfig.clone(),
+        context: options.context.clone(),
+    })
+}
+
+/// What became of the drill cluster, from how the run ended.
+fn fate(run: &RunReport, keep: bool) -> DrillCluster {
+    let apply_ran = run
+        .stages
+        .iter()
+        .any(|s| s.name == "apply" && !matches!(s.status, StageStatus::Skipped | StageStatus::Planned { .. }));
+    match &run.outcome {
+        _ if !apply_ran => DrillCluster::NeverCreated,
+        RunOutcome::UndoFailed { .. } => DrillCluster::LeftAfterFailedUndo,
+        RunOutcome::RolledBack { .. } => DrillCluster::RemovedAfterFailure,
+        _ if keep => DrillCluster::Kept,
+        RunOutcome::Succeeded => DrillCluster::Removed,
+        // stopped without --keep: only an interrupted abort gets here
+        _ => DrillCluster::LeftAfterFailedUndo,
+    }
+}
+
+/// Drill start to Available: the stages before `wait`, then as long as
+/// `wait` took to see the cluster Available.
+pub fn rto_seconds(run: &RunReport) -> Option<f64> {
+    let wait = run.stages.iter().position(|s| s.name == "wait")?;
+    let available = run.stages[wait].output.as_ref()?["available_after_seconds"].as_f64()?;
+    Some(run.stages[..wait].iter().map(|s| s.duration.as_secs_f64()).sum::<f64>() + available)
+}
+
+/// Run (or abort, or dry-run) a drill, then write its report.
+pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<DrillResult, OpsError> {
+    let playbook = builtin::load("drill", options.playbook.as_deref())?;
+    playbook.check(&DRILL_RULES)?;
+    let mut inputs = match &options.abort {
+        Some(journal) => super::journal_inputs::<DrillInputs>(journal, "drill")?.0,
+        None => new_inputs(&options).await?,
+    };
+    let mut s3 = options.s3.clone();
+    s3.endpoint = s3.endpoint.or_else(|| inputs.restore.s3_endpoint.clone());
+    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.restore.ca_bundle.clone());
+    let store = store::open(&inputs.restore.store, s3.clone()).await?;
+    // an encrypted backup is read as restore reads it; --abort needs no key
+    let (keys, warnings) = match options.abort {
+        Some(_) => (None, Vec::new()),
+        None => prepare_decryption(&mut inputs.restore, store.as_ref(), &options.decrypt, true).await?,
+    };
+    let staging = match &inputs.restore.stage_snapshot_to {
+        Some(url) => Some(store::open(url, s3).await?),
+        None => None,
+    };
+    let kubeconfig = options.kubeconfig.clone().or_else(|| inputs.kubeconfig.clone());
+    let context = options.context.clone().or_else(|| inputs.context.clone());
+    let client = crate::kube::client(kubeconfig.as_deref(), context.as_deref()).await?;
+    let restore = RestoreContext::new(client, store, staging, inputs.restore.clone());
+    let mut ctx = DrillContext::new(restore, inputs.clone());
+    ctx.restore.keys = keys;
+    ctx.restore.warnings.extend(warnings);
+    let catalog = drill_catalog();
+    let runner = Runner {
+        operation: "drill",
+        playbook: &playbook,
+        catalog: &catalog,
+        observer: options.observer.as_deref(),
+        on_failure: if inputs.keep { OnFailure::Stop } else { OnFailure::Undo },
+    };
+    let source = inputs.identity.source.clone();
+    let journal_path = options.abort.clone().unwrap_or_else(|| {
+        options.journal.clone().unwrap_or_else(|| {
+            options.journal_dir.join(format!(
+                "drill-{}-{}-{}-{}.jsonl",
+                source.namespace,
+                source.name,
+                inputs.restore.backup_id,
+                inputs.started.format("%Y%m%dT%H%M%S%.6fZ")
+            ))
+        })
+    });
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, "undo a kept or killed drill with --abort")?;
+    let run = runner.run(&mut ctx, mode, interrupt).await?;
+
+    let taken = ctx
+        .restore
+        .manifest
+        .as_ref()
+        .and_then(|m| m.timings.started)
+        .or_else(|| parse_backup_id(&inputs.restore.backup_id).ok());
+    let checks_ran = run.stages.iter().any(|s| s.name == "checks" && s.status == StageStatus::Succeeded);
+    let mut result = DrillResult {
+        passed: run.outcome == RunOutcome::Succeeded && checks_ran && ctx.checks.iter().all(|c| c.passed),
+        backup: format!("{}/{}", ctx.restore.store.url(), inputs.restore.layout().dir()),
+        source: source.path(),
+        drill: inputs.identity.drill.path(),
+        rto_seconds: rto_seconds(&run),
+        rpo_seconds: taken.map(|t| (inputs.started - t).num_milliseconds() as f64 / 1000.0),
+        backup_taken: taken,
+        started: inputs.started,
+        checks: ctx.checks.clone(),
+        rewrite: ctx.rewrite.clone(),
+        drill_cluster: fate(&run, inputs.keep),
+        remove_with: None,
+        aborted: options.abort.is_some(),
+        report_files: Vec::new(),
+        warnings: ctx.restore.warnings.clone(),
+        run,
+    };
+    if result.drill_cluster == DrillCluster::Kept {
+        result.remove_with = match (&result.run.outcome, &result.run.journal) {
+            (RunOutcome::Stopped { .. }, Some(journal)) => Some(format!("hcp-dr drill --abort {journal}")),
+            _ => result.run.output("teardown").and_then(|t| t["remove_with"].as_str()).map(str::to_string),
+        };
+    }
+    if let (Some(path), false, None) = (&options.report, options.dry_run, &options.abort) {
+        match report::write(&report_base(path), &result) {
+            Ok(files) => result.report_files = files,
+            Err(err) => result.warnings.push(format!("the report could not be written to {}: {err}", path.display())),
+        }
+    }
+    Ok(result)
+}
+
+/// For `playbook show drill`.
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    let playbook = builtin::load("drill", file)?;
+    playbook.check(&DRILL_RULES)?;
+    let catalog = drill_catalog();
+    Ok(playbook
+        .stages
+        .iter()
+        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::StageReport;
+    use serde_json::json;
+
+    fn stage(name: &str, seconds: f64, status: StageStatus, output: Option<serde_json::Value>) -> StageReport {
+        StageReport { name: name.into(), status, duration: Duration::from_secs_f64(seconds), output }
+    }
+
+    #[test]
+    fn rto_runs_from_the_start_to_available_and_the_fate_follows_the_outcome() {
+        let mut run = RunReport {
+            operation: "drill".into(),
+            outcome: RunOutcome::Succeeded,
+            stages: vec![
+                stage("verify", 2.0, StageStatus::Succeeded, None),
+                stage("rewrite", 0.5, StageStatus::Succeeded, None),
+                stage("apply", 1.5, StageStatus::Succeeded, None),
+                stage("wait", 30.0, StageStatus::Succeeded, Some(json!({"available_after_seconds": 20.0}))),
+                stage("teardown", 9.0, StageStatus::Succeeded, None),
+            ],
+            journal: None,
+        };
+        assert_eq!(rto_seconds(&run), Some(24.0));
+        assert_eq!(fate(&run, false), DrillCluster::Removed);
+        assert_eq!(fate(&run, true), DrillCluster::Kept);
+        run.outcome = RunOutcome::RolledBack { stage: "wait".into(), error: "timed out".into() };
+        assert_eq!(fate(&run, false), DrillCluster::RemovedAfterFailure);
+        run.stages[2].status = StageStatus::Skipped;
+        run.outcome = RunOutcome::RolledBack { stage: "verify".into(), error: "tampered".into() };
+        assert_eq!(fate(&run, false), DrillCluster::NeverCreated);
+        assert_eq!(report_base(Path::new("/tmp/r.md")), PathBuf::from("/tmp/r"));
+        assert_eq!(report_base(Path::new("/tmp/r.json")), PathBuf::from("/tmp/r"));
+        assert_eq!(report_base(Path::new("/tmp/drill-1")), PathBuf::from("/tmp/drill-1"));
+    }
+}

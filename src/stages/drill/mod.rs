@@ -1,0 +1,110 @@
+//! The drill stages (`playbooks/drill.yaml`): prove a backup restores by
+//! restoring it under a new name on a staging management cluster, checking
+//! the result against the backup, and tearing it down.
+//!
+//! The restore stages run unchanged through [`OnDestination`] on the
+//! staging half of a [`DrillContext`]; the drill adds `rewrite` (the objects
+//! made into a new cluster, before anything is checked or created), `checks`
+//! (what the restored cluster holds, compared with the backup) and
+//! `teardown` (the drill cluster removed, unless `--keep`).
+//!
+//! A drill undoes on failure (`OnFailure::Undo`): whatever it created is
+//! deleted when a stage fails; with `--keep` it stops instead and leaves
+//! everything for inspection. A failed *check* is not a failed stage: the
+//! drill goes on to teardown and the report names the check.
+
+pub mod checks;
+pub mod rewrite;
+pub mod teardown;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::migrate::{HasDestination, OnDestination};
+use super::restore::{RestoreContext, RestoreInputs};
+use crate::pipeline::{Catalog, StageRules};
+use rewrite::{DrillIdentity, RewriteReport};
+
+/// The inputs of a drill (journaled on start; nothing secret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrillInputs {
+    /// The restore: the backup (`backup_of`) and the drill cluster's names
+    /// (`namespace`, `hosted_cluster`) on the staging cluster.
+    pub restore: RestoreInputs,
+    pub identity: DrillIdentity,
+    /// Leave the drill cluster in place (also when the drill fails).
+    pub keep: bool,
+    /// When the drill started: RTO runs from here, RPO is measured here.
+    pub started: DateTime<Utc>,
+    #[serde(default)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub context: Option<String>,
+}
+
+/// The context of one drill: a restore context on the staging cluster and
+/// what the drill's own stages found.
+pub struct DrillContext {
+    pub restore: RestoreContext,
+    pub inputs: DrillInputs,
+    /// What `rewrite` renamed, dropped and kept.
+    pub rewrite: Option<RewriteReport>,
+    /// What `checks` found.
+    pub checks: Vec<checks::CheckResult>,
+}
+
+impl DrillContext {
+    pub fn new(restore: RestoreContext, inputs: DrillInputs) -> Self {
+        DrillContext {
+            restore,
+            inputs,
+            rewrite: None,
+            checks: Vec::new(),
+        }
+    }
+}
+
+impl HasDestination for DrillContext {
+    fn destination(&self) -> &RestoreContext {
+        &self.restore
+    }
+    fn destination_mut(&mut self) -> &mut RestoreContext {
+        &mut self.restore
+    }
+    fn destination_prefix(&self) -> &'static str {
+        "staging: "
+    }
+}
+
+/// Every drill stage, by name.
+pub fn drill_catalog() -> Catalog<DrillContext> {
+    use super::restore::{apply, preflight, snapshot_url, verify, wait};
+    Catalog::default()
+        .with(OnDestination { name: "verify", inner: verify::Verify, reads_this_run: false })
+        .with(rewrite::Rewrite)
+        .with(OnDestination { name: "preflight", inner: preflight::Preflight, reads_this_run: false })
+        .with(OnDestination { name: "snapshot-url", inner: snapshot_url::SnapshotUrl, reads_this_run: false })
+        .with(OnDestination { name: "apply", inner: apply::Apply, reads_this_run: false })
+        .with(OnDestination { name: "wait", inner: wait::Wait, reads_this_run: false })
+        .with(checks::Checks)
+        .with(teardown::Teardown)
+}
+
+/// The stage names a drill playbook may use. `rewrite` comes before
+/// anything looks at or creates the drill cluster's objects, so no playbook
+/// can replay the backup under the source's own names.
+pub const DRILL_RULES: StageRules<'static> = StageRules {
+    operation: "drill",
+    known: &["verify", "rewrite", "preflight", "snapshot-url", "apply", "wait", "checks", "teardown"],
+    requires_before: &[
+        ("rewrite", "verify"),
+        ("preflight", "rewrite"),
+        ("snapshot-url", "rewrite"),
+        ("apply", "preflight"),
+        ("apply", "snapshot-url"),
+        ("wait", "apply"),
+        ("checks", "wait"),
+        ("teardown", "apply"),
+        ("teardown", "checks"),
+    ],
+};

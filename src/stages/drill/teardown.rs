@@ -1,0 +1,153 @@
+//! `teardown`: the drill cluster goes, whatever the checks said, unless
+//! `--keep`. The cluster itself is removed as `hcp-dr cluster destroy` does
+//! it (paused, then the ordered deletion migrate's teardown shares); then
+//! what lives beside it in its namespace: the Secrets this drill created
+//! and the credentials HyperShift wrote for it; then the namespaces the
+//! drill created. Not undoable. The report says whether the cluster was
+//! kept or removed.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::Api;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::DrillContext;
+use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
+use crate::kube::{api, get_json};
+use crate::pipeline::{Stage, StageFailure, Step};
+use crate::stages::restore::apply::Applied;
+use crate::teardown::{delete_and_wait, wait_gone};
+
+pub struct Teardown;
+
+/// What teardown did (journaled).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Removed {
+    /// `--keep`: nothing was deleted.
+    pub kept: bool,
+    /// Everything deleted, in order.
+    pub deleted: Vec<String>,
+    /// How to remove a kept drill cluster by hand.
+    #[serde(default)]
+    pub remove_with: Option<String>,
+}
+
+const WAIT: Duration = Duration::from_secs(300);
+
+/// The commands that remove a kept drill cluster and what the drill created beside it.
+pub fn remove_command(ctx: &DrillContext, applied: &Applied) -> String {
+    let drill = &ctx.inputs.identity.drill;
+    let destroy = format!("hcp-dr cluster destroy {} -n {} --kubeconfig STAGING", drill.name, drill.namespace);
+    if applied.namespaces.contains(&drill.namespace) {
+        return format!("{destroy} && kubectl --kubeconfig STAGING delete namespace {}", drill.namespace);
+    }
+    let secrets: Vec<&str> = applied
+        .created
+        .iter()
+        .filter(|r| r.kind == "Secret" && r.namespace.as_deref() == Some(drill.namespace.as_str()))
+        .map(|r| r.name.as_str())
+        .collect();
+    format!(
+        "{destroy} && kubectl --kubeconfig STAGING -n {} delete secret {} {}-admin-kubeconfig --ignore-not-found",
+        drill.namespace,
+        secrets.join(" "),
+        drill.name
+    )
+}
+
+/// What `apply` created (from the journal).
+fn applied(step: &Step<'_>) -> Result<Applied, StageFailure> {
+    Ok(step
+        .history()
+        .and_then(|h| h.stage("apply").output)
+        .map(|o| crate::stages::from_output("apply", &o))
+        .transpose()?
+        .unwrap_or_default())
+}
+
+async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, StageFailure> {
+    let client = ctx.restore.client.clone();
+    let drill = ctx.inputs.identity.drill.clone();
+    let (ns, name) = (drill.namespace.as_str(), drill.name.as_str());
+    let applied = applied(step)?;
+    let mut out = Removed::default();
+
+    // The credentials HyperShift wrote for the drill live in its namespace.
+    let label = format!("HostedCluster {ns}/{name}");
+    let hc = get_json(&api(&client, &HOSTED_CLUSTER, ns), name, &label).await?.map(HostedCluster);
+    let mut secrets: Vec<String> = hc
+        .iter()
+        .flat_map(|hc| [hc.0.pointer("/status/kubeconfig/name"), hc.0.pointer("/status/kubeadminPassword/name")])
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    if hc.is_some() {
+        let torn = crate::ops::cluster::destroy(&client, ns, name).await?;
+        out.deleted.extend(torn.deleted);
+        step.record(serde_json::to_value(&out)?)?;
+    }
+
+    // What the drill created beside the cluster, newest first.
+    secrets.extend(
+        applied
+            .created
+            .iter()
+            .rev()
+            .filter(|r| r.kind == "Secret" && r.namespace.as_deref() == Some(ns))
+            .map(|r| r.name.clone()),
+    );
+    let secret_api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    for secret in secrets {
+        let what = format!("Secret {ns}/{secret}");
+        delete_and_wait(&secret_api, &secret, &what, WAIT).await?;
+        out.deleted.push(what);
+        step.record(serde_json::to_value(&out)?)?;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for created in applied.namespaces.iter().rev() {
+        let what = format!("Namespace {created}");
+        delete_and_wait(&namespaces, created, &what, WAIT).await?;
+        out.deleted.push(what);
+        step.record(serde_json::to_value(&out)?)?;
+    }
+    // Gone, as far as the staging cluster can tell.
+    wait_gone(&api(&client, &HOSTED_CLUSTER, ns), name, &label, WAIT).await?;
+    wait_gone(&namespaces, &drill.hcp_namespace(), &format!("Namespace {}", drill.hcp_namespace()), WAIT).await?;
+    Ok(out)
+}
+
+#[async_trait]
+impl Stage<DrillContext> for Teardown {
+    fn name(&self) -> &'static str {
+        "teardown"
+    }
+    fn summary(&self) -> &'static str {
+        "remove the drill cluster (as `hcp-dr cluster destroy`), the secrets and namespaces the drill created; nothing with --keep"
+    }
+    fn mutates(&self) -> bool {
+        true
+    }
+    fn plan(&self, ctx: &DrillContext, _params: &Value) -> Vec<String> {
+        let drill = &ctx.inputs.identity.drill;
+        if ctx.inputs.keep {
+            return vec![format!("keep {} (--keep); the report says how to remove it", drill.path())];
+        }
+        vec![format!(
+            "destroy HostedCluster {} and its control plane {}, then the secrets and namespaces the drill created",
+            drill.path(),
+            drill.hcp_namespace()
+        )]
+    }
+    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        if ctx.inputs.keep {
+            tracing::info!(cluster = %ctx.inputs.identity.drill.path(), "kept (--keep)");
+            let kept = Removed { kept: true, deleted: Vec::new(), remove_with: Some(remove_command(ctx, &applied(step)?)) };
+            return Ok(serde_json::to_value(kept)?);
+        }
+        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    }
+}
