@@ -49,6 +49,10 @@ pub enum Command {
         #[command(flatten)]
         access: Access,
     },
+    /// Converge a cluster to a desired file (a HostedCluster, its NodePools
+    /// and Secrets): create what is missing, patch what differs, report the
+    /// drift, wait for Available and Ready. A second run changes nothing.
+    Reconcile(ReconcileArgs),
     /// Delete a cluster in order: NodePools, CAPI and platform objects,
     /// HostedControlPlane, HCP namespace, HostedCluster (finalizers cleared).
     Destroy {
@@ -58,6 +62,97 @@ pub enum Command {
         #[command(flatten)]
         access: Access,
     },
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ReconcileArgs {
+    /// The desired objects (YAML, several documents).
+    #[arg(short = 'f', long = "file", required_unless_present_any = ["resume", "abort"])]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub access: Access,
+    /// How long to wait for Available and Ready.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Do not wait for readiness.
+    #[arg(long)]
+    pub no_wait: bool,
+    #[arg(long)]
+    pub playbook: Option<PathBuf>,
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
+    /// Continue the run recorded in this journal.
+    #[arg(long, conflicts_with_all = ["file", "abort"])]
+    pub resume: Option<PathBuf>,
+    /// Put back what a stopped run recorded in this journal changed (a finished run is refused).
+    #[arg(long, conflicts_with_all = ["file", "resume"])]
+    pub abort: Option<PathBuf>,
+    /// Report the drift and what would change; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+async fn exec_reconcile(args: ReconcileArgs, output: Output) -> Exit {
+    let mut interrupt = match super::report::signals() {
+        Ok(i) => i,
+        Err(exit) => return exit,
+    };
+    let aborting = args.abort.is_some();
+    let options = crate::ops::reconcile::ReconcileOptions {
+        file: args.file,
+        kubeconfig: args.access.kubeconfig,
+        context: args.access.context,
+        wait_timeout: args.wait,
+        wait: !args.no_wait,
+        playbook: args.playbook,
+        journal: args.journal,
+        journal_dir: crate::ops::backup::default_journal_dir(),
+        dry_run: args.dry_run,
+        resume: args.resume,
+        abort: args.abort,
+        observer: super::report::progress(output),
+    };
+    match crate::ops::reconcile::reconcile(options, &mut interrupt).await {
+        Ok(result) => {
+            super::report::print(output, &result, || render_reconcile(&result));
+            super::report::exit_for_run(&result.run.outcome, aborting)
+        }
+        Err(err) => super::report::error_exit(&err),
+    }
+}
+
+pub fn render_reconcile(result: &crate::ops::reconcile::ReconcileResult) -> String {
+    use crate::stages::reconcile::Action;
+    let mut out = super::report::headline("cluster reconcile", &result.run, "hcp-dr cluster reconcile");
+    out.push('\n');
+    out.push_str(&super::report::stage_lines(&result.run));
+    for o in &result.objects {
+        let what = format!("{} {}", o.kind, o.name);
+        match o.action {
+            Action::Create => out.push_str(&format!("{what}: missing, created\n")),
+            Action::Unchanged => out.push_str(&format!("{what}: as desired\n")),
+            Action::Patch => {
+                out.push_str(&format!("{what}: drifted\n"));
+                for d in &o.drift {
+                    if o.kind == "Secret" {
+                        out.push_str(&format!("  {} differs (value not shown)\n", d.path));
+                    } else {
+                        out.push_str(&format!("  {}: live {} -> desired {}\n", d.path, d.live, d.desired));
+                    }
+                }
+            }
+        }
+    }
+    if !result.changed {
+        out.push_str("no drift: nothing to change\n");
+    }
+    if let Some(journal) = &result.run.journal {
+        out.push_str(&format!("journal: {journal}\n"));
+    }
+    for warning in &result.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
 }
 
 #[derive(Debug, ClapArgs)]
@@ -139,6 +234,7 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
 pub async fn exec(command: Command, output: Output) -> Exit {
     let args = match command {
         Command::Create(args) => args,
+        Command::Reconcile(args) => return exec_reconcile(args, output).await,
         other => return exec_other(other, output).await,
     };
     let new = match cluster(&args) {
@@ -170,7 +266,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
 async fn exec_other(command: Command, output: Output) -> Exit {
     let access = match &command {
         Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } | Command::Destroy { access, .. } => access,
-        Command::Create(_) => return Exit::Usage,
+        Command::Create(_) | Command::Reconcile(_) => return Exit::Usage,
     };
     let client = match crate::kube::client(access.kubeconfig.as_deref(), access.context.as_deref()).await {
         Ok(c) => c,
@@ -198,7 +294,7 @@ async fn exec_other(command: Command, output: Output) -> Exit {
         Command::Destroy { name, namespace, .. } => crate::ops::cluster::destroy(&client, namespace, name)
             .await
             .and_then(|t| serde_json::to_value(t).map_err(|e| OpsError::Input(e.to_string()))),
-        Command::Create(_) => return Exit::Usage,
+        Command::Create(_) | Command::Reconcile(_) => return Exit::Usage,
     };
     match result {
         Ok(value) => {

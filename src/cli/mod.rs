@@ -5,6 +5,7 @@
 pub mod backup;
 pub mod backups;
 pub mod cluster;
+pub mod drill;
 pub mod etcd;
 pub mod migrate;
 pub mod playbook;
@@ -43,6 +44,8 @@ pub enum Command {
     Restore(restore::Args),
     /// Move one hosted cluster to another management cluster.
     Migrate(migrate::Args),
+    /// Prove a backup restores: restore it under a new name on a staging cluster, check it, remove it.
+    Drill(drill::Args),
     /// Inspect playbooks.
     #[command(subcommand)]
     Playbook(playbook::Command),
@@ -80,6 +83,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Backups(cmd) => backups::exec(cmd, cli.output).await,
         Command::Restore(args) => restore::exec(args, cli.output).await,
         Command::Migrate(args) => migrate::exec(args, cli.output).await,
+        Command::Drill(args) => drill::exec(args, cli.output).await,
         Command::Playbook(cmd) => playbook::exec(cmd, cli.output),
         Command::Snapshot(cmd) => snapshot::exec(cmd, cli.output).await,
         Command::Schedule(cmd) => schedule::exec(cmd, cli.output),

@@ -12,7 +12,7 @@ use crate::ops;
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     Show {
-        /// The operation (backup, restore, migrate, etcd-recover).
+        /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile).
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -26,9 +26,12 @@ pub fn exec(command: Command, output: Output) -> Exit {
         "backup" => ops::backup::describe_playbook(playbook.as_deref()),
         "restore" => ops::restore::describe_playbook(playbook.as_deref()),
         "migrate" => ops::migrate::describe_playbook(playbook.as_deref()),
+        "drill" => ops::drill::describe_playbook(playbook.as_deref()),
         "etcd-recover" => ops::etcd::describe_playbook(playbook.as_deref()),
+        "etcd-restore" => ops::etcd_restore::describe_playbook(playbook.as_deref()),
+        "cluster-reconcile" => ops::reconcile::describe_playbook(playbook.as_deref()),
         other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, etcd-recover"
+            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile"
         ))),
     };
     match result {

@@ -4,8 +4,11 @@
 pub mod backup;
 pub mod backups;
 pub mod cluster;
+pub mod drill;
 pub mod etcd;
+pub mod etcd_restore;
 pub mod migrate;
+pub mod reconcile;
 pub mod restore;
 pub mod schedule;
 pub mod signals;
@@ -70,6 +73,45 @@ pub fn journal_inputs<T: serde::de::DeserializeOwned>(
     let inputs = serde_json::from_value(state.header.inputs.clone())
         .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?;
     Ok((inputs, state))
+}
+
+/// For `playbook show OPERATION`: each stage of the (embedded or given)
+/// playbook with its summary and whether it is undoable.
+pub fn describe<C>(
+    operation: &str,
+    file: Option<&std::path::Path>,
+    rules: &crate::pipeline::StageRules<'_>,
+    catalog: &crate::pipeline::Catalog<C>,
+) -> Result<Vec<(String, String, bool)>, OpsError> {
+    let playbook = crate::pipeline::builtin::load(operation, file)?;
+    playbook.check(rules)?;
+    Ok(playbook
+        .stages
+        .iter()
+        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
+        .collect())
+}
+
+/// Where a run journals: the journal given to `--resume`/`--abort`, else
+/// `--journal`, else `<dir>/<operation>-<namespace>-<name>-<stamp>.jsonl`.
+pub fn journal_path(
+    given: Option<&std::path::Path>,
+    explicit: Option<&std::path::Path>,
+    dir: &std::path::Path,
+    operation: &str,
+    namespace: &str,
+    name: &str,
+    stamp: &str,
+) -> std::path::PathBuf {
+    given
+        .or(explicit)
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| dir.join(format!("{operation}-{namespace}-{name}-{stamp}.jsonl")))
+}
+
+/// A timestamp for journal names.
+pub fn stamp() -> String {
+    chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string()
 }
 
 /// The runner's mode from a command's flags; a fresh run journals `inputs`

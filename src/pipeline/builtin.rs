@@ -8,6 +8,9 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("restore", include_str!("../../playbooks/restore.yaml")),
     ("migrate", include_str!("../../playbooks/migrate.yaml")),
     ("etcd-recover", include_str!("../../playbooks/etcd-recover.yaml")),
+    ("etcd-restore", include_str!("../../playbooks/etcd-restore.yaml")),
+    ("cluster-reconcile", include_str!("../../playbooks/cluster-reconcile.yaml")),
+    ("drill", include_str!("../../playbooks/drill.yaml")),
 ];
 
 /// The embedded playbook `name`, parsed.
@@ -65,6 +68,24 @@ mod tests {
         recover.check(&crate::stages::etcd_ops::RECOVER_RULES).unwrap();
         let catalog = crate::stages::etcd_ops::recover_catalog();
         for stage in recover.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let drill = builtin("drill").unwrap().unwrap();
+        drill.check(&crate::stages::drill::DRILL_RULES).unwrap();
+        let catalog = crate::stages::drill::drill_catalog();
+        for stage in drill.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let reconcile = builtin("cluster-reconcile").unwrap().unwrap();
+        reconcile.check(&crate::stages::reconcile::RECONCILE_RULES).unwrap();
+        let catalog = crate::stages::reconcile::reconcile_catalog();
+        for stage in reconcile.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let etcd_restore = builtin("etcd-restore").unwrap().unwrap();
+        etcd_restore.check(&crate::stages::etcd_restore::ETCD_RESTORE_RULES).unwrap();
+        let catalog = crate::stages::etcd_restore::etcd_restore_catalog();
+        for stage in etcd_restore.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
     }

@@ -2,8 +2,10 @@
 //! `playbooks/backup.yaml`; [`backup_catalog`] is what that playbook may name.
 
 pub mod context;
+pub mod drill;
 pub mod etcd_access;
 pub mod etcd_ops;
+pub mod etcd_restore;
 pub mod etcd_snapshot;
 pub mod export;
 pub mod lock;
@@ -11,6 +13,7 @@ pub mod migrate;
 pub mod package;
 pub mod pause;
 pub mod preflight;
+pub mod reconcile;
 pub mod restore;
 pub mod resume;
 pub mod scale_down;
