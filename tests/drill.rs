@@ -11,14 +11,14 @@ async fn the_sandbox_drill_backs_up_verifies_and_migrates_demo() {
         steps,
         vec![
             "sandbox up",
-            "create HostedCluster demo",
-            "wait for Available",
+            "hcp-dr cluster create demo",
             "connect to the hosted API",
             "write sample workloads",
             "inspect hosted etcd members",
-            "hcp-dr backup to the local store",
+            "hcp-dr backup to S3",
             "verify the backup",
             "cluster back in service",
+            "hcp-dr drill on mgmt-b",
             "hcp-dr migrate to mgmt-b",
             "verify on mgmt-b, source gone",
         ]
@@ -29,4 +29,7 @@ async fn the_sandbox_drill_backs_up_verifies_and_migrates_demo() {
     assert!(rendered.contains("each restore all 40 workload keys"), "{rendered}");
     assert!(rendered.contains("Available on mgmt-b, 3 members each with all 40 workload keys"), "{rendered}");
     assert!(rendered.contains("RTO "), "{rendered}");
+    let drill = report.steps.iter().find(|s| s.name == "hcp-dr drill on mgmt-b").unwrap();
+    assert!(drill.detail.contains("RPO") && drill.detail.contains("checks passed"), "{}", drill.detail);
+    assert!(report.not_yet_available.is_empty());
 }

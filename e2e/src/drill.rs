@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::procs::etcd::{ClientTls, connect_client};
-use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, create_all, wait_available};
+use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, wait_available};
 
 /// Namespace of the sample workloads in the hosted cluster.
 pub const WORKLOAD_NS: &str = "drill-app";
@@ -288,9 +288,7 @@ pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError>
         hosted_cluster,
         steps,
         members,
-        not_yet_available: vec![
-            "hcp-dr cluster create for demo, and hcp-dr drill on mgmt-b with RTO/RPO (issue 7)".into(),
-        ],
+        not_yet_available: Vec::new(),
     })
 }
 
@@ -305,14 +303,15 @@ async fn drill_on(
         .client()
         .await
         .map_err(|source| SandboxError::ApiServer { cluster: "mgmt-a".into(), source })?;
-    timed(steps, "create HostedCluster demo", async {
-        create_all(&mgmt, &spec.objects()).await?;
-        Ok(((), format!("{} in {}, {} nodes", spec.availability, spec.namespace, spec.node_pool_replicas)))
-    })
-    .await?;
-    timed(steps, "wait for Available", async {
-        wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(180)).await?;
-        Ok(((), "HostedCluster condition Available=True".to_string()))
+    timed(steps, "hcp-dr cluster create demo", async {
+        let report = run_create(sandbox, hcp_dr, &spec).await?;
+        let available = report["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Available" && c["status"] == "True"));
+        if !available {
+            return Err(SandboxError::Check("hcp-dr cluster create returned a HostedCluster that is not Available".into()));
+        }
+        Ok(((), format!("{} in {}, {} nodes, Available", spec.availability, spec.namespace, spec.node_pool_replicas)))
     })
     .await?;
     let hosted = timed(steps, "connect to the hosted API", async {
@@ -348,7 +347,7 @@ async fn drill_on(
         Ok(((), format!("{} members, each holding all {} workload keys", members.len(), WORKLOAD_OBJECTS * 2)))
     })
     .await?;
-    let backup = timed(steps, "hcp-dr backup to the local store", async {
+    let backup = timed(steps, "hcp-dr backup to S3", async {
         let report = run_backup(sandbox, hcp_dr, &spec).await?;
         let detail = format!(
             "{} (revision {}, API down {:.1}s)",
@@ -385,6 +384,23 @@ async fn drill_on(
             .await
             .map_err(kube_err("listing workloads after the backup"))?;
         Ok(((), format!("Available, not paused, hosted API serves {} ConfigMaps", cms.items.len())))
+    })
+    .await?;
+    timed(steps, "hcp-dr drill on mgmt-b", async {
+        let backup_url = backup["backup"].as_str().unwrap_or_default().to_string();
+        let report = run_drill(sandbox, hcp_dr, &backup_url).await?;
+        let checks = report["checks"].as_array().cloned().unwrap_or_default();
+        let failed: Vec<String> = checks.iter().filter(|c| c["passed"] != true).map(|c| c["name"].as_str().unwrap_or("?").to_string()).collect();
+        if report["passed"] != true || !failed.is_empty() {
+            return Err(SandboxError::Check(format!("the drill failed: checks {failed:?}")));
+        }
+        Ok(((), format!(
+            "{} restored and removed: RTO {:.1}s, RPO {:.1}s, {} checks passed",
+            report["drill"].as_str().unwrap_or("?"),
+            report["rto_seconds"].as_f64().unwrap_or_default(),
+            report["rpo_seconds"].as_f64().unwrap_or_default(),
+            checks.len()
+        )))
     })
     .await?;
     timed(steps, "hcp-dr migrate to mgmt-b", async {
@@ -515,23 +531,58 @@ pub fn local_store(sandbox: &Sandbox) -> std::path::PathBuf {
     sandbox.dir.join("store")
 }
 
-/// Run `hcp-dr backup` of `spec` on mgmt-a into the local store; returns its JSON report.
+/// The sandbox's S3 store for backups.
+pub fn s3_store() -> String {
+    format!("s3://{}/backups", crate::sandbox::BUCKET)
+}
+
+/// `hcp-dr cluster create` of `spec` on mgmt-a (waits for Available);
+/// returns the HostedCluster.
+pub async fn run_create(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
+    let pull = sandbox.dir.join("pull-secret.json");
+    std::fs::write(&pull, br#"{"auths":{"sandbox.invalid":{"auth":"c2FuZGJveDpzYW5kYm94"}}}"#)
+        .map_err(|source| SandboxError::Io { path: pull.clone(), source })?;
+    let mut cmd = hcp_dr_command(sandbox, bin);
+    cmd.args(["cluster", "create", "--name", &spec.name, "-n", &spec.namespace, "--platform", "none"])
+        .args(["--release-image", &spec.release_image, "--availability", &spec.availability])
+        .args(["--node-pool-replicas", &spec.node_pool_replicas.to_string(), "--base-domain", crate::sandbox::BASE_DOMAIN])
+        .arg("--pull-secret")
+        .arg(&pull)
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[0].kubeconfig)
+        .args(["--wait", "3m"]);
+    run_json("cluster create", bin, &mut cmd).await
+}
+
+/// Run `hcp-dr backup` of `spec` on mgmt-a into the sandbox's S3 store; returns its JSON report.
 pub async fn run_backup(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
     let journal = sandbox.dir.join("journals").join("drill-backup.jsonl");
     let mut cmd = hcp_dr_command(sandbox, bin);
     cmd.args(["backup", "--hosted-cluster", &spec.name, "-n", &spec.namespace])
         .arg("--kubeconfig")
         .arg(&sandbox.clusters[0].kubeconfig)
-        .arg("--to")
-        .arg(local_store(sandbox))
+        .args(["--to", &s3_store(), "--s3-endpoint", sandbox.s3.https_url()])
         .arg("--journal")
         .arg(&journal);
     run_json("backup", bin, &mut cmd).await
 }
 
-/// Run `hcp-dr migrate` of `spec` from mgmt-a to mgmt-b through the local
-/// store (the snapshot staged in the sandbox's S3 bucket for etcd's
-/// download), with the sandbox's Route53 zone; returns its JSON report.
+/// Run `hcp-dr drill` of the backup at `backup_url` on mgmt-b (the staging
+/// cluster); its report is also written to `<sandbox>/drill-report.{md,json}`.
+pub async fn run_drill(sandbox: &Sandbox, bin: &Path, backup_url: &str) -> Result<serde_json::Value, SandboxError> {
+    let mut cmd = hcp_dr_command(sandbox, bin);
+    cmd.args(["drill", "--from", backup_url, "--s3-endpoint", sandbox.s3.https_url()])
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[1].kubeconfig)
+        .arg("--report")
+        .arg(sandbox.dir.join("drill-report"))
+        .arg("--journal")
+        .arg(sandbox.dir.join("journals").join("drill-drill.jsonl"));
+    run_json("drill", bin, &mut cmd).await
+}
+
+/// Run `hcp-dr migrate` of `spec` from mgmt-a to mgmt-b through the sandbox's
+/// S3 store, with the sandbox's Route53 zone; returns its JSON report.
 pub async fn run_migrate(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec) -> Result<serde_json::Value, SandboxError> {
     let journal = sandbox.dir.join("journals").join("drill-migrate.jsonl");
     let mut cmd = hcp_dr_command(sandbox, bin);
@@ -540,9 +591,7 @@ pub async fn run_migrate(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec
         .arg(&sandbox.clusters[0].kubeconfig)
         .arg("--to-kubeconfig")
         .arg(&sandbox.clusters[1].kubeconfig)
-        .arg("--via")
-        .arg(local_store(sandbox))
-        .args(["--stage-snapshot-to", &format!("s3://{}/staging", crate::sandbox::BUCKET)])
+        .args(["--via", &s3_store()])
         .args(["--s3-endpoint", sandbox.s3.https_url()])
         .args(["--route53-zone", &sandbox.zone_id, "--route53-endpoint", sandbox.route53.url()])
         .args(["--wait", "5m", "--dns-wait", "2m"])
