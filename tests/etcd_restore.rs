@@ -36,6 +36,18 @@ async fn member_values(env: &Env, prefix: &str) -> BTreeMap<String, (i64, BTreeM
     out
 }
 
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.path().is_dir() {
+            out.extend(walk(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
+}
+
 async fn put(env: &Env, key: &str, value: &str) -> i64 {
     let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.expect("clients").remove(0);
     client.put(key, value, None).await.expect("put").header().unwrap().revision()
@@ -181,6 +193,37 @@ async fn etcd_restore_puts_every_member_back_to_the_backup_above_the_reached_rev
     assert!(leftovers.items.is_empty(), "restore pods left");
     let secret = Api::<Secret>::namespaced(env.mgmt.clone(), &env.hcp_ns()).get_opt("hcp-dr-etcd-restore").await.unwrap();
     assert!(secret.is_none(), "the URL secret was left");
+    // An encrypted backup: refused without the key, restored with it through
+    // a decrypted copy that is gone afterwards.
+    let keys = tempfile::tempdir().unwrap();
+    let identity = age::x25519::Identity::generate();
+    let recipient = identity.to_public().to_string();
+    let key_file = keys.path().join("backup.key");
+    std::fs::write(&key_file, format!("{}\n", age::secrecy::ExposeSecret::expose_secret(&identity.to_string()))).unwrap();
+    let encrypted_store = format!("s3://{}/encrypted", hcp_dr_e2e::sandbox::BUCKET);
+    let out = env.hcp_dr(
+        &["backup", "--hosted-cluster", "demo", "-o", "json", "--to", &encrypted_store, "--s3-endpoint", &endpoint, "--encrypt-to", &recipient],
+        &[],
+    );
+    assert!(out.status.success(), "encrypted backup:\n{}", text(&out));
+    put(&env, &format!("{AFTER}encrypted"), "after the encrypted backup").await;
+    let out = env.hcp_dr(&restore_args(&env, &["--from", &encrypted_store, "--backup-id", "latest"], &endpoint), &[]);
+    assert_eq!(out.status.code(), Some(2), "no identity:\n{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&recipient), "{}", text(&out));
+    env.assert_in_service("after the refused encrypted restore").await;
+    let out = env.hcp_dr(
+        &restore_args(&env, &["--from", &encrypted_store, "--backup-id", "latest", "--identity", key_file.to_str().unwrap()], &endpoint),
+        &[],
+    );
+    assert!(out.status.success(), "encrypted etcd restore:\n{}", text(&out));
+    let after_encrypted = member_values(&env, AFTER).await;
+    assert!(after_encrypted.values().all(|(_, kvs)| kvs.is_empty()), "{after_encrypted:?}");
+    assert!(member_values(&env, BEFORE).await.values().all(|(_, kvs)| kvs.len() == 20));
+    let staging_dir = env.sandbox.s3.root().join(hcp_dr_e2e::sandbox::BUCKET).join("encrypted").join("hcp-dr-staging");
+    let left: Vec<_> = walk(&staging_dir);
+    assert!(left.is_empty(), "the decrypted copy was left: {left:?}");
+    env.assert_in_service("after the encrypted restore").await;
+
     // The hosted API answers again on the restored data.
     let workloads = hcp_dr_e2e::drill::member_keys(&env.mgmt, &env.hcp_ns(), &format!("/kubernetes.io/configmaps/{}/", hcp_dr_e2e::drill::WORKLOAD_NS))
         .await

@@ -219,9 +219,13 @@ pub struct RestoreArgs {
     /// is presigned from (deleted once the members are restored).
     #[arg(long)]
     pub stage_snapshot_to: Option<String>,
-    /// How long the presigned snapshot URL is valid (1m to 7d).
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
-    pub presign_ttl: Duration,
+    /// How long the presigned snapshot URL is valid (1m to 7d; default 1h,
+    /// 15m for the decrypted copy of an encrypted backup).
+    #[arg(long, value_parser = parse_duration)]
+    pub presign_ttl: Option<Duration>,
+    /// The age identity file (as age-keygen writes it) for an encrypted backup.
+    #[arg(long)]
+    pub identity: Option<PathBuf>,
     /// Raise the restored revision by this much (default: measured from the
     /// members, plus a margin; 1000000000 when they cannot be read).
     #[arg(long)]
@@ -287,6 +291,7 @@ async fn exec_restore(args: RestoreArgs, output: Output) -> Exit {
         },
         stage_snapshot_to: args.stage_snapshot_to,
         presign_ttl: args.presign_ttl,
+        identity: args.identity,
         bump_revision: args.bump_revision,
         image: args.image,
         pause_ttl: args.pause_ttl,

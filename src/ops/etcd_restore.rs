@@ -38,7 +38,10 @@ pub struct EtcdRestoreOptions {
     pub backup_id: Option<String>,
     pub s3: S3Options,
     pub stage_snapshot_to: Option<String>,
-    pub presign_ttl: Duration,
+    /// None: 1h, or 15m for the decrypted copy of an encrypted backup.
+    pub presign_ttl: Option<Duration>,
+    /// The age identity file for an encrypted backup.
+    pub identity: Option<PathBuf>,
     pub bump_revision: Option<u64>,
     pub image: Option<String>,
     pub pause_ttl: Duration,
@@ -120,7 +123,31 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
     check_name("namespace", &options.namespace)?;
     let snapshot = locate(options, &options.namespace, &hosted_cluster).await?;
     let local_source = matches!(StoreUrl::parse(&snapshot.store)?, StoreUrl::Local(_));
-    match &options.stage_snapshot_to {
+    // An encrypted backup: the identity must open it, and the pods get a
+    // decrypted copy (in the backup's own S3 store unless told otherwise).
+    let mut stage_snapshot_to = options.stage_snapshot_to.clone();
+    let mut encrypted = false;
+    if let Some(backup) = &snapshot.backup {
+        let store = store::open(&snapshot.store, options.s3.clone()).await?;
+        let layout = crate::archive::Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
+        if let Ok(manifest) = crate::archive::check::read_manifest(store.as_ref(), &layout).await
+            && let Some(encryption) = &manifest.encryption
+        {
+            encrypted = true;
+            let what = format!("backup {}/{}", store.url(), layout.dir());
+            let input = |e: crate::archive::encryption::EncryptionError| OpsError::Input(e.to_string());
+            let path = options.identity.clone().ok_or_else(|| {
+                input(crate::archive::encryption::EncryptionError::IdentityNeeded { what: what.clone(), recipients: encryption.recipients.clone() })
+            })?;
+            let identities = crate::archive::encryption::Identities::from_file(&path).map_err(input)?;
+            identities.check(&what, &encryption.recipients).map_err(input)?;
+            if stage_snapshot_to.is_none() && !local_source {
+                stage_snapshot_to = Some(snapshot.store.clone());
+            }
+        }
+    }
+    let presign_ttl = options.presign_ttl.unwrap_or(if encrypted { super::restore::DECRYPTED_COPY_TTL } else { Duration::from_secs(3600) });
+    match &stage_snapshot_to {
         Some(url) if !matches!(StoreUrl::parse(url)?, StoreUrl::S3 { .. }) => {
             return Err(OpsError::Input(format!(
                 "--stage-snapshot-to {url}: the restore pods download the snapshot from a presigned URL, so this must be an s3:// store"
@@ -134,10 +161,10 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
         }
         _ => {}
     }
-    if options.presign_ttl < Duration::from_secs(60) || options.presign_ttl > Duration::from_secs(7 * 24 * 3600) {
+    if presign_ttl < Duration::from_secs(60) || presign_ttl > Duration::from_secs(7 * 24 * 3600) {
         return Err(OpsError::Input(format!(
             "--presign-ttl {}s: use between 1m and 7d (SigV4's limit); it must cover the restore pods' downloads",
-            options.presign_ttl.as_secs()
+            presign_ttl.as_secs()
         )));
     }
     if options.bump_revision == Some(0) {
@@ -176,10 +203,11 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             encrypt_to: Vec::new(),
         },
         snapshot,
-        stage_snapshot_to: options.stage_snapshot_to.clone(),
+        stage_snapshot_to,
         bump_revision: options.bump_revision,
-        presign_ttl_seconds: options.presign_ttl.as_secs(),
+        presign_ttl_seconds: presign_ttl.as_secs(),
         image: options.image.clone(),
+        identity: options.identity.clone(),
     })
 }
 
@@ -207,6 +235,13 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.cluster.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.cluster.ca_bundle.clone());
+    if let Some(identity) = &options.identity {
+        inputs.identity = Some(identity.clone());
+    }
+    let identities = match &inputs.identity {
+        Some(path) => Some(crate::archive::encryption::Identities::from_file(path).map_err(|e| OpsError::Input(e.to_string()))?),
+        None => None,
+    };
     let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
     let source = store::open(&inputs.snapshot.store, s3.clone()).await?;
     let staging = match &inputs.stage_snapshot_to {
@@ -223,6 +258,7 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         plan: None,
         stopped: None,
         url: None,
+        identities,
     };
     let catalog = etcd_restore_catalog();
     let runner = Runner {

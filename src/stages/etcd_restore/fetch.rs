@@ -40,10 +40,23 @@ pub struct CheckedSnapshot {
     pub revision: i64,
     pub live_keys: u64,
     pub live_keys_by_prefix: BTreeMap<String, u64>,
+    /// The stored snapshot is age-encrypted: `size` and `sha256` are the
+    /// plaintext's, and the restore pods get a decrypted copy, never the key.
+    #[serde(default)]
+    pub decrypted: bool,
+}
+
+/// What the stored object must be, and for an encrypted one its plaintext.
+struct Expected {
+    size: u64,
+    sha256: String,
+    member: String,
+    /// `(plaintext size, plaintext SHA-256, recipients)` when encrypted.
+    plain: Option<(u64, String, Vec<String>)>,
 }
 
 /// The key to fetch and, for a backup, the size and SHA-256 it must have.
-async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<(u64, String, String)>), StageFailure> {
+async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<Expected>), StageFailure> {
     let Some(backup) = ctx.inputs.snapshot.backup.clone() else {
         ctx.warn(format!(
             "{} is a bare snapshot, not an hcp-dr backup: nothing says which cluster it is of; make sure it is {}'s (its data is encrypted with that cluster's key)",
@@ -54,12 +67,18 @@ async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<(u64, St
     };
     let layout = Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
     let manifest = read_manifest(ctx.source.as_ref(), &layout).await?;
-    if manifest.encryption.is_some() {
-        return Err(StageError::Precondition(format!(
-            "backup {} is encrypted client-side: etcd restore cannot decrypt it yet; decrypt its snapshot first (age -d -i IDENTITY) and pass the file with --from",
-            layout.dir()
-        ))
-        .into());
+    if let Some(encryption) = &manifest.encryption {
+        let what = format!("backup {}", layout.dir());
+        match &ctx.identities {
+            Some(identities) => identities.check(&what, &encryption.recipients)?,
+            None => {
+                return Err(crate::archive::encryption::EncryptionError::IdentityNeeded {
+                    what,
+                    recipients: encryption.recipients.clone(),
+                }
+                .into());
+            }
+        }
     }
     let (ns, name) = (&ctx.cluster.inputs.namespace, &ctx.cluster.inputs.hosted_cluster);
     if manifest.cluster.namespace != *ns || manifest.cluster.name != *name {
@@ -87,18 +106,50 @@ async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<(u64, St
         .best_snapshot()
         .ok_or_else(|| StageError::Precondition(format!("backup {} has no etcd snapshot", layout.dir())))?
         .clone();
-    Ok((layout.artifact(&best.artifact), Some((best.size, best.sha256, best.member))))
+    let plain = match &manifest.encryption {
+        None => None,
+        Some(encryption) => {
+            let artifact = encryption.artifacts.iter().find(|a| a.name == best.artifact).ok_or_else(|| {
+                StageError::Precondition(format!(
+                    "backup {} is encrypted but its manifest has no plaintext hash for {}: the manifest is damaged",
+                    layout.dir(),
+                    best.artifact
+                ))
+            })?;
+            Some((artifact.size, artifact.sha256.clone(), encryption.recipients.clone()))
+        }
+    };
+    Ok((
+        layout.artifact(&best.artifact),
+        Some(Expected { size: best.size, sha256: best.sha256, member: best.member, plain }),
+    ))
+}
+
+/// Decrypt the age file at `cipher` into a new scratch file (0600, removed
+/// on drop), hashing the plaintext: `(path, size, SHA-256)`.
+async fn decrypt(ctx: &EtcdRestoreContext, cipher: &std::path::Path, what: &str, recipients: &[String]) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
+    let identities = ctx.identities.as_ref().ok_or(StageError::Missing("the identities (--identity)"))?;
+    let file = tokio::fs::File::open(cipher)
+        .await
+        .map_err(|e| StageError::Precondition(format!("reading {}: {e}", cipher.display())))?;
+    let mut plain = crate::archive::encryption::decrypting_reader(Box::new(file), identities, what, recipients).await?;
+    copy_hashing(&mut plain, what).await
 }
 
 /// Copy `key` into a scratch file, hashing on the way.
 async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
     let url = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
     let mut body = ctx.source.get(key).await?;
+    copy_hashing(&mut body, &url).await
+}
+
+/// Copy `body` into a private scratch file (under `TMPDIR`), hashing it.
+async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
     let scratch = tempfile::Builder::new()
         .prefix("hcp-dr-etcd-restore-")
         .suffix(".db")
         .tempfile()
-        .map_err(|e| StageError::Precondition(format!("creating a scratch file for {url} (set TMPDIR to a directory with room for the snapshot): {e}")))?;
+        .map_err(|e| StageError::Precondition(format!("creating a scratch file for {what} (set TMPDIR to a directory with room for the snapshot): {e}")))?;
     let (file, path) = scratch.into_parts();
     let mut file = tokio::fs::File::from_std(file);
     let mut hasher = Sha256::new();
@@ -108,7 +159,7 @@ async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::Temp
         let n = body
             .read(&mut buf)
             .await
-            .map_err(|e| StageError::Precondition(format!("reading {url}: {e}")))?;
+            .map_err(|e| StageError::Precondition(format!("reading {what}: {e}")))?;
         if n == 0 {
             break;
         }
@@ -120,6 +171,26 @@ async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::Temp
     }
     file.flush().await.map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
     Ok((path, size, crate::store::hex(&hasher.finalize())))
+}
+
+/// The snapshot's plaintext in a local scratch file, fetched (and decrypted)
+/// again: for a resumed run that must stage it.
+pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext) -> Result<tempfile::TempPath, StageFailure> {
+    let snapshot = ctx.snapshot.as_ref().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+    let (path, size, sha256) = download(ctx, &snapshot.key).await?;
+    let (path, size, sha256) = if snapshot.decrypted {
+        decrypt(ctx, &path, &snapshot.source, &[]).await?
+    } else {
+        (path, size, sha256)
+    };
+    if size != snapshot.size || sha256 != snapshot.sha256 {
+        return Err(StageError::Precondition(format!(
+            "{} changed since it was verified ({size} bytes, SHA-256 {sha256}; verified {} bytes, {}): run the restore again",
+            snapshot.source, snapshot.size, snapshot.sha256
+        ))
+        .into());
+    }
+    Ok(path)
 }
 
 #[async_trait]
@@ -140,7 +211,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
         let (key, expected) = locate(ctx).await?;
         let source = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
         let (path, size, sha256) = download(ctx, &key).await?;
-        if let Some((want_size, want_sha, _)) = &expected
+        if let Some(Expected { size: want_size, sha256: want_sha, .. }) = &expected
             && (size != *want_size || sha256 != *want_sha)
         {
             return Err(StageError::Precondition(format!(
@@ -148,6 +219,20 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             ))
             .into());
         }
+        // An encrypted snapshot: decrypt it and check the plaintext too.
+        let (path, size, sha256, decrypted) = match expected.as_ref().and_then(|e| e.plain.clone()) {
+            None => (path, size, sha256, false),
+            Some((want_size, want_sha, recipients)) => {
+                let (plain, size, sha256) = decrypt(ctx, &path, &source, &recipients).await?;
+                if size != want_size || sha256 != want_sha {
+                    return Err(StageError::Precondition(format!(
+                        "{source} decrypts to {size} bytes with SHA-256 {sha256}, but the manifest says {want_size} bytes with {want_sha}: the backup was damaged or tampered with; nothing was changed"
+                    ))
+                    .into());
+                }
+                (plain, size, sha256, true)
+            }
+        };
         let file = path.to_path_buf();
         let report = tokio::task::spawn_blocking(move || crate::etcd::verify::verify_file(&file))
             .await
@@ -165,12 +250,13 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             source,
             key,
             backup_id: ctx.inputs.snapshot.backup.as_ref().map(|b| b.backup_id.clone()),
-            member: expected.map(|(_, _, member)| member),
+            member: expected.map(|e| e.member),
             size,
             sha256,
             revision: summary.revision,
             live_keys: summary.live_keys,
             live_keys_by_prefix: summary.live_keys_by_prefix,
+            decrypted,
         };
         tracing::info!(source = %checked.source, revision = checked.revision, keys = checked.live_keys, "snapshot verified");
         ctx.snapshot = Some(checked.clone());

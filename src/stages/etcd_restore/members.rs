@@ -195,30 +195,37 @@ async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedM
 async fn presign(ctx: &mut EtcdRestoreContext, done: &mut Restored, step: &mut Step<'_>) -> Result<(), StageFailure> {
     let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
     let ttl = Duration::from_secs(ctx.inputs.presign_ttl_seconds);
-    if let Some(url) = ctx.source.presign_get(&snapshot.key, ttl).await? {
+    // An encrypted snapshot is never presigned: the pods get a decrypted copy.
+    if !snapshot.decrypted
+        && let Some(url) = ctx.source.presign_get(&snapshot.key, ttl).await?
+    {
         ctx.url = Some(url);
         return Ok(());
     }
-    let staging = ctx.staging.as_ref().ok_or_else(|| {
-        StageError::Precondition(format!(
+    if ctx.staging.is_none() {
+        return Err(StageError::Precondition(format!(
             "{} cannot presign a URL for the restore pods to download from: pass --stage-snapshot-to s3://bucket/prefix (the copy is deleted when the members are restored)",
             ctx.source.url()
         ))
-    })?;
+        .into());
+    }
     let key = format!(
         "hcp-dr-staging/etcd-restore/{}/{}/{}.db",
         ctx.cluster.inputs.namespace, ctx.cluster.inputs.hosted_cluster, snapshot.sha256
     );
     done.staged_key = Some(key.clone());
     step.record(serde_json::to_value(&*done)?)?;
-    let body: crate::store::Body<'static> = match &ctx.local_copy {
-        Some(path) => Box::new(
-            tokio::fs::File::open(path)
-                .await
-                .map_err(|e| StageError::Precondition(format!("reading the local copy {}: {e}", path.display())))?,
-        ),
-        None => ctx.source.get(&snapshot.key).await?,
-    };
+    if ctx.local_copy.is_none() {
+        // A resumed run: fetch (and decrypt) it again, checked against the verified hash.
+        ctx.local_copy = Some(super::fetch::local_plaintext(ctx).await?);
+    }
+    let path = ctx.local_copy.as_ref().ok_or(StageError::Missing("the local copy"))?;
+    let body: crate::store::Body<'static> = Box::new(
+        tokio::fs::File::open(path)
+            .await
+            .map_err(|e| StageError::Precondition(format!("reading the local copy {}: {e}", path.display())))?,
+    );
+    let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
     let put = staging.put(&key, body).await?;
     if put.sha256 != snapshot.sha256 || put.size != snapshot.size {
         staging.delete(&key).await?;
@@ -282,11 +289,13 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         let ns = ctx.hcp_namespace();
         let Some(plan) = &ctx.plan else { return vec!["(cannot plan: assess did not run)".into()] };
         let mut lines = Vec::new();
-        if ctx.source.url().starts_with("s3://") {
+        let decrypted = ctx.snapshot.as_ref().is_some_and(|s| s.decrypted);
+        if ctx.source.url().starts_with("s3://") && !decrypted {
             lines.push(format!("presign the snapshot for {}s", ctx.inputs.presign_ttl_seconds));
         } else {
             lines.push(format!(
-                "copy the snapshot to {} and presign it for {}s (deleted when done)",
+                "copy the snapshot{} to {} and presign it for {}s (deleted when done)",
+                if decrypted { " (decrypted)" } else { "" },
                 ctx.inputs.stage_snapshot_to.as_deref().unwrap_or("(--stage-snapshot-to, required)"),
                 ctx.inputs.presign_ttl_seconds
             ));

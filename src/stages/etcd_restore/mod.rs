@@ -77,6 +77,9 @@ pub struct EtcdRestoreInputs {
     pub presign_ttl_seconds: u64,
     /// The restore pods' image; None: the etcd StatefulSet's.
     pub image: Option<String>,
+    /// The age identity file for an encrypted backup (the path only).
+    #[serde(default)]
+    pub identity: Option<std::path::PathBuf>,
 }
 
 /// The context of one etcd restore.
@@ -97,6 +100,8 @@ pub struct EtcdRestoreContext {
     pub stopped: Option<stop::Stopped>,
     /// The presigned URL the restore pods download from (never journaled).
     pub url: Option<String>,
+    /// The keys of `inputs.identity`, loaded once (never journaled).
+    pub identities: Option<crate::archive::encryption::Identities>,
 }
 
 impl EtcdRestoreContext {
