@@ -99,7 +99,13 @@ async fn create_makes_an_available_cluster_and_refuses_a_second() {
 
     // pause (a deadline), resume, scale, destroy
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(["cluster"]).args(args).args(["--kubeconfig", &kubeconfig]).output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_hcp-dr"))
+            .args(["cluster"])
+            .args(args)
+            .args(["--kubeconfig", &kubeconfig])
+            .env("HCP_DR_STATE_DIR", tmp.path().join("state"))
+            .output()
+            .unwrap()
     };
     let client = sandbox.clusters[0].api.client().await.unwrap();
     let hcs = hcp_dr_e2e::sandbox::api_for(&client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
@@ -119,8 +125,13 @@ async fn create_makes_an_available_cluster_and_refuses_a_second() {
     assert_eq!(get(nps.get("gamma-workers").await.unwrap())["spec"]["replicas"], 2);
     let out = run(&["scale", "gamma", "--node-pool", "nope", "--replicas", "2"]);
     assert_eq!(out.status.code(), Some(2));
+    let out = run(&["destroy", "gamma", "--dry-run"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(hcs.get_opt("gamma").await.unwrap().is_some(), "a dry-run destroy deleted the cluster");
+    assert!(get(hcs.get("gamma").await.unwrap())["spec"]["pausedUntil"].is_null(), "a dry-run destroy paused the cluster");
     let out = run(&["destroy", "gamma"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("journal:"), "{}", String::from_utf8_lossy(&out.stdout));
     assert!(hcs.get_opt("gamma").await.unwrap().is_none(), "the HostedCluster is gone");
     assert!(nps.get_opt("gamma-workers").await.unwrap().is_none(), "the NodePool is gone");
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());

@@ -54,13 +54,27 @@ pub enum Command {
     /// drift, wait for Available and Ready. A second run changes nothing.
     Reconcile(ReconcileArgs),
     /// Delete a cluster in order: NodePools, CAPI and platform objects,
-    /// HostedControlPlane, HCP namespace, HostedCluster (finalizers cleared).
+    /// HostedControlPlane, HCP namespace, HostedCluster (finalizers cleared);
+    /// journaled (playbook cluster-destroy), a stopped teardown resumable.
     Destroy {
-        name: String,
+        /// The HostedCluster (not with --resume/--abort).
+        #[arg(required_unless_present_any = ["resume", "abort"])]
+        name: Option<String>,
         #[arg(short = 'n', long, default_value = "clusters")]
         namespace: String,
         #[command(flatten)]
         access: Access,
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// Continue a stopped destroy.
+        #[arg(long, conflicts_with_all = ["name", "abort"])]
+        resume: Option<PathBuf>,
+        /// Undo a destroy that stopped before its teardown began (unpause).
+        #[arg(long, conflicts_with_all = ["name", "resume"])]
+        abort: Option<PathBuf>,
+        /// Print what would be deleted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -235,6 +249,40 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     let args = match command {
         Command::Create(args) => args,
         Command::Reconcile(args) => return exec_reconcile(args, output).await,
+        Command::Destroy { name, namespace, access, journal, resume, abort, dry_run } => {
+            let mut interrupt = match super::report::signals() {
+                Ok(i) => i,
+                Err(exit) => return exit,
+            };
+            let aborting = abort.is_some();
+            let options = crate::ops::cluster::DestroyOptions {
+                kubeconfig: access.kubeconfig,
+                context: access.context,
+                namespace,
+                name,
+                journal,
+                journal_dir: crate::ops::backup::default_journal_dir(),
+                dry_run,
+                resume,
+                abort,
+                observer: super::report::progress(output),
+            };
+            return match crate::ops::cluster::destroy_journaled(options, &mut interrupt).await {
+                Ok(result) => {
+                    super::report::print(output, &result, || {
+                        let mut out = super::report::headline("cluster destroy", &result.run, "hcp-dr cluster destroy");
+                        out.push('\n');
+                        out.push_str(&super::report::stage_lines(&result.run));
+                        if let Some(journal) = &result.run.journal {
+                            out.push_str(&format!("journal: {journal}\n"));
+                        }
+                        out
+                    });
+                    super::report::exit_for_run(&result.run.outcome, aborting)
+                }
+                Err(err) => super::report::error_exit(&err),
+            };
+        }
         other => return exec_other(other, output).await,
     };
     let new = match cluster(&args) {
@@ -265,8 +313,8 @@ pub async fn exec(command: Command, output: Output) -> Exit {
 
 async fn exec_other(command: Command, output: Output) -> Exit {
     let access = match &command {
-        Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } | Command::Destroy { access, .. } => access,
-        Command::Create(_) | Command::Reconcile(_) => return Exit::Usage,
+        Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } => access,
+        Command::Create(_) | Command::Reconcile(_) | Command::Destroy { .. } => return Exit::Usage,
     };
     let client = match crate::kube::client(access.kubeconfig.as_deref(), access.context.as_deref()).await {
         Ok(c) => c,
@@ -291,10 +339,7 @@ async fn exec_other(command: Command, output: Output) -> Exit {
         Command::Scale { name, namespace, node_pool, replicas, .. } => crate::ops::cluster::scale(&client, namespace, name, node_pool, *replicas)
             .await
             .map(|()| serde_json::json!({"node_pool": node_pool, "replicas": replicas})),
-        Command::Destroy { name, namespace, .. } => crate::ops::cluster::destroy(&client, namespace, name)
-            .await
-            .and_then(|t| serde_json::to_value(t).map_err(|e| OpsError::Input(e.to_string()))),
-        Command::Create(_) | Command::Reconcile(_) => return Exit::Usage,
+        Command::Create(_) | Command::Reconcile(_) | Command::Destroy { .. } => return Exit::Usage,
     };
     match result {
         Ok(value) => {

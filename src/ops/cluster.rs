@@ -142,3 +142,95 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str) -> Result<crat
         .map_err(|e| OpsError::Input(crate::pipeline::stage::error_chain(e.as_ref())))?;
     Ok(out)
 }
+
+/// What `cluster destroy` was asked.
+#[derive(Clone)]
+pub struct DestroyOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    pub namespace: String,
+    pub name: Option<String>,
+    pub journal: Option<PathBuf>,
+    pub journal_dir: PathBuf,
+    pub dry_run: bool,
+    pub resume: Option<PathBuf>,
+    pub abort: Option<PathBuf>,
+    pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
+}
+
+/// What a destroy reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DestroyResult {
+    #[serde(flatten)]
+    pub run: crate::pipeline::RunReport,
+    pub hosted_cluster: String,
+    pub torn_down: Option<Value>,
+}
+
+pub const DESTROY: &str = "cluster-destroy";
+
+/// `cluster destroy` through the cluster-destroy playbook: journaled, a
+/// stopped teardown resumable, `--abort` only before the teardown began.
+pub async fn destroy_journaled(
+    options: DestroyOptions,
+    interrupt: &mut crate::pipeline::Interrupt,
+) -> Result<DestroyResult, OpsError> {
+    use crate::stages::cluster_destroy::{DESTROY_RULES, DestroyContext, DestroyInputs, destroy_catalog};
+    let playbook = crate::pipeline::builtin::load(DESTROY, None)?;
+    playbook.check(&DESTROY_RULES)?;
+    let journal_given = options.resume.clone().or(options.abort.clone());
+    let inputs = match &journal_given {
+        Some(journal) => super::journal_inputs::<DestroyInputs>(journal, DESTROY)?.0,
+        None => {
+            let name = options.name.clone().ok_or_else(|| OpsError::Input("name the cluster to destroy (or --resume/--abort JOURNAL)".into()))?;
+            super::backup::check_name("hosted cluster", &name)?;
+            super::backup::check_name("namespace", &options.namespace)?;
+            DestroyInputs { namespace: options.namespace.clone(), hosted_cluster: name, pause_seconds: 3600 }
+        }
+    };
+    if let Some(abort) = &options.abort
+        && super::etcd::changed_the_cluster(abort, "teardown")?
+    {
+        return Err(OpsError::Input(format!(
+            "--abort {}: the teardown has begun and deleted objects cannot come back; finish with --resume {}",
+            abort.display(),
+            abort.display()
+        )));
+    }
+    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let label = format!("HostedCluster {}/{}", inputs.namespace, inputs.hosted_cluster);
+    if journal_given.is_none() && get_json(&api(&client, &HOSTED_CLUSTER, &inputs.namespace), &inputs.hosted_cluster, &label).await?.is_none() {
+        return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
+    }
+    let mut ctx = DestroyContext { client, inputs: inputs.clone() };
+    let catalog = destroy_catalog();
+    let runner = crate::pipeline::Runner {
+        operation: DESTROY,
+        playbook: &playbook,
+        catalog: &catalog,
+        observer: options.observer.as_deref(),
+        on_failure: crate::pipeline::OnFailure::Stop,
+    };
+    let journal_path = super::journal_path(
+        journal_given.as_deref(),
+        options.journal.as_deref(),
+        &options.journal_dir,
+        DESTROY,
+        &inputs.namespace,
+        &inputs.hosted_cluster,
+        &super::stamp(),
+    );
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, "resume with --resume")?;
+    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    Ok(DestroyResult {
+        hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
+        torn_down: run.output("teardown").cloned(),
+        run,
+    })
+}
+
+/// For `playbook show cluster-destroy`.
+pub fn describe_destroy_playbook(file: Option<&std::path::Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    use crate::stages::cluster_destroy::{DESTROY_RULES, destroy_catalog};
+    super::describe(DESTROY, file, &DESTROY_RULES, &destroy_catalog())
+}

@@ -10,6 +10,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("etcd-recover", include_str!("../../playbooks/etcd-recover.yaml")),
     ("etcd-restore", include_str!("../../playbooks/etcd-restore.yaml")),
     ("cluster-reconcile", include_str!("../../playbooks/cluster-reconcile.yaml")),
+    ("cluster-destroy", include_str!("../../playbooks/cluster-destroy.yaml")),
     ("drill", include_str!("../../playbooks/drill.yaml")),
 ];
 
@@ -74,6 +75,12 @@ mod tests {
         drill.check(&crate::stages::drill::DRILL_RULES).unwrap();
         let catalog = crate::stages::drill::drill_catalog();
         for stage in drill.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let destroy = builtin("cluster-destroy").unwrap().unwrap();
+        destroy.check(&crate::stages::cluster_destroy::DESTROY_RULES).unwrap();
+        let catalog = crate::stages::cluster_destroy::destroy_catalog();
+        for stage in destroy.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
         let reconcile = builtin("cluster-reconcile").unwrap().unwrap();

@@ -1,6 +1,7 @@
 //! The stages operations are made of, one file each. Backup's are listed in
 //! `playbooks/backup.yaml`; [`backup_catalog`] is what that playbook may name.
 
+pub mod cluster_destroy;
 pub mod context;
 pub mod drill;
 pub mod etcd_access;
