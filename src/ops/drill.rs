@@ -315,14 +315,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
 
 /// For `playbook show drill`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = builtin::load("drill", file)?;
-    playbook.check(&DRILL_RULES)?;
-    let catalog = drill_catalog();
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
-        .collect())
+    super::describe("drill", file, &DRILL_RULES, &drill_catalog())
 }
 
 #[cfg(test)]

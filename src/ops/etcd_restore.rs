@@ -243,7 +243,6 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         None => None,
     };
     let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
-    let source = store::open(&inputs.snapshot.store, s3.clone()).await?;
     let staging = match &inputs.stage_snapshot_to {
         Some(url) => Some(store::open(url, s3.clone()).await?),
         None => None,
@@ -251,7 +250,6 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
     let mut ctx = EtcdRestoreContext {
         cluster: BackupContext::new(client, store::open(&inputs.snapshot.store, s3).await?, inputs.cluster.clone(), options.tls.clone()),
         inputs: inputs.clone(),
-        source,
         staging,
         snapshot: None,
         local_copy: None,

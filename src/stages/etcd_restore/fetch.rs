@@ -66,7 +66,7 @@ async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<Expected
         return Ok((ctx.inputs.snapshot.key.clone(), None));
     };
     let layout = Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
-    let manifest = read_manifest(ctx.source.as_ref(), &layout).await?;
+    let manifest = read_manifest(ctx.snapshot_store(), &layout).await?;
     if let Some(encryption) = &manifest.encryption {
         let what = format!("backup {}", layout.dir());
         match &ctx.identities {
@@ -138,8 +138,8 @@ async fn decrypt(ctx: &EtcdRestoreContext, cipher: &std::path::Path, what: &str,
 
 /// Copy `key` into a scratch file, hashing on the way.
 async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
-    let url = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
-    let mut body = ctx.source.get(key).await?;
+    let url = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
+    let mut body = ctx.snapshot_store().get(key).await?;
     copy_hashing(&mut body, &url).await
 }
 
@@ -209,7 +209,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
     }
     async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let (key, expected) = locate(ctx).await?;
-        let source = format!("{}/{key}", ctx.source.url().trim_end_matches('/'));
+        let source = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
         let (path, size, sha256) = download(ctx, &key).await?;
         if let Some(Expected { size: want_size, sha256: want_sha, .. }) = &expected
             && (size != *want_size || sha256 != *want_sha)

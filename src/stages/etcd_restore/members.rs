@@ -197,7 +197,7 @@ async fn presign(ctx: &mut EtcdRestoreContext, done: &mut Restored, step: &mut S
     let ttl = Duration::from_secs(ctx.inputs.presign_ttl_seconds);
     // An encrypted snapshot is never presigned: the pods get a decrypted copy.
     if !snapshot.decrypted
-        && let Some(url) = ctx.source.presign_get(&snapshot.key, ttl).await?
+        && let Some(url) = ctx.snapshot_store().presign_get(&snapshot.key, ttl).await?
     {
         ctx.url = Some(url);
         return Ok(());
@@ -205,7 +205,7 @@ async fn presign(ctx: &mut EtcdRestoreContext, done: &mut Restored, step: &mut S
     if ctx.staging.is_none() {
         return Err(StageError::Precondition(format!(
             "{} cannot presign a URL for the restore pods to download from: pass --stage-snapshot-to s3://bucket/prefix (the copy is deleted when the members are restored)",
-            ctx.source.url()
+            ctx.snapshot_store().url()
         ))
         .into());
     }
@@ -290,7 +290,7 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         let Some(plan) = &ctx.plan else { return vec!["(cannot plan: assess did not run)".into()] };
         let mut lines = Vec::new();
         let decrypted = ctx.snapshot.as_ref().is_some_and(|s| s.decrypted);
-        if ctx.source.url().starts_with("s3://") && !decrypted {
+        if ctx.snapshot_store().url().starts_with("s3://") && !decrypted {
             lines.push(format!("presign the snapshot for {}s", ctx.inputs.presign_ttl_seconds));
         } else {
             lines.push(format!(

@@ -87,8 +87,6 @@ pub struct EtcdRestoreContext {
     /// The backup stages' view of the cluster (pause, scale-down, resume, lock).
     pub cluster: BackupContext,
     pub inputs: EtcdRestoreInputs,
-    /// The store holding the snapshot.
-    pub source: Box<dyn Store>,
     /// `--stage-snapshot-to`, opened.
     pub staging: Option<Box<dyn Store>>,
     /// The verified snapshot (journaled by `fetch-snapshot`).
@@ -105,6 +103,10 @@ pub struct EtcdRestoreContext {
 }
 
 impl EtcdRestoreContext {
+    /// The store holding the snapshot (the one the backup stages were given).
+    pub fn snapshot_store(&self) -> &dyn Store {
+        self.cluster.store.as_ref()
+    }
     pub fn hcp_namespace(&self) -> String {
         self.cluster.hcp_namespace()
     }
