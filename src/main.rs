@@ -11,10 +11,10 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HCP_DR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,hcp_dr=info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if std::io::stderr().is_terminal() {
-        builder.compact().init();
-    } else {
+    if cli.log_format.json() {
         builder.json().init();
+    } else {
+        builder.compact().with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()).init();
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

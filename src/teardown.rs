@@ -5,11 +5,23 @@
 use std::time::Duration;
 
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::kube::{KubeError, is_not_found, request};
+use crate::kube::{KubeError, is_conflict, is_invalid, is_not_found, request};
+
+/// What a conditional deletion found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    /// It was there and is gone now.
+    Deleted,
+    /// It was already gone.
+    Absent,
+    /// An object of that name exists with another UID: not the one the run
+    /// created, so it was left alone.
+    NotOurs { uid: String },
+}
 
 /// Delete `name` and wait until it is gone. Finalizers still holding it after
 /// `timeout` are removed (their controller is not coming back for it), then
@@ -18,21 +30,89 @@ pub async fn delete_and_wait<K>(api: &Api<K>, name: &str, what: &str, timeout: D
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    delete_if_uid(api, name, None, what, timeout).await.map(|_| ())
+}
+
+/// [`delete_and_wait`] conditional on the object's UID: every request
+/// (the delete, and the finalizer removal) carries `uid` as a precondition,
+/// so only the object a run created can be removed, never a same-named one
+/// made since by someone else (`NotOurs`). `uid` None: whatever is there.
+pub async fn delete_if_uid<K>(api: &Api<K>, name: &str, uid: Option<&str>, what: &str, timeout: Duration) -> Result<Removal, KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
         ..DeleteParams::default()
     };
     match api.delete(name, &params).await {
         Ok(_) => {}
-        Err(err) if is_not_found(&err) => return Ok(()),
+        Err(err) if is_not_found(&err) => return Ok(Removal::Absent),
+        Err(err) if uid.is_some() && is_conflict(&err) => return not_ours(api, name, what).await,
         Err(err) => return Err(request(format!("deleting {what}"))(err)),
     }
-    if wait_gone(api, name, what, timeout).await.is_ok() {
-        return Ok(());
+    if wait_gone_or_replaced(api, name, uid, what, timeout).await? {
+        return Ok(Removal::Deleted);
     }
     tracing::warn!(object = %what, "still present after {}s: removing its finalizers", timeout.as_secs());
-    remove_finalizers(api, name, what).await?;
-    wait_gone(api, name, what, Duration::from_secs(60)).await
+    let patch = match uid {
+        // a patch that names the UID fails on any other object (uid is immutable)
+        Some(uid) => json!({"metadata": {"uid": uid, "finalizers": null}}),
+        None => json!({"metadata": {"finalizers": null}}),
+    };
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => return Ok(Removal::Deleted),
+        Err(err) if uid.is_some() && (is_conflict(&err) || is_invalid(&err)) => return Ok(Removal::Deleted),
+        Err(err) => return Err(request(format!("removing the finalizers of {what}"))(err)),
+    }
+    if wait_gone_or_replaced(api, name, uid, what, Duration::from_secs(60)).await? {
+        Ok(Removal::Deleted)
+    } else {
+        Err(KubeError::Timeout {
+            what: format!("{what} to be deleted"),
+            seconds: 60,
+        })
+    }
+}
+
+/// The object at `name` is not the one a run created: say which it is.
+async fn not_ours<K>(api: &Api<K>, name: &str, what: &str) -> Result<Removal, KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {
+        Some(obj) => Ok(Removal::NotOurs {
+            uid: obj.meta().uid.clone().unwrap_or_default(),
+        }),
+        None => Ok(Removal::Absent),
+    }
+}
+
+/// Wait until the object with `uid` (any, when None) no longer exists under
+/// `name`; true when gone, false after `timeout`.
+async fn wait_gone_or_replaced<K>(api: &Api<K>, name: &str, uid: Option<&str>, what: &str, timeout: Duration) -> Result<bool, KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let waited = crate::kube::wait_for(&format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(Some(())),
+            Ok(Some(obj)) if uid.is_some() && obj.meta().uid.as_deref() != uid => Ok(Some(())),
+            Ok(Some(_)) => Ok(None),
+            Err(err) => Err(request(format!("reading {what}"))(err)),
+        }
+    })
+    .await;
+    match waited {
+        Ok(()) => Ok(true),
+        Err(KubeError::Timeout { .. }) => Ok(false),
+        Err(err) => Err(err),
+    }
 }
 
 /// Clear `metadata.finalizers` (a missing object is fine).

@@ -97,6 +97,7 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(owners_of(&env, &host).await, vec!["mgmt-a".to_string()]);
+    let source_uid = hc_on(&env.mgmt).await.expect("demo on mgmt-a")["metadata"]["uid"].as_str().unwrap().to_string();
     let before = member_keys(&env.mgmt, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys before");
     let (_, revision_before, keys_before) = before.iter().max_by_key(|m| m.1).cloned().unwrap();
     assert!(keys_before.iter().any(|k| k.starts_with(&format!("/kubernetes.io/secrets/{WORKLOAD_NS}/"))));
@@ -166,6 +167,22 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(owners_of(&env, &host).await, vec!["mgmt-b".to_string()]);
+
+    // the Secrets the cluster used left mgmt-a with it: moving back is not refused for them
+    let secrets_a: Api<Secret> = Api::namespaced(env.mgmt.clone(), "clusters");
+    for name in ["demo-pull-secret", "demo-etcd-encryption-key"] {
+        assert!(secrets_a.get_opt(name).await.unwrap().is_none(), "Secret clusters/{name} was left on mgmt-a");
+    }
+    // the migrated cluster carries its lineage, so the migration's own backup
+    // is accepted by `etcd restore` on mgmt-b (a dry-run runs its checks)
+    let moved = hc_on(&b).await.expect("demo on mgmt-b");
+    assert_eq!(moved["metadata"]["annotations"]["hcp-dr.openshift.io/lineage"].as_str(), Some(source_uid.as_str()), "{}", moved["metadata"]);
+    assert_ne!(moved["metadata"]["uid"].as_str(), Some(source_uid.as_str()));
+    let out = env.hcp_dr(
+        &["etcd", "restore", "--hosted-cluster", "demo", "--from", &via, "--backup-id", "latest", "--kubeconfig", &bk, "--s3-endpoint", &endpoint, "--dry-run"],
+        &[],
+    );
+    assert!(out.status.success(), "etcd restore refused the migration's own backup: {}", text(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

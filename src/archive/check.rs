@@ -370,6 +370,7 @@ mod tests {
                 availability_policy: "SingleReplica".into(),
                 release_image: "img".into(),
                 encryption_key_secret: None,
+                lineage: None,
             },
             etcd: vec![MemberSnapshot {
                 member: "etcd-0".into(),

@@ -185,6 +185,33 @@ pub struct ClusterIdentity {
     pub release_image: String,
     /// The secret holding the etcd encryption key (restores need it).
     pub encryption_key_secret: Option<String>,
+    /// The UID of the HostedCluster this one descends from by restore or
+    /// migrate (its [`LINEAGE`] annotation), `None` for an original. Older
+    /// backups lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
+}
+
+/// The annotation a restore or migrate puts on the HostedCluster it
+/// creates: the UID of the original cluster it descends from (the same etcd
+/// data and encryption key, under a new UID).
+pub const LINEAGE: &str = "hcp-dr.openshift.io/lineage";
+
+impl ClusterIdentity {
+    /// The original cluster's UID: the lineage when this one was restored
+    /// or migrated, else its own.
+    pub fn lineage_root(&self) -> &str {
+        self.lineage.as_deref().unwrap_or(&self.uid)
+    }
+}
+
+/// The lineage root of a live HostedCluster: its [`LINEAGE`] annotation,
+/// else its UID.
+pub fn lineage_of(hc: &serde_json::Value) -> Option<&str> {
+    hc.pointer("/metadata/annotations")
+        .and_then(|a| a.get(LINEAGE))
+        .and_then(serde_json::Value::as_str)
+        .or_else(|| hc.pointer("/metadata/uid").and_then(serde_json::Value::as_str))
 }
 
 /// When each part of the backup ran (RFC 3339) and how long the API was down.
@@ -371,6 +398,7 @@ mod tests {
                 availability_policy: "HighlyAvailable".into(),
                 release_image: "img".into(),
                 encryption_key_secret: Some("demo-etcd-encryption-key".into()),
+                lineage: None,
             },
             etcd: ["etcd-0", "etcd-1"]
                 .iter()

@@ -35,8 +35,9 @@ pub struct Args {
     /// kubeconfig context (default: the current one).
     #[arg(long)]
     pub context: Option<String>,
-    /// Where to write the backup: a directory, file:///path or s3://bucket/prefix.
-    #[arg(long, env = "HCP_DR_STORE", required_unless_present = "resume")]
+    /// Where to write the backup: a directory, file:///path or s3://bucket/prefix
+    /// [default: $HCP_DR_STORE; not used with --resume].
+    #[arg(long)]
     pub to: Option<String>,
     /// How long the pause lasts at most if hcp-dr dies (e.g. 30m, 1h).
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
@@ -162,7 +163,11 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         context: args.context,
         hosted_cluster: args.hosted_cluster.clone().unwrap_or_default(),
         namespace: args.namespace.clone().unwrap_or_else(|| "clusters".into()),
-        store: args.to.clone().unwrap_or_default(),
+        store: match super::store_or_env(args.to.clone(), args.resume.is_some()) {
+            Some(store) => store,
+            None if args.resume.is_some() => String::new(),
+            None => return Err("--to is required: where to write the backup (a directory, file:///path or s3://bucket/prefix), or set HCP_DR_STORE".into()),
+        },
         s3: S3Options {
             endpoint: args.s3_endpoint,
             ca_bundle: args.ca_bundle,
@@ -223,9 +228,15 @@ pub async fn exec(args: Args, output: Output) -> Exit {
 
 /// The fleet summary: one line per cluster, then each failure's report.
 pub fn render_fleet(result: &FleetResult) -> String {
-    let mut out = format!("fleet backup: {} succeeded, {} failed\n", result.succeeded, result.failed);
+    let planned = |c: &crate::ops::backup::FleetMember| c.result.as_ref().is_some_and(|r| r.run.outcome == crate::pipeline::RunOutcome::Planned);
+    let mut out = if !result.clusters.is_empty() && result.clusters.iter().all(planned) {
+        format!("fleet backup plan (dry run: nothing was changed): {} cluster(s)\n", result.clusters.len())
+    } else {
+        format!("fleet backup: {} succeeded, {} failed\n", result.succeeded, result.failed)
+    };
     for c in &result.clusters {
         let line = match (&c.result, &c.error) {
+            (Some(_), _) if planned(c) => format!("plan    {}  (dry run: would back it up; see `hcp-dr backup --hosted-cluster NAME --dry-run` for its stages)", c.hosted_cluster),
             (Some(r), _) if c.succeeded => format!(
                 "ok      {}  {}  (API down {:.1}s)",
                 c.hosted_cluster,

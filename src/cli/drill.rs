@@ -18,7 +18,8 @@ use crate::store::S3Options;
 pub struct Args {
     /// The backup: its URL (`s3://bucket/prefix/<ns>/<cluster>/<backup-id>`,
     /// a directory, or `.../latest`), or a store URL with --backup-id.
-    #[arg(long, env = "HCP_DR_STORE", required_unless_present = "abort")]
+    /// [default: $HCP_DR_STORE; not used with --abort]
+    #[arg(long)]
     pub from: Option<String>,
     /// The backup id in the store (or `latest`), with --hosted-cluster and -n.
     #[arg(long)]
@@ -87,7 +88,7 @@ fn options(args: Args, output: Output) -> DrillOptions {
     DrillOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
-        from: args.from,
+        from: super::store_or_env(args.from, args.abort.is_some()),
         backup_id: args.backup_id,
         hosted_cluster: args.hosted_cluster,
         namespace: args.namespace,
@@ -118,12 +119,11 @@ fn options(args: Args, output: Output) -> DrillOptions {
 
 /// 0 passed (or planned, or aborted); 1 a check or stage failed; 3 the
 /// undo failed and something is left on the staging cluster.
-fn exit(result: &DrillResult, aborting: bool) -> Exit {
+fn exit(result: &DrillResult) -> Exit {
     match &result.run.outcome {
         RunOutcome::UndoFailed { .. } => Exit::NeedsAttention,
         _ if result.drill_cluster == DrillCluster::LeftAfterFailedUndo => Exit::NeedsAttention,
-        RunOutcome::RolledBack { .. } if aborting => Exit::Success,
-        RunOutcome::Planned => Exit::Success,
+        RunOutcome::Aborted | RunOutcome::Planned => Exit::Success,
         _ if result.passed => Exit::Success,
         _ => Exit::Failed,
     }
@@ -134,11 +134,10 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
     match drill(options(args, output), &mut interrupt).await {
         Ok(result) => {
             super::report::print(output, &result, || render(&result));
-            exit(&result, aborting)
+            exit(&result)
         }
         Err(err) => super::report::error_exit(&err),
     }

@@ -32,8 +32,9 @@ pub struct Args {
     /// Destination kubeconfig context.
     #[arg(long)]
     pub to_context: Option<String>,
-    /// The store the backup travels through (s3://bucket/prefix).
-    #[arg(long, env = "HCP_DR_STORE", required_unless_present_any = ["resume", "abort"])]
+    /// The store the backup travels through (s3://bucket/prefix)
+    /// [default: $HCP_DR_STORE; not used with --resume/--abort].
+    #[arg(long)]
     pub via: Option<String>,
     /// With a local --via: an S3 store for a temporary copy of the snapshot.
     #[arg(long)]
@@ -96,7 +97,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         from_context: args.from_context,
         to_kubeconfig: args.to_kubeconfig,
         to_context: args.to_context,
-        via: args.via,
+        via: super::store_or_env(args.via, args.resume.is_some() || args.abort.is_some()),
         s3: S3Options {
             endpoint: args.s3_endpoint,
             ca_bundle: args.ca_bundle,

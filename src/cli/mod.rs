@@ -2,6 +2,14 @@
 //! arguments and an `exec` that builds the operation's options and calls
 //! `ops`. Settings resolve as flag > environment > default.
 
+/// The store a command uses when its flag is not given: `$HCP_DR_STORE`
+/// (as the sandbox's env file and the CronJob set it). Never for `--resume`
+/// or `--abort`, which take the store from the journal: an environment
+/// default must not conflict with a printed next step.
+pub fn store_or_env(given: Option<String>, from_journal: bool) -> Option<String> {
+    given.or_else(|| if from_journal { None } else { std::env::var("HCP_DR_STORE").ok().filter(|s| !s.is_empty()) })
+}
+
 pub mod backup;
 pub mod backups;
 pub mod cluster;
@@ -23,8 +31,31 @@ pub struct Cli {
     /// Output format of the final report.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Log format on stderr: `text` (human-readable), `json` (one object a
+    /// line), or `auto`: text on a terminal, JSON otherwise. The report goes
+    /// to stdout, never mixed with the logs.
+    #[arg(long, global = true, value_enum, env = "HCP_DR_LOG_FORMAT", default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Auto,
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// Whether logs are JSON: asked for, or `auto` with stderr not a terminal.
+    pub fn json(self) -> bool {
+        match self {
+            LogFormat::Json => true,
+            LogFormat::Text => false,
+            LogFormat::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

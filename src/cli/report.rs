@@ -7,8 +7,8 @@ use crate::pipeline::{RunOutcome, RunReport, StageStatus};
 /// The exit code of a finished run.
 pub fn exit_for(outcome: &RunOutcome) -> Exit {
     match outcome {
-        RunOutcome::Succeeded | RunOutcome::Planned => Exit::Success,
-        RunOutcome::RolledBack { .. } => Exit::Failed,
+        RunOutcome::Succeeded | RunOutcome::Planned | RunOutcome::Aborted => Exit::Success,
+        RunOutcome::RolledBack { .. } | RunOutcome::Failed { .. } => Exit::Failed,
         RunOutcome::UndoFailed { .. } | RunOutcome::Stopped { .. } => Exit::NeedsAttention,
     }
 }
@@ -23,6 +23,10 @@ pub fn headline(operation: &str, run: &RunReport, command: &str) -> String {
         RunOutcome::RolledBack { stage, error } => {
             format!("{operation} FAILED at `{stage}`: {error}\neverything it changed was undone")
         }
+        RunOutcome::Failed { stage, error } => {
+            format!("{operation} FAILED at `{stage}`: {error}\nnothing was changed")
+        }
+        RunOutcome::Aborted => format!("{operation} aborted: everything the run had changed was undone ({journal})"),
         RunOutcome::Stopped { stage, error } => format!(
             "{operation} STOPPED at `{stage}`: {error}\nnothing was undone; what the completed stages did is still in place.\nfix the cause and run `{command} --resume {journal}` to retry `{stage}` and go on,\nor `{command} --abort {journal}` to undo everything this run did"
         ),
@@ -80,6 +84,7 @@ pub fn print<T: serde::Serialize>(output: super::Output, value: &T, render: impl
 pub fn exit_for_run(outcome: &RunOutcome, aborting: bool) -> Exit {
     match outcome {
         RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+        RunOutcome::Aborted => Exit::Success,
         other => exit_for(other),
     }
 }

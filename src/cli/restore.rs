@@ -15,8 +15,9 @@ use crate::store::S3Options;
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The backup: its URL (`s3://bucket/prefix/<ns>/<cluster>/<backup-id>`,
-    /// a directory, or `.../latest`), or a store URL with --backup-id.
-    #[arg(long, env = "HCP_DR_STORE", required_unless_present_any = ["resume", "abort"])]
+    /// a directory, or `.../latest`), or a store URL with --backup-id
+    /// [default: $HCP_DR_STORE; not used with --resume/--abort].
+    #[arg(long)]
     pub from: Option<String>,
     /// The backup id in the store (or `latest`), with --hosted-cluster and -n.
     #[arg(long)]
@@ -87,7 +88,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
     RestoreOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
-        from: args.from,
+        from: super::store_or_env(args.from, args.resume.is_some() || args.abort.is_some()),
         backup_id: args.backup_id,
         hosted_cluster: args.hosted_cluster,
         namespace: args.namespace,

@@ -23,13 +23,11 @@ pub enum KubeError {
     /// The kubeconfig could not be read or has no usable context.
     #[error("kubeconfig {path}: {message}")]
     Config { path: String, message: String },
-    /// A request failed.
-    #[error("{action}: {source}")]
-    Request {
-        action: String,
-        #[source]
-        source: kube::Error,
-    },
+    /// A request failed. Shown as the server's message, reason and the
+    /// fields it names (never the client's debug structures); the cause is
+    /// kept for callers that inspect it, not chained into the text.
+    #[error("{action}: {}", describe_error(source))]
+    Request { action: String, source: kube::Error },
     /// An object the operation needs does not exist.
     #[error("{what} not found{hint}")]
     NotFound { what: String, hint: String },
@@ -39,6 +37,104 @@ pub enum KubeError {
     /// An object is not shaped as expected.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// A management cluster as a run reached it: the client, and what a journal
+/// records to find the same cluster again (never credentials).
+pub struct Connected {
+    pub client: Client,
+    /// The API server URL.
+    pub server: String,
+    /// The kubeconfig file(s) used, absolute, `:`-separated as in
+    /// `$KUBECONFIG` (`None`: in-cluster configuration).
+    pub kubeconfig: Option<String>,
+    /// The context used (the current one resolved to its name).
+    pub context: Option<String>,
+    /// The `kube-system` namespace's UID (`None` when the caller may not read it).
+    pub kube_system_uid: Option<String>,
+}
+
+/// Connect like [`client`], resolving which kubeconfig file and context
+/// were used (`kubeconfig` may be a `:`-separated list, as `$KUBECONFIG`),
+/// and read the cluster's identity: the `kube-system` namespace's UID. An
+/// unreachable server fails here, before anything is journaled.
+pub async fn connect(kubeconfig: Option<&str>, context: Option<&str>) -> Result<Connected, KubeError> {
+    let paths: Vec<std::path::PathBuf> = match kubeconfig.filter(|k| !k.is_empty()) {
+        Some(list) => std::env::split_paths(list).collect(),
+        None => match std::env::var_os("KUBECONFIG").filter(|k| !k.is_empty()) {
+            Some(list) => std::env::split_paths(&list).collect(),
+            None => std::env::var_os("HOME")
+                .map(|home| Path::new(&home).join(".kube/config"))
+                .filter(|p| p.exists())
+                .into_iter()
+                .collect(),
+        },
+    };
+    let (config, kubeconfig, context) = if paths.is_empty() {
+        let config = Config::incluster().map_err(|e| KubeError::Config {
+            path: "(none)".into(),
+            message: format!(
+                "no kubeconfig: give --kubeconfig or set KUBECONFIG (not running in a pod either: {e})"
+            ),
+        })?;
+        (config, None, None)
+    } else {
+        let absolute: Vec<std::path::PathBuf> = paths
+            .iter()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .collect();
+        let joined = std::env::join_paths(&absolute)
+            .map(|j| j.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| absolute[0].display().to_string());
+        let err = |message: String| KubeError::Config {
+            path: joined.clone(),
+            message,
+        };
+        let mut merged: Option<Kubeconfig> = None;
+        for path in &absolute {
+            let file = Kubeconfig::read_from(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+            merged = Some(match merged {
+                None => file,
+                Some(first) => first.merge(file).map_err(|e| err(e.to_string()))?,
+            });
+        }
+        let file = merged.ok_or_else(|| err("no kubeconfig file".into()))?;
+        let context = context.map(str::to_string).or_else(|| file.current_context.clone());
+        let options = KubeConfigOptions {
+            context: context.clone(),
+            ..Default::default()
+        };
+        let config = Config::from_custom_kubeconfig(file, &options)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        (config, Some(joined), context)
+    };
+    let server = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|source| KubeError::Request {
+        action: "building the Kubernetes client".into(),
+        source,
+    })?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let kube_system_uid = match namespaces.get("kube-system").await {
+        Ok(ns) => ns.metadata.uid,
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 404 => {
+            tracing::warn!(server = %server, "cannot read the kube-system namespace ({}): the journal identifies this cluster by its server URL only", status.reason);
+            None
+        }
+        Err(source) => {
+            return Err(KubeError::Request {
+                action: format!("reaching the management cluster at {server}"),
+                source,
+            });
+        }
+    };
+    Ok(Connected {
+        client,
+        server,
+        kubeconfig,
+        context,
+        kube_system_uid,
+    })
 }
 
 /// Build a client: `kubeconfig` (else `$KUBECONFIG`, else `~/.kube/config`,
@@ -74,6 +170,59 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     })
 }
 
+/// A client error for people: for an API error, the server's message with
+/// its reason, HTTP code and the fields it names; otherwise the error and
+/// its causes on one line.
+pub fn describe_error(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            let mut text = if status.message.is_empty() {
+                "the API server refused the request".to_string()
+            } else {
+                status.message.clone()
+            };
+            let mut notes = Vec::new();
+            if !status.reason.is_empty() {
+                notes.push(status.reason.clone());
+            }
+            if status.code != 0 {
+                notes.push(format!("HTTP {}", status.code));
+            }
+            if let Some(details) = &status.details {
+                for cause in &details.causes {
+                    // the message usually repeats the causes; add what it lacks
+                    let line = match (cause.field.is_empty(), cause.message.is_empty()) {
+                        (false, false) => format!("{}: {}", cause.field, cause.message),
+                        (false, true) => format!("field {}", cause.field),
+                        (true, false) => cause.message.clone(),
+                        (true, true) => continue,
+                    };
+                    if !text.contains(&line) && !text.contains(&cause.message) {
+                        notes.push(line);
+                    }
+                }
+            }
+            if !notes.is_empty() {
+                text.push_str(&format!(" ({})", notes.join("; ")));
+            }
+            text
+        }
+        other => {
+            let mut text = other.to_string();
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                if !text.contains(&cause_text) {
+                    text.push_str(": ");
+                    text.push_str(&cause_text);
+                }
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
 /// A request error with what was being done.
 pub fn request(action: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeError {
     let action = action.into();
@@ -86,6 +235,11 @@ pub fn is_not_found(err: &kube::Error) -> bool {
 
 pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// 422: the server refused the object (e.g. a patch changing an immutable field).
+pub fn is_invalid(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 422)
 }
 
 /// A namespaced dynamic API for a known kind.
@@ -152,6 +306,38 @@ pub async fn deployment_replicas(client: &Client, namespace: &str, name: &str) -
         Ok(None) => Ok(None),
         Err(source) => Err(KubeError::Request {
             action: format!("reading Deployment {namespace}/{name}"),
+            source,
+        }),
+    }
+}
+
+/// A Deployment's UID and `spec.replicas` (None when it does not exist).
+pub async fn deployment_uid_and_replicas(client: &Client, namespace: &str, name: &str) -> Result<Option<(Option<String>, i32)>, KubeError> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(d)) => Ok(Some((d.metadata.uid, d.spec.replicas.unwrap_or(1)))),
+        Ok(None) => Ok(None),
+        Err(source) => Err(KubeError::Request {
+            action: format!("reading Deployment {namespace}/{name}"),
+            source,
+        }),
+    }
+}
+
+/// Scale a Deployment through its `scale` subresource, only if it is still
+/// the object with `uid` (a precondition the server checks). False: it was
+/// replaced by another of the same name, which is left alone.
+pub async fn scale_deployment_if(client: &Client, namespace: &str, name: &str, replicas: i32, uid: Option<&str>) -> Result<bool, KubeError> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let mut patch = json!({"spec": {"replicas": replicas}});
+    if let Some(uid) = uid {
+        patch["metadata"] = json!({"uid": uid});
+    }
+    match api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(true),
+        Err(err) if uid.is_some() && is_conflict(&err) => Ok(false),
+        Err(source) => Err(KubeError::Request {
+            action: format!("scaling Deployment {namespace}/{name} to {replicas}"),
             source,
         }),
     }

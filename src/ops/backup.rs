@@ -148,7 +148,8 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         )));
     }
 
-    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.resume.as_deref()).await?;
+    let client = target.client;
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
@@ -175,6 +176,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         Mode::Fresh {
             journal: &journal_path,
             inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+            clusters: vec![target.binding],
         }
     };
     let signalling = !options.dry_run;

@@ -197,7 +197,8 @@ pub async fn destroy_journaled(
             abort.display()
         )));
     }
-    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
+    let client = target.client;
     let label = format!("HostedCluster {}/{}", inputs.namespace, inputs.hosted_cluster);
     if journal_given.is_none() && get_json(&api(&client, &HOSTED_CLUSTER, &inputs.namespace), &inputs.hosted_cluster, &label).await?.is_none() {
         return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
@@ -220,7 +221,7 @@ pub async fn destroy_journaled(
         &inputs.hosted_cluster,
         &super::stamp(),
     );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, "resume with --resume")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], "resume with --resume")?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),

@@ -206,7 +206,8 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
     match &run.outcome {
         _ if !apply_ran => DrillCluster::NeverCreated,
         RunOutcome::UndoFailed { .. } => DrillCluster::LeftAfterFailedUndo,
-        RunOutcome::RolledBack { .. } => DrillCluster::RemovedAfterFailure,
+        RunOutcome::RolledBack { .. } | RunOutcome::Aborted => DrillCluster::RemovedAfterFailure,
+        RunOutcome::Failed { .. } => DrillCluster::NeverCreated,
         _ if keep => DrillCluster::Kept,
         RunOutcome::Succeeded => DrillCluster::Removed,
         // stopped without --keep: only an interrupted abort gets here
@@ -243,10 +244,8 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         Some(url) => Some(store::open(url, s3).await?),
         None => None,
     };
-    let kubeconfig = options.kubeconfig.clone().or_else(|| inputs.kubeconfig.clone());
-    let context = options.context.clone().or_else(|| inputs.context.clone());
-    let client = crate::kube::client(kubeconfig.as_deref(), context.as_deref()).await?;
-    let restore = RestoreContext::new(client, store, staging, inputs.restore.clone());
+    let target = super::reach_for("staging", options.kubeconfig.as_deref(), options.context.as_deref(), options.abort.as_deref()).await?;
+    let restore = RestoreContext::new(target.client, store, staging, inputs.restore.clone());
     let mut ctx = DrillContext::new(restore, inputs.clone());
     ctx.restore.keys = keys;
     ctx.restore.warnings.extend(warnings);
@@ -270,7 +269,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
             ))
         })
     });
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, "undo a kept or killed drill with --abort")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, vec![target.binding], "undo a kept or killed drill with --abort")?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
 
     let taken = ctx

@@ -169,9 +169,12 @@ pub async fn recover(
     let playbook = builtin::load(RECOVER, options.playbook.as_deref())?;
     playbook.check(&RECOVER_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let mut inputs = match &journal_given {
-        Some(journal) => super::journal_inputs::<RecoverInputs>(journal, RECOVER)?.0,
-        None => resolve_inputs(&options)?,
+    let (mut inputs, state) = match &journal_given {
+        Some(journal) => {
+            let (inputs, state) = super::journal_inputs::<RecoverInputs>(journal, RECOVER)?;
+            (inputs, Some(state))
+        }
+        None => (resolve_inputs(&options)?, None),
     };
     // A longer wait may be given when resuming after a timeout.
     if let Some(wait) = options.wait_timeout {
@@ -183,8 +186,14 @@ pub async fn recover(
             inputs.wait_timeout_seconds
         )));
     }
-    let client =
-        crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let target = super::target::reach(
+        "management",
+        options.kubeconfig.as_deref(),
+        options.context.as_deref(),
+        journal_given.as_deref().zip(state.as_ref()),
+    )
+    .await?;
+    let client = target.client;
     let mut ctx = RecoverContext::new(client, inputs.clone(), options.tls.clone());
     let catalog = recover_catalog();
     let runner = Runner {
@@ -209,6 +218,7 @@ pub async fn recover(
         options.resume.is_some(),
         &journal_path,
         &inputs,
+        vec![target.binding],
         "resume with --resume",
     )?;
     let mut run = runner.run(&mut ctx, mode, interrupt).await?;

@@ -175,7 +175,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     let playbook = builtin::load("migrate", options.playbook.as_deref())?;
     playbook.check(&MIGRATE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let inputs = match &journal_given {
+    let (inputs, state) = match &journal_given {
         Some(journal) => {
             let (inputs, state) = super::journal_inputs::<MigrateInputs>(journal, "migrate")?;
             if options.abort.is_some() && state.stage("teardown").state != StageState::NotStarted {
@@ -185,16 +185,30 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
                     journal.display()
                 )));
             }
-            inputs
+            (inputs, Some(state))
         }
-        None => new_inputs(&options)?,
+        None => (new_inputs(&options)?, None),
     };
-    let from_kubeconfig = options.from_kubeconfig.clone().or(inputs.from_kubeconfig.clone());
-    let from_context = options.from_context.clone().or(inputs.from_context.clone());
-    let to_kubeconfig = options.to_kubeconfig.clone().or(inputs.to_kubeconfig.clone());
-    let to_context = options.to_context.clone().or(inputs.to_context.clone());
-    let source_client = crate::kube::client(from_kubeconfig.as_deref(), from_context.as_deref()).await?;
-    let dest_client = crate::kube::client(to_kubeconfig.as_deref(), to_context.as_deref()).await?;
+    // a resumed run reaches the clusters its journal recorded (absolute
+    // kubeconfig paths and resolved contexts) unless the flags say otherwise;
+    // journals of older versions only have the inputs
+    let legacy = state.as_ref().is_some_and(|s| s.header.clusters.is_empty());
+    let or_legacy = |given: &Option<PathBuf>, old: &Option<PathBuf>| given.clone().or(if legacy { old.clone() } else { None });
+    let from_kubeconfig = or_legacy(&options.from_kubeconfig, &inputs.from_kubeconfig);
+    let to_kubeconfig = or_legacy(&options.to_kubeconfig, &inputs.to_kubeconfig);
+    let from_context = options.from_context.clone().or(if legacy { inputs.from_context.clone() } else { None });
+    let to_context = options.to_context.clone().or(if legacy { inputs.to_context.clone() } else { None });
+    let bound = journal_given.as_deref().zip(state.as_ref());
+    let source = super::target::reach("source", from_kubeconfig.as_deref(), from_context.as_deref(), bound).await?;
+    let destination = super::target::reach("destination", to_kubeconfig.as_deref(), to_context.as_deref(), bound).await?;
+    if source.binding.same_cluster(&destination.binding) {
+        return Err(OpsError::Input(format!(
+            "the source and the destination are the same management cluster ({}): migrate moves a hosted cluster to another one",
+            source.binding.describe()
+        )));
+    }
+    let clusters = vec![source.binding.clone(), destination.binding.clone()];
+    let (source_client, dest_client) = (source.client, destination.client);
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.source.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.source.ca_bundle.clone());
@@ -246,6 +260,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         options.resume.is_some(),
         &journal_path,
         &inputs,
+        clusters,
         "resume with --resume, bring the source back with --abort",
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;

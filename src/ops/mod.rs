@@ -12,6 +12,7 @@ pub mod reconcile;
 pub mod restore;
 pub mod schedule;
 pub mod signals;
+pub mod target;
 
 use crate::kube::KubeError;
 use crate::pipeline::{JournalError, PlaybookError, RunnerError};
@@ -75,6 +76,19 @@ pub fn journal_inputs<T: serde::de::DeserializeOwned>(
     Ok((inputs, state))
 }
 
+/// Reach the cluster playing `role` for a run: through the flags on a fresh
+/// run, and on `--resume`/`--abort` (`journal`) through what the journal
+/// recorded unless the flags override it, refusing another cluster.
+pub async fn reach_for(
+    role: &str,
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+    journal: Option<&std::path::Path>,
+) -> Result<target::Target, OpsError> {
+    let state = journal.map(crate::pipeline::Journal::read).transpose()?;
+    target::reach(role, kubeconfig, context, journal.zip(state.as_ref())).await
+}
+
 /// For `playbook show OPERATION`: each stage of the (embedded or given)
 /// playbook with its summary and whether it is undoable.
 pub fn describe<C>(
@@ -122,6 +136,7 @@ pub fn run_mode<'a>(
     resume: bool,
     journal: &'a std::path::Path,
     inputs: &impl serde::Serialize,
+    clusters: Vec<crate::pipeline::journal::ClusterBinding>,
     hint: &str,
 ) -> Result<crate::pipeline::Mode<'a>, OpsError> {
     use crate::pipeline::Mode;
@@ -136,6 +151,7 @@ pub fn run_mode<'a>(
         Mode::Fresh {
             journal,
             inputs: serde_json::to_value(inputs).map_err(|e| OpsError::Input(e.to_string()))?,
+            clusters,
         }
     })
 }

@@ -146,8 +146,8 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
         )));
     }
     let (_, _, desired) = desired_objects(&text, &inputs.file.display().to_string())?;
-    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
-    let mut ctx = ReconcileContext { client, inputs: inputs.clone(), desired, diff: None, warnings: Vec::new() };
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
+    let mut ctx = ReconcileContext { client: target.client, inputs: inputs.clone(), desired, diff: None, warnings: Vec::new() };
     let catalog = reconcile_catalog();
     let runner = Runner {
         operation: RECONCILE,
@@ -165,7 +165,7 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
         &inputs.hosted_cluster,
         &super::stamp(),
     );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, "resume with --resume, undo with --abort")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], "resume with --resume, undo with --abort")?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let objects: Vec<ObjectDiff> = ctx.diff.clone().unwrap_or_default();
     let changed = objects.iter().any(|o| o.action != crate::stages::reconcile::Action::Unchanged);

@@ -225,10 +225,22 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     let playbook = builtin::load("restore", options.playbook.as_deref())?;
     playbook.check(&RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let mut inputs = match &journal_given {
-        Some(journal) => super::journal_inputs::<RestoreInputs>(journal, "restore")?.0,
-        None => resolve_inputs(&options, &options.s3).await?,
+    let (mut inputs, state) = match &journal_given {
+        Some(journal) => {
+            let (inputs, state) = super::journal_inputs::<RestoreInputs>(journal, "restore")?;
+            (inputs, Some(state))
+        }
+        None => (resolve_inputs(&options, &options.s3).await?, None),
     };
+    // the destination first: a journal pointed at another cluster is refused
+    // before the store is read or anything is decrypted
+    let target = super::target::reach(
+        "destination",
+        options.kubeconfig.as_deref(),
+        options.context.as_deref(),
+        journal_given.as_deref().zip(state.as_ref()),
+    )
+    .await?;
     // --overwrite may be added when resuming after a conflict report.
     inputs.overwrite |= options.overwrite;
     let mut s3 = options.s3.clone();
@@ -245,8 +257,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         Some(url) => Some(store::open(url, s3).await?),
         None => None,
     };
-    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
-    let mut ctx = RestoreContext::new(client, store, staging, inputs.clone());
+    let mut ctx = RestoreContext::new(target.client, store, staging, inputs.clone());
     ctx.keys = keys;
     ctx.warnings.extend(warnings);
     let catalog = restore_catalog();
@@ -274,6 +285,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         options.resume.is_some(),
         &journal_path,
         &inputs,
+        vec![target.binding],
         "resume with --resume, undo with --abort",
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;

@@ -68,6 +68,60 @@ pub struct Header {
     pub inputs: Value,
     /// hcp-dr version that wrote the journal.
     pub tool_version: String,
+    /// The management clusters this run changes, as it reached them: an undo
+    /// or a resume refuses any other cluster. Empty in journals written
+    /// before hcp-dr recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterBinding>,
+    /// Unique per run: objects the run creates carry it (annotation
+    /// [`RUN_ANNOTATION`]) so an undo can tell them from same-named objects
+    /// someone else made.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+}
+
+/// The annotation naming the run (journal `run_id`) that created an object.
+pub const RUN_ANNOTATION: &str = "hcp-dr.openshift.io/created-by-run";
+
+/// One management cluster a run changes: how it was reached (never
+/// credentials) and what identifies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterBinding {
+    /// What the cluster is to the operation: `management`, `source`,
+    /// `destination`, `staging`.
+    pub role: String,
+    /// The API server URL the client used.
+    pub server: String,
+    /// The UID of the cluster's `kube-system` namespace: stable for the
+    /// life of a cluster, different for every cluster. `None` when the
+    /// caller may not read it (then the server URL is compared).
+    #[serde(default)]
+    pub kube_system_uid: Option<String>,
+    /// The kubeconfig file(s) used (absolute; `None`: in-cluster config).
+    #[serde(default)]
+    pub kubeconfig: Option<String>,
+    /// The kubeconfig context used (resolved when it was the current one).
+    #[serde(default)]
+    pub context: Option<String>,
+}
+
+impl ClusterBinding {
+    /// Whether `other` (what a client reaches now) is the cluster this run
+    /// changed: same kube-system UID when both are known, else same server.
+    pub fn same_cluster(&self, other: &ClusterBinding) -> bool {
+        match (&self.kube_system_uid, &other.kube_system_uid) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.server.trim_end_matches('/') == other.server.trim_end_matches('/'),
+        }
+    }
+
+    /// `https://host:6443 (kube-system 1234-...)`.
+    pub fn describe(&self) -> String {
+        match &self.kube_system_uid {
+            Some(uid) => format!("{} (kube-system namespace {uid})", self.server),
+            None => self.server.clone(),
+        }
+    }
 }
 
 /// What happened to a stage.
@@ -392,6 +446,8 @@ mod tests {
             stages: vec!["pause".into(), "scale-down".into()],
             inputs: json!({"hosted_cluster": "demo"}),
             tool_version: "test".into(),
+            clusters: Vec::new(),
+            run_id: "r1".into(),
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::journal::{Event, Header, Journal, JournalError, JournalState, StageState};
+use super::journal::{ClusterBinding, Event, Header, Journal, JournalError, JournalState, StageState};
 use super::playbook::Playbook;
 use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
 
@@ -77,6 +77,10 @@ pub enum RunOutcome {
     Planned,
     /// A stage failed (or the run was interrupted) and every completed stage was undone.
     RolledBack { stage: String, error: String },
+    /// A stage failed before the run had changed anything: there was nothing to undo.
+    Failed { stage: String, error: String },
+    /// `--abort`: everything the run had changed was undone, as asked.
+    Aborted,
     /// A stage failed (or the run was interrupted) and, as the playbook stops
     /// on failure, nothing was undone: resume or abort the journal.
     Stopped { stage: String, error: String },
@@ -186,8 +190,13 @@ pub enum OnFailure {
 
 /// How to run: fresh with a new journal, resumed from one, or as a dry-run.
 pub enum Mode<'a> {
-    /// Write a new journal at this path.
-    Fresh { journal: &'a std::path::Path, inputs: Value },
+    /// Write a new journal at this path, recording the inputs and the
+    /// management clusters the run changes.
+    Fresh {
+        journal: &'a std::path::Path,
+        inputs: Value,
+        clusters: Vec<ClusterBinding>,
+    },
     /// Continue (or finish undoing) the run recorded in this journal.
     Resume { journal: &'a std::path::Path },
     /// Undo everything the run recorded in this journal did, newest first.
@@ -261,7 +270,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         let aborting = matches!(mode, Mode::Abort { .. });
         let mut journal = match mode {
             Mode::DryRun => return Ok(self.dry_run(ctx, &plan).await),
-            Mode::Fresh { journal, inputs } => Journal::create(
+            Mode::Fresh { journal, inputs, clusters } => Journal::create(
                 journal,
                 Header {
                     operation: self.operation.to_string(),
@@ -269,6 +278,8 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     stages: self.playbook.stage_names(),
                     inputs,
                     tool_version: env!("CARGO_PKG_VERSION").to_string(),
+                    clusters,
+                    run_id: new_run_id(journal),
                 },
             )?,
             Mode::Resume { journal } | Mode::Abort { journal } => {
@@ -327,14 +338,11 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 StageState::NotStarted | StageState::Started | StageState::Halted => {}
             }
         }
-        if state.rolling_back && failure.is_none() {
-            failure = Some(("(earlier run)".into(), "an earlier run was rolling back".into()));
-        }
-        if aborting && failure.is_none() {
-            failure = Some(("(abort)".into(), "aborted by the operator (--abort)".into()));
-        }
+        // Resuming a run that was on its way back finishes undoing it; an
+        // abort undoes it whatever state it is in.
+        let undoing_only = failure.is_some() || state.rolling_back || aborting;
 
-        if failure.is_none() {
+        if !undoing_only {
             for (index, planned) in plan.iter().enumerate() {
                 if reports[index].status == StageStatus::Resumed {
                     continue;
@@ -385,30 +393,36 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             }
         }
 
+        let changed = self.changed_anything(&plan, journal.state());
         let outcome = match failure {
-            None => RunOutcome::Succeeded,
+            None if !undoing_only => RunOutcome::Succeeded,
             // Stopping keeps what was changed; when nothing was, there is
             // nothing to keep and the run simply failed.
-            Some((stage, error))
-                if self.on_failure == OnFailure::Stop
-                    && !aborting
-                    && !state.rolling_back
-                    && plan.iter().any(|p| {
-                        p.stage.undoable() && journal.state().stage(p.stage.name()).state != StageState::NotStarted
-                    }) =>
-            {
+            Some((stage, error)) if self.on_failure == OnFailure::Stop && !aborting && !state.rolling_back && changed => {
                 RunOutcome::Stopped { stage, error }
             }
-            Some((stage, error)) => {
-                let undo_errors = self.undo_all(ctx, &plan, &mut journal, &mut reports).await?;
-                if undo_errors.is_empty() {
-                    RunOutcome::RolledBack { stage, error }
+            failure => {
+                // a run that changed nothing has nothing to undo
+                let undo_errors = if changed || aborting {
+                    self.undo_all(ctx, &plan, &mut journal, &mut reports).await?
                 } else {
-                    RunOutcome::UndoFailed {
-                        stage,
-                        error,
-                        undo_errors,
+                    Vec::new()
+                };
+                match failure {
+                    _ if !undo_errors.is_empty() => {
+                        let (stage, error) = failure.unwrap_or_else(|| {
+                            ("--abort".into(), "aborted by the operator".into())
+                        });
+                        RunOutcome::UndoFailed { stage, error, undo_errors }
                     }
+                    _ if aborting => RunOutcome::Aborted,
+                    Some((stage, error)) if changed => RunOutcome::RolledBack { stage, error },
+                    Some((stage, error)) => RunOutcome::Failed { stage, error },
+                    // resumed a run that was rolling back, with no failed stage on record
+                    None => RunOutcome::RolledBack {
+                        stage: "an earlier run".into(),
+                        error: "it was being undone when it stopped".into(),
+                    },
                 }
             }
         };
@@ -417,7 +431,8 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             journal.append(Event::End {
                 outcome: match outcome {
                     RunOutcome::Succeeded => "succeeded".into(),
-                    _ if aborting => "aborted".into(),
+                    RunOutcome::Aborted => "aborted".into(),
+                    RunOutcome::Failed { .. } => "failed".into(),
                     _ => "undone".into(),
                 },
             })?;
@@ -427,6 +442,19 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             outcome,
             stages: reports,
             journal: Some(journal.path().display().to_string()),
+        })
+    }
+
+    /// Whether any undoable stage of the run changed something that is not
+    /// undone yet: it succeeded, or journaled progress (a stage records what
+    /// it is about to change before changing it, so one that failed without
+    /// a progress record changed nothing).
+    fn changed_anything(&self, plan: &[Planned<'a, C>], state: &JournalState) -> bool {
+        plan.iter().any(|p| {
+            let record = state.stage(p.stage.name());
+            p.stage.undoable()
+                && !matches!(record.state, StageState::NotStarted | StageState::Undone)
+                && (record.output.is_some() || record.progress.is_some())
         })
     }
 
@@ -508,7 +536,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     }
                     Err(err) => {
                         let error = error_chain(err.as_ref());
-                        outcome = RunOutcome::RolledBack {
+                        outcome = RunOutcome::Failed {
                             stage: name.clone(),
                             error: error.clone(),
                         };
@@ -565,6 +593,8 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             operation: self.operation.to_string(),
             outcome: match (outcome, failed) {
                 ("succeeded", _) => RunOutcome::Succeeded,
+                ("aborted", _) => RunOutcome::Aborted,
+                ("failed", Some((stage, error))) => RunOutcome::Failed { stage, error },
                 (_, Some((stage, error))) => RunOutcome::RolledBack { stage, error },
                 (_, None) => RunOutcome::RolledBack {
                     stage: "(unknown)".into(),
@@ -575,6 +605,17 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             journal: Some(journal.path().display().to_string()),
         }
     }
+}
+
+/// A run's unique id: the journal path and the moment, hashed.
+fn new_run_id(journal: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let digest = Sha256::digest(format!("{}\0{nanos}\0{}", journal.display(), std::process::id()));
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -591,6 +632,8 @@ mod tests {
     struct Ctx {
         log: Mutex<Vec<String>>,
         fail_at: Option<&'static str>,
+        /// fails before journaling any progress: changed nothing
+        refuse_at: Option<&'static str>,
         fail_undo_at: Option<&'static str>,
         hang_at: Option<&'static str>,
         restored: Vec<String>,
@@ -619,6 +662,9 @@ mod tests {
             vec![format!("would {} with {params}", self.name)]
         }
         async fn run(&self, ctx: &mut Ctx, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+            if ctx.refuse_at == Some(self.name) {
+                return Err(format!("{} refused", self.name).into());
+            }
             step.record(json!({"before": self.name}))?;
             ctx.log.lock().unwrap().push(format!("run {}", self.name));
             if ctx.hang_at == Some(self.name) {
@@ -679,7 +725,7 @@ mod tests {
         let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
             .await
             .unwrap();
         assert_eq!(report.outcome, RunOutcome::Succeeded);
@@ -702,7 +748,7 @@ mod tests {
         let path = dir.path().join("resumed");
         let mut ctx = Ctx { fail_at: Some("scale"), ..Default::default() };
         let report = runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
             .await
             .unwrap();
         assert_eq!(report.outcome, RunOutcome::Stopped { stage: "scale".into(), error: "scale broke".into() });
@@ -724,12 +770,12 @@ mod tests {
         let path = dir.path().join("aborted");
         let mut ctx = Ctx { fail_at: Some("scale"), ..Default::default() };
         runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
             .await
             .unwrap();
         let mut ctx = Ctx::default();
         let report = runner.run(&mut ctx, Mode::Abort { journal: &path }, &mut Interrupt::never()).await.unwrap();
-        assert!(matches!(report.outcome, RunOutcome::RolledBack { .. }), "{:?}", report.outcome);
+        assert_eq!(report.outcome, RunOutcome::Aborted);
         assert_eq!(
             log(&ctx),
             vec!["undo scale output=false progress=true", "undo pause output=true progress=true"]
@@ -744,6 +790,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refusal_before_any_change_reads_as_nothing_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, playbook) = (catalog(), playbook());
+        for on_failure in [OnFailure::Undo, OnFailure::Stop] {
+            let path = dir.path().join(format!("{on_failure:?}"));
+            let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure };
+            let mut ctx = Ctx { refuse_at: Some("pause"), ..Default::default() };
+            let report = runner
+                .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
+                .await
+                .unwrap();
+            assert_eq!(report.outcome, RunOutcome::Failed { stage: "pause".into(), error: "pause refused".into() }, "{on_failure:?}");
+            assert_eq!(Journal::read(&path).unwrap().outcome.as_deref(), Some("failed"));
+        }
+        // a stage that journaled progress before failing did change something
+        let path = dir.path().join("changed");
+        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let mut ctx = Ctx { fail_at: Some("pause"), ..Default::default() };
+        let report = runner
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, RunOutcome::RolledBack { stage: "pause".into(), error: "pause broke".into() });
+    }
+
+    #[tokio::test]
     async fn a_failure_undoes_completed_stages_newest_first() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
@@ -751,7 +823,7 @@ mod tests {
         let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), ..Default::default() };
         let report = runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
             .await
             .unwrap();
         assert_eq!(
@@ -790,7 +862,7 @@ mod tests {
             trigger.fire("SIGTERM");
         });
         let report = runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut interrupt)
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut interrupt)
             .await
             .unwrap();
         handle.await.unwrap();
@@ -818,6 +890,8 @@ mod tests {
                     stages: playbook.stage_names(),
                     inputs: json!({}),
                     tool_version: "test".into(),
+                    clusters: Vec::new(),
+                    run_id: String::new(),
                 },
             )
             .unwrap();
@@ -859,7 +933,7 @@ mod tests {
         let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), fail_undo_at: Some("pause"), ..Default::default() };
         let report = runner
-            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}) }, &mut Interrupt::never())
+            .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
             .await
             .unwrap();
         assert!(
@@ -906,6 +980,8 @@ mod tests {
                 stages: vec![],
                 inputs: Value::Null,
                 tool_version: "t".into(),
+                clusters: Vec::new(),
+                run_id: String::new(),
             },
         )
         .unwrap();

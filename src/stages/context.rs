@@ -88,6 +88,10 @@ pub struct PauseRecord {
     pub until: String,
     /// `(kind, name, previous value)`; `None` when the field was absent.
     pub previous: Vec<(String, String, Option<String>)>,
+    /// `Kind/name` to the UID of the object paused: the undo puts the value
+    /// back on that object only, never on a same-named one made since.
+    #[serde(default)]
+    pub uids: std::collections::BTreeMap<String, String>,
 }
 
 /// A Deployment `scale-down` scaled, and its replicas before.
@@ -95,6 +99,9 @@ pub struct PauseRecord {
 pub struct ScaledDeployment {
     pub name: String,
     pub replicas: i32,
+    /// The Deployment's UID: scaling back names it as a precondition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// The context of one backup run.

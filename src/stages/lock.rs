@@ -117,7 +117,7 @@ impl<C: Lockable> Stage<C> for Lock {
             target.seconds
         )]
     }
-    async fn run(&self, ctx: &mut C, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let target = ctx.lease_target();
         let api = leases(&target);
         let name = lease_name(target.hosted_cluster);
@@ -130,8 +130,11 @@ impl<C: Lockable> Stage<C> for Lock {
         });
         let what = format!("Lease {}/{name}", target.namespace);
         let existing = api.get_opt(&name).await.map_err(request(format!("reading {what}")))?;
+        let taking = json!({"lease": name, "holder": target.holder});
         match existing {
             None => {
+                // journaled just before the change: a run refused here changed nothing
+                step.record(taking.clone())?;
                 let lease: DynamicObject = serde_json::from_value(json!({
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": name, "namespace": target.namespace,
@@ -163,6 +166,7 @@ impl<C: Lockable> Stage<C> for Lock {
                     ))
                     .into());
                 }
+                step.record(taking.clone())?;
                 let mut updated = value.clone();
                 updated["spec"] = spec;
                 let obj: DynamicObject = serde_json::from_value(updated)?;
@@ -177,7 +181,7 @@ impl<C: Lockable> Stage<C> for Lock {
                     })?;
             }
         }
-        Ok(json!({"lease": name, "holder": target.holder}))
+        Ok(taking)
     }
     fn undoable(&self) -> bool {
         true

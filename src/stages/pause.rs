@@ -52,6 +52,12 @@ pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), S
             tracing::warn!("{kind} {}/{name} is gone; nothing to unpause", ctx.inputs.namespace);
             continue;
         };
+        if let Some(uid) = record.uids.get(&format!("{kind}/{name}"))
+            && live["metadata"]["uid"].as_str() != Some(uid.as_str())
+        {
+            tracing::warn!("{kind} {}/{name} is not the object this run paused (it was recreated since); leaving it", ctx.inputs.namespace);
+            continue;
+        }
         // Someone else changed the pause since: leave their value alone.
         let current = live["spec"]["pausedUntil"].as_str();
         if current != Some(record.until.as_str()) && current != previous.as_deref() {
@@ -94,17 +100,22 @@ impl Stage<BackupContext> for Pause {
         let mut record = PauseRecord {
             until: until.clone(),
             previous: Vec::new(),
+            uids: Default::default(),
         };
         for (kind, name) in targets(ctx) {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
             let live = get_json(&api(&ctx.client, gvk, &ctx.inputs.namespace), &name, &format!("{kind} {name}"))
                 .await?
                 .ok_or_else(|| StageError::Precondition(format!("{kind} {}/{name} disappeared", ctx.inputs.namespace)))?;
+            if let Some(uid) = live["metadata"]["uid"].as_str() {
+                record.uids.insert(format!("{kind}/{name}"), uid.to_string());
+            }
             record.previous.push((kind, name, live["spec"]["pausedUntil"].as_str().map(str::to_string)));
         }
         // A rerun after a crash part-way must keep the values from before the first try.
         if let Some(first) = earlier_progress::<PauseRecord>(step, "pause") {
             record.previous = first.previous;
+            record.uids = first.uids;
         }
         // Journal what will change before changing it.
         step.record(serde_json::to_value(&record)?)?;

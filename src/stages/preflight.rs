@@ -198,6 +198,7 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
             availability_policy: hc.availability_policy().to_string(),
             release_image: hc.release_image().to_string(),
             encryption_key_secret: hc.encryption_key_secret().map(str::to_string),
+            lineage: hc.0["metadata"]["annotations"][crate::archive::LINEAGE].as_str().map(str::to_string),
         },
         node_pools,
         members,

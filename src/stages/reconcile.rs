@@ -23,6 +23,7 @@ use serde_json::{Map, Value, json};
 
 use crate::hosted::{Gvk, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
 use crate::kube::{api, get_json, merge_patch, request, wait_for};
+use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
 use crate::stages::{StageError, from_output, undo_record};
 
@@ -219,8 +220,38 @@ pub struct Applied {
     /// `(kind, name)` created.
     pub created: Vec<(String, String)>,
     /// `(kind, name, merge patch that puts the live values back)`; Secrets
-    /// carry none (their values are not journaled).
+    /// carry none (their values are not journaled). The patch names the
+    /// object's UID, so it cannot apply to a same-named replacement.
     pub patched: Vec<(String, String, Option<Value>)>,
+    /// The run that created them (journal `run_id`, also in each created
+    /// object's [`RUN_ANNOTATION`]).
+    #[serde(default)]
+    pub run_id: String,
+    /// `Kind/name` (and `Namespace/<ns>`) of each created object to the UID
+    /// the server gave it: an undo deletes only those.
+    #[serde(default)]
+    pub uids: std::collections::BTreeMap<String, String>,
+}
+
+impl Applied {
+    /// The UID the undo may delete under `kind/name`: the recorded one, or
+    /// for an object whose create was interrupted before its UID was
+    /// journaled, the live one if it carries this run's annotation. `None`:
+    /// leave it (gone, or not created by this run).
+    async fn owned_uid(&self, target: &Api<DynamicObject>, kind: &str, name: &str, what: &str) -> Result<Option<String>, StageFailure> {
+        if let Some(uid) = self.uids.get(&format!("{kind}/{name}")) {
+            return Ok(Some(uid.clone()));
+        }
+        let live = get_json(target, name, what).await?;
+        Ok(live.and_then(|live| {
+            let ours = self.run_id.is_empty()
+                || live.pointer("/metadata/annotations").and_then(|a| a.get(RUN_ANNOTATION)).and_then(Value::as_str) == Some(self.run_id.as_str());
+            if !ours {
+                tracing::warn!("{what} was left alone: it is not the object this run created");
+            }
+            ours.then(|| live["metadata"]["uid"].as_str().map(str::to_string)).flatten()
+        }))
+    }
 }
 
 pub struct Apply;
@@ -262,14 +293,21 @@ impl Stage<ReconcileContext> for Apply {
         // Compared again: a resumed run must not patch from a stale diff.
         let diff = compare(&ctx.client, &ns, &ctx.desired).await?;
         let mut applied = crate::stages::earlier_progress::<Applied>(step, "apply").unwrap_or_default();
+        if applied.run_id.is_empty() {
+            applied.run_id = step.history().map(|h| h.header.run_id.clone()).unwrap_or_default();
+        }
         let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
         if diff.iter().any(|d| d.action == Action::Create)
             && namespaces.get_opt(&ns).await.map_err(request(format!("reading Namespace {ns}")))?.is_none()
         {
             applied.created_namespace = true;
             step.record(serde_json::to_value(&applied)?)?;
-            let body: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
-            namespaces.create(&PostParams::default(), &body).await.map_err(request(format!("creating Namespace {ns}")))?;
+            let body: Namespace = serde_json::from_value(json!({"metadata": {"name": ns, "annotations": {RUN_ANNOTATION: applied.run_id}}}))?;
+            let created = namespaces.create(&PostParams::default(), &body).await.map_err(request(format!("creating Namespace {ns}")))?;
+            if let Some(uid) = created.metadata.uid {
+                applied.uids.insert(format!("Namespace/{ns}"), uid);
+                step.record(serde_json::to_value(&applied)?)?;
+            }
         }
         for (obj, d) in ctx.desired.iter().zip(&diff) {
             let what = format!("{} {ns}/{}", d.kind, d.name);
@@ -281,8 +319,13 @@ impl Stage<ReconcileContext> for Apply {
                     step.record(serde_json::to_value(&applied)?)?;
                     let mut body = obj.clone();
                     body["metadata"]["namespace"] = json!(ns);
+                    body["metadata"]["annotations"][RUN_ANNOTATION] = json!(applied.run_id);
                     let body: DynamicObject = serde_json::from_value(body)?;
-                    target.create(&PostParams::default(), &body).await.map_err(|e| immutable_hint(request(format!("creating {what}"))(e)))?;
+                    let created = target.create(&PostParams::default(), &body).await.map_err(|e| immutable_hint(request(format!("creating {what}"))(e)))?;
+                    if let Some(uid) = created.metadata.uid {
+                        applied.uids.insert(format!("{}/{}", d.kind, d.name), uid);
+                        step.record(serde_json::to_value(&applied)?)?;
+                    }
                 }
                 Action::Patch => {
                     let paths: Vec<String> = d.drift.iter().map(|x| x.path.clone()).collect();
@@ -290,7 +333,12 @@ impl Stage<ReconcileContext> for Apply {
                         None
                     } else {
                         let live = get_json(&target, &d.name, &what).await?.unwrap_or(Value::Null);
-                        Some(patch_for(&paths, &owned(&live)))
+                        let mut back = patch_for(&paths, &owned(&live));
+                        // the undo patches this object only (uid is immutable)
+                        if let Some(uid) = live.pointer("/metadata/uid") {
+                            back["metadata"]["uid"] = uid.clone();
+                        }
+                        Some(back)
                     };
                     applied.patched.push((d.kind.clone(), d.name.clone(), back));
                     step.record(serde_json::to_value(&applied)?)?;
@@ -316,14 +364,22 @@ impl Stage<ReconcileContext> for Apply {
         }
         for (kind, name) in applied.created.iter().rev() {
             let what = format!("{kind} {ns}/{name}");
+            let target = api(&ctx.client, gvk_of(kind), &ns);
+            let Some(uid) = applied.owned_uid(&target, kind, name, &what).await? else { continue };
             if kind == "HostedCluster" {
-                // An ordered deletion, as `cluster destroy` does.
+                // An ordered deletion, as `cluster destroy` does, of this very cluster.
+                let live = get_json(&target, name, &what).await?;
+                if live.as_ref().and_then(|l| l["metadata"]["uid"].as_str()) != Some(uid.as_str()) {
+                    ctx.warnings.push(format!("{what} was left alone: it is not the cluster this run created"));
+                    continue;
+                }
                 let mut out = Default::default();
                 let mut record = |_: &crate::stages::migrate::teardown::TornDown| Ok(());
                 crate::stages::migrate::teardown::destroy(&ctx.client, &ns, name, &mut out, &mut record).await?;
-            } else {
-                let target = api(&ctx.client, gvk_of(kind), &ns);
-                crate::teardown::delete_and_wait(&target, name, &what, Duration::from_secs(300)).await?;
+            } else if let crate::teardown::Removal::NotOurs { uid } =
+                crate::teardown::delete_if_uid(&target, name, Some(&uid), &what, Duration::from_secs(300)).await?
+            {
+                ctx.warnings.push(format!("{what} was left alone: it is not the object this run created (UID {uid})"));
             }
         }
         Ok(())

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::context::{BackupContext, ScaledDeployment};
 use super::{earlier_progress, from_output, undo_record};
-use crate::kube::{deployment_pods, deployment_replicas, scale_deployment, wait_for};
+use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if, wait_for};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,8 +28,11 @@ pub struct ScaleDown;
 pub async fn scale_back(ctx: &BackupContext, scaled: &[ScaledDeployment]) -> Result<(), StageFailure> {
     let ns = ctx.hcp_namespace();
     for d in scaled {
-        if deployment_replicas(&ctx.client, &ns, &d.name).await?.is_some() {
-            scale_deployment(&ctx.client, &ns, &d.name, d.replicas).await?;
+        if deployment_replicas(&ctx.client, &ns, &d.name).await?.is_none() {
+            continue;
+        }
+        if !scale_deployment_if(&ctx.client, &ns, &d.name, d.replicas, d.uid.as_deref()).await? {
+            tracing::warn!("Deployment {ns}/{} was replaced since it was scaled down (not the UID journaled); left alone", d.name);
         }
     }
     Ok(())
@@ -56,8 +59,8 @@ impl Stage<BackupContext> for ScaleDown {
         let ns = ctx.hcp_namespace();
         let mut scaled = Vec::new();
         for name in ctx.writers() {
-            match deployment_replicas(&ctx.client, &ns, &name).await? {
-                Some(replicas) => scaled.push(ScaledDeployment { name, replicas }),
+            match deployment_uid_and_replicas(&ctx.client, &ns, &name).await? {
+                Some((uid, replicas)) => scaled.push(ScaledDeployment { name, replicas, uid }),
                 None => ctx.warnings.push(format!("Deployment {ns}/{name} does not exist; not scaled")),
             }
         }

@@ -1566,6 +1566,16 @@ impl Inner {
             if pinned {
                 return Err(ApiError::conflict(&rt.group, &rt.plural, name));
             }
+            // as the scale registries do: a UID in the Scale is a precondition
+            let (wanted_uid, uid) = (meta_str(&wanted, "uid"), meta_str(&obj, "uid"));
+            if !wanted_uid.is_empty() && wanted_uid != uid {
+                return Err(ApiError::conflict_msg(
+                    &rt.group,
+                    &rt.plural,
+                    name,
+                    &format!("Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {uid}"),
+                ));
+            }
             let replicas = wanted
                 .pointer("/spec/replicas")
                 .and_then(Value::as_i64)

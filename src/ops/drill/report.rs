@@ -61,6 +61,8 @@ fn verdict(result: &DrillResult) -> String {
         RunOutcome::RolledBack { stage, error } | RunOutcome::Stopped { stage, error } | RunOutcome::UndoFailed { stage, error, .. } => {
             format!("FAILED at `{stage}`: {error}")
         }
+        RunOutcome::Failed { stage, error } => format!("FAILED at `{stage}`: {error} (nothing was created)"),
+        RunOutcome::Aborted => "ABORTED: what the drill created was removed".into(),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::restore::apply::Applied;
-use crate::teardown::{delete_and_wait, wait_gone};
+use crate::teardown::{Removal, delete_if_uid, wait_gone};
 
 pub struct Teardown;
 
@@ -30,6 +30,9 @@ pub struct Removed {
     pub kept: bool,
     /// Everything deleted, in order.
     pub deleted: Vec<String>,
+    /// Same-named objects the drill did not create, left in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_alone: Vec<String>,
     /// How to remove a kept drill cluster by hand.
     #[serde(default)]
     pub remove_with: Option<String>,
@@ -68,6 +71,17 @@ fn applied(step: &Step<'_>) -> Result<Applied, StageFailure> {
         .unwrap_or_default())
 }
 
+/// Note what a conditional deletion did.
+fn removed(out: &mut Removed, removal: Removal, what: String) {
+    match removal {
+        Removal::NotOurs { uid } => {
+            tracing::warn!("{what} was left alone: not the object the drill created (UID {uid})");
+            out.left_alone.push(format!("{what} (UID {uid})"));
+        }
+        Removal::Deleted | Removal::Absent => out.deleted.push(what),
+    }
+}
+
 async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, StageFailure> {
     let client = ctx.restore.client.clone();
     let drill = ctx.inputs.identity.drill.clone();
@@ -78,7 +92,7 @@ async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, Sta
     // The credentials HyperShift wrote for the drill live in its namespace.
     let label = format!("HostedCluster {ns}/{name}");
     let hc = get_json(&api(&client, &HOSTED_CLUSTER, ns), name, &label).await?.map(HostedCluster);
-    let mut secrets: Vec<String> = hc
+    let secrets: Vec<String> = hc
         .iter()
         .flat_map(|hc| [hc.0.pointer("/status/kubeconfig/name"), hc.0.pointer("/status/kubeadminPassword/name")])
         .flatten()
@@ -91,27 +105,28 @@ async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, Sta
         step.record(serde_json::to_value(&out)?)?;
     }
 
-    // What the drill created beside the cluster, newest first.
-    secrets.extend(
+    // What the drill created beside the cluster, newest first: only the
+    // objects it created (by UID), never same-named ones made since.
+    let mut owned: Vec<(String, Option<String>)> = secrets.into_iter().map(|s| (s, None)).collect();
+    owned.extend(
         applied
             .created
             .iter()
             .rev()
             .filter(|r| r.kind == "Secret" && r.namespace.as_deref() == Some(ns))
-            .map(|r| r.name.clone()),
+            .map(|r| (r.name.clone(), r.uid.clone())),
     );
     let secret_api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    for secret in secrets {
+    for (secret, uid) in owned {
         let what = format!("Secret {ns}/{secret}");
-        delete_and_wait(&secret_api, &secret, &what, WAIT).await?;
-        out.deleted.push(what);
+        removed(&mut out, delete_if_uid(&secret_api, &secret, uid.as_deref(), &what, WAIT).await?, what);
         step.record(serde_json::to_value(&out)?)?;
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for created in applied.namespaces.iter().rev() {
         let what = format!("Namespace {created}");
-        delete_and_wait(&namespaces, created, &what, WAIT).await?;
-        out.deleted.push(what);
+        let uid = applied.namespace_uids.get(created).map(String::as_str);
+        removed(&mut out, delete_if_uid(&namespaces, created, uid, &what, WAIT).await?, what);
         step.record(serde_json::to_value(&out)?)?;
     }
     // Gone, as far as the staging cluster can tell.
@@ -145,7 +160,7 @@ impl Stage<DrillContext> for Teardown {
     async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
         if ctx.inputs.keep {
             tracing::info!(cluster = %ctx.inputs.identity.drill.path(), "kept (--keep)");
-            let kept = Removed { kept: true, deleted: Vec::new(), remove_with: Some(remove_command(ctx, &applied(step)?)) };
+            let kept = Removed { kept: true, deleted: Vec::new(), left_alone: Vec::new(), remove_with: Some(remove_command(ctx, &applied(step)?)) };
             return Ok(serde_json::to_value(kept)?);
         }
         Ok(serde_json::to_value(run(ctx, step).await?)?)

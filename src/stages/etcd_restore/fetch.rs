@@ -93,12 +93,16 @@ async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<Expected
     }
     let live = get_json(&api(&ctx.cluster.client, &HOSTED_CLUSTER, ns), name, &ctx.hc_label()).await?;
     let live_uid = live.as_ref().and_then(|hc| hc["metadata"]["uid"].as_str()).unwrap_or_default();
-    if !manifest.cluster.uid.is_empty() && live_uid != manifest.cluster.uid {
+    // Same lineage: this cluster, or one restored or migrated from the same
+    // original (same etcd data and encryption key, under another UID).
+    let live_root = live.as_ref().and_then(crate::archive::lineage_of).unwrap_or_default();
+    if !manifest.cluster.uid.is_empty() && live_uid != manifest.cluster.uid && live_root != manifest.cluster.lineage_root() {
         return Err(StageError::Precondition(format!(
-            "backup {} is of an earlier {} (uid {}); the live one has uid {live_uid}: it was recreated since, with its own etcd encryption key, so this snapshot's secrets would not decrypt; rebuild the cluster from the backup with hcp-dr restore instead",
+            "backup {} is of another {} (uid {}, lineage {}); the live one has uid {live_uid} and lineage {live_root}: it was created anew since, with its own etcd encryption key, so this snapshot's secrets would not decrypt; take a fresh backup of the live cluster, or rebuild the cluster from this backup with hcp-dr restore",
             layout.dir(),
             ctx.hc_label(),
-            manifest.cluster.uid
+            manifest.cluster.uid,
+            manifest.cluster.lineage_root()
         ))
         .into());
     }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::MigrateContext;
 use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
-use crate::kube::{api, api_for, list_json, request};
+use crate::kube::{api, api_for, get_json, list_json, request};
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::export::exported_group;
 use crate::teardown::{delete_and_wait, remove_finalizers};
@@ -32,6 +32,10 @@ pub struct TornDown {
     pub scaled_to_zero: Vec<String>,
     pub etcd_pvc_retention: Option<String>,
     pub deleted: Vec<String>,
+    /// The Secrets the HostedCluster used (read before it was deleted, so
+    /// a resumed teardown still knows them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -155,7 +159,49 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
     }
 
     let hcs = api(&client, &HOSTED_CLUSTER, &ns);
-    gone(&hcs, &name, &format!("HostedCluster {ns}/{name}"), out, record).await
+    if let Some(hc) = get_json(&hcs, &name, &format!("HostedCluster {ns}/{name}")).await? {
+        out.secrets = secrets_of(&hc);
+        record(out)?;
+    }
+    let used = out.secrets.clone();
+    gone(&hcs, &name, &format!("HostedCluster {ns}/{name}"), out, record).await?;
+
+    // The Secrets in the HostedCluster's namespace that it used and no other
+    // HostedCluster there uses: left behind, they would make moving the
+    // cluster back here fail (the restore refuses existing, different objects).
+    let others: Vec<String> = list_json(&hcs, &ListParams::default(), &format!("HostedClusters in {ns}"))
+        .await?
+        .iter()
+        .filter(|hc| hc["metadata"]["name"].as_str() != Some(name.as_str()))
+        .flat_map(secrets_of)
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    for secret in used.iter().filter(|s| !others.contains(s)) {
+        let what = format!("Secret {ns}/{secret}");
+        delete_and_wait(&secrets, secret, &what, WAIT).await?;
+        out.deleted.push(what);
+        record(out)?;
+    }
+    Ok(())
+}
+
+/// The Secrets in its own namespace a HostedCluster names: pull secret, ssh
+/// key, etcd encryption keys, and the kubeconfig and kubeadmin password
+/// HyperShift wrote for it.
+pub fn secrets_of(hc: &Value) -> Vec<String> {
+    [
+        "/spec/pullSecret/name",
+        "/spec/sshKey/name",
+        "/spec/secretEncryption/aescbc/activeKey/name",
+        "/spec/secretEncryption/aescbc/backupKey/name",
+        "/status/kubeconfig/name",
+        "/status/kubeadminPassword/name",
+    ]
+    .iter()
+    .filter_map(|p| hc.pointer(p).and_then(Value::as_str))
+    .filter(|s| !s.is_empty())
+    .map(str::to_string)
+    .collect()
 }
 
 #[async_trait]

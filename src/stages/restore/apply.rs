@@ -22,8 +22,9 @@ use super::preflight::{Findings, describe, gvk_of};
 use super::snapshot_url::ensure_url;
 use super::verify::ensure_loaded;
 use super::{RestoreContext, order};
-use crate::archive::sanitize;
+use crate::archive::{LINEAGE, sanitize};
 use crate::kube::{KubeError, api_for, is_not_found, request};
+use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 use crate::stages::{StageError, earlier_progress, undo_record};
 
@@ -32,14 +33,27 @@ pub struct Apply;
 /// The annotation naming the backup a restored object came from.
 pub const RESTORED_FROM: &str = "hcp-dr.openshift.io/restored-from";
 
-/// One object this restore created.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One object this restore created: which, and (once created) the UID and
+/// resourceVersion the server gave it, so an undo deletes that object and
+/// never a same-named one made since. Equality is by identity (kind,
+/// namespace, name), not by UID.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ObjRef {
     pub api_version: String,
     pub kind: String,
     #[serde(default)]
     pub namespace: Option<String>,
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+impl PartialEq for ObjRef {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.api_version, &self.kind, &self.namespace, &self.name) == (&other.api_version, &other.kind, &other.namespace, &other.name)
+    }
 }
 
 impl ObjRef {
@@ -49,7 +63,17 @@ impl ObjRef {
             kind: obj["kind"].as_str().unwrap_or_default().to_string(),
             namespace: obj["metadata"]["namespace"].as_str().map(str::to_string),
             name: obj["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            uid: obj["metadata"]["uid"].as_str().map(str::to_string),
+            resource_version: obj["metadata"]["resourceVersion"].as_str().map(str::to_string),
         }
+    }
+
+    /// The same reference with the server's UID and resourceVersion of `live`.
+    fn created_as(mut self, live: &Value) -> ObjRef {
+        let stamped = ObjRef::of(live);
+        self.uid = stamped.uid;
+        self.resource_version = stamped.resource_version;
+        self
     }
     fn label(&self) -> String {
         format!("{} {}/{}", self.kind, self.namespace.as_deref().unwrap_or(""), self.name)
@@ -59,7 +83,15 @@ impl ObjRef {
 /// What `apply` did so far (journaled before each change).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Applied {
+    /// The run that created these (journal `run_id`): every object created
+    /// carries it in the [`RUN_ANNOTATION`] annotation, which is how an undo
+    /// recognises the `pending` object whose UID it never learnt.
+    #[serde(default)]
+    pub run_id: String,
     pub namespaces: Vec<String>,
+    /// The UIDs of the namespaces this run created.
+    #[serde(default)]
+    pub namespace_uids: std::collections::BTreeMap<String, String>,
     pub deleted_leftovers: Vec<String>,
     pub created: Vec<ObjRef>,
     /// Being created when the record was written (may or may not exist).
@@ -106,6 +138,8 @@ pub fn differs(want: &Value, have: &Value) -> Option<String> {
             meta.remove("finalizers");
             if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
                 a.remove(RESTORED_FROM);
+                a.remove(RUN_ANNOTATION);
+                a.remove(LINEAGE);
             }
         }
         if let Some(map) = v.as_object_mut() {
@@ -115,8 +149,11 @@ pub fn differs(want: &Value, have: &Value) -> Option<String> {
     first_difference(&want, &have, "")
 }
 
-/// The objects to create, in order, sanitized, the URL and provenance set.
-pub fn prepared(objects: &[Value], url: &str, from: &str) -> Vec<Value> {
+/// The objects to create, in order, sanitized, the URL and provenance set:
+/// the HostedCluster also carries its lineage (the original cluster's UID,
+/// `source_uid` unless the backup's object already names an older one), so
+/// backups of the original stay usable for `etcd restore` of this copy.
+pub fn prepared(objects: &[Value], url: &str, from: &str, source_uid: &str) -> Vec<Value> {
     let mut out: Vec<Value> = objects.to_vec();
     order::sort(&mut out);
     for obj in &mut out {
@@ -128,6 +165,9 @@ pub fn prepared(objects: &[Value], url: &str, from: &str) -> Vec<Value> {
                 spec["restoreSnapshotURL"] = json!([url]);
             }
             obj["metadata"]["annotations"][RESTORED_FROM] = json!(from);
+            if obj["kind"] == "HostedCluster" && !source_uid.is_empty() && obj["metadata"]["annotations"].get(LINEAGE).is_none() {
+                obj["metadata"]["annotations"][LINEAGE] = json!(source_uid);
+            }
         }
     }
     out
@@ -155,6 +195,10 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
     ensure_loaded(ctx).await?;
     let findings: Findings = ctx.findings.clone().unwrap_or_default();
     let mut applied: Applied = earlier_progress(step, "apply").unwrap_or_default();
+    if applied.run_id.is_empty() {
+        applied.run_id = step.history().map(|h| h.header.run_id.clone()).unwrap_or_default();
+    }
+    let run_id = applied.run_id.clone();
     let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
 
     // Leftover etcd volumes (only with --clean-leftovers; preflight refused otherwise).
@@ -192,9 +236,14 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                 step.record(serde_json::to_value(&applied)?)?;
             }
             let body: k8s_openapi::api::core::v1::Namespace =
-                serde_json::from_value(json!({"metadata": {"name": name}}))?;
+                serde_json::from_value(json!({"metadata": {"name": name, "annotations": {RUN_ANNOTATION: run_id}}}))?;
             match namespaces.create(&PostParams::default(), &body).await {
-                Ok(_) => {}
+                Ok(created) => {
+                    if let Some(uid) = created.metadata.uid {
+                        applied.namespace_uids.insert(name.clone(), uid);
+                        step.record(serde_json::to_value(&applied)?)?;
+                    }
+                }
                 Err(err) if crate::kube::is_conflict(&err) => {}
                 Err(err) => return Err(request(format!("creating Namespace {name}"))(err).into()),
             }
@@ -209,7 +258,8 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
         .map_err(request("discovering the destination's API groups"))?;
     let url = ctx.snapshot_url.clone().ok_or(StageError::Missing("the snapshot URL"))?;
     let from = format!("{}/{}", ctx.store.url(), ctx.inputs.layout().dir());
-    let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), &url, &from);
+    let source_uid = ctx.manifest.as_ref().map(|m| m.cluster.uid.clone()).unwrap_or_default();
+    let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), &url, &from, &source_uid);
     let mut conflicts = Vec::new();
     for mut obj in objects {
         let r = ObjRef::of(&obj);
@@ -219,11 +269,13 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
             None => {
                 applied.pending = Some(r.clone());
                 step.record(serde_json::to_value(&applied)?)?;
+                obj["metadata"]["annotations"][RUN_ANNOTATION] = json!(run_id);
                 let body: DynamicObject = serde_json::from_value(obj.clone())?;
-                api.create(&PostParams::default(), &body)
+                let created = api
+                    .create(&PostParams::default(), &body)
                     .await
                     .map_err(request(format!("creating {}", r.label())))?;
-                applied.created.push(r);
+                applied.created.push(r.created_as(&serde_json::to_value(created)?));
                 applied.pending = None;
                 step.record(serde_json::to_value(&applied)?)?;
             }
@@ -232,23 +284,19 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                 if applied.created.contains(&r) {
                     continue;
                 }
-                let ours = applied.pending.as_ref() == Some(&r);
+                // created by the interrupted attempt: ours, whatever changed since
+                let ours = applied.pending.as_ref() == Some(&r) && created_by(&have, &run_id);
+                if applied.pending.as_ref() == Some(&r) && !ours {
+                    // the interrupted create never happened: this one is someone else's
+                    applied.pending = None;
+                }
                 match differs(&obj, &have) {
-                    None => {
-                        if applied.pending.as_ref() == Some(&r) {
-                            applied.created.push(r);
-                            applied.pending = None;
-                            step.record(serde_json::to_value(&applied)?)?;
-                        } else if !ours {
-                            applied.identical += 1;
-                        }
-                    }
-                    // created by the interrupted attempt: ours, whatever changed since
-                    Some(_) if ours => {
-                        applied.created.push(r);
+                    _ if ours => {
+                        applied.created.push(r.created_as(&have));
                         applied.pending = None;
                         step.record(serde_json::to_value(&applied)?)?;
                     }
+                    None => applied.identical += 1,
                     Some(path) if ctx.inputs.overwrite => {
                         // keep the destination's snapshot URL: it is immutable
                         if let Some(existing_url) = have.pointer(URL_POINTER) {
@@ -299,7 +347,7 @@ impl Stage<RestoreContext> for Apply {
         lines.push(format!("create namespaces {} and {} if absent", ctx.inputs.namespace, ctx.inputs.hcp_namespace()));
         match ctx.objects.as_deref() {
             Some(objects) => {
-                for obj in &prepared(objects, "<presigned URL>", "") {
+                for obj in &prepared(objects, "<presigned URL>", "", "") {
                     lines.push(format!("create {}", describe(obj)));
                 }
             }
@@ -328,17 +376,71 @@ impl Stage<RestoreContext> for Apply {
             .map_err(request("discovering the destination's API groups"))?;
         let mut refs = applied.created.clone();
         refs.extend(applied.pending.clone());
+        let timeout = ctx.inputs.wait_timeout().min(Duration::from_secs(300));
+        // namespaces holding an object this run did not create are kept
+        let mut foreign: Vec<String> = Vec::new();
         // newest first: NodePools, HostedCluster, ..., secrets
         for r in refs.iter().rev() {
             let api = api_of(ctx, &discovery, r)?;
-            crate::teardown::delete_and_wait(&api, &r.name, &r.label(), ctx.inputs.wait_timeout().min(Duration::from_secs(300))).await?;
+            let uid = match &r.uid {
+                Some(uid) => Some(uid.clone()),
+                // the pending object: ours only if it carries this run's id
+                None => match get_value(&api, &r.name, &r.label()).await? {
+                    None => continue,
+                    Some(live) if created_by(&live, &applied.run_id) => live["metadata"]["uid"].as_str().map(str::to_string),
+                    Some(live) => {
+                        left_alone(ctx, &r.label(), live["metadata"]["uid"].as_str().unwrap_or("?"));
+                        foreign.extend(r.namespace.clone());
+                        continue;
+                    }
+                },
+            };
+            let removal = crate::teardown::delete_if_uid(&api, &r.name, uid.as_deref(), &r.label(), timeout).await?;
+            if let crate::teardown::Removal::NotOurs { uid } = removal {
+                left_alone(ctx, &r.label(), &uid);
+                foreign.extend(r.namespace.clone());
+            }
         }
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
         for name in applied.namespaces.iter().rev() {
-            crate::teardown::delete_and_wait(&namespaces, name, &format!("Namespace {name}"), Duration::from_secs(300)).await?;
+            let what = format!("Namespace {name}");
+            if foreign.contains(name) {
+                let warning = format!("{what} was created by this run but is kept: it holds an object this run did not create (see above)");
+                tracing::warn!("{warning}");
+                ctx.warnings.push(warning);
+                continue;
+            }
+            let uid = match applied.namespace_uids.get(name) {
+                Some(uid) => Some(uid.clone()),
+                None => match namespaces.get_opt(name).await.map_err(request(format!("reading {what}")))? {
+                    None => continue,
+                    Some(live) if created_by(&serde_json::to_value(&live)?, &applied.run_id) => live.metadata.uid.clone(),
+                    Some(live) => {
+                        left_alone(ctx, &what, live.metadata.uid.as_deref().unwrap_or("?"));
+                        continue;
+                    }
+                },
+            };
+            let removal = crate::teardown::delete_if_uid(&namespaces, name, uid.as_deref(), &what, Duration::from_secs(300)).await?;
+            if let crate::teardown::Removal::NotOurs { uid } = removal {
+                left_alone(ctx, &what, &uid);
+            }
         }
         Ok(())
     }
+}
+
+/// Whether `live` was created by the run `run_id` (its annotation says so).
+/// A journal of an older hcp-dr has no run id: the name is all it had.
+fn created_by(live: &Value, run_id: &str) -> bool {
+    run_id.is_empty() || live.pointer("/metadata/annotations").and_then(|a| a.get(RUN_ANNOTATION)).and_then(Value::as_str) == Some(run_id)
+}
+
+/// An undo found a same-named object it did not create: say so, touch nothing.
+fn left_alone(ctx: &mut RestoreContext, what: &str, uid: &str) {
+    let warning = format!("{what} was left alone: it is not the object this run created (its UID is {uid}), so the undo did not delete it");
+    tracing::warn!("{warning}");
+    ctx.warnings.push(warning);
 }
 
 #[cfg(test)]
@@ -372,13 +474,19 @@ mod tests {
                 "spec": {"pausedUntil": "2026-01-01T00:00:00Z", "etcd": {"managementType": "Managed", "managed": {"storage": {"type": "PersistentVolume"}}}}}),
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-pull-secret", "namespace": "clusters"}}),
         ];
-        let out = prepared(&objects, "https://s3/x?sig", "s3://b/clusters/demo/id");
+        let out = prepared(&objects, "https://s3/x?sig", "s3://b/clusters/demo/id", "uid-of-the-original");
         assert_eq!(out[0]["kind"], "Secret");
         let hc = &out[1];
         assert_eq!(hc.pointer(URL_POINTER), Some(&json!(["https://s3/x?sig"])));
         assert!(hc["spec"].get("pausedUntil").is_none());
         assert!(hc["metadata"].get("ownerReferences").is_none());
         assert_eq!(hc["metadata"]["annotations"][RESTORED_FROM], "s3://b/clusters/demo/id");
+        assert_eq!(hc["metadata"]["annotations"][LINEAGE], "uid-of-the-original");
+        // a copy of a copy keeps the original's lineage
+        let mut again = objects.clone();
+        again[0]["metadata"]["annotations"] = json!({LINEAGE: "older"});
+        let out = prepared(&again, "u", "f", "uid-of-the-copy");
+        assert_eq!(out[1]["metadata"]["annotations"][LINEAGE], "older");
         assert_eq!(hc["spec"]["etcd"]["managed"]["storage"]["type"], "PersistentVolume");
     }
 }

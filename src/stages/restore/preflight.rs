@@ -145,8 +145,14 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
         }
     }
     if !leftover_pvcs.is_empty() && !ctx.inputs.clean_leftovers {
+        // a drill has no --clean-leftovers: its leftovers are a kept drill's
+        let fix = if ctx.inputs.backup_of.is_some() {
+            "a kept or killed drill? remove it with `hcp-dr drill --abort JOURNAL` (the journal path its report printed), or delete them by hand".to_string()
+        } else {
+            "or pass --clean-leftovers".to_string()
+        };
         problems.push(format!(
-            "leftover etcd volumes in {hcp_ns}: {}. etcd would start from their old data and silently skip the restore; delete them (kubectl -n {hcp_ns} delete pvc {}) or pass --clean-leftovers",
+            "leftover etcd volumes in {hcp_ns}: {}. etcd would start from their old data and silently skip the restore; delete them (kubectl -n {hcp_ns} delete pvc {}) {fix}",
             leftover_pvcs.join(", "),
             leftover_pvcs.join(" ")
         ));

@@ -93,6 +93,14 @@ impl Stage<RestoreContext> for SnapshotUrl {
         true
     }
     fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+        if ctx.manifest.is_none() {
+            // migrate: the backup is written by this very run
+            return vec![format!(
+                "presign a GET URL ({}s) of the best member snapshot of the backup this run writes{}",
+                ctx.inputs.presign_ttl_seconds,
+                if ctx.staging.is_some() { ", first copied to the staging S3 store" } else { "" }
+            )];
+        }
         match source_key(ctx) {
             Ok((url, key, true)) if decrypting(ctx) => vec![
                 format!("decrypt the snapshot (--identity) into a temporary copy at {url}/{key} (deleted once etcd has restored it, or by --abort)"),
