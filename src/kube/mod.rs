@@ -207,19 +207,7 @@ pub fn describe_error(err: &kube::Error) -> String {
             }
             text
         }
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                let cause_text = cause.to_string();
-                if !text.contains(&cause_text) {
-                    text.push_str(": ");
-                    text.push_str(&cause_text);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        other => crate::pipeline::stage::error_chain(other),
     }
 }
 

@@ -169,12 +169,9 @@ pub async fn recover(
     let playbook = builtin::load(RECOVER, options.playbook.as_deref())?;
     playbook.check(&RECOVER_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let (mut inputs, state) = match &journal_given {
-        Some(journal) => {
-            let (inputs, state) = super::journal_inputs::<RecoverInputs>(journal, RECOVER)?;
-            (inputs, Some(state))
-        }
-        None => (resolve_inputs(&options)?, None),
+    let mut inputs = match &journal_given {
+        Some(journal) => super::journal_inputs::<RecoverInputs>(journal, RECOVER)?.0,
+        None => resolve_inputs(&options)?,
     };
     // A longer wait may be given when resuming after a timeout.
     if let Some(wait) = options.wait_timeout {
@@ -186,13 +183,7 @@ pub async fn recover(
             inputs.wait_timeout_seconds
         )));
     }
-    let target = super::target::reach(
-        "management",
-        options.kubeconfig.as_deref(),
-        options.context.as_deref(),
-        journal_given.as_deref().zip(state.as_ref()),
-    )
-    .await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let mut ctx = RecoverContext::new(client, inputs.clone(), options.tls.clone());
     let catalog = recover_catalog();

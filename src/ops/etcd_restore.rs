@@ -216,12 +216,9 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
     let playbook = builtin::load(ETCD_RESTORE, options.playbook.as_deref())?;
     playbook.check(&ETCD_RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let (mut inputs, state) = match &journal_given {
-        Some(journal) => {
-            let (inputs, state) = super::journal_inputs::<EtcdRestoreInputs>(journal, ETCD_RESTORE)?;
-            (inputs, Some(state))
-        }
-        None => (resolve_inputs(&options).await?, None),
+    let mut inputs = match &journal_given {
+        Some(journal) => super::journal_inputs::<EtcdRestoreInputs>(journal, ETCD_RESTORE)?.0,
+        None => resolve_inputs(&options).await?,
     };
     if let Some(wait) = options.wait_timeout {
         inputs.cluster.wait_timeout_seconds = wait.as_secs();
@@ -245,13 +242,7 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         Some(path) => Some(crate::archive::encryption::Identities::from_file(path).map_err(|e| OpsError::Input(e.to_string()))?),
         None => None,
     };
-    let target = super::target::reach(
-        "management",
-        options.kubeconfig.as_deref(),
-        options.context.as_deref(),
-        journal_given.as_deref().zip(state.as_ref()),
-    )
-    .await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let staging = match &inputs.stage_snapshot_to {
         Some(url) => Some(store::open(url, s3.clone()).await?),

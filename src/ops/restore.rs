@@ -225,22 +225,13 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     let playbook = builtin::load("restore", options.playbook.as_deref())?;
     playbook.check(&RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
-    let (mut inputs, state) = match &journal_given {
-        Some(journal) => {
-            let (inputs, state) = super::journal_inputs::<RestoreInputs>(journal, "restore")?;
-            (inputs, Some(state))
-        }
-        None => (resolve_inputs(&options, &options.s3).await?, None),
+    let mut inputs = match &journal_given {
+        Some(journal) => super::journal_inputs::<RestoreInputs>(journal, "restore")?.0,
+        None => resolve_inputs(&options, &options.s3).await?,
     };
     // the destination first: a journal pointed at another cluster is refused
     // before the store is read or anything is decrypted
-    let target = super::target::reach(
-        "destination",
-        options.kubeconfig.as_deref(),
-        options.context.as_deref(),
-        journal_given.as_deref().zip(state.as_ref()),
-    )
-    .await?;
+    let target = super::reach_for("destination", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     // --overwrite may be added when resuming after a conflict report.
     inputs.overwrite |= options.overwrite;
     let mut s3 = options.s3.clone();
