@@ -164,3 +164,33 @@ async fn a_backup_that_changed_nothing_says_so() {
     assert!(!said.contains("Status {"), "a debug structure was printed: {said}");
     env.assert_in_service("after the refusals").await;
 }
+
+/// Out-of-range values are refused up front (exit 2, the flag and value
+/// named), before any cluster, store or journal is touched: no panic.
+#[test]
+fn huge_durations_are_refused_before_anything_is_contacted() {
+    let state = tempfile::tempdir().unwrap();
+    let store = state.path().join("store");
+    let store = store.to_str().unwrap();
+    let cases: &[&[&str]] = &[
+        &["backups", "prune", "--store", store, "--max-age", "9223372036854775807d"],
+        &["backups", "prune", "--store", store, "--incomplete-after", "99999999999w"],
+        &["backup", "--hosted-cluster", "demo", "--to", store, "--pause-ttl", "30d"],
+        &["backup", "--hosted-cluster", "demo", "--to", store, "--pause-ttl", "99999999999999999999s"],
+    ];
+    for args in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr"))
+            .args(*args)
+            .env("HCP_DR_STATE_DIR", state.path().join("state"))
+            // nothing listens here: a contacted cluster would fail differently
+            .env("KUBECONFIG", state.path().join("absent.kubeconfig"))
+            .output()
+            .unwrap();
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        let (flag, value) = (args[args.len() - 2], args[args.len() - 1]);
+        assert!((said.contains(value) || said.contains(flag)) && said.contains("too long") && !said.contains("panicked"), "{args:?}: {said}");
+    }
+    assert!(!state.path().join("state").exists(), "a journal was written");
+    assert!(!state.path().join("store").exists(), "the store was touched");
+}

@@ -135,18 +135,31 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
     if n <= 0 {
         return Err(format!("`{text}` must be more than zero"));
     }
-    match unit {
-        "m" => Ok(Duration::minutes(n)),
-        "h" => Ok(Duration::hours(n)),
-        "d" => Ok(Duration::days(n)),
-        "w" => Ok(Duration::weeks(n)),
-        _ => Err(format!("`{text}`: unknown unit `{unit}`; use m, h, d or w")),
+    let age = match unit {
+        "m" => Duration::try_minutes(n),
+        "h" => Duration::try_hours(n),
+        "d" => Duration::try_days(n),
+        "w" => Duration::try_weeks(n),
+        _ => return Err(format!("`{text}`: unknown unit `{unit}`; use m, h, d or w")),
+    };
+    // beyond a century no backup is that old: refuse rather than overflow later
+    match age {
+        Some(age) if age <= Duration::days(36_500) => Ok(age),
+        _ => Err(format!("`{text}` is too long: at most 36500d (100 years)")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_ages_are_refused_not_overflowed() {
+        for huge in ["9223372036854775807d", "9223372036854775807w", "153722867280912931m", "36501d"] {
+            assert!(parse_age(huge).unwrap_err().contains("too long"), "{huge}");
+        }
+        assert_eq!(parse_age("36500d").unwrap(), Duration::days(36_500));
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

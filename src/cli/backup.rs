@@ -109,17 +109,26 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             number.push(c);
             continue;
         }
-        let n: u64 = number
-            .parse()
-            .map_err(|_| format!("`{text}` is not a duration like 90s, 30m or 1h"))?;
+        let n: u64 = match number.parse() {
+            Ok(n) => n,
+            // digits that do not fit in 64 bits
+            Err(_) if !number.is_empty() => return Err(format!("`{text}` is too long: at most 366d")),
+            Err(_) => return Err(format!("`{text}` is not a duration like 90s, 30m or 1h")),
+        };
         number.clear();
-        total += n * match c {
+        let unit = match c {
             's' => 1,
             'm' => 60,
             'h' => 3600,
             'd' => 86400,
             _ => return Err(format!("`{text}`: unknown unit `{c}` (use s, m, h or d)")),
         };
+        // at most a year: no wait or lifetime hcp-dr takes is longer
+        total = n
+            .checked_mul(unit)
+            .and_then(|s| total.checked_add(s))
+            .filter(|s| *s <= 366 * 86400)
+            .ok_or_else(|| format!("`{text}` is too long: at most 366d"))?;
     }
     if !number.is_empty() || total == 0 {
         return Err(format!("`{text}` is not a duration like 90s, 30m or 1h"));
@@ -285,6 +294,15 @@ pub fn render(result: &BackupResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_durations_are_refused_not_overflowed() {
+        for huge in ["99999999999999999999s", "18446744073709551615d", "213503982334601d", "367d", "9000000000000000000h1s"] {
+            let err = parse_duration(huge).unwrap_err();
+            assert!(err.contains(huge), "{err}");
+        }
+        assert_eq!(parse_duration("366d").unwrap(), Duration::from_secs(366 * 86400));
+    }
 
     #[test]
     fn durations() {

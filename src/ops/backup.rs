@@ -147,6 +147,12 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             inputs.pause_ttl_seconds
         )));
     }
+    if inputs.pause_ttl_seconds > 7 * 86400 {
+        return Err(OpsError::Input(format!(
+            "--pause-ttl {}s is too long: a crashed backup would leave the cluster paused that long; use at most 7d (default 30m)",
+            inputs.pause_ttl_seconds
+        )));
+    }
 
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.resume.as_deref()).await?;
     let client = target.client;
