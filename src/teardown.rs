@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::kube::{KubeError, is_conflict, is_invalid, is_not_found, request};
+use crate::pipeline::journal::RUN_ANNOTATION;
 
 /// What a conditional deletion found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +79,61 @@ where
             seconds: 60,
         })
     }
+}
+
+/// Whether an object was created by the run `run_id`: its
+/// [`RUN_ANNOTATION`] says so. A journal of an older hcp-dr has no run id,
+/// and the name is all it had.
+pub fn created_by_run(annotation: Option<&str>, run_id: &str) -> bool {
+    run_id.is_empty() || annotation == Some(run_id)
+}
+
+/// Whose the object at `name` is, for an undo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// The run's own object, with its UID.
+    Ours(String),
+    /// Nothing is there.
+    Gone,
+    /// Another object of that name (its UID).
+    NotOurs(String),
+}
+
+/// Whether the object at `name` is the one a run created: the UID the run
+/// journaled when it has one, else (a create interrupted before its UID was
+/// journaled) the run's annotation on the live object.
+pub async fn ownership<K>(api: &Api<K>, name: &str, recorded: Option<&str>, run_id: &str, what: &str) -> Result<Owned, KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let Some(live) = api.get_opt(name).await.map_err(request(format!("reading {what}")))? else {
+        return Ok(Owned::Gone);
+    };
+    let meta = live.meta();
+    let uid = meta.uid.clone().unwrap_or_default();
+    let ours = match recorded {
+        Some(recorded) => recorded == uid,
+        None => created_by_run(meta.annotations.as_ref().and_then(|a| a.get(RUN_ANNOTATION)).map(String::as_str), run_id),
+    };
+    Ok(if ours { Owned::Ours(uid) } else { Owned::NotOurs(uid) })
+}
+
+/// Delete what a run created under `name` ([`ownership`]), conditional on its
+/// UID ([`delete_if_uid`]); anything else there is left alone (`NotOurs`).
+pub async fn delete_created<K>(api: &Api<K>, name: &str, recorded: Option<&str>, run_id: &str, what: &str, timeout: Duration) -> Result<Removal, KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let uid = match recorded {
+        // the precondition decides: no read needed
+        Some(uid) => uid.to_string(),
+        None => match ownership(api, name, None, run_id, what).await? {
+            Owned::Ours(uid) => uid,
+            Owned::Gone => return Ok(Removal::Absent),
+            Owned::NotOurs(uid) => return Ok(Removal::NotOurs { uid }),
+        },
+    };
+    delete_if_uid(api, name, Some(&uid), what, timeout).await
 }
 
 /// The object at `name` is not the one a run created: say which it is.

@@ -288,15 +288,7 @@ pub async fn set_paused_until(
 
 /// A Deployment's `spec.replicas` (None when the Deployment does not exist).
 pub async fn deployment_replicas(client: &Client, namespace: &str, name: &str) -> Result<Option<i32>, KubeError> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    match api.get_opt(name).await {
-        Ok(Some(d)) => Ok(Some(d.spec.replicas.unwrap_or(1))),
-        Ok(None) => Ok(None),
-        Err(source) => Err(KubeError::Request {
-            action: format!("reading Deployment {namespace}/{name}"),
-            source,
-        }),
-    }
+    Ok(deployment_uid_and_replicas(client, namespace, name).await?.map(|(_, replicas)| replicas))
 }
 
 /// A Deployment's UID and `spec.replicas` (None when it does not exist).
@@ -333,11 +325,7 @@ pub async fn scale_deployment_if(client: &Client, namespace: &str, name: &str, r
 
 /// Scale a Deployment through its `scale` subresource.
 pub async fn scale_deployment(client: &Client, namespace: &str, name: &str, replicas: i32) -> Result<(), KubeError> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    api.patch_scale(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": replicas}})))
-        .await
-        .map(|_| ())
-        .map_err(request(format!("scaling Deployment {namespace}/{name} to {replicas}")))
+    scale_deployment_if(client, namespace, name, replicas, None).await.map(|_| ())
 }
 
 /// The pods a Deployment's selector matches.

@@ -193,11 +193,13 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     // kubeconfig paths and resolved contexts) unless the flags say otherwise;
     // journals of older versions only have the inputs
     let legacy = state.as_ref().is_some_and(|s| s.header.clusters.is_empty());
-    let or_legacy = |given: &Option<PathBuf>, old: &Option<PathBuf>| given.clone().or(if legacy { old.clone() } else { None });
-    let from_kubeconfig = or_legacy(&options.from_kubeconfig, &inputs.from_kubeconfig);
-    let to_kubeconfig = or_legacy(&options.to_kubeconfig, &inputs.to_kubeconfig);
-    let from_context = options.from_context.clone().or(if legacy { inputs.from_context.clone() } else { None });
-    let to_context = options.to_context.clone().or(if legacy { inputs.to_context.clone() } else { None });
+    fn or_legacy<T: Clone>(given: &Option<T>, old: &Option<T>, legacy: bool) -> Option<T> {
+        given.clone().or_else(|| old.clone().filter(|_| legacy))
+    }
+    let from_kubeconfig = or_legacy(&options.from_kubeconfig, &inputs.from_kubeconfig, legacy);
+    let to_kubeconfig = or_legacy(&options.to_kubeconfig, &inputs.to_kubeconfig, legacy);
+    let from_context = or_legacy(&options.from_context, &inputs.from_context, legacy);
+    let to_context = or_legacy(&options.to_context, &inputs.to_context, legacy);
     let bound = journal_given.as_deref().zip(state.as_ref());
     let source = super::target::reach("source", from_kubeconfig.as_deref(), from_context.as_deref(), bound).await?;
     let destination = super::target::reach("destination", to_kubeconfig.as_deref(), to_context.as_deref(), bound).await?;

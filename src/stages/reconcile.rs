@@ -26,6 +26,7 @@ use crate::kube::{api, get_json, merge_patch, request, wait_for};
 use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
 use crate::stages::{StageError, from_output, undo_record};
+use crate::teardown::{Owned, Removal, delete_created, ownership};
 
 /// The Secret kind, for [`api`].
 pub const SECRET: Gvk = Gvk { group: "", version: "v1", kind: "Secret", plural: "secrets" };
@@ -233,27 +234,6 @@ pub struct Applied {
     pub uids: std::collections::BTreeMap<String, String>,
 }
 
-impl Applied {
-    /// The UID the undo may delete under `kind/name`: the recorded one, or
-    /// for an object whose create was interrupted before its UID was
-    /// journaled, the live one if it carries this run's annotation. `None`:
-    /// leave it (gone, or not created by this run).
-    async fn owned_uid(&self, target: &Api<DynamicObject>, kind: &str, name: &str, what: &str) -> Result<Option<String>, StageFailure> {
-        if let Some(uid) = self.uids.get(&format!("{kind}/{name}")) {
-            return Ok(Some(uid.clone()));
-        }
-        let live = get_json(target, name, what).await?;
-        Ok(live.and_then(|live| {
-            let ours = self.run_id.is_empty()
-                || live.pointer("/metadata/annotations").and_then(|a| a.get(RUN_ANNOTATION)).and_then(Value::as_str) == Some(self.run_id.as_str());
-            if !ours {
-                tracing::warn!("{what} was left alone: it is not the object this run created");
-            }
-            ours.then(|| live["metadata"]["uid"].as_str().map(str::to_string)).flatten()
-        }))
-    }
-}
-
 pub struct Apply;
 
 #[async_trait]
@@ -365,21 +345,29 @@ impl Stage<ReconcileContext> for Apply {
         for (kind, name) in applied.created.iter().rev() {
             let what = format!("{kind} {ns}/{name}");
             let target = api(&ctx.client, gvk_of(kind), &ns);
-            let Some(uid) = applied.owned_uid(&target, kind, name, &what).await? else { continue };
-            if kind == "HostedCluster" {
+            let recorded = applied.uids.get(&format!("{kind}/{name}")).map(String::as_str);
+            let not_ours = if kind == "HostedCluster" {
                 // An ordered deletion, as `cluster destroy` does, of this very cluster.
-                let live = get_json(&target, name, &what).await?;
-                if live.as_ref().and_then(|l| l["metadata"]["uid"].as_str()) != Some(uid.as_str()) {
-                    ctx.warnings.push(format!("{what} was left alone: it is not the cluster this run created"));
-                    continue;
+                match ownership(&target, name, recorded, &applied.run_id, &what).await? {
+                    Owned::Gone => None,
+                    Owned::NotOurs(uid) => Some(uid),
+                    Owned::Ours(_) => {
+                        let mut out = Default::default();
+                        let mut record = |_: &crate::stages::migrate::teardown::TornDown| Ok(());
+                        crate::stages::migrate::teardown::destroy(&ctx.client, &ns, name, &mut out, &mut record).await?;
+                        None
+                    }
                 }
-                let mut out = Default::default();
-                let mut record = |_: &crate::stages::migrate::teardown::TornDown| Ok(());
-                crate::stages::migrate::teardown::destroy(&ctx.client, &ns, name, &mut out, &mut record).await?;
-            } else if let crate::teardown::Removal::NotOurs { uid } =
-                crate::teardown::delete_if_uid(&target, name, Some(&uid), &what, Duration::from_secs(300)).await?
-            {
-                ctx.warnings.push(format!("{what} was left alone: it is not the object this run created (UID {uid})"));
+            } else {
+                match delete_created(&target, name, recorded, &applied.run_id, &what, Duration::from_secs(300)).await? {
+                    Removal::NotOurs { uid } => Some(uid),
+                    Removal::Deleted | Removal::Absent => None,
+                }
+            };
+            if let Some(uid) = not_ours {
+                let warning = format!("{what} was left alone: it is not the object this run created (UID {uid})");
+                tracing::warn!("{warning}");
+                ctx.warnings.push(warning);
             }
         }
         Ok(())

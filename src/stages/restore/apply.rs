@@ -27,6 +27,7 @@ use crate::kube::{KubeError, api_for, is_not_found, request};
 use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 use crate::stages::{StageError, earlier_progress, undo_record};
+use crate::teardown::{Removal, created_by_run, delete_created};
 
 pub struct Apply;
 
@@ -285,7 +286,8 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                     continue;
                 }
                 // created by the interrupted attempt: ours, whatever changed since
-                let ours = applied.pending.as_ref() == Some(&r) && created_by(&have, &run_id);
+                let ours = applied.pending.as_ref() == Some(&r)
+                    && created_by_run(have.pointer("/metadata/annotations").and_then(|a| a.get(RUN_ANNOTATION)).and_then(Value::as_str), &run_id);
                 if applied.pending.as_ref() == Some(&r) && !ours {
                     // the interrupted create never happened: this one is someone else's
                     applied.pending = None;
@@ -382,21 +384,9 @@ impl Stage<RestoreContext> for Apply {
         // newest first: NodePools, HostedCluster, ..., secrets
         for r in refs.iter().rev() {
             let api = api_of(ctx, &discovery, r)?;
-            let uid = match &r.uid {
-                Some(uid) => Some(uid.clone()),
-                // the pending object: ours only if it carries this run's id
-                None => match get_value(&api, &r.name, &r.label()).await? {
-                    None => continue,
-                    Some(live) if created_by(&live, &applied.run_id) => live["metadata"]["uid"].as_str().map(str::to_string),
-                    Some(live) => {
-                        left_alone(ctx, &r.label(), live["metadata"]["uid"].as_str().unwrap_or("?"));
-                        foreign.extend(r.namespace.clone());
-                        continue;
-                    }
-                },
-            };
-            let removal = crate::teardown::delete_if_uid(&api, &r.name, uid.as_deref(), &r.label(), timeout).await?;
-            if let crate::teardown::Removal::NotOurs { uid } = removal {
+            // the pending object has no UID yet: ours only if it carries this run's id
+            let removal = delete_created(&api, &r.name, r.uid.as_deref(), &applied.run_id, &r.label(), timeout).await?;
+            if let Removal::NotOurs { uid } = removal {
                 left_alone(ctx, &r.label(), &uid);
                 foreign.extend(r.namespace.clone());
             }
@@ -410,30 +400,14 @@ impl Stage<RestoreContext> for Apply {
                 ctx.warnings.push(warning);
                 continue;
             }
-            let uid = match applied.namespace_uids.get(name) {
-                Some(uid) => Some(uid.clone()),
-                None => match namespaces.get_opt(name).await.map_err(request(format!("reading {what}")))? {
-                    None => continue,
-                    Some(live) if created_by(&serde_json::to_value(&live)?, &applied.run_id) => live.metadata.uid.clone(),
-                    Some(live) => {
-                        left_alone(ctx, &what, live.metadata.uid.as_deref().unwrap_or("?"));
-                        continue;
-                    }
-                },
-            };
-            let removal = crate::teardown::delete_if_uid(&namespaces, name, uid.as_deref(), &what, Duration::from_secs(300)).await?;
-            if let crate::teardown::Removal::NotOurs { uid } = removal {
+            let recorded = applied.namespace_uids.get(name).map(String::as_str);
+            let removal = delete_created(&namespaces, name, recorded, &applied.run_id, &what, Duration::from_secs(300)).await?;
+            if let Removal::NotOurs { uid } = removal {
                 left_alone(ctx, &what, &uid);
             }
         }
         Ok(())
     }
-}
-
-/// Whether `live` was created by the run `run_id` (its annotation says so).
-/// A journal of an older hcp-dr has no run id: the name is all it had.
-fn created_by(live: &Value, run_id: &str) -> bool {
-    run_id.is_empty() || live.pointer("/metadata/annotations").and_then(|a| a.get(RUN_ANNOTATION)).and_then(Value::as_str) == Some(run_id)
 }
 
 /// An undo found a same-named object it did not create: say so, touch nothing.
