@@ -53,7 +53,12 @@ where
     match api.delete(name, &params).await {
         Ok(_) => {}
         Err(err) if is_not_found(&err) => return Ok(Removal::Absent),
-        Err(err) if uid.is_some() && is_conflict(&err) => return not_ours(api, name, what).await,
+        // 409: another object holds the name, or ours is already being
+        // deleted (a terminating namespace answers a second delete so)
+        Err(err) if uid.is_some() && is_conflict(&err) => match not_ours(api, name, what).await? {
+            Removal::NotOurs { uid: live } if Some(live.as_str()) == uid => {}
+            other => return Ok(other),
+        },
         Err(err) => return Err(request(format!("deleting {what}"))(err)),
     }
     if wait_gone_or_replaced(api, name, uid, what, timeout).await? {

@@ -46,6 +46,12 @@ pub enum JournalError {
     /// The journal does not start with a header record.
     #[error("journal {path} has no header: it was not written by hcp-dr or is empty")]
     NoHeader { path: PathBuf },
+    /// Another process has the journal open: a run, or a resume or abort of it.
+    #[error(
+        "journal {path} is in use by another hcp-dr process (the run itself, or a --resume or --abort of it): \
+         wait for that process to end, or stop it with Ctrl-C, then run the command again"
+    )]
+    Busy { path: PathBuf },
     /// A record would move a stage through an illegal transition.
     #[error("journal: stage `{stage}` cannot go from {from:?} to {to:?}")]
     IllegalTransition {
@@ -308,6 +314,20 @@ impl JournalState {
     }
 }
 
+/// Take the journal's advisory lock for as long as `file` is open; the
+/// kernel releases it when the process dies, so a killed run never leaves
+/// its journal locked.
+fn lock(file: &File, path: &Path) -> Result<(), JournalError> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(JournalError::Busy { path: path.to_path_buf() }),
+        Err(std::fs::TryLockError::Error(source)) => Err(JournalError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// An open journal file, appended to and fsynced record by record.
 #[derive(Debug)]
 pub struct Journal {
@@ -334,6 +354,7 @@ impl Journal {
             options.mode(0o600);
         }
         let file = options.open(path).map_err(io)?;
+        lock(&file, path)?;
         let mut journal = Journal {
             path: path.to_path_buf(),
             file,
@@ -344,8 +365,9 @@ impl Journal {
     }
 
     /// Open an existing journal for `--resume`: replay every record, then append.
+    /// Refused while another process holds it (two aborts at once would each
+    /// undo what the other is undoing).
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
-        let state = Self::read(path)?;
         let file = OpenOptions::new()
             .append(true)
             .open(path)
@@ -353,6 +375,8 @@ impl Journal {
                 path: path.to_path_buf(),
                 source,
             })?;
+        lock(&file, path)?;
+        let state = Self::read(path)?;
         Ok(Journal {
             path: path.to_path_buf(),
             file,
@@ -470,6 +494,8 @@ mod tests {
             })
             .unwrap();
         journal.append(Event::Started { stage: "scale-down".into() }).unwrap();
+        // not reopened while it is open (a second --abort of a running one)
+        assert!(matches!(Journal::open(&path), Err(JournalError::Busy { .. })));
         drop(journal);
 
         let state = Journal::read(&path).unwrap();
