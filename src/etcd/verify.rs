@@ -182,6 +182,17 @@ pub struct SnapshotSummary {
     pub warnings: Vec<String>,
 }
 
+impl SnapshotSummary {
+    /// The revision etcd serves once started on this database: the last
+    /// key's, or the compacted revision when a compaction removed every
+    /// later entry (deletions compacted away, a restore with
+    /// `--bump-revision --mark-compacted`). etcd's mvcc restore takes the
+    /// same maximum; `etcdctl snapshot status` shows the last key's only.
+    pub fn store_revision(&self) -> i64 {
+        self.revision.max(self.compact_revision.unwrap_or(0))
+    }
+}
+
 /// The result of verifying one snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
@@ -926,6 +937,11 @@ mod tests {
         );
         assert_eq!(summary.consistent_index, Some(42));
         assert_eq!(summary.compact_revision, Some(3));
+        assert_eq!(summary.store_revision(), 7, "the last key is above the compaction");
+        // every entry above the compaction compacted away (a restore with
+        // --bump-revision --mark-compacted): etcd serves the compacted revision
+        let bumped = SnapshotSummary { compact_revision: Some(1007), ..summary.clone() };
+        assert_eq!((bumped.revision, bumped.store_revision()), (7, 1007));
         assert_eq!(summary.db_size, 7 * PAGE as u64);
         assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
     }

@@ -200,7 +200,7 @@ pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identit
         let mut check = SnapshotCheck {
             member: member.member.clone(),
             verdict: offline.verdict.to_string(),
-            revision: summary.map(|s| s.revision),
+            revision: summary.map(|s| s.store_revision()),
             live_keys: summary.map(|s| s.live_keys),
             restored_keys: None,
         };

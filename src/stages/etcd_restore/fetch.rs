@@ -257,7 +257,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             member: expected.map(|e| e.member),
             size,
             sha256,
-            revision: summary.revision,
+            revision: summary.store_revision(),
             live_keys: summary.live_keys,
             live_keys_by_prefix: summary.live_keys_by_prefix,
             decrypted,

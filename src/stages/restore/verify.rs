@@ -71,7 +71,7 @@ impl Stage<RestoreContext> for Verify {
             recipients: manifest.recipients(),
         };
         let offline = crate::etcd::verify::verify_store_object_with(ctx.store.as_ref(), &key, &decryption).await?;
-        let revision = offline.summary.as_ref().map(|s| s.revision);
+        let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
                 "{}/{key}: the snapshot does not verify offline ({}; revision {revision:?}, the manifest records {}): the backup is damaged or was tampered with; use another backup",
