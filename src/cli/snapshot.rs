@@ -22,7 +22,8 @@ pub enum Command {
 #[derive(Debug, ClapArgs)]
 pub struct VerifyArgs {
     /// The snapshot: a file, file:///path, or an object such as
-    /// s3://bucket/prefix/clusters/demo/BACKUP-ID/etcd/etcd-0.db.
+    /// s3://bucket/prefix/clusters/demo/BACKUP-ID/etcd/etcd-0.db (`latest`
+    /// in place of BACKUP-ID names the newest complete backup).
     #[arg(value_name = "FILE|STORE-URL")]
     pub snapshot: String,
     /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
@@ -52,7 +53,14 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             return Exit::Usage;
         }
     };
-    match verify_source_with(&args.snapshot, s3, identities.as_ref()).await {
+    let snapshot = match resolve_latest(&args.snapshot, &s3).await {
+        Ok(snapshot) => snapshot,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return Exit::Usage;
+        }
+    };
+    match verify_source_with(&snapshot, s3, identities.as_ref()).await {
         Ok(report) => {
             match output {
                 Output::Json => println!(
@@ -72,6 +80,23 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             eprintln!("{}", hint(&err));
             Exit::Usage
         }
+    }
+}
+
+/// `<store>/<ns>/<cluster>/latest/etcd/<file>` with `latest` replaced by the
+/// newest complete backup's id (as restore and `backups verify` read it);
+/// anything else unchanged.
+async fn resolve_latest(given: &str, s3: &S3Options) -> Result<String, crate::ops::OpsError> {
+    let Some((backup, file)) = given.rsplit_once("/etcd/") else {
+        return Ok(given.to_string());
+    };
+    match crate::ops::restore::split_backup_url(backup) {
+        Some((root, ns, hc, id)) if id == "latest" => {
+            let store = crate::store::open(&root, s3.clone()).await?;
+            let id = crate::ops::restore::latest_backup(store.as_ref(), &ns, &hc).await?;
+            Ok(format!("{root}/{ns}/{hc}/{id}/etcd/{file}"))
+        }
+        _ => Ok(given.to_string()),
     }
 }
 
