@@ -35,6 +35,53 @@ pub struct Started {
 
 const POLL: Duration = Duration::from_secs(2);
 
+/// Wait, bounded by `--wait-timeout`, until every member answers healthy
+/// (at `min_revision` or above when given); returns each member's revision
+/// and the leader.
+pub async fn wait_healthy(ctx: &mut EtcdRestoreContext, min_revision: Option<i64>) -> Result<(BTreeMap<String, i64>, Option<String>), StageError> {
+    let members: Vec<String> = ctx.plan.as_ref().map(|p| p.members.iter().map(|m| m.name.clone()).collect()).unwrap_or_default();
+    let timeout = ctx.cluster.inputs.wait_timeout();
+    let started = Instant::now();
+    let mut last = String::from("not looked yet");
+    while started.elapsed() < timeout {
+        tokio::time::sleep(POLL).await;
+        let found = match probe(ctx).await {
+            Ok(found) => found,
+            Err(err) => {
+                last = error_chain(err.as_ref());
+                continue;
+            }
+        };
+        let mut revisions = BTreeMap::new();
+        let mut waiting = Vec::new();
+        for name in &members {
+            match found.members.iter().find(|m| &m.name == name) {
+                Some(m) if m.ok() => match (m.revision, min_revision) {
+                    (Some(rev), Some(min)) if rev < min => waiting.push(format!("{name} at revision {rev}, below {min}")),
+                    (None, Some(min)) => waiting.push(format!("{name} at revision None, below {min}")),
+                    (rev, _) => {
+                        revisions.insert(name.clone(), rev.unwrap_or_default());
+                    }
+                },
+                Some(m) => waiting.push(format!(
+                    "{name} not healthy yet ({})",
+                    m.last_error.clone().or(m.state.clone()).unwrap_or_else(|| "no answer".into())
+                )),
+                None => waiting.push(format!("{name} has no pod yet")),
+            }
+        }
+        if waiting.is_empty() && found.healthy {
+            return Ok((revisions, found.leader.clone()));
+        }
+        last = if waiting.is_empty() { found.problems.join("; ") } else { waiting.join("; ") };
+    }
+    Err(StageError::Precondition(format!(
+        "etcd of {} did not come back healthy within {}s: {last}; look at the etcd pods (hcp-dr etcd status), then resume to wait again",
+        ctx.hc_label(),
+        timeout.as_secs()
+    )))
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for StartEtcd {
     fn name(&self) -> &'static str {
@@ -54,56 +101,18 @@ impl Stage<EtcdRestoreContext> for StartEtcd {
         )]
     }
     async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
+        ctx.plan.as_ref().ok_or(StageError::Missing("the restore plan (assess)"))?;
         let stopped = ctx.stopped.clone().ok_or(StageError::Missing("the revision bump (stop-etcd)"))?;
         let started = Instant::now();
         scale_etcd(ctx, stopped.replicas).await?;
-        let timeout = ctx.cluster.inputs.wait_timeout();
-        let mut last = String::from("not looked yet");
-        while started.elapsed() < timeout {
-            tokio::time::sleep(POLL).await;
-            let found = match probe(ctx).await {
-                Ok(found) => found,
-                Err(err) => {
-                    last = error_chain(err.as_ref());
-                    continue;
-                }
-            };
-            let mut revisions = BTreeMap::new();
-            let mut waiting = Vec::new();
-            for member in &plan.members {
-                match found.members.iter().find(|m| m.name == member.name) {
-                    Some(m) if m.ok() => match m.revision {
-                        Some(rev) if rev >= stopped.expected_min_revision => {
-                            revisions.insert(member.name.clone(), rev);
-                        }
-                        rev => waiting.push(format!("{} at revision {rev:?}, below {}", member.name, stopped.expected_min_revision)),
-                    },
-                    Some(m) => waiting.push(format!(
-                        "{} not healthy yet ({})",
-                        member.name,
-                        m.last_error.clone().or(m.state.clone()).unwrap_or_else(|| "no answer".into())
-                    )),
-                    None => waiting.push(format!("{} has no pod yet", member.name)),
-                }
-            }
-            if waiting.is_empty() && found.healthy {
-                let done = Started {
-                    revisions,
-                    leader: found.leader.clone(),
-                    revision_before: stopped.revision_before,
-                    expected_min_revision: stopped.expected_min_revision,
-                    seconds: started.elapsed().as_secs_f64(),
-                };
-                return Ok(serde_json::to_value(done)?);
-            }
-            last = if waiting.is_empty() { found.problems.join("; ") } else { waiting.join("; ") };
-        }
-        Err(StageError::Precondition(format!(
-            "etcd of {} did not come back healthy within {}s: {last}; look at the etcd pods (hcp-dr etcd status), then resume to wait again",
-            ctx.hc_label(),
-            timeout.as_secs()
-        ))
-        .into())
+        let (revisions, leader) = wait_healthy(ctx, Some(stopped.expected_min_revision)).await?;
+        let done = Started {
+            revisions,
+            leader,
+            revision_before: stopped.revision_before,
+            expected_min_revision: stopped.expected_min_revision,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        Ok(serde_json::to_value(done)?)
     }
 }

@@ -41,6 +41,10 @@ pub struct Stopped {
     pub bump: u64,
     /// The snapshot's revision plus the bump: every member must start at or above it.
     pub expected_min_revision: i64,
+    /// The StatefulSet's UID: the undo scales back only that object (absent
+    /// in journals of older hcp-dr).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// The bump for a snapshot at `snapshot_revision` (pure, for tests).
@@ -62,12 +66,34 @@ pub fn choose_bump(snapshot_revision: i64, revision_before: Option<i64>, measure
 
 /// Scale the etcd StatefulSet through its scale subresource.
 pub async fn scale_etcd(ctx: &EtcdRestoreContext, replicas: i32) -> Result<(), KubeError> {
+    scale_etcd_if(ctx, replicas, None).await.map(|_| ())
+}
+
+/// Scale the etcd StatefulSet only if it is still the object with `uid`
+/// (a precondition the server checks on the scale subresource). False: it
+/// was replaced by another of that name, which is left alone.
+pub async fn scale_etcd_if(ctx: &EtcdRestoreContext, replicas: i32, uid: Option<&str>) -> Result<bool, KubeError> {
     let ns = ctx.hcp_namespace();
     let api: Api<StatefulSet> = Api::namespaced(ctx.cluster.client.clone(), &ns);
-    api.patch_scale(hosted::ETCD_STATEFULSET, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": replicas}})))
+    let mut patch = json!({"spec": {"replicas": replicas}});
+    if let Some(uid) = uid {
+        patch["metadata"] = json!({"uid": uid});
+    }
+    match api.patch_scale(hosted::ETCD_STATEFULSET, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(true),
+        Err(err) if uid.is_some() && crate::kube::is_conflict(&err) => Ok(false),
+        Err(err) => Err(request(format!("scaling StatefulSet {ns}/etcd to {replicas}"))(err)),
+    }
+}
+
+async fn statefulset_uid(ctx: &EtcdRestoreContext) -> Result<Option<String>, KubeError> {
+    let ns = ctx.hcp_namespace();
+    let api: Api<StatefulSet> = Api::namespaced(ctx.cluster.client.clone(), &ns);
+    let sts = api
+        .get(hosted::ETCD_STATEFULSET)
         .await
-        .map(|_| ())
-        .map_err(request(format!("scaling StatefulSet {ns}/etcd to {replicas}")))
+        .map_err(request(format!("reading StatefulSet {ns}/etcd")))?;
+    Ok(sts.metadata.uid)
 }
 
 async fn wait_no_etcd_pods(ctx: &EtcdRestoreContext) -> Result<(), KubeError> {
@@ -131,6 +157,7 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
                     measured,
                     bump,
                     expected_min_revision: snapshot.revision + bump as i64,
+                    uid: statefulset_uid(ctx).await?,
                 }
             }
         };
@@ -149,7 +176,20 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
     }
     async fn undo(&self, ctx: &mut EtcdRestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
         match undo_record::<Stopped>("stop-etcd", &input)? {
-            Some(stopped) => Ok(scale_etcd(ctx, stopped.replicas).await?),
+            Some(stopped) => {
+                if !scale_etcd_if(ctx, stopped.replicas, stopped.uid.as_deref()).await? {
+                    ctx.warn(format!(
+                        "StatefulSet {}/etcd was left alone: it is not the one this run scaled down (UID {}), so the undo did not scale it",
+                        ctx.hcp_namespace(),
+                        stopped.uid.as_deref().unwrap_or("-")
+                    ));
+                    return Ok(());
+                }
+                // the old members are the cluster again: back in service
+                // only once they answer, before the writers return
+                super::start::wait_healthy(ctx, None).await?;
+                Ok(())
+            }
             None => Ok(()),
         }
     }
