@@ -252,7 +252,7 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     assert_eq!(kept["passed"], true, "{kept:#}");
     assert_eq!(kept["drill_cluster"], "kept");
     let remove = kept["remove_with"].as_str().expect("how to remove the kept cluster");
-    assert!(remove.starts_with("hcp-dr cluster destroy demo-drill -n clusters-drill") && remove.contains("delete namespace clusters-drill"), "{remove}");
+    assert_eq!(remove, format!("hcp-dr drill --abort {}", kept["journal"].as_str().unwrap()));
     wait_available(&b, "clusters-drill", "demo-drill", Duration::from_secs(60)).await.expect("the kept drill cluster is Available");
     let hc = serde_json::to_value(hc_api(&b, "clusters-drill").get("demo-drill").await.unwrap()).unwrap();
     assert_eq!(hc["spec"]["infraID"], kept["rewrite"]["infra_id"]["to"]);
@@ -265,6 +265,15 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     // the kept drill publishes its own name from staging; the source keeps its own
     wait_owners(&env, &drill_host, &["mgmt-b"], "the kept drill").await;
     assert_eq!(owners_of(&env, &api_host).await, ["mgmt-a"], "the kept drill took the source's DNS records");
+
+    // its printed remove_with, as printed, removes it (UID-guarded, on the
+    // cluster its journal names) and leaves the source alone
+    let words: Vec<&str> = remove.split(' ').collect();
+    let out = env.hcp_dr(&[&words[1..], &["-o", "json"]].concat(), &[]);
+    assert!(out.status.success(), "{remove}\n{}", text(&out));
+    assert_eq!(json_report(&out)["drill_cluster"], "removed_by_abort");
+    assert_no_drill(&b, "after removing the kept drill").await;
+    assert_source_untouched(&env, "after removing the kept drill").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

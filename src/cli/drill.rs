@@ -156,7 +156,7 @@ pub fn render(result: &DrillResult) -> String {
     out.push_str(&format!("RTO {} (drill start to Available), RPO {} (backup age)\n", measured(result.rto_seconds), measured(result.rpo_seconds)));
     out.push_str(&format!("drill cluster: {}\n", result.drill_cluster.describe()));
     if let Some(remove) = &result.remove_with {
-        out.push_str(&format!("remove it with: {remove}\n"));
+        out.push_str(&format!("remove it with: `{remove}`\n"));
     }
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));

@@ -16,7 +16,7 @@ pub fn exit_for(outcome: &RunOutcome) -> Exit {
 /// How the run ended, and the command that goes on from there.
 /// `command` is the operation's command line prefix, e.g. `hcp-dr restore`.
 pub fn headline(operation: &str, run: &RunReport, command: &str) -> String {
-    let journal = run.journal.as_deref().unwrap_or("JOURNAL");
+    let journal = run.journal.as_deref().map(crate::ops::shell_word).unwrap_or_else(|| "JOURNAL".into());
     match &run.outcome {
         RunOutcome::Succeeded => format!("{operation} succeeded"),
         RunOutcome::Planned => format!("{operation} plan (dry run: nothing was changed)"),

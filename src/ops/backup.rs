@@ -178,7 +178,12 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     } else if let Some(path) = &options.resume {
         Mode::Resume { journal: path }
     } else {
-        tracing::info!(journal = %journal_path.display(), "journal (resume with --resume)");
+        let next = super::NextSteps {
+            command: "hcp-dr backup",
+            resume: Some("finishes the backup, or its undo"),
+            abort: None,
+        };
+        tracing::info!(journal = %journal_path.display(), "{}", next.line(&journal_path));
         Mode::Fresh {
             journal: &journal_path,
             inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,

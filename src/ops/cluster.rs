@@ -221,7 +221,7 @@ pub async fn destroy_journaled(
         &inputs.hosted_cluster,
         &super::stamp(),
     );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], "resume with --resume")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr cluster destroy", resume: Some("finishes it"), abort: Some("lifts the pause if the teardown has not begun") })?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),

@@ -72,6 +72,8 @@ pub enum DrillCluster {
     Removed,
     /// Created and removed again when a stage failed.
     RemovedAfterFailure,
+    /// Removed by `--abort` (a kept, stopped or killed drill).
+    RemovedByAbort,
     /// Left in place (`--keep`).
     Kept,
     /// A stage failed and removing what it created failed too: see the run's undo errors.
@@ -84,6 +86,7 @@ impl DrillCluster {
             DrillCluster::NeverCreated => "never created: the staging cluster was not changed",
             DrillCluster::Removed => "removed after the checks",
             DrillCluster::RemovedAfterFailure => "removed again after the failure",
+            DrillCluster::RemovedByAbort => "removed by --abort",
             DrillCluster::Kept => "kept (--keep)",
             DrillCluster::LeftAfterFailedUndo => "LEFT IN PLACE: removing it failed (see the undo errors)",
         }
@@ -206,7 +209,8 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
     match &run.outcome {
         _ if !apply_ran => DrillCluster::NeverCreated,
         RunOutcome::UndoFailed { .. } => DrillCluster::LeftAfterFailedUndo,
-        RunOutcome::RolledBack { .. } | RunOutcome::Aborted => DrillCluster::RemovedAfterFailure,
+        RunOutcome::RolledBack { .. } => DrillCluster::RemovedAfterFailure,
+        RunOutcome::Aborted => DrillCluster::RemovedByAbort,
         RunOutcome::Failed { .. } => DrillCluster::NeverCreated,
         _ if keep => DrillCluster::Kept,
         RunOutcome::Succeeded => DrillCluster::Removed,
@@ -269,7 +273,14 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
             ))
         })
     });
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, vec![target.binding], "undo a kept or killed drill with --abort")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr drill", resume: None, abort: Some("removes the drill cluster and what it created") })?;
+    // a drill kept with --keep succeeded: its abort removes it all the same
+    let kept = options.abort.is_some()
+        && crate::pipeline::Journal::read(&journal_path)?.outcome.as_deref() == Some("succeeded");
+    let mode = match mode {
+        crate::pipeline::Mode::Abort { journal } if kept => crate::pipeline::Mode::Remove { journal },
+        mode => mode,
+    };
     let run = runner.run(&mut ctx, mode, interrupt).await?;
 
     let taken = ctx
@@ -298,9 +309,11 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         run,
     };
     if result.drill_cluster == DrillCluster::Kept {
-        result.remove_with = match (&result.run.outcome, &result.run.journal) {
-            (RunOutcome::Stopped { .. }, Some(journal)) => Some(format!("hcp-dr drill --abort {journal}")),
-            _ => result.run.output("teardown").and_then(|t| t["remove_with"].as_str()).map(str::to_string),
+        // the abort deletes by UID what this drill created, on the cluster
+        // its journal names: no kubeconfig to fill in
+        result.remove_with = match &result.run.journal {
+            Some(journal) => Some(format!("hcp-dr drill --abort {}", super::shell_word(journal))),
+            None => result.run.output("teardown").and_then(|t| t["remove_with"].as_str()).map(str::to_string),
         };
     }
     if let (Some(path), false, None) = (&options.report, options.dry_run, &options.abort) {

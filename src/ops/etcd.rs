@@ -210,7 +210,7 @@ pub async fn recover(
         &journal_path,
         &inputs,
         vec![target.binding],
-        "resume with --resume",
+        super::NextSteps { command: "hcp-dr etcd recover", resume: Some("goes on"), abort: Some("releases its Lease") },
     )?;
     let mut run = runner.run(&mut ctx, mode, interrupt).await?;
     if let RunOutcome::Stopped { stage, error } = run.outcome.clone()

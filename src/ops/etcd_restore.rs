@@ -283,7 +283,7 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         &journal_path,
         &inputs,
         vec![target.binding],
-        "resume with --resume",
+        super::NextSteps { command: "hcp-dr etcd restore", resume: Some("goes on"), abort: Some("brings the old members back (before restore-members)") },
     )?;
     let mut run = runner.run(&mut ctx, mode, interrupt).await?;
     if let RunOutcome::Stopped { stage, error } = run.outcome.clone()

@@ -263,7 +263,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         &journal_path,
         &inputs,
         clusters,
-        "resume with --resume, bring the source back with --abort",
+        super::NextSteps { command: "hcp-dr migrate", resume: Some("goes on"), abort: Some("brings the source back (before teardown)") },
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let (stage_seconds, rto_seconds) = match &run.journal {

@@ -130,6 +130,48 @@ pub fn stamp() -> String {
 
 /// The runner's mode from a command's flags; a fresh run journals `inputs`
 /// and says where (`hint`: how to resume or undo it).
+/// The commands that go on from a fresh run's journal if its process dies,
+/// logged when the journal is created: they work as printed (the journal
+/// records the cluster, and no environment default conflicts with them).
+#[derive(Debug, Clone, Copy)]
+pub struct NextSteps<'c> {
+    /// The command line prefix, e.g. `hcp-dr restore`.
+    pub command: &'c str,
+    /// What `--resume` does.
+    pub resume: Option<&'c str>,
+    /// What `--abort` does.
+    pub abort: Option<&'c str>,
+}
+
+impl NextSteps<'_> {
+    /// One log line naming each command verbatim.
+    pub fn line(&self, journal: &std::path::Path) -> String {
+        let journal = shell_word(&journal.display().to_string());
+        let mut steps = Vec::new();
+        if let Some(what) = self.resume {
+            steps.push(format!("`{} --resume {journal}` {what}", self.command));
+        }
+        if let Some(what) = self.abort {
+            steps.push(format!("`{} --abort {journal}` {what}", self.command));
+        }
+        format!("journal written; if this process dies: {}", steps.join(", "))
+    }
+}
+
+/// `word` as one shell word: unchanged when it needs no quoting, else in
+/// single quotes, so a printed command can be pasted as it is.
+pub fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:@%=,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 pub fn run_mode<'a>(
     dry_run: bool,
     abort: bool,
@@ -137,7 +179,7 @@ pub fn run_mode<'a>(
     journal: &'a std::path::Path,
     inputs: &impl serde::Serialize,
     clusters: Vec<crate::pipeline::journal::ClusterBinding>,
-    hint: &str,
+    next: NextSteps<'_>,
 ) -> Result<crate::pipeline::Mode<'a>, OpsError> {
     use crate::pipeline::Mode;
     Ok(if dry_run {
@@ -147,11 +189,32 @@ pub fn run_mode<'a>(
     } else if resume {
         Mode::Resume { journal }
     } else {
-        tracing::info!(journal = %journal.display(), "journal ({hint})");
+        tracing::info!(journal = %journal.display(), "{}", next.line(journal));
         Mode::Fresh {
             journal,
             inputs: serde_json::to_value(inputs).map_err(|e| OpsError::Input(e.to_string()))?,
             clusters,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_commands_quote_only_what_needs_it() {
+        assert_eq!(shell_word("/home/ops/.local/state/hcp-dr/journals/backup-x.jsonl"), "/home/ops/.local/state/hcp-dr/journals/backup-x.jsonl");
+        assert_eq!(shell_word("/tmp/my journals/it's.jsonl"), "'/tmp/my journals/it'\\''s.jsonl'");
+        assert_eq!(shell_word(""), "''");
+        let next = NextSteps {
+            command: "hcp-dr restore",
+            resume: Some("goes on"),
+            abort: Some("deletes what it created"),
+        };
+        assert_eq!(
+            next.line(std::path::Path::new("/j/r.jsonl")),
+            "journal written; if this process dies: `hcp-dr restore --resume /j/r.jsonl` goes on, `hcp-dr restore --abort /j/r.jsonl` deletes what it created"
+        );
+    }
 }

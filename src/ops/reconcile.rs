@@ -165,7 +165,7 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
         &inputs.hosted_cluster,
         &super::stamp(),
     );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], "resume with --resume, undo with --abort")?;
+    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr cluster reconcile", resume: Some("goes on"), abort: Some("undoes what it changed") })?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let objects: Vec<ObjectDiff> = ctx.diff.clone().unwrap_or_default();
     let changed = objects.iter().any(|o| o.action != crate::stages::reconcile::Action::Unchanged);

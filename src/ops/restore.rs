@@ -277,7 +277,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         &journal_path,
         &inputs,
         vec![target.binding],
-        "resume with --resume, undo with --abort",
+        super::NextSteps { command: "hcp-dr restore", resume: Some("goes on"), abort: Some("deletes what it created") },
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     Ok(RestoreResult {

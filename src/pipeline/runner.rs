@@ -201,6 +201,9 @@ pub enum Mode<'a> {
     Resume { journal: &'a std::path::Path },
     /// Undo everything the run recorded in this journal did, newest first.
     Abort { journal: &'a std::path::Path },
+    /// As `Abort`, also for a run that succeeded and kept what it made (a
+    /// drill run with `--keep`): its stages are undone all the same.
+    Remove { journal: &'a std::path::Path },
     /// Change nothing; write no journal.
     DryRun,
 }
@@ -267,7 +270,8 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         interrupt: &mut Interrupt,
     ) -> Result<RunReport, RunnerError> {
         let plan = self.resolve()?;
-        let aborting = matches!(mode, Mode::Abort { .. });
+        let aborting = matches!(mode, Mode::Abort { .. } | Mode::Remove { .. });
+        let removing = matches!(mode, Mode::Remove { .. });
         let mut journal = match mode {
             Mode::DryRun => return Ok(self.dry_run(ctx, &plan).await),
             Mode::Fresh { journal, inputs, clusters } => Journal::create(
@@ -282,7 +286,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     run_id: new_run_id(journal),
                 },
             )?,
-            Mode::Resume { journal } | Mode::Abort { journal } => {
+            Mode::Resume { journal } | Mode::Abort { journal } | Mode::Remove { journal } => {
                 let journal = Journal::open(journal)?;
                 if journal.state().header.operation != self.operation
                     || journal.state().header.stages != self.playbook.stage_names()
@@ -311,7 +315,9 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             .collect();
 
         let state = journal.state().clone();
-        if let Some(outcome) = &state.outcome {
+        if let Some(outcome) = &state.outcome
+            && !(removing && outcome == "succeeded")
+        {
             return Ok(self.finished_report(&state, outcome, reports, &journal));
         }
 

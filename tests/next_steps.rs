@@ -1,0 +1,147 @@
+//! Every next step hcp-dr prints is run exactly as printed, the way an
+//! operator pastes it at 3 a.m.: in a shell with the sandbox's env file
+//! sourced (`HCP_DR_STORE`, `HCP_DR_ROUTE53_ZONE`, … set, as the CronJob's
+//! environment sets them), `KUBECONFIG` unset, nothing added. The run that
+//! printed it is stopped the ways runs stop: killed mid-stage, or a stage
+//! failing (the test hook `HCP_DR_TEST_FAIL_AFTER`).
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{Env, env, text};
+
+/// `script` in bash with the sandbox's env file sourced, hcp-dr on PATH,
+/// `KUBECONFIG` unset, in the test's work directory.
+fn shell(env: &Env, script: &str, hooks: &[(&str, &str)]) -> Command {
+    let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let sourced = format!("set -euo pipefail\nsource {}\n{script}", env.sandbox.dir.join("env").display());
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(sourced)
+        .current_dir(env.dir.path())
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", env.dir.path())
+        .env("HCP_DR_STATE_DIR", env.dir.path().join("state"))
+        .env("HCP_DR_LOG_FORMAT", "text");
+    for (k, v) in hooks {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn run(env: &Env, script: &str, hooks: &[(&str, &str)]) -> Output {
+    shell(env, script, hooks).output().expect("bash")
+}
+
+/// Every `hcp-dr …` command the output prints between backticks, in order.
+fn printed(output: &Output) -> Vec<String> {
+    let all = format!("{}\n{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    all.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| span.starts_with("hcp-dr "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The one printed command that contains `flag`.
+fn step(output: &Output, flag: &str) -> String {
+    let found: Vec<String> = printed(output).into_iter().filter(|c| c.contains(flag)).collect();
+    assert!(!found.is_empty(), "no printed `hcp-dr … {flag} …`:\n{}", text(output));
+    assert!(found.windows(2).all(|w| w[0] == w[1]), "different {flag} commands printed: {found:?}");
+    found[0].clone()
+}
+
+fn wait_for_stage(journal: &Path, stage: &str) {
+    let start = Instant::now();
+    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
+    while start.elapsed() < Duration::from_secs(90) {
+        if std::fs::read_to_string(journal).is_ok_and(|j| j.contains(&needle)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+}
+
+async fn hosted_clusters(client: &kube::Client, namespace: &str) -> Vec<String> {
+    let api = hcp_dr_e2e::sandbox::api_for(
+        client,
+        &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": namespace}}),
+    );
+    api.list(&Default::default()).await.expect("list").items.into_iter().filter_map(|o| o.metadata.name).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
+    let env = env("HighlyAvailable").await;
+    let mgmt_b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+
+    // backup, killed mid-snapshot: the journal line names the resume
+    let journal = env.dir.path().join("backup.jsonl");
+    let mut child = shell(
+        &env,
+        &format!("hcp-dr backup --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --journal {}", journal.display()),
+        &[("HCP_DR_TEST_HOLD_IN", "etcd-snapshot")],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    wait_for_stage(&journal, "etcd-snapshot");
+    // SIGKILL to hcp-dr (bash's child, or bash itself once it exec'd it)
+    let _ = Command::new("pkill").args(["-KILL", "-f", &format!("journal {}", journal.display())]).status();
+    let _ = child.kill();
+    let killed = child.wait_with_output().expect("wait");
+    assert!(env.writer_replicas().await.iter().all(|(_, r)| *r == 0), "the kill left the writers stopped");
+    let resume = step(&killed, "--resume");
+    assert_eq!(resume, format!("hcp-dr backup --resume {}", journal.display()));
+    let out = run(&env, &resume, &[]);
+    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    env.assert_in_service("after the printed backup --resume").await;
+
+    // migrate stopped after apply: the printed abort brings the source back
+    let migrate = "hcp-dr migrate --hosted-cluster demo -n clusters --from-kubeconfig \"$KUBECONFIG_A\" --to-kubeconfig \"$KUBECONFIG_B\"";
+    let stopped = run(&env, migrate, &[("HCP_DR_TEST_FAIL_AFTER", "apply")]);
+    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
+    let abort = step(&stopped, "--abort");
+    let out = run(&env, &abort, &[]);
+    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    assert!(text(&out).contains("migrate aborted"), "{}", text(&out));
+    assert!(hosted_clusters(&mgmt_b, "clusters").await.is_empty(), "the abort left demo on mgmt-b");
+    env.assert_in_service("after the printed migrate --abort").await;
+
+    // a drill kept for inspection: the printed command removes it
+    let drill = "mkdir -p drills && hcp-dr drill --from \"$HCP_DR_STORE/clusters/demo/latest\" --kubeconfig \"$KUBECONFIG_B\" --report drills/demo --keep";
+    let kept = run(&env, drill, &[]);
+    assert!(kept.status.success(), "{}", text(&kept));
+    assert_eq!(hosted_clusters(&mgmt_b, "clusters-drill").await, vec!["demo-drill".to_string()]);
+    let abort = step(&kept, "--abort");
+    let out = run(&env, &abort, &[]);
+    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    assert!(hosted_clusters(&mgmt_b, "clusters-drill").await.is_empty(), "the drill cluster is still on mgmt-b");
+
+    // etcd restore stopped with etcd stopped: the printed abort starts the old members again
+    let restore = "hcp-dr etcd restore --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --from \"$HCP_DR_STORE\" --backup-id latest";
+    let stopped = run(&env, restore, &[("HCP_DR_TEST_FAIL_AFTER", "stop-etcd")]);
+    assert_ne!(stopped.status.code(), Some(0), "{}", text(&stopped));
+    let abort = step(&stopped, "--abort");
+    let out = run(&env, &abort, &[]);
+    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    env.assert_in_service("after the printed etcd restore --abort").await;
+
+    // migrate stopped while waiting on mgmt-b: the printed resume finishes it
+    let stopped = run(&env, migrate, &[("HCP_DR_TEST_FAIL_AFTER", "wait")]);
+    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
+    let resume = step(&stopped, "--resume");
+    let out = run(&env, &resume, &[]);
+    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    assert_eq!(hosted_clusters(&mgmt_b, "clusters").await, vec!["demo".to_string()]);
+    assert!(hosted_clusters(&env.mgmt, "clusters").await.is_empty(), "demo is still on mgmt-a");
+}
