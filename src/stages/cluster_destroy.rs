@@ -34,6 +34,10 @@ pub struct DestroyContext {
 pub struct Paused {
     pub until: String,
     pub previous: Vec<(String, String, Option<String>)>,
+    /// `kind/name` -> the UID paused: the undo leaves an object recreated
+    /// since alone (absent in journals of older hcp-dr).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub uids: std::collections::BTreeMap<String, String>,
 }
 
 pub struct Pause;
@@ -65,15 +69,20 @@ impl Stage<DestroyContext> for Pause {
             until: (chrono::Utc::now() + chrono::Duration::seconds(ctx.inputs.pause_seconds as i64))
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             previous: vec![("HostedCluster".into(), name.clone(), hc["spec"]["pausedUntil"].as_str().map(str::to_string))],
+            uids: hc["metadata"]["uid"].as_str().map(|uid| (format!("HostedCluster/{name}"), uid.to_string())).into_iter().collect(),
         };
         for np in list_json(&api(&ctx.client, &NODE_POOL, &ns), &Default::default(), "NodePools").await? {
             if np["spec"]["clusterName"].as_str() == Some(name.as_str()) {
                 let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                if let Some(uid) = np["metadata"]["uid"].as_str() {
+                    record.uids.insert(format!("NodePool/{np_name}"), uid.to_string());
+                }
                 record.previous.push(("NodePool".into(), np_name, np["spec"]["pausedUntil"].as_str().map(str::to_string)));
             }
         }
         if let Some(first) = earlier_progress::<Paused>(step, "pause") {
             record.previous = first.previous;
+            record.uids = first.uids;
         }
         step.record(serde_json::to_value(&record)?)?;
         for (kind, object, _) in &record.previous {
@@ -90,9 +99,14 @@ impl Stage<DestroyContext> for Pause {
         let ns = ctx.inputs.namespace.clone();
         for (kind, object, previous) in &record.previous {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
-            if get_json(&api(&ctx.client, gvk, &ns), object, &format!("{kind} {ns}/{object}")).await?.is_some() {
-                set_paused_until(&ctx.client, gvk, &ns, object, previous.as_deref()).await?;
+            let Some(live) = get_json(&api(&ctx.client, gvk, &ns), object, &format!("{kind} {ns}/{object}")).await? else { continue };
+            if let Some(uid) = record.uids.get(&format!("{kind}/{object}"))
+                && live["metadata"]["uid"].as_str() != Some(uid.as_str())
+            {
+                tracing::warn!("{kind} {ns}/{object} is not the object this run paused (it was recreated since); leaving it");
+                continue;
             }
+            set_paused_until(&ctx.client, gvk, &ns, object, previous.as_deref()).await?;
         }
         Ok(())
     }
