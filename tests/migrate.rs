@@ -183,6 +183,16 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
         &[],
     );
     assert!(out.status.success(), "etcd restore refused the migration's own backup: {}", text(&out));
+    // a backup on mgmt-b is of the moved cluster (its own UID) and of the same lineage
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", &via, "--kubeconfig", &bk, "--s3-endpoint", &endpoint], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = env.hcp_dr(&["backups", "list", "--store", &via, "--hosted-cluster", "demo", "--s3-endpoint", &endpoint, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed = json_report(&out);
+    let complete: Vec<&Value> = listed.as_array().unwrap().iter().filter(|b| b["complete"] == true).collect();
+    assert_eq!(complete[0]["cluster_uid"].as_str(), moved["metadata"]["uid"].as_str(), "{listed:#}");
+    assert!(complete.iter().all(|b| b["lineage"].as_str() == Some(source_uid.as_str())), "{listed:#}");
+    assert!(complete.iter().any(|b| b["cluster_uid"].as_str() == Some(source_uid.as_str())), "the migration's backup: {listed:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -125,13 +125,13 @@ fn age(seconds: i64) -> String {
 
 fn render_list(entries: &[BackupEntry]) -> String {
     let mut out = format!(
-        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}\n",
-        "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME"
+        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}\n",
+        "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME", "LINEAGE"
     );
     for e in entries {
         let opt = |v: Option<f64>| v.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
         out.push_str(&format!(
-            "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}\n",
+            "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}\n",
             format!("{}/{}", e.namespace, e.hosted_cluster),
             e.backup_id,
             age(e.age_seconds),
@@ -140,6 +140,7 @@ fn render_list(entries: &[BackupEntry]) -> String {
             e.etcd_revision.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
             opt(e.duration_seconds),
             opt(e.api_downtime_seconds),
+            e.lineage.as_deref().map(|l| l.chars().take(8).collect::<String>()).unwrap_or_else(|| "-".into()),
         ));
     }
     if entries.is_empty() {
@@ -162,6 +163,12 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
         m.cluster.hcp_namespace,
         m.cluster.encryption_key_secret.as_deref().unwrap_or("(none)")
     ));
+    if m.cluster.lineage_root() != m.cluster.uid {
+        out.push_str(&format!(
+            "  lineage {}: restored or migrated from that cluster; backups of either UID share the etcd encryption key\n",
+            m.cluster.lineage_root()
+        ));
+    }
     if let (Some(s), Some(f)) = (m.timings.started, m.timings.finished) {
         out.push_str(&format!("taken {s} .. {f}"));
         if let Some(d) = m.timings.api_downtime_seconds {

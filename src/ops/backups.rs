@@ -32,6 +32,12 @@ pub struct BackupEntry {
     pub etcd_revision: Option<i64>,
     pub duration_seconds: Option<f64>,
     pub api_downtime_seconds: Option<f64>,
+    /// The backed-up HostedCluster's UID.
+    pub cluster_uid: Option<String>,
+    /// Its lineage root: the UID of the cluster it was first created as
+    /// (restore and migrate carry it over). Backups of one lineage share
+    /// the etcd encryption key and restore each other's etcd.
+    pub lineage: Option<String>,
 }
 
 /// Every backup under the store (or one cluster's), newest first.
@@ -79,6 +85,8 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
                 _ => None,
             }),
             api_downtime_seconds: manifest.as_ref().and_then(|m| m.timings.api_downtime_seconds),
+            cluster_uid: manifest.as_ref().map(|m| m.cluster.uid.clone()),
+            lineage: manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
         });
     }
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));

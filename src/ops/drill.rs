@@ -104,6 +104,11 @@ pub struct DrillResult {
     /// `namespace/name` of the backed-up cluster and of the drill's.
     pub source: String,
     pub drill: String,
+    /// The backed-up HostedCluster's UID and lineage root (the UID of the
+    /// cluster it descends from through restores and migrations), from the
+    /// backup's manifest: the drill proves backups of that lineage.
+    pub source_uid: Option<String>,
+    pub lineage: Option<String>,
     /// Drill start to the drill cluster Available.
     pub rto_seconds: Option<f64>,
     /// The backup's age when the drill started.
@@ -294,6 +299,8 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         passed: run.outcome == RunOutcome::Succeeded && checks_ran && ctx.checks.iter().all(|c| c.passed),
         backup: format!("{}/{}", ctx.restore.store.url(), inputs.restore.layout().dir()),
         source: source.path(),
+        source_uid: ctx.restore.manifest.as_ref().map(|m| m.cluster.uid.clone()),
+        lineage: ctx.restore.manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
         drill: inputs.identity.drill.path(),
         rto_seconds: rto_seconds(&run),
         rpo_seconds: taken.map(|t| (inputs.started - t).num_milliseconds() as f64 / 1000.0),

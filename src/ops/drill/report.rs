@@ -125,6 +125,9 @@ pub fn markdown(result: &DrillResult) -> String {
         let _ = writeln!(md, "| | source | drill |\n|---|---|---|");
         let _ = writeln!(md, "| HostedCluster | `{}` | `{}` |", rewrite.hosted_cluster.from, rewrite.hosted_cluster.to);
         let _ = writeln!(md, "| HCP namespace | `{}` | `{}` |", rewrite.hcp_namespace.from, rewrite.hcp_namespace.to);
+        if let (Some(uid), Some(lineage)) = (&result.source_uid, &result.lineage) {
+            let _ = writeln!(md, "| UID, lineage | `{uid}`, lineage `{lineage}` | its own UID; a copy of the data under the same etcd encryption key |");
+        }
         let unset = |v: &str| if v.is_empty() { "(not set)".to_string() } else { format!("`{v}`") };
         let _ = writeln!(md, "| clusterID | {} | `{}` |", unset(&rewrite.cluster_id.from), rewrite.cluster_id.to);
         let _ = writeln!(md, "| infraID | {} | `{}` |", unset(&rewrite.infra_id.from), rewrite.infra_id.to);
@@ -204,6 +207,8 @@ mod tests {
             passed,
             backup: "s3://b/clusters/demo/20261121T180000Z-0a1b2c".into(),
             source: "clusters/demo".into(),
+            source_uid: None,
+            lineage: None,
             drill: "clusters-drill/demo-drill".into(),
             rto_seconds: Some(75.0),
             rpo_seconds: Some(3600.0 * 5.0 + 60.0),
