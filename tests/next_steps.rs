@@ -144,4 +144,16 @@ async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
     assert!(out.status.success(), "{resume}\n{}", text(&out));
     assert_eq!(hosted_clusters(&mgmt_b, "clusters").await, vec!["demo".to_string()]);
     assert!(hosted_clusters(&env.mgmt, "clusters").await.is_empty(), "demo is still on mgmt-a");
+
+    // demo lost on mgmt-b; a restore onto mgmt-a stopped after apply: the
+    // printed resume finishes it
+    let out = run(&env, "hcp-dr cluster destroy demo -n clusters --kubeconfig \"$KUBECONFIG_B\"", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let restore = "hcp-dr restore --from \"$HCP_DR_STORE/clusters/demo/latest\" --kubeconfig \"$KUBECONFIG_A\"";
+    let stopped = run(&env, restore, &[("HCP_DR_TEST_FAIL_AFTER", "apply")]);
+    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
+    let resume = step(&stopped, "--resume");
+    let out = run(&env, &resume, &[]);
+    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    assert_eq!(hosted_clusters(&env.mgmt, "clusters").await, vec!["demo".to_string()]);
 }
