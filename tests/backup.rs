@@ -9,7 +9,7 @@ use hcp_dr_e2e::procs::etcd::{ClientTls, connect_client, restore_scratch};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
-use support::{Env, env, files, json_report, text};
+use support::{Env, env, files, json_report, text, wait_for_stage};
 
 type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -168,17 +168,6 @@ async fn a_failure_after_any_stage_is_undone() {
 }
 
 /// Wait until the journal records that `stage` started.
-fn wait_for_stage(journal: &Path, stage: &str) {
-    let start = Instant::now();
-    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
-    while start.elapsed() < Duration::from_secs(60) {
-        if std::fs::read_to_string(journal).is_ok_and(|j| j.contains(&needle)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_after_the_snapshots_started_retakes_them_before_the_writers_return() {

@@ -8,13 +8,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, member_keys};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use serde_json::{Value, json};
-use support::{Env, env, files, json_report, text};
+use support::{Env, env, files, json_report, text, wait_for_stage};
 
 /// The directory of a member's data: `<state>/pv/<hcp-ns>/data-<member>/data`.
 fn data_dir(env: &Env, member: &str) -> PathBuf {
@@ -575,21 +575,6 @@ async fn recover_refuses_when_two_members_are_down() {
     }
 }
 
-/// Wait until the journal records that `stage` started.
-fn wait_for_stage(journal: &Path, stage: &str) {
-    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(120) {
-        if std::fs::read_to_string(journal).is_ok_and(|j| j.contains(&needle)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "{stage} never started; journal:\n{}",
-        std::fs::read_to_string(journal).unwrap_or_default()
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_during_rejoin_then_resume_completes() {

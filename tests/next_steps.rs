@@ -9,10 +9,9 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{Env, env, text};
+use support::{Env, env, text, wait_for_stage};
 
 /// `script` in bash with the sandbox's env file sourced, hcp-dr on PATH,
 /// `KUBECONFIG` unset, in the test's work directory.
@@ -58,17 +57,6 @@ fn step(output: &Output, flag: &str) -> String {
     found[0].clone()
 }
 
-fn wait_for_stage(journal: &Path, stage: &str) {
-    let start = Instant::now();
-    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
-    while start.elapsed() < Duration::from_secs(90) {
-        if std::fs::read_to_string(journal).is_ok_and(|j| j.contains(&needle)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
-}
 
 async fn hosted_clusters(client: &kube::Client, namespace: &str) -> Vec<String> {
     let api = hcp_dr_e2e::sandbox::api_for(

@@ -208,3 +208,16 @@ pub fn age_key_file(dir: &Path, name: &str) -> (PathBuf, String) {
     std::fs::write(&path, format!("# public key: {public}\n{secret}\n")).unwrap();
     (path, public)
 }
+
+/// Wait (up to 120 s) until the journal records that `stage` started.
+pub fn wait_for_stage(journal: &Path, stage: &str) {
+    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        if std::fs::read_to_string(journal).is_ok_and(|j| j.contains(&needle)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+}
