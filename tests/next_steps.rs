@@ -58,6 +58,37 @@ fn step(output: &Output, flag: &str) -> String {
 }
 
 
+/// Run `script` (which writes `journal`) holding in `stage`, and SIGKILL it
+/// there, as a node loss would; returns what it printed until then.
+fn killed_in(env: &Env, script: &str, journal: &Path, stage: &str) -> Output {
+    let child = shell(env, script, &[("HCP_DR_TEST_HOLD_IN", stage)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_for_stage(journal, stage);
+    // SIGKILL to hcp-dr (bash's child, or bash itself once it exec'd it)
+    let _ = Command::new("pkill").args(["-KILL", "-f", &format!("journal {}", journal.display())]).status();
+    let mut child = child;
+    let _ = child.kill();
+    child.wait_with_output().expect("wait")
+}
+
+/// Run `script` failing right after `stage` (the test hook): it stops (exit 3).
+fn stopped_after(env: &Env, script: &str, stage: &str) -> Output {
+    let out = run(env, script, &[("HCP_DR_TEST_FAIL_AFTER", stage)]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    out
+}
+
+/// Run the command `output` printed with `flag`, exactly as printed; it must succeed.
+fn follow(env: &Env, output: &Output, flag: &str) -> Output {
+    let command = step(output, flag);
+    let out = run(env, &command, &[]);
+    assert!(out.status.success(), "{command}\n{}", text(&out));
+    out
+}
+
 async fn hosted_clusters(client: &kube::Client, namespace: &str) -> Vec<String> {
     let api = hcp_dr_e2e::sandbox::api_for(
         client,
@@ -71,36 +102,18 @@ async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
     let env = env("HighlyAvailable").await;
     let mgmt_b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
 
-    // backup, killed mid-snapshot: the journal line names the resume
+    // backup, killed mid-snapshot: its start log names the resume
     let journal = env.dir.path().join("backup.jsonl");
-    let mut child = shell(
-        &env,
-        &format!("hcp-dr backup --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --journal {}", journal.display()),
-        &[("HCP_DR_TEST_HOLD_IN", "etcd-snapshot")],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("spawn");
-    wait_for_stage(&journal, "etcd-snapshot");
-    // SIGKILL to hcp-dr (bash's child, or bash itself once it exec'd it)
-    let _ = Command::new("pkill").args(["-KILL", "-f", &format!("journal {}", journal.display())]).status();
-    let _ = child.kill();
-    let killed = child.wait_with_output().expect("wait");
+    let backup = format!("hcp-dr backup --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --journal {}", journal.display());
+    let killed = killed_in(&env, &backup, &journal, "etcd-snapshot");
     assert!(env.writer_replicas().await.iter().all(|(_, r)| *r == 0), "the kill left the writers stopped");
-    let resume = step(&killed, "--resume");
-    assert_eq!(resume, format!("hcp-dr backup --resume {}", journal.display()));
-    let out = run(&env, &resume, &[]);
-    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    assert_eq!(step(&killed, "--resume"), format!("hcp-dr backup --resume {}", journal.display()));
+    follow(&env, &killed, "--resume");
     env.assert_in_service("after the printed backup --resume").await;
 
     // migrate stopped after apply: the printed abort brings the source back
     let migrate = "hcp-dr migrate --hosted-cluster demo -n clusters --from-kubeconfig \"$KUBECONFIG_A\" --to-kubeconfig \"$KUBECONFIG_B\"";
-    let stopped = run(&env, migrate, &[("HCP_DR_TEST_FAIL_AFTER", "apply")]);
-    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
-    let abort = step(&stopped, "--abort");
-    let out = run(&env, &abort, &[]);
-    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    let out = follow(&env, &stopped_after(&env, migrate, "apply"), "--abort");
     assert!(text(&out).contains("migrate aborted"), "{}", text(&out));
     assert!(hosted_clusters(&mgmt_b, "clusters").await.is_empty(), "the abort left demo on mgmt-b");
     env.assert_in_service("after the printed migrate --abort").await;
@@ -110,26 +123,23 @@ async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
     let kept = run(&env, drill, &[]);
     assert!(kept.status.success(), "{}", text(&kept));
     assert_eq!(hosted_clusters(&mgmt_b, "clusters-drill").await, vec!["demo-drill".to_string()]);
-    let abort = step(&kept, "--abort");
-    let out = run(&env, &abort, &[]);
-    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    follow(&env, &kept, "--abort");
     assert!(hosted_clusters(&mgmt_b, "clusters-drill").await.is_empty(), "the drill cluster is still on mgmt-b");
 
-    // etcd restore stopped with etcd stopped: the printed abort starts the old members again
-    let restore = "hcp-dr etcd restore --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --from \"$HCP_DR_STORE\" --backup-id latest";
-    let stopped = run(&env, restore, &[("HCP_DR_TEST_FAIL_AFTER", "stop-etcd")]);
-    assert_ne!(stopped.status.code(), Some(0), "{}", text(&stopped));
-    let abort = step(&stopped, "--abort");
-    let out = run(&env, &abort, &[]);
-    assert!(out.status.success(), "{abort}\n{}", text(&out));
+    // etcd restore killed while stopping etcd: its start log names the
+    // abort, which brings the writers and the pause back
+    let journal = env.dir.path().join("etcd-restore.jsonl");
+    let restore = format!(
+        "hcp-dr etcd restore --hosted-cluster demo -n clusters --kubeconfig \"$KUBECONFIG_A\" --from \"$HCP_DR_STORE\" --backup-id latest --journal {}",
+        journal.display()
+    );
+    let killed = killed_in(&env, &restore, &journal, "stop-etcd");
+    assert!(env.writer_replicas().await.iter().all(|(_, r)| *r == 0), "the kill left the writers stopped");
+    follow(&env, &killed, "--abort");
     env.assert_in_service("after the printed etcd restore --abort").await;
 
     // migrate stopped while waiting on mgmt-b: the printed resume finishes it
-    let stopped = run(&env, migrate, &[("HCP_DR_TEST_FAIL_AFTER", "wait")]);
-    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
-    let resume = step(&stopped, "--resume");
-    let out = run(&env, &resume, &[]);
-    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    follow(&env, &stopped_after(&env, migrate, "wait"), "--resume");
     assert_eq!(hosted_clusters(&mgmt_b, "clusters").await, vec!["demo".to_string()]);
     assert!(hosted_clusters(&env.mgmt, "clusters").await.is_empty(), "demo is still on mgmt-a");
 
@@ -138,10 +148,6 @@ async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
     let out = run(&env, "hcp-dr cluster destroy demo -n clusters --kubeconfig \"$KUBECONFIG_B\"", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let restore = "hcp-dr restore --from \"$HCP_DR_STORE/clusters/demo/latest\" --kubeconfig \"$KUBECONFIG_A\"";
-    let stopped = run(&env, restore, &[("HCP_DR_TEST_FAIL_AFTER", "apply")]);
-    assert_eq!(stopped.status.code(), Some(3), "{}", text(&stopped));
-    let resume = step(&stopped, "--resume");
-    let out = run(&env, &resume, &[]);
-    assert!(out.status.success(), "{resume}\n{}", text(&out));
+    follow(&env, &stopped_after(&env, restore, "apply"), "--resume");
     assert_eq!(hosted_clusters(&env.mgmt, "clusters").await, vec!["demo".to_string()]);
 }
