@@ -148,6 +148,7 @@ async fn printed_next_steps_work_verbatim_with_the_env_file_sourced() {
     let out = run(&env, "hcp-dr cluster destroy demo -n clusters --kubeconfig \"$KUBECONFIG_B\"", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let restore = "hcp-dr restore --from \"$HCP_DR_STORE/clusters/demo/latest\" --kubeconfig \"$KUBECONFIG_A\"";
-    follow(&env, &stopped_after(&env, restore, "apply"), "--resume");
+    let out = follow(&env, &stopped_after(&env, restore, "apply"), "--resume");
     assert_eq!(hosted_clusters(&env.mgmt, "clusters").await, vec!["demo".to_string()]);
+    assert!(text(&out).contains("RPO: the backup was taken"), "the report states the RPO: {}", text(&out));
 }

@@ -88,6 +88,9 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
     assert_eq!(report["outcome"], "succeeded", "{report:#}");
+    // the RPO: the backup's age when restored (writes after it are lost)
+    assert!(report["backup_taken"].as_str().is_some_and(|t| t.starts_with("20")), "{report:#}");
+    assert!(report["backup_age_seconds"].as_i64().is_some_and(|age| age >= 0), "{report:#}");
     let wait = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "wait").unwrap()["output"];
     assert_eq!(wait["backup_revision"].as_i64(), Some(revision));
     let revisions = wait["revisions"].as_object().expect("revisions");

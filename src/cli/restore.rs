@@ -146,6 +146,15 @@ pub fn render(result: &RestoreResult) -> String {
             wait["backup_revision"]
         ));
     }
+    if let (Some(taken), Some(age)) = (result.backup_taken, result.backup_age_seconds)
+        && matches!(result.run.outcome, crate::pipeline::RunOutcome::Succeeded)
+    {
+        out.push_str(&format!(
+            "RPO: the backup was taken {} ({} before this restore): writes to the hosted cluster after it are lost\n",
+            taken.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            crate::ops::drill::report::human_seconds(age as f64)
+        ));
+    }
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));
     }

@@ -51,6 +51,10 @@ pub struct RestoreResult {
     pub backup: String,
     pub hosted_cluster: String,
     pub warnings: Vec<String>,
+    /// When the backup was taken (its manifest) and how old it was when
+    /// this restore ran: the RPO. Writes made after it are lost.
+    pub backup_taken: Option<chrono::DateTime<chrono::Utc>>,
+    pub backup_age_seconds: Option<i64>,
 }
 
 /// `--from` split into the store's root and one backup, when it names one:
@@ -280,10 +284,13 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         super::NextSteps { command: "hcp-dr restore", resume: Some("goes on"), abort: Some("deletes what it created") },
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
     Ok(RestoreResult {
         backup: format!("{}/{}", ctx.store.url(), inputs.layout().dir()),
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         warnings: ctx.warnings.clone(),
+        backup_taken,
+        backup_age_seconds: backup_taken.map(|t| (chrono::Utc::now() - t).num_seconds()),
         run,
     })
 }
