@@ -304,11 +304,14 @@ pub async fn deployment_uid_and_replicas(client: &Client, namespace: &str, name:
     }
 }
 
-/// Scale a Deployment through its `scale` subresource, only if it is still
-/// the object with `uid` (a precondition the server checks). False: it was
-/// replaced by another of the same name, which is left alone.
-pub async fn scale_deployment_if(client: &Client, namespace: &str, name: &str, replicas: i32, uid: Option<&str>) -> Result<bool, KubeError> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+/// Scale an object (a Deployment, a StatefulSet) through its `scale`
+/// subresource, only if it is still the object with `uid` (a precondition
+/// the server checks). False: it was replaced by another of the same name,
+/// which is left alone. `what` names it in errors.
+pub async fn scale_if<K>(api: &Api<K>, name: &str, replicas: i32, uid: Option<&str>, what: &str) -> Result<bool, KubeError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut patch = json!({"spec": {"replicas": replicas}});
     if let Some(uid) = uid {
         patch["metadata"] = json!({"uid": uid});
@@ -317,10 +320,16 @@ pub async fn scale_deployment_if(client: &Client, namespace: &str, name: &str, r
         Ok(_) => Ok(true),
         Err(err) if uid.is_some() && is_conflict(&err) => Ok(false),
         Err(source) => Err(KubeError::Request {
-            action: format!("scaling Deployment {namespace}/{name} to {replicas}"),
+            action: format!("scaling {what} to {replicas}"),
             source,
         }),
     }
+}
+
+/// [`scale_if`] for a Deployment.
+pub async fn scale_deployment_if(client: &Client, namespace: &str, name: &str, replicas: i32, uid: Option<&str>) -> Result<bool, KubeError> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    scale_if(&api, name, replicas, uid, &format!("Deployment {namespace}/{name}")).await
 }
 
 /// Scale a Deployment through its `scale` subresource.

@@ -15,9 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::assess::revisions;
 use super::{BUMP_MARGIN, BUMP_UNMEASURED, EtcdRestoreContext};
@@ -75,15 +75,7 @@ pub async fn scale_etcd(ctx: &EtcdRestoreContext, replicas: i32) -> Result<(), K
 pub async fn scale_etcd_if(ctx: &EtcdRestoreContext, replicas: i32, uid: Option<&str>) -> Result<bool, KubeError> {
     let ns = ctx.hcp_namespace();
     let api: Api<StatefulSet> = Api::namespaced(ctx.cluster.client.clone(), &ns);
-    let mut patch = json!({"spec": {"replicas": replicas}});
-    if let Some(uid) = uid {
-        patch["metadata"] = json!({"uid": uid});
-    }
-    match api.patch_scale(hosted::ETCD_STATEFULSET, &PatchParams::default(), &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(true),
-        Err(err) if uid.is_some() && crate::kube::is_conflict(&err) => Ok(false),
-        Err(err) => Err(request(format!("scaling StatefulSet {ns}/etcd to {replicas}"))(err)),
-    }
+    crate::kube::scale_if(&api, hosted::ETCD_STATEFULSET, replicas, uid, &format!("StatefulSet {ns}/etcd")).await
 }
 
 async fn statefulset_uid(ctx: &EtcdRestoreContext) -> Result<Option<String>, KubeError> {
