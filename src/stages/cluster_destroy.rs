@@ -100,9 +100,7 @@ impl Stage<DestroyContext> for Pause {
         for (kind, object, previous) in &record.previous {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
             let Some(live) = get_json(&api(&ctx.client, gvk, &ns), object, &format!("{kind} {ns}/{object}")).await? else { continue };
-            if let Some(uid) = record.uids.get(&format!("{kind}/{object}"))
-                && live["metadata"]["uid"].as_str() != Some(uid.as_str())
-            {
+            if crate::stages::pause::recreated_since(&record.uids, kind, object, &live) {
                 tracing::warn!("{kind} {ns}/{object} is not the object this run paused (it was recreated since); leaving it");
                 continue;
             }

@@ -43,6 +43,14 @@ fn targets(ctx: &BackupContext) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether the live `kind`/`name` is another object than the one a run
+/// paused: `uids` (`kind/name` -> UID, as pause records journal them) names
+/// another UID. An undo leaves such an object alone.
+pub fn recreated_since(uids: &std::collections::BTreeMap<String, String>, kind: &str, name: &str, live: &Value) -> bool {
+    uids.get(&format!("{kind}/{name}"))
+        .is_some_and(|uid| live["metadata"]["uid"].as_str() != Some(uid.as_str()))
+}
+
 /// Put every object back to its recorded value.
 pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), StageFailure> {
     for (kind, name, previous) in &record.previous {
@@ -52,9 +60,7 @@ pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), S
             tracing::warn!("{kind} {}/{name} is gone; nothing to unpause", ctx.inputs.namespace);
             continue;
         };
-        if let Some(uid) = record.uids.get(&format!("{kind}/{name}"))
-            && live["metadata"]["uid"].as_str() != Some(uid.as_str())
-        {
+        if recreated_since(&record.uids, kind, name, &live) {
             tracing::warn!("{kind} {}/{name} is not the object this run paused (it was recreated since); leaving it", ctx.inputs.namespace);
             continue;
         }
