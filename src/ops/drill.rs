@@ -236,9 +236,14 @@ pub fn rto_seconds(run: &RunReport) -> Option<f64> {
 pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<DrillResult, OpsError> {
     let playbook = builtin::load("drill", options.playbook.as_deref())?;
     playbook.check(&DRILL_RULES)?;
-    let mut inputs = match &options.abort {
-        Some(journal) => super::journal_inputs::<DrillInputs>(journal, "drill")?.0,
-        None => new_inputs(&options).await?,
+    // an abort of a drill that passed and was kept (--keep) removes it all the same
+    let (mut inputs, kept) = match &options.abort {
+        Some(journal) => {
+            let (inputs, state) = super::journal_inputs::<DrillInputs>(journal, "drill")?;
+            let kept = inputs.keep && state.outcome.as_deref() == Some("succeeded");
+            (inputs, kept)
+        }
+        None => (new_inputs(&options).await?, false),
     };
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.restore.s3_endpoint.clone());
@@ -279,9 +284,6 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         })
     });
     let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr drill", resume: None, abort: Some("removes the drill cluster and what it created") })?;
-    // a drill kept with --keep succeeded: its abort removes it all the same
-    let kept = options.abort.is_some()
-        && crate::pipeline::Journal::read(&journal_path)?.outcome.as_deref() == Some("succeeded");
     let mode = match mode {
         crate::pipeline::Mode::Abort { journal } if kept => crate::pipeline::Mode::Remove { journal },
         mode => mode,
