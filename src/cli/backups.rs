@@ -106,7 +106,7 @@ fn fail(err: OpsError) -> Exit {
 }
 
 /// `<store>/<ns>/<cluster>/<id|latest>` into the store and the backup.
-async fn open_backup(url: &str, s3: S3Options) -> Result<(Box<dyn Store>, Layout), OpsError> {
+pub(crate) async fn open_backup(url: &str, s3: S3Options) -> Result<(Box<dyn Store>, Layout), OpsError> {
     let (root, ns, hc, id) = split_backup_url(url).ok_or_else(|| {
         OpsError::Input(format!("`{url}` does not end in <namespace>/<cluster>/<backup-id> (or .../latest): give one backup's URL (hcp-dr backups list)"))
     })?;

@@ -90,14 +90,11 @@ async fn resolve_latest(given: &str, s3: &S3Options) -> Result<String, crate::op
     let Some((backup, file)) = given.rsplit_once("/etcd/") else {
         return Ok(given.to_string());
     };
-    match crate::ops::restore::split_backup_url(backup) {
-        Some((root, ns, hc, id)) if id == "latest" => {
-            let store = crate::store::open(&root, s3.clone()).await?;
-            let id = crate::ops::restore::latest_backup(store.as_ref(), &ns, &hc).await?;
-            Ok(format!("{root}/{ns}/{hc}/{id}/etcd/{file}"))
-        }
-        _ => Ok(given.to_string()),
+    if !crate::ops::restore::split_backup_url(backup).is_some_and(|(_, _, _, id)| id == "latest") {
+        return Ok(given.to_string());
     }
+    let (store, layout) = super::backups::open_backup(backup, s3.clone()).await?;
+    Ok(format!("{}/{}/etcd/{file}", store.url(), layout.dir()))
 }
 
 /// How to fix an input that could not be checked.
