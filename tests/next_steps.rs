@@ -11,23 +11,12 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::json;
-use support::{Env, env, text, wait_for_stage};
+use support::{Env, env, sourced_shell, text, wait_for_stage};
 
 /// `script` in bash with the sandbox's env file sourced, hcp-dr on PATH,
 /// `KUBECONFIG` unset, in the test's work directory.
 fn shell(env: &Env, script: &str, hooks: &[(&str, &str)]) -> Command {
-    let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr")).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let sourced = format!("set -euo pipefail\nsource {}\n{script}", env.sandbox.dir.join("env").display());
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c")
-        .arg(sourced)
-        .current_dir(env.dir.path())
-        .env_clear()
-        .env("PATH", path)
-        .env("HOME", env.dir.path())
-        .env("HCP_DR_STATE_DIR", env.dir.path().join("state"))
-        .env("HCP_DR_LOG_FORMAT", "text");
+    let mut cmd = sourced_shell(&env.sandbox, env.dir.path(), script);
     for (k, v) in hooks {
         cmd.env(k, v);
     }

@@ -45,14 +45,7 @@ async fn hc_exists(client: &kube::Client) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn backup_from_s3_restores_onto_another_management_cluster() {
     let env = env("HighlyAvailable").await;
-    let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
-    let s3 = env.s3_args();
-    args.extend(s3.iter().map(String::as_str));
-    let out = env.hcp_dr(&args, &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    let backup = json_report(&out);
-    let folder = backup["backup"].as_str().expect("backup URL").to_string();
-    let revision = backup["etcd_revision"].as_i64().expect("revision");
+    let (folder, revision) = backup_to_s3(&env);
     retire_source(&env).await;
 
     // dry-run: read-only stages run, nothing is created

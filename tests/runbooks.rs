@@ -10,6 +10,8 @@ use std::process::Command;
 
 use hcp_dr_e2e::sandbox::Sandbox;
 
+mod support;
+
 const SETUP: &str = "<!-- rehearsal: set-up -->";
 const REHEARSAL: &str = "<!-- rehearsal -->";
 
@@ -43,20 +45,7 @@ fn rehearsal(name: &str) -> String {
 /// Run `script` as a runbook reader would, in `work`; panics with the
 /// output when a command fails.
 fn rehearse(sandbox: &Sandbox, work: &Path, what: &str, script: &str) {
-    let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr")).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let full = format!("set -euo pipefail\nsource {}\nset -x\n{script}", sandbox.dir.join("env").display());
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&full)
-        .current_dir(work)
-        .env_clear()
-        .env("PATH", path)
-        .env("HOME", work)
-        .env("HCP_DR_STATE_DIR", work.join("state"))
-        .env("HCP_DR_LOG_FORMAT", "text")
-        .output()
-        .expect("bash");
+    let out = support::sourced_shell(sandbox, work, &format!("set -x\n{script}")).output().expect("bash");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),

@@ -47,12 +47,7 @@ fn run_printed(env: &Env, command: &str, store: &str) -> Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_abort_refuses_another_cluster_and_deletes_only_what_its_run_created() {
     let env = env("SingleReplica").await;
-    let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
-    let s3 = env.s3_args();
-    args.extend(s3.iter().map(String::as_str));
-    let out = env.hcp_dr(&args, &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    let folder = json_report(&out)["backup"].as_str().expect("backup URL").to_string();
+    let (folder, _) = backup_to_s3(&env);
     let source_uid = hc_uid(&env.mgmt).await.expect("demo on mgmt-a");
 
     // a restore onto mgmt-b stops after `apply`: its journal names clusters/demo

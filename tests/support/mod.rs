@@ -221,3 +221,22 @@ pub fn wait_for_stage(journal: &Path, stage: &str) {
     }
     panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
 }
+
+/// `script` as an operator runs it: in bash with `set -euo pipefail`, the
+/// sandbox's env file sourced, hcp-dr on PATH, `KUBECONFIG` unset and no
+/// other environment, in `work` (journals under `work/state`).
+pub fn sourced_shell(sandbox: &Sandbox, work: &Path, script: &str) -> std::process::Command {
+    let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let sourced = format!("set -euo pipefail\nsource {}\n{script}", sandbox.dir.join("env").display());
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(sourced)
+        .current_dir(work)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", work)
+        .env("HCP_DR_STATE_DIR", work.join("state"))
+        .env("HCP_DR_LOG_FORMAT", "text");
+    cmd
+}
