@@ -146,6 +146,15 @@ pub struct ManagementCluster {
     pub kubeconfig: PathBuf,
 }
 
+/// A management cluster [`Sandbox::lose`] stopped.
+#[derive(Debug, Clone)]
+pub struct LostCluster {
+    pub name: String,
+    pub kubeconfig: PathBuf,
+    pub api_url: String,
+    pub dir: PathBuf,
+}
+
 /// A running sandbox. Dropping it kills its processes; [`Sandbox::shutdown`]
 /// stops it in order.
 pub struct Sandbox {
@@ -157,6 +166,8 @@ pub struct Sandbox {
     pub route53: Route53Endpoint,
     pub zone_id: String,
     pub crds: PathBuf,
+    /// Management clusters stopped by [`Sandbox::lose`].
+    pub lost: Vec<LostCluster>,
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
@@ -254,6 +265,7 @@ impl Sandbox {
             route53,
             zone_id,
             crds,
+            lost: Vec::new(),
         };
         sandbox.write_files()?;
         Ok(sandbox)
@@ -312,6 +324,33 @@ impl Sandbox {
 
     pub fn cluster(&self, name: &str) -> Option<&ManagementCluster> {
         self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// Make management cluster `name` disappear as if its machine died:
+    /// its operator stops (hosted API servers, external-dns, the kubelet and
+    /// with it every hosted etcd member it ran), then its API server, then
+    /// the etcd behind it. It leaves `clusters` (indexes shift: look
+    /// clusters up by name) and is recorded in `lost`; its data directory
+    /// stays. Nothing is told: records it published stay in the zone.
+    pub async fn lose(&mut self, name: &str) -> Result<(), SandboxError> {
+        let index = self
+            .clusters
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| SandboxError::Check(format!("no running management cluster {name}")))?;
+        let cluster = self.clusters.remove(index);
+        let lost = LostCluster {
+            name: cluster.name.clone(),
+            kubeconfig: cluster.kubeconfig.clone(),
+            api_url: cluster.api.url().to_string(),
+            dir: self.dir.join(&cluster.name),
+        };
+        cluster.operator.shutdown().await;
+        cluster.api.shutdown().await;
+        drop(cluster.etcd);
+        tracing::info!(cluster = %lost.name, "management cluster lost: its operator, API server and etcd are stopped");
+        self.lost.push(lost);
+        Ok(())
     }
 
     /// Stop the operators first (they own the hosted etcd processes), then the

@@ -383,6 +383,7 @@ mod tests {
             object_counts: Default::default(),
             timings: Timings::default(),
             encryption: Some(Encryption { scheme: "age".into(), recipients: vec![recipient.to_string()], artifacts: plain }),
+            origin: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)

@@ -16,6 +16,7 @@
 
 pub mod check;
 pub mod encryption;
+pub mod fence;
 pub mod objects;
 pub mod retention;
 pub mod sanitize;
@@ -243,6 +244,82 @@ pub struct Manifest {
     /// Whether the artifacts are encrypted client-side, and for whom.
     #[serde(default)]
     pub encryption: Option<Encryption>,
+    /// Where the backup was taken and what the cluster published there:
+    /// what a restore needs when that management cluster is lost. Older
+    /// backups lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// A management cluster as a backup or a fence names it: its API server
+/// URL and, when it could be read, the UID of its `kube-system` namespace
+/// (stable for the life of a cluster, different for every cluster).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagementCluster {
+    pub server: String,
+    #[serde(default)]
+    pub kube_system_uid: Option<String>,
+}
+
+impl ManagementCluster {
+    /// Same kube-system UID when both are known, else same server URL.
+    pub fn same_cluster(&self, other: &ManagementCluster) -> bool {
+        match (&self.kube_system_uid, &other.kube_system_uid) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.server.trim_end_matches('/') == other.server.trim_end_matches('/'),
+        }
+    }
+
+    /// `https://host:6443 (kube-system namespace 1234-...)`.
+    pub fn describe(&self) -> String {
+        match &self.kube_system_uid {
+            Some(uid) => format!("{} (kube-system namespace {uid})", self.server),
+            None => self.server.clone(),
+        }
+    }
+}
+
+/// What a backup records of the place it was taken (manifest `origin`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// The management cluster the backup was taken on.
+    pub management_cluster: ManagementCluster,
+    /// The hostnames the cluster published: the Route / LoadBalancer
+    /// hostnames of the HostedCluster's `spec.services` and the hosts of
+    /// the Routes in its HCP namespace. Sorted, lower case.
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    /// Their DNS records as the zone held them at backup time (with
+    /// `--route53-zone`); `None` when no zone was given or it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsOrigin>,
+}
+
+/// The DNS records of a backup's hostnames at backup time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsOrigin {
+    /// The Route53 hosted zone read.
+    pub zone_id: String,
+    /// The external-dns owner id (TXT registry) holding every address
+    /// record of the hostnames; `None` when they had several owners or none.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The address and owner records found, each with its owner.
+    #[serde(default)]
+    pub records: Vec<OriginRecord>,
+}
+
+/// One record set of [`DnsOrigin`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OriginRecord {
+    pub name: String,
+    pub kind: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// Client-side encryption of artifacts.
@@ -414,6 +491,7 @@ mod tests {
             object_counts: BTreeMap::new(),
             timings: Timings::default(),
             encryption: None,
+            origin: None,
         }
     }
 

@@ -98,6 +98,15 @@ pub struct Args {
     /// encrypts to the recipients its journal recorded.
     #[arg(long, value_name = "RECIPIENT", env = "HCP_DR_ENCRYPT_TO", value_delimiter = ',')]
     pub encrypt_to: Vec<String>,
+    /// The Route53 hosted zone of the cluster's hostnames (Z123...): the
+    /// manifest records their records and external-dns owner, which a
+    /// restore with --take-over-dns needs when this management cluster is
+    /// lost. Read only; a zone that cannot be read is a warning.
+    #[arg(long, env = "HCP_DR_ROUTE53_ZONE")]
+    pub route53_zone: Option<String>,
+    /// Route53 endpoint override (default: the SDK's).
+    #[arg(long, env = "HCP_DR_ROUTE53_ENDPOINT")]
+    pub route53_endpoint: Option<String>,
 }
 
 /// `30m`, `1h`, `90s`, `2h30m`.
@@ -197,6 +206,8 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         metrics_file: args.metrics_file,
         pushgateway,
         encrypt_to: args.encrypt_to,
+        route53_zone: args.route53_zone,
+        route53_endpoint: args.route53_endpoint,
     })
 }
 

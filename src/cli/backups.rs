@@ -146,6 +146,49 @@ fn render_list(entries: &[BackupEntry]) -> String {
     if entries.is_empty() {
         out.push_str("(no backups)\n");
     }
+    let mut shown = std::collections::BTreeSet::new();
+    for e in entries {
+        if !shown.insert((&e.namespace, &e.hosted_cluster)) {
+            continue;
+        }
+        if let Some(f) = &e.fence {
+            out.push_str(&format!("fence: {}; backups taken anywhere else are refused\n", f.describe()));
+        }
+        if let Some(err) = &e.fence_error {
+            out.push_str(&format!("fence: UNREADABLE: {err}; backups of {}/{} are refused\n", e.namespace, e.hosted_cluster));
+        }
+    }
+    out
+}
+
+/// `backups describe`: the manifest and the cluster's store fence.
+#[derive(serde::Serialize)]
+struct Described<'a> {
+    #[serde(flatten)]
+    manifest: &'a crate::archive::Manifest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fence: Option<&'a crate::archive::fence::Fence>,
+}
+
+fn render_origin(origin: &crate::archive::Origin) -> String {
+    let mut out = format!("taken on management cluster {}\n", origin.management_cluster.describe());
+    if !origin.hostnames.is_empty() {
+        out.push_str(&format!("published hostnames: {}\n", origin.hostnames.join(", ")));
+    }
+    match &origin.dns {
+        Some(dns) => {
+            out.push_str(&format!(
+                "DNS (zone {}): external-dns owner {}\n",
+                dns.zone_id,
+                dns.owner.as_deref().unwrap_or("(no single owner)")
+            ));
+            for r in dns.records.iter().filter(|r| r.kind != "TXT") {
+                let target = r.alias.clone().unwrap_or_else(|| r.values.join(" "));
+                out.push_str(&format!("  {} {} {} [owner {}]\n", r.name, r.kind, target, r.owner.as_deref().unwrap_or("none")));
+            }
+        }
+        None => out.push_str("DNS records: not recorded (back up with --route53-zone to record them and their external-dns owner)\n"),
+    }
     out
 }
 
@@ -197,6 +240,10 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
         for a in &e.artifacts {
             out.push_str(&format!("  {:<20} plaintext {:>10}  sha256 {}\n", a.name, size(a.size), a.sha256));
         }
+    }
+    match &m.origin {
+        Some(origin) => out.push_str(&render_origin(origin)),
+        None => out.push_str("origin: not recorded (a backup by an older hcp-dr)\n"),
     }
     out
 }
@@ -290,13 +337,23 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Ok(v) => v,
                 Err(e) => return fail(e),
             };
-            match backups::describe(store.as_ref(), &layout).await {
-                Ok(manifest) => {
-                    print(output, &manifest, || render_manifest(&manifest));
-                    Exit::Success
+            let manifest = match backups::describe(store.as_ref(), &layout).await {
+                Ok(manifest) => manifest,
+                Err(e) => return fail(e),
+            };
+            let fence = match backups::fence_of(store.as_ref(), &layout.namespace, &layout.hosted_cluster).await {
+                Ok(f) => f,
+                Err(e) => return fail(e),
+            };
+            let described = Described { manifest: &manifest, fence: fence.as_ref() };
+            print(output, &described, || {
+                let mut text = render_manifest(&manifest);
+                if let Some(f) = &fence {
+                    text.push_str(&format!("fence: {}; backups taken anywhere else are refused\n", f.describe()));
                 }
-                Err(e) => fail(e),
-            }
+                text
+            });
+            Exit::Success
         }
         Command::Verify { backup, deep, identity, s3 } => {
             let identities = match identity.as_deref().map(crate::archive::encryption::Identities::from_file).transpose() {

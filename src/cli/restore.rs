@@ -10,6 +10,7 @@ use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::restore::{Decrypt, RestoreOptions, RestoreResult, restore_with};
 use crate::stages::context::EtcdAccess;
+use crate::stages::restore::DnsInputs;
 use crate::store::S3Options;
 
 #[derive(Debug, ClapArgs)]
@@ -82,6 +83,34 @@ pub struct Args {
     /// Print what would be done; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// The Route53 hosted zone of the cluster's hostnames (Z123...): the
+    /// report says which records still point at the old management
+    /// cluster; needed by --take-over-dns.
+    #[arg(long, env = "HCP_DR_ROUTE53_ZONE")]
+    pub route53_zone: Option<String>,
+    /// Route53 endpoint override (default: the SDK's).
+    #[arg(long, env = "HCP_DR_ROUTE53_ENDPOINT")]
+    pub route53_endpoint: Option<String>,
+    /// The backup's management cluster is lost: once the restored cluster
+    /// is Available, delete the records of its hostnames that the lost
+    /// cluster's external-dns owns (owner-checked, all or nothing) and wait
+    /// until the destination's external-dns has published its own. Never
+    /// with a healthy source (use migrate).
+    #[arg(long)]
+    pub take_over_dns: bool,
+    /// The lost cluster's external-dns owner id (--txt-owner-id), when the
+    /// backup did not record it or recorded another [default: the backup's].
+    #[arg(long, value_name = "OWNER")]
+    pub dns_owner: Option<String>,
+    /// How long to wait for the destination's external-dns to publish the
+    /// hostnames (10s to 24h).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub dns_wait: Duration,
+    /// Only take the DNS records over (with --take-over-dns), for a
+    /// cluster this backup was already restored from by a restore that
+    /// ran without --take-over-dns.
+    #[arg(long, requires = "take_over_dns")]
+    pub dns_only: bool,
 }
 
 fn options(args: Args, output: Output) -> RestoreOptions {
@@ -110,6 +139,14 @@ fn options(args: Args, output: Output) -> RestoreOptions {
         resume: args.resume,
         abort: args.abort,
         observer: super::report::progress(output),
+        dns: (args.route53_zone.is_some() || args.take_over_dns || args.dns_owner.is_some()).then(|| DnsInputs {
+            zone_id: args.route53_zone.clone().unwrap_or_default(),
+            endpoint: args.route53_endpoint.clone(),
+            take_over: args.take_over_dns,
+            owner: args.dns_owner.clone(),
+            wait_seconds: args.dns_wait.as_secs(),
+        }),
+        dns_only: args.dns_only,
     }
 }
 
@@ -130,6 +167,45 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         }
         Err(err) => super::report::error_exit(&err),
     }
+}
+
+/// What the report says of the cluster's DNS records.
+fn dns_lines(result: &RestoreResult) -> String {
+    let Some(taken) = result
+        .run
+        .output("dns-takeover")
+        .and_then(|o| serde_json::from_value::<crate::stages::restore::dns::TakenOver>(o.clone()).ok())
+    else {
+        return String::new();
+    };
+    let mut out = String::new();
+    let owner = taken.old_owner.as_deref().unwrap_or("unknown");
+    if taken.skipped.is_none() {
+        out.push_str(&format!("DNS taken over from external-dns owner {owner} (waited {:.1}s):\n", taken.waited_seconds));
+        for host in &taken.hosts {
+            out.push_str(&format!(
+                "  {}: {} -> {} (owner {})\n",
+                host.host,
+                if host.old_targets.is_empty() { "(no record)".to_string() } else { host.old_targets.join(" ") },
+                host.new_targets.join(" "),
+                host.new_owner.as_deref().unwrap_or("several")
+            ));
+        }
+    } else if !taken.still_old.is_empty() {
+        out.push_str(&format!("DNS: these records still point at the old management cluster (external-dns owner {owner}):\n"));
+        for r in &taken.still_old {
+            out.push_str(&format!("  {r}\n"));
+        }
+    } else if taken.zone_id.is_none() && !taken.hostnames.is_empty() {
+        out.push_str(&format!(
+            "DNS: not checked (no --route53-zone); the records of {} may still point at the old management cluster\n",
+            taken.hostnames.join(", ")
+        ));
+    }
+    if let Some(command) = &result.take_over_dns_command {
+        out.push_str(&format!("once the old management cluster is down for good, take them over: {command}\n"));
+    }
+    out
 }
 
 /// The text report.
@@ -155,6 +231,10 @@ pub fn render(result: &RestoreResult) -> String {
             crate::ops::drill::report::human_seconds(age as f64)
         ));
     }
+    if let Some(fence) = result.run.output("fence").and_then(|f| serde_json::from_value::<crate::archive::fence::Fence>(f["fence"].clone()).ok()) {
+        out.push_str(&format!("fenced in the store: {}; backups of any other copy are refused\n", fence.describe()));
+    }
+    out.push_str(&dns_lines(result));
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));
     }

@@ -48,6 +48,11 @@ pub enum Command {
         /// And remove backups older than this (e.g. 30d).
         #[arg(long)]
         max_age: Option<String>,
+        /// The Route53 hosted zone of the clusters' hostnames: each backup
+        /// records their records and external-dns owner, which a restore
+        /// with --take-over-dns needs when this management cluster is lost.
+        #[arg(long)]
+        route53_zone: Option<String>,
     },
 }
 
@@ -66,6 +71,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         keep_daily,
         keep_weekly,
         max_age,
+        route53_zone,
     } = command;
     if let Some(age) = &max_age {
         if let Err(e) = parse_age(age) {
@@ -86,6 +92,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         keep_daily,
         keep_weekly,
         max_age,
+        route53_zone,
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

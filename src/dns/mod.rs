@@ -30,7 +30,7 @@ pub use route53::{Route53Options, Route53Zone};
 pub const ADDRESS_KINDS: [&str; 3] = ["A", "AAAA", "CNAME"];
 
 /// One record set of a zone.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     /// Owner name, normalised: lower case, no trailing dot, escapes decoded.
     pub name: String,
@@ -239,6 +239,11 @@ pub trait DnsZone: Send + Sync {
     /// [`DnsError::NotOwned`] lists those records.
     async fn delete_owned(&self, hosts: &[String], owner: &str) -> Result<Vec<Record>, DnsError>;
 
+    /// Create `records` (plain records: values and TTL; alias records
+    /// cannot be recreated from what is listed) in one atomic change: all
+    /// of them, or none when any already exists.
+    async fn create(&self, records: &[Record]) -> Result<(), DnsError>;
+
     /// Wait until no address record and no owner TXT record of `hosts` is
     /// left, looking every `poll`; [`DnsError::StillPresent`] with what is
     /// left once `timeout` has passed.
@@ -371,6 +376,15 @@ pub fn cluster_view(hosts: &[String], records: &[Record]) -> Vec<Record> {
     out.sort_by(|a, b| a.key().cmp(&b.key()));
     out.dedup_by(|a, b| a.key() == b.key());
     out
+}
+
+/// The one external-dns owner of every address record in a
+/// [`cluster_view`]; `None` when there is no address record, or one has no
+/// owner record, or they have several owners.
+pub fn sole_owner(cluster_records: &[Record]) -> Option<String> {
+    let mut owners = cluster_records.iter().filter(|r| r.is_address()).map(|r| r.owner.clone());
+    let first = owners.next()??;
+    owners.all(|o| o.as_deref() == Some(first.as_str())).then_some(first)
 }
 
 /// What a deletion for one owner may and may not touch.
@@ -541,6 +555,23 @@ mod tests {
             ]
         );
         assert_eq!(plan_deletion(&[], "mgmt-a"), Deletion::default());
+    }
+
+    #[test]
+    fn the_sole_owner_owns_every_address_record() {
+        let mut a = rec("api.c1.example.com", "A", "192.0.2.1");
+        let mut b = rec("oauth.c1.example.com", "A", "192.0.2.1");
+        let txt = rec("api.c1.example.com", "TXT", OWNER_B);
+        assert_eq!(sole_owner(&[]), None);
+        assert_eq!(sole_owner(std::slice::from_ref(&a)), None, "no owner record");
+        a.owner = Some("mgmt-a".into());
+        b.owner = Some("mgmt-a".into());
+        assert_eq!(sole_owner(&[a.clone(), b.clone(), txt.clone()]).as_deref(), Some("mgmt-a"));
+        b.owner = Some("mgmt-b".into());
+        assert_eq!(sole_owner(&[a.clone(), b.clone()]), None, "two owners");
+        b.owner = None;
+        assert_eq!(sole_owner(&[a, b]), None, "one record without an owner");
+        assert_eq!(sole_owner(&[txt]), None, "owner records alone are no address");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use aws_sdk_route53::config::retry::RetryConfig;
 use aws_sdk_route53::config::{
     BehaviorVersion, Credentials, ProvideCredentials, Region, SharedCredentialsProvider,
 };
-use aws_sdk_route53::types::{Change, ChangeAction, ChangeBatch, ResourceRecordSet, RrType};
+use aws_sdk_route53::types::{Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType};
 
 use super::{
     DnsError, DnsZone, Record, cluster_view, normalize_name, plan_deletion, registry_names,
@@ -390,6 +390,55 @@ impl DnsZone for Route53Zone {
             .into_iter()
             .map(|(record, _)| record)
             .collect())
+    }
+
+    async fn create(&self, records: &[Record]) -> Result<(), DnsError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let subject = records.iter().map(|r| format!("{} {}", r.name, r.kind)).collect::<Vec<_>>().join(", ");
+        let build = |e: aws_sdk_route53::error::BuildError| self.error("ChangeResourceRecordSets", &subject, e.to_string());
+        let mut changes = Vec::with_capacity(records.len());
+        for record in records {
+            if let Some(target) = &record.alias {
+                return Err(self.error(
+                    "ChangeResourceRecordSets",
+                    &record.to_string(),
+                    format!("an alias record (to {target}) cannot be recreated from its listing: recreate it by hand"),
+                ));
+            }
+            let mut set = ResourceRecordSet::builder()
+                .name(format!("{}.", record.name))
+                .r#type(RrType::from(record.kind.as_str()))
+                .set_ttl(Some(record.ttl.unwrap_or(300)))
+                .set_set_identifier(record.set_identifier.clone());
+            for value in &record.values {
+                set = set.resource_records(ResourceRecord::builder().value(value).build().map_err(build)?);
+            }
+            changes.push(
+                Change::builder()
+                    .action(ChangeAction::Create)
+                    .resource_record_set(set.build().map_err(build)?)
+                    .build()
+                    .map_err(build)?,
+            );
+        }
+        let batch = ChangeBatch::builder()
+            .comment("hcp-dr: put back records it deleted")
+            .set_changes(Some(changes))
+            .build()
+            .map_err(build)?;
+        self.client
+            .change_resource_record_sets()
+            .hosted_zone_id(&self.zone_id)
+            .change_batch(batch)
+            .send()
+            .await
+            .map_err(|err| self.error("ChangeResourceRecordSets", &format!("creating {subject}"), sdk_message(&err)))?;
+        for record in records {
+            tracing::info!(zone = %self.zone_id, record = %record, "created DNS record");
+        }
+        Ok(())
     }
 
     async fn delete_owned(&self, hosts: &[String], owner: &str) -> Result<Vec<Record>, DnsError> {

@@ -51,6 +51,20 @@ pub const HOSTED_CONTROL_PLANE: Gvk = Gvk {
     plural: "hostedcontrolplanes",
 };
 
+/// OpenShift Routes: how a hosted cluster's services are published on an
+/// OpenShift management cluster (external-dns reads their `spec.host`).
+pub const ROUTE: Gvk = Gvk {
+    group: "route.openshift.io",
+    version: "v1",
+    kind: "Route",
+    plural: "routes",
+};
+
+/// The annotation `hcp-dr fence` puts on a HostedCluster whose copy on this
+/// management cluster must not run: where the cluster runs now. Backup and
+/// `cluster resume` refuse a cluster that carries it.
+pub const FENCED: &str = "hcp-dr.openshift.io/fenced";
+
 /// The Deployments that write to etcd: scaled to zero for a consistent snapshot.
 pub const ETCD_WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
 /// Also stopped when migrating, so nothing reconciles the source behind our back.
@@ -148,6 +162,38 @@ impl HostedCluster {
         self.0["spec"]["secretEncryption"]["aescbc"]["activeKey"]["name"].as_str()
     }
     /// The value of a status condition (`True`/`False`/`Unknown`).
+    /// The fixed hostnames of the services (Route `route.hostname`,
+    /// LoadBalancer `loadBalancer.hostname`), sorted, and the API server's
+    /// (`None`: the API server has no fixed hostname).
+    pub fn published_hosts(&self) -> (Option<String>, Vec<String>) {
+        let mut api_host = None;
+        let mut hosts = Vec::new();
+        for service in self.0.pointer("/spec/services").and_then(Value::as_array).into_iter().flatten() {
+            let strategy = &service["servicePublishingStrategy"];
+            let host = match strategy["type"].as_str() {
+                Some("Route") => strategy.pointer("/route/hostname"),
+                Some("LoadBalancer") => strategy.pointer("/loadBalancer/hostname"),
+                _ => None,
+            }
+            .and_then(Value::as_str)
+            .filter(|h| !h.is_empty());
+            if let Some(host) = host {
+                if service["service"] == "APIServer" {
+                    api_host = Some(host.to_string());
+                }
+                hosts.push(host.to_string());
+            }
+        }
+        hosts.sort();
+        hosts.dedup();
+        (api_host, hosts)
+    }
+
+    /// The `hcp-dr fence` annotation: where the live copy runs.
+    pub fn fenced(&self) -> Option<&str> {
+        self.0.pointer("/metadata/annotations").and_then(|a| a.get(FENCED)).and_then(Value::as_str)
+    }
+
     pub fn condition(&self, kind: &str) -> Option<&str> {
         condition(&self.0, kind)
     }

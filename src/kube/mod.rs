@@ -261,6 +261,26 @@ pub async fn list_json(api: &Api<DynamicObject>, params: &ListParams, what: &str
         .collect()
 }
 
+/// The Routes of a namespace as `(name, spec.host)` (host empty when
+/// unset), sorted by name; none when the server does not serve Routes.
+pub async fn route_hosts(client: &Client, namespace: &str) -> Result<Vec<(String, String)>, KubeError> {
+    let routes = api(client, &crate::hosted::ROUTE, namespace);
+    let listed = match routes.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(err) if is_not_found(&err) => Vec::new(),
+        Err(err) => return Err(request(format!("listing Routes in {namespace}"))(err)),
+    };
+    let mut out: Vec<(String, String)> = listed
+        .into_iter()
+        .map(|route| {
+            let host = route.data.pointer("/spec/host").and_then(Value::as_str).unwrap_or_default().to_string();
+            (route.metadata.name.unwrap_or_default(), host)
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
 /// JSON merge patch (works on built-in and custom resources alike).
 pub async fn merge_patch(api: &Api<DynamicObject>, name: &str, patch: &Value, what: &str) -> Result<(), KubeError> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))

@@ -44,6 +44,10 @@ pub struct BackupOptions {
     /// age public keys to encrypt the snapshots and the objects archive to
     /// (`--encrypt-to`, repeatable); empty: not encrypted.
     pub encrypt_to: Vec<String>,
+    /// The Route53 zone of the cluster's hostnames: the manifest records
+    /// their records and external-dns owner (for a restore that takes them over).
+    pub route53_zone: Option<String>,
+    pub route53_endpoint: Option<String>,
 }
 
 /// What a backup run reports.
@@ -137,6 +141,11 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                     .map_err(|e| OpsError::Input(e.to_string()))?
                     .map(|r| r.names())
                     .unwrap_or_default(),
+                route53_zone: match &options.route53_zone {
+                    Some(zone) => Some(crate::dns::route53::parse_zone_id(zone).map_err(|e| OpsError::Input(format!("--route53-zone: {e}")))?),
+                    None => None,
+                },
+                route53_endpoint: options.route53_endpoint.clone(),
             }
         }
     };
@@ -161,6 +170,13 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3).await?;
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
+    ctx.management = Some(target.binding.management_cluster());
+    if let Some(zone) = &inputs.route53_zone {
+        ctx.dns = super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref())
+            .await
+            .map_err(|err| ctx.warnings.push(format!("the DNS records of the cluster's hostnames will not be recorded: {err}")))
+            .ok();
+    }
     if let Some(recipients) = recipients {
         ctx.encrypt_to(recipients);
     }

@@ -12,6 +12,7 @@ use super::OpsError;
 use crate::archive::check::{CheckError, check_backup_with, read_manifest};
 use crate::archive::encryption::Identities;
 use crate::archive::retention::{self, Candidate, Decision, Policy};
+use crate::archive::fence::{self, Fence, FenceError};
 use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
 use crate::store::Store;
 
@@ -38,6 +39,22 @@ pub struct BackupEntry {
     /// (restore and migrate carry it over). Backups of one lineage share
     /// the etcd encryption key and restore each other's etcd.
     pub lineage: Option<String>,
+    /// The store fence of the cluster, when it has one: the management
+    /// cluster it runs on now (backups taken anywhere else are refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<Fence>,
+    /// Why the fence could not be read (backups of the cluster are refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_error: Option<String>,
+}
+
+/// The fence of a cluster as shown: the record, or why it is unreadable.
+pub async fn fence_of(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<Option<Fence>, OpsError> {
+    match fence::read(store, namespace, hosted_cluster).await {
+        Ok(f) => Ok(f),
+        Err(FenceError::Store(e)) => Err(OpsError::Store(e)),
+        Err(e @ FenceError::Unreadable { .. }) => Err(OpsError::Input(e.to_string())),
+    }
 }
 
 /// Every backup under the store (or one cluster's), newest first.
@@ -56,8 +73,21 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
         entry.1 += 1;
         entry.2 |= rest == MANIFEST;
     }
+    let mut fences: BTreeMap<(String, String), (Option<Fence>, Option<String>)> = BTreeMap::new();
+    for (ns, hc, _) in folders.keys() {
+        let key = (ns.clone(), hc.clone());
+        if !fences.contains_key(&key) {
+            let found = match fence_of(store, ns, hc).await {
+                Ok(f) => (f, None),
+                Err(OpsError::Input(e)) => (None, Some(e)),
+                Err(e) => return Err(e),
+            };
+            fences.insert(key, found);
+        }
+    }
     let mut out = Vec::new();
     for ((ns, hc, id), (size, objects, has_manifest)) in folders {
+        let (fence, fence_error) = fences.get(&(ns.clone(), hc.clone())).cloned().unwrap_or_default();
         let layout = Layout::new(&ns, &hc, &id);
         let taken = parse_backup_id(&id).unwrap_or(now);
         let (manifest, problem) = if has_manifest {
@@ -87,6 +117,8 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
             api_downtime_seconds: manifest.as_ref().and_then(|m| m.timings.api_downtime_seconds),
             cluster_uid: manifest.as_ref().map(|m| m.cluster.uid.clone()),
             lineage: manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
+            fence,
+            fence_error,
         });
     }
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));

@@ -157,6 +157,9 @@ fn restore_options(options: &DrillOptions) -> RestoreOptions {
         resume: None,
         abort: None,
         observer: None,
+        // a drill never touches the source's DNS records
+        dns: None,
+        dns_only: false,
     }
 }
 

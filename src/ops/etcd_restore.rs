@@ -201,6 +201,8 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             started,
             // Nothing is written: the backup stages here only pause and scale.
             encrypt_to: Vec::new(),
+            route53_zone: None,
+            route53_endpoint: None,
         },
         snapshot,
         stage_snapshot_to,

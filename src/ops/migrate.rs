@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::backup::{check_name, holder};
 use crate::archive::new_backup_id;
-use crate::dns::{DnsZone, Route53Options, Route53Zone};
+use crate::dns::DnsZone;
 use crate::pipeline::{Interrupt, Journal, JournalState, OnFailure, RunReport, Runner, StageState, builtin};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::migrate::{MIGRATE_RULES, MigrateContext, MigrateInputs, migrate_catalog};
@@ -121,6 +121,8 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             backup_id: backup_id.clone(),
             started,
             encrypt_to: Vec::new(),
+            route53_zone: None,
+            route53_endpoint: None,
         },
         destination: RestoreInputs {
             store: via,
@@ -137,6 +139,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             etcd_access: options.etcd_access,
             backup_of: None,
             identity: None,
+            dns: None,
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),
@@ -210,6 +213,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         )));
     }
     let clusters = vec![source.binding.clone(), destination.binding.clone()];
+    let destination_binding = destination.binding.clone();
     let (source_client, dest_client) = (source.client, destination.client);
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.source.s3_endpoint.clone());
@@ -221,21 +225,21 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         None => None,
     };
     let dns: Option<Box<dyn DnsZone>> = match &inputs.route53_zone {
-        Some(zone) => Some(Box::new(
-            Route53Zone::connect(Route53Options {
-                zone_id: zone.clone(),
-                endpoint: options.route53_endpoint.clone().or(inputs.route53_endpoint.clone()),
-                ca_bundle: s3.ca_bundle.clone(),
-                region: None,
-                static_credentials: None,
-            })
-            .await?,
-        )),
+        Some(zone) => {
+            let endpoint = options.route53_endpoint.clone().or(inputs.route53_endpoint.clone());
+            Some(super::connect_zone(zone, endpoint.as_deref(), s3.ca_bundle.as_deref()).await?)
+        }
         None => None,
     };
+    let mut source_ctx = BackupContext::new(source_client, source_store, inputs.source.clone(), options.tls.clone());
+    source_ctx.management = Some(source.binding.management_cluster());
     let mut ctx = MigrateContext {
-        source: BackupContext::new(source_client, source_store, inputs.source.clone(), options.tls.clone()),
-        destination: RestoreContext::new(dest_client, dest_store, staging, inputs.destination.clone()),
+        source: source_ctx,
+        destination: {
+            let mut destination = RestoreContext::new(dest_client, dest_store, staging, inputs.destination.clone());
+            destination.management = Some(destination_binding.management_cluster());
+            destination
+        },
         dns,
         inputs: inputs.clone(),
         hosts: Vec::new(),

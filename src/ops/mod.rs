@@ -198,6 +198,24 @@ pub fn run_mode<'a>(
     })
 }
 
+/// A Route53 zone client: `zone` (`Z…`), an endpoint override, and the
+/// CA bundle also trusted for S3.
+pub async fn connect_zone(
+    zone: &str,
+    endpoint: Option<&str>,
+    ca_bundle: Option<&std::path::Path>,
+) -> Result<Box<dyn crate::dns::DnsZone>, crate::dns::DnsError> {
+    let zone = crate::dns::Route53Zone::connect(crate::dns::Route53Options {
+        zone_id: zone.to_string(),
+        endpoint: endpoint.map(str::to_string),
+        ca_bundle: ca_bundle.map(std::path::Path::to_path_buf),
+        region: None,
+        static_credentials: None,
+    })
+    .await?;
+    Ok(Box::new(zone))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

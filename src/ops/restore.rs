@@ -12,7 +12,7 @@ use super::backup::check_name;
 use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
 use crate::stages::context::EtcdAccess;
-use crate::stages::restore::{RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
+use crate::stages::restore::{DnsInputs, RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
 use crate::archive::check::{CheckError, read_manifest};
 use crate::archive::encryption::{EncryptionError, Identities};
 use crate::store::{self, S3Options, Store};
@@ -41,6 +41,12 @@ pub struct RestoreOptions {
     pub resume: Option<PathBuf>,
     pub abort: Option<PathBuf>,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
+    /// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`
+    /// (`None`: no zone known).
+    pub dns: Option<DnsInputs>,
+    /// `--dns-only`: run only `dns-takeover`, for a cluster this backup
+    /// was already restored from.
+    pub dns_only: bool,
 }
 
 /// What a restore run reports.
@@ -55,6 +61,10 @@ pub struct RestoreResult {
     /// this restore ran: the RPO. Writes made after it are lost.
     pub backup_taken: Option<chrono::DateTime<chrono::Utc>>,
     pub backup_age_seconds: Option<i64>,
+    /// When the run did not take the DNS records over and some may still
+    /// point at the old management cluster: the command that does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub take_over_dns_command: Option<String>,
 }
 
 /// `--from` split into the store's root and one backup, when it names one:
@@ -152,7 +162,43 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         etcd_access: options.etcd_access,
         backup_of: None,
         identity: None,
+        dns: check_dns(options)?,
     })
+}
+
+/// `--take-over-dns` needs a zone; `--dns-owner` and `--dns-only` need
+/// `--take-over-dns`; the zone id must be one.
+fn check_dns(options: &RestoreOptions) -> Result<Option<DnsInputs>, OpsError> {
+    let Some(dns) = &options.dns else {
+        return Ok(None);
+    };
+    let zone_id = dns.zone_id.trim();
+    if zone_id.is_empty() {
+        if dns.take_over {
+            return Err(OpsError::Input(
+                "--take-over-dns needs the Route53 hosted zone of the cluster's hostnames: add --route53-zone ZONE-ID (or set HCP_DR_ROUTE53_ZONE)".into(),
+            ));
+        }
+        if dns.owner.is_some() || options.dns_only {
+            return Err(OpsError::Input("--dns-owner and --dns-only go with --take-over-dns".into()));
+        }
+        return Ok(None);
+    }
+    if (dns.owner.is_some() || options.dns_only) && !dns.take_over {
+        return Err(OpsError::Input("--dns-owner and --dns-only go with --take-over-dns".into()));
+    }
+    if let Some(owner) = &dns.owner {
+        if owner.trim().is_empty() || owner.contains(',') || owner.contains('"') {
+            return Err(OpsError::Input(format!(
+                "--dns-owner `{owner}` is not an external-dns owner id (the --txt-owner-id of the lost cluster's external-dns: no commas or quotes)"
+            )));
+        }
+    }
+    if !(10..=24 * 3600).contains(&dns.wait_seconds) {
+        return Err(OpsError::Input(format!("--dns-wait {}s is out of range: between 10s and 24h", dns.wait_seconds)));
+    }
+    let zone_id = crate::dns::route53::parse_zone_id(zone_id).map_err(|e| OpsError::Input(format!("--route53-zone: {e}")))?;
+    Ok(Some(DnsInputs { zone_id, ..dns.clone() }))
 }
 
 /// How long a presigned URL of a decrypted snapshot copy lives unless
@@ -226,7 +272,11 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
 /// Run (or resume, abort, dry-run) a restore of a backup that may be
 /// encrypted (`decrypt`).
 pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
-    let playbook = builtin::load("restore", options.playbook.as_deref())?;
+    let builtin_name = if options.dns_only { "restore-dns-takeover" } else { "restore" };
+    if options.dns_only && options.playbook.is_some() {
+        return Err(OpsError::Input("--dns-only runs the embedded dns-takeover playbook: drop --playbook".into()));
+    }
+    let playbook = builtin::load(builtin_name, options.playbook.as_deref())?;
     playbook.check(&RESTORE_RULES)?;
     let journal_given = options.resume.clone().or(options.abort.clone());
     let mut inputs = match &journal_given {
@@ -255,6 +305,14 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     let mut ctx = RestoreContext::new(target.client, store, staging, inputs.clone());
     ctx.keys = keys;
     ctx.warnings.extend(warnings);
+    ctx.management = Some(target.binding.management_cluster());
+    if let Some(dns) = &inputs.dns {
+        match super::connect_zone(&dns.zone_id, dns.endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
+            Ok(zone) => ctx.dns = Some(zone),
+            Err(err) if dns.take_over => return Err(err.into()),
+            Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames were not read: {err}")),
+        }
+    }
     let catalog = restore_catalog();
     let runner = Runner {
         operation: "restore",
@@ -285,8 +343,28 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     )?;
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
+    let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
+    let take_over_dns_command = run
+        .output("dns-takeover")
+        .and_then(|o| serde_json::from_value::<crate::stages::restore::dns::TakenOver>(o.clone()).ok())
+        .filter(|t| t.skipped.is_some() && !t.hostnames.is_empty() && (t.zone_id.is_none() || !t.still_old.is_empty()))
+        .map(|t| {
+            let mut words = vec!["hcp-dr restore --dns-only --take-over-dns".to_string(), format!("--from {}", super::shell_word(&backup))];
+            words.push(format!("--route53-zone {}", t.zone_id.as_deref().unwrap_or("ZONE-ID")));
+            if let Some(k) = &options.kubeconfig {
+                words.push(format!("--kubeconfig {}", super::shell_word(&k.display().to_string())));
+            }
+            if let Some(c) = &options.context {
+                words.push(format!("--context {}", super::shell_word(c)));
+            }
+            if t.old_owner.is_none() {
+                words.push("--dns-owner OWNER".into());
+            }
+            words.join(" ")
+        });
     Ok(RestoreResult {
-        backup: format!("{}/{}", ctx.store.url(), inputs.layout().dir()),
+        take_over_dns_command,
+        backup,
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         warnings: ctx.warnings.clone(),
         backup_taken,

@@ -28,6 +28,9 @@ pub struct ScheduleOptions {
     pub keep_daily: Option<usize>,
     pub keep_weekly: Option<usize>,
     pub max_age: Option<String>,
+    /// Passed to each backup: the zone whose records of the clusters'
+    /// hostnames (and their external-dns owner) the manifests record.
+    pub route53_zone: Option<String>,
 }
 
 /// The rules of the ClusterRole: what backup (and prune, and the signals)
@@ -60,6 +63,8 @@ pub fn rules() -> Vec<(Value, &'static str)> {
          "the etcd StatefulSet's PVC retention is checked"),
         (json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update", "delete"]}),
          "the per-cluster lock"),
+        (json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}),
+         "the management cluster's identity (the kube-system namespace's UID): the store fence is checked against it and the manifest records it"),
     ]
 }
 
@@ -92,6 +97,10 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
         }
     }
     backup_args.extend(["--to".into(), o.store.clone(), "--output".into(), "json".into()]);
+    if let Some(zone) = &o.route53_zone {
+        crate::dns::route53::parse_zone_id(zone).map_err(|e| OpsError::Input(format!("--route53-zone: {e}")))?;
+        backup_args.extend(["--route53-zone".into(), zone.clone()]);
+    }
     let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
     if let Some(endpoint) = &o.s3_endpoint {
         env.push(json!({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint}));
@@ -193,6 +202,7 @@ mod tests {
             keep_daily: None,
             keep_weekly: None,
             max_age: Some("30d".into()),
+            route53_zone: None,
         }
     }
 

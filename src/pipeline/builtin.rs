@@ -6,6 +6,7 @@ use super::playbook::{Playbook, PlaybookError};
 pub const BUILTIN: &[(&str, &str)] = &[
     ("backup", include_str!("../../playbooks/backup.yaml")),
     ("restore", include_str!("../../playbooks/restore.yaml")),
+    ("restore-dns-takeover", include_str!("../../playbooks/restore-dns-takeover.yaml")),
     ("migrate", include_str!("../../playbooks/migrate.yaml")),
     ("etcd-recover", include_str!("../../playbooks/etcd-recover.yaml")),
     ("etcd-restore", include_str!("../../playbooks/etcd-restore.yaml")),
@@ -59,11 +60,13 @@ mod tests {
         for stage in migrate.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
         }
-        let restore = builtin("restore").unwrap().unwrap();
-        restore.check(&crate::stages::restore::RESTORE_RULES).unwrap();
-        let catalog = crate::stages::restore::restore_catalog();
-        for stage in restore.stage_names() {
-            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        for name in ["restore", "restore-dns-takeover"] {
+            let restore = builtin(name).unwrap().unwrap();
+            restore.check(&crate::stages::restore::RESTORE_RULES).unwrap();
+            let catalog = crate::stages::restore::restore_catalog();
+            for stage in restore.stage_names() {
+                assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+            }
         }
         let recover = builtin("etcd-recover").unwrap().unwrap();
         recover.check(&crate::stages::etcd_ops::RECOVER_RULES).unwrap();

@@ -112,21 +112,23 @@ pub struct ClusterBinding {
 }
 
 impl ClusterBinding {
+    /// The cluster's identity without how it was reached.
+    pub fn management_cluster(&self) -> crate::archive::ManagementCluster {
+        crate::archive::ManagementCluster {
+            server: self.server.trim_end_matches('/').to_string(),
+            kube_system_uid: self.kube_system_uid.clone(),
+        }
+    }
+
     /// Whether `other` (what a client reaches now) is the cluster this run
     /// changed: same kube-system UID when both are known, else same server.
     pub fn same_cluster(&self, other: &ClusterBinding) -> bool {
-        match (&self.kube_system_uid, &other.kube_system_uid) {
-            (Some(a), Some(b)) => a == b,
-            _ => self.server.trim_end_matches('/') == other.server.trim_end_matches('/'),
-        }
+        self.management_cluster().same_cluster(&other.management_cluster())
     }
 
     /// `https://host:6443 (kube-system 1234-...)`.
     pub fn describe(&self) -> String {
-        match &self.kube_system_uid {
-            Some(uid) => format!("{} (kube-system namespace {uid})", self.server),
-            None => self.server.clone(),
-        }
+        self.management_cluster().describe()
     }
 }
 

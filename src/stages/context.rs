@@ -60,6 +60,12 @@ pub struct BackupInputs {
     /// encrypts the same way.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub encrypt_to: Vec<String>,
+    /// The Route53 zone of the cluster's hostnames (`--route53-zone`): the
+    /// manifest records their records and external-dns owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route53_zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route53_endpoint: Option<String>,
 }
 
 impl BackupInputs {
@@ -132,6 +138,13 @@ pub struct BackupContext {
     /// Plaintext size and SHA-256 of each encrypted snapshot, by artifact
     /// name (`snapshot-finish` journals them for `package`).
     pub plaintext: Vec<crate::archive::Artifact>,
+    /// The management cluster the backup runs on (from the client's
+    /// binding): checked against the store fence, recorded in the manifest.
+    pub management: Option<crate::archive::ManagementCluster>,
+    /// The zone of `--route53-zone`, read by preflight.
+    pub dns: Option<Box<dyn crate::dns::DnsZone>>,
+    /// Found by preflight: where the backup is taken, what was published.
+    pub origin: Option<crate::archive::Origin>,
 }
 
 /// A member's snapshot streaming into the store in the background.
@@ -191,6 +204,9 @@ impl BackupContext {
             downtime_seconds: None,
             sealing: None,
             plaintext: Vec::new(),
+            management: None,
+            dns: None,
+            origin: None,
         }
     }
 

@@ -109,6 +109,7 @@ impl Stage<BackupContext> for Package {
                 stages,
             },
             encryption,
+            origin: ctx.origin.clone(),
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;

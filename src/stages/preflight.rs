@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
 use super::{StageError, etcd_access, from_output};
-use crate::archive::ClusterIdentity;
+use crate::archive::fence::{self, FenceError};
+use crate::archive::{ClusterIdentity, DnsOrigin, ManagementCluster, Origin, OriginRecord};
 use crate::etcd::Member;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
 use crate::kube::portforward::LocalForward;
@@ -27,6 +28,10 @@ pub struct Findings {
     pub members: Vec<MemberTarget>,
     pub tls_source: String,
     pub warnings: Vec<String>,
+    /// Where the backup is taken and what the cluster publishes (older
+    /// journals lack it).
+    #[serde(default)]
+    pub origin: Option<Origin>,
 }
 
 pub struct Preflight;
@@ -55,6 +60,7 @@ impl Stage<BackupContext> for Preflight {
         ctx.identity = Some(findings.identity);
         ctx.node_pools = findings.node_pools;
         ctx.members = findings.members;
+        ctx.origin = findings.origin;
         ctx.warnings.extend(findings.warnings);
         Ok(())
     }
@@ -88,6 +94,15 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
             .into());
         }
     }
+    if let Some(runs_on) = hc.fenced() {
+        return Err(StageError::Precondition(format!(
+            "{} is fenced on this management cluster (annotation {}: the cluster runs on {runs_on}): this copy is stale and is not backed up; back up the live copy where it runs, or lift the fence with `hcp-dr fence --release --hosted-cluster {name} -n {ns}` once this copy is the one to keep",
+            ctx.hc_label(),
+            hosted::FENCED
+        ))
+        .into());
+    }
+    check_store_fence(ctx).await?;
     let mut warnings = Vec::new();
     if hosted::pauses(hc.paused_until(), chrono::Utc::now()) {
         warnings.push(format!(
@@ -128,6 +143,11 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         .list(&crate::archive::Layout::cluster_prefix(&ns, &name))
         .await
         .map_err(|err| StageError::Precondition(format!("the store {} cannot be used: {err}", ctx.store.url())))?;
+
+    let origin = match &ctx.management {
+        Some(management) => Some(origin(ctx, &hc, management.clone(), &mut warnings).await?),
+        None => None,
+    };
 
     let tls = discover_tls(ctx, &hcp_ns).await?;
     let tls_source = tls.source.clone();
@@ -204,7 +224,88 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         members,
         tls_source,
         warnings,
+        origin,
     })
+}
+
+/// Refuse when the store's fence names another management cluster: the
+/// cluster was restored elsewhere and this copy is stale (nothing is
+/// written to the store). An unreadable fence refuses too.
+async fn check_store_fence(ctx: &BackupContext) -> Result<(), StageFailure> {
+    let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
+    let fence = match fence::read(ctx.store.as_ref(), ns, name).await {
+        Ok(fence) => fence,
+        Err(FenceError::Store(err)) => {
+            return Err(StageError::Precondition(format!("the store {} cannot be used: {err}", ctx.store.url())).into());
+        }
+        Err(err @ FenceError::Unreadable { .. }) => {
+            return Err(StageError::Precondition(format!("not backing up {}: {err}", ctx.hc_label())).into());
+        }
+    };
+    let (Some(fence), Some(here)) = (fence, ctx.management.as_ref()) else {
+        return Ok(());
+    };
+    if fence.allows(here) {
+        return Ok(());
+    }
+    Err(StageError::Precondition(format!(
+        "refusing to back up {} on {}: the store is fenced ({}/{}): {}. The copy on this management cluster is stale; nothing was written to the store and `latest` still names the live copy's backup. Fence this copy (`hcp-dr fence --hosted-cluster {name} -n {ns}` with this cluster's kubeconfig) and back up the cluster where it runs",
+        ctx.hc_label(),
+        here.describe(),
+        ctx.store.url(),
+        fence::key(ns, name),
+        fence.describe()
+    ))
+    .into())
+}
+
+/// What the manifest records of where the backup is taken: the management
+/// cluster, the hostnames the cluster publishes, and (with a zone) their
+/// records and external-dns owner. A zone that cannot be read is a warning,
+/// never a failed backup.
+async fn origin(
+    ctx: &BackupContext,
+    hc: &HostedCluster,
+    management_cluster: ManagementCluster,
+    warnings: &mut Vec<String>,
+) -> Result<Origin, StageFailure> {
+    let (_, mut hostnames) = hc.published_hosts();
+    for (_, host) in crate::kube::route_hosts(&ctx.client, &hc.hcp_namespace()).await? {
+        if !host.is_empty() {
+            hostnames.push(host);
+        }
+    }
+    let mut hostnames: Vec<String> = hostnames.iter().map(|h| crate::dns::normalize_name(h)).collect();
+    hostnames.sort();
+    hostnames.dedup();
+    let dns = match &ctx.dns {
+        Some(zone) if !hostnames.is_empty() => match zone.cluster_records(&hostnames).await {
+            Ok(records) => {
+                let owner = crate::dns::sole_owner(&records);
+                if owner.is_none() {
+                    warnings.push(format!(
+                        "the DNS records of {} in zone {} have no single external-dns owner: the backup does not record one, and a restore that takes the records over needs --dns-owner",
+                        hostnames.join(", "),
+                        zone.zone_id()
+                    ));
+                }
+                Some(DnsOrigin {
+                    zone_id: zone.zone_id().to_string(),
+                    owner,
+                    records: records
+                        .into_iter()
+                        .map(|r| OriginRecord { name: r.name, kind: r.kind, values: r.values, alias: r.alias, owner: r.owner })
+                        .collect(),
+                })
+            }
+            Err(err) => {
+                warnings.push(format!("the DNS records of the cluster's hostnames were not recorded: {err}"));
+                None
+            }
+        },
+        _ => None,
+    };
+    Ok(Origin { management_cluster, hostnames, dns })
 }
 
 /// The backup's TLS material: `--etcd-*` files first, then the HCP namespace's.

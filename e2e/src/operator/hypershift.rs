@@ -775,18 +775,43 @@ async fn ensure_deployments(
     Ok(())
 }
 
+/// The Routes HyperShift makes in the HCP namespace for the services
+/// published through a Route with a hostname: `(route name, host)`. The API
+/// server always has one (its hostname defaults to `api.<name>.<baseDomain>`).
+pub fn published_routes(hc: &Value) -> Vec<(&'static str, String)> {
+    let mut routes = vec![("kube-apiserver", api_hostname(hc))];
+    for service in hc.pointer("/spec/services").and_then(Value::as_array).into_iter().flatten() {
+        if str_at(service, "/servicePublishingStrategy/type") != Some("Route") {
+            continue;
+        }
+        let Some(host) = str_at(service, "/servicePublishingStrategy/route/hostname").filter(|h| !h.is_empty()) else {
+            continue;
+        };
+        let name = match str_at(service, "/service") {
+            Some("OAuthServer") => "oauth",
+            Some("Konnectivity") => "konnectivity-server",
+            Some("Ignition") => "ignition-server",
+            _ => continue,
+        };
+        routes.push((name, host.to_string()));
+    }
+    routes
+}
+
 async fn ensure_route(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Value) -> Result<(), OperatorError> {
-    let host = api_hostname(hc);
-    let route = json!({
-        "metadata": {"name": "kube-apiserver", "namespace": ns,
-            "labels": {HCP_LABEL: ns},
-            "annotations": {"external-dns.alpha.kubernetes.io/hostname": host},
-            "ownerReferences": [owner_ref(&HOSTED_CONTROL_PLANE, hcp)]},
-        "spec": {"host": host, "to": {"kind": "Service", "name": "kube-apiserver", "weight": 100},
-            "port": {"targetPort": "client"}, "tls": {"termination": "passthrough", "insecureEdgeTerminationPolicy": "None"},
-            "wildcardPolicy": "None"},
-    });
-    ctx.kube.create_if_absent(&ROUTE, Some(ns), route).await?;
+    for (name, host) in published_routes(hc) {
+        let route = json!({
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {HCP_LABEL: ns},
+                "annotations": {"external-dns.alpha.kubernetes.io/hostname": host},
+                "ownerReferences": [owner_ref(&HOSTED_CONTROL_PLANE, hcp)]},
+            "spec": {"host": host, "to": {"kind": "Service", "name": name, "weight": 100},
+                "port": {"targetPort": if name == "kube-apiserver" { "client" } else { "https" }},
+                "tls": {"termination": "passthrough", "insecureEdgeTerminationPolicy": "None"},
+                "wildcardPolicy": "None"},
+        });
+        ctx.kube.create_if_absent(&ROUTE, Some(ns), route).await?;
+    }
     Ok(())
 }
 

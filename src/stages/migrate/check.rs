@@ -28,32 +28,6 @@ pub struct Checked {
     pub hosts: Vec<String>,
 }
 
-/// The fixed hostnames of a HostedCluster's services, and the API server's
-/// (None: the API server has no fixed hostname).
-pub fn published_hosts(hc: &HostedCluster) -> (Option<String>, Vec<String>) {
-    let mut api_host = None;
-    let mut hosts = Vec::new();
-    for service in hc.0.pointer("/spec/services").and_then(Value::as_array).into_iter().flatten() {
-        let strategy = &service["servicePublishingStrategy"];
-        let host = match strategy["type"].as_str() {
-            Some("Route") => strategy.pointer("/route/hostname"),
-            Some("LoadBalancer") => strategy.pointer("/loadBalancer/hostname"),
-            _ => None,
-        }
-        .and_then(Value::as_str)
-        .filter(|h| !h.is_empty());
-        if let Some(host) = host {
-            if service["service"] == "APIServer" {
-                api_host = Some(host.to_string());
-            }
-            hosts.push(host.to_string());
-        }
-    }
-    hosts.sort();
-    hosts.dedup();
-    (api_host, hosts)
-}
-
 async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
     let (ns, name) = (ctx.inputs.source.namespace.clone(), ctx.inputs.source.hosted_cluster.clone());
     let label = format!("HostedCluster {ns}/{name}");
@@ -62,7 +36,7 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
         .map(HostedCluster)
         .ok_or_else(|| StageError::Precondition(format!("{label} not found on the source")))?;
     let mut problems = Vec::new();
-    let (api_host, hosts) = published_hosts(&hc);
+    let (api_host, hosts) = hc.published_hosts();
     if api_host.is_none() {
         problems.push(format!(
             "{label} does not publish its API server under a fixed hostname (spec.services APIServer: a Route with route.hostname, or a LoadBalancer with loadBalancer.hostname): its address would change with the management cluster and every node and kubeconfig would lose it. Publish it under a hostname (external-dns) first; migrate refuses otherwise"
@@ -158,16 +132,16 @@ mod tests {
             {"service": "OAuthServer", "servicePublishingStrategy": {"type": "Route", "route": {"hostname": "oauth.demo.example.com"}}},
             {"service": "Ignition", "servicePublishingStrategy": {"type": "Route"}}
         ]}}));
-        let (api, hosts) = published_hosts(&hc);
+        let (api, hosts) = hc.published_hosts();
         assert_eq!(api.as_deref(), Some("api.demo.example.com"));
         assert_eq!(hosts, vec!["api.demo.example.com", "oauth.demo.example.com"]);
         let hc = HostedCluster(json!({"spec": {"services": [
             {"service": "APIServer", "servicePublishingStrategy": {"type": "NodePort", "nodePort": {"address": "10.0.0.1"}}}
         ]}}));
-        assert_eq!(published_hosts(&hc).0, None);
+        assert_eq!(hc.published_hosts().0, None);
         let hc = HostedCluster(json!({"spec": {"services": [
             {"service": "APIServer", "servicePublishingStrategy": {"type": "LoadBalancer", "loadBalancer": {"hostname": "api.x.example.com"}}}
         ]}}));
-        assert_eq!(published_hosts(&hc).0.as_deref(), Some("api.x.example.com"));
+        assert_eq!(hc.published_hosts().0.as_deref(), Some("api.x.example.com"));
     }
 }

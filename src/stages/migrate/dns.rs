@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
-use kube::core::ApiResource;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -34,19 +33,9 @@ pub struct Withdrawn {
     pub waited_seconds: f64,
 }
 
-fn routes_resource() -> ApiResource {
-    ApiResource {
-        group: "route.openshift.io".into(),
-        version: "v1".into(),
-        api_version: "route.openshift.io/v1".into(),
-        kind: "Route".into(),
-        plural: "routes".into(),
-    }
-}
-
 async fn run(ctx: &mut MigrateContext) -> Result<Withdrawn, StageFailure> {
     let hcp_ns = ctx.source.hcp_namespace();
-    let routes: Api<DynamicObject> = Api::namespaced_with(ctx.source.client.clone(), &hcp_ns, &routes_resource());
+    let routes: Api<DynamicObject> = Api::namespaced_with(ctx.source.client.clone(), &hcp_ns, &crate::hosted::ROUTE.api_resource());
     let mut out = Withdrawn::default();
     let listed = match routes.list(&ListParams::default()).await {
         Ok(list) => list.items,

@@ -190,6 +190,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnDestination { name: "snapshot-url", inner: restore::snapshot_url::SnapshotUrl, reads_this_run: true })
         .with(OnDestination { name: "apply", inner: restore::apply::Apply, reads_this_run: true })
         .with(OnDestination { name: "wait", inner: restore::wait::Wait, reads_this_run: true })
+        .with(OnDestination { name: "fence", inner: restore::fence::WriteFence { by: "migrate" }, reads_this_run: true })
         .with(teardown::Teardown)
         .with(ovn::OvnRestart)
         .with(OnSource { name: "unlock", inner: lock::Unlock, undo: true })
@@ -216,6 +217,7 @@ pub const MIGRATE_RULES: StageRules<'static> = StageRules {
         "snapshot-url",
         "apply",
         "wait",
+        "fence",
         "teardown",
         "ovn-restart",
         "unlock",
@@ -239,6 +241,7 @@ pub const MIGRATE_RULES: StageRules<'static> = StageRules {
         ("apply", "destination-preflight"),
         ("apply", "snapshot-url"),
         ("wait", "apply"),
+        ("fence", "wait"),
         ("teardown", "wait"),
         ("ovn-restart", "wait"),
         ("unlock", "lock"),

@@ -7,6 +7,8 @@
 //! away; `--abort` deletes what it created.
 
 pub mod apply;
+pub mod dns;
+pub mod fence;
 pub mod order;
 pub mod preflight;
 pub mod snapshot_url;
@@ -54,6 +56,25 @@ pub struct RestoreInputs {
     /// never the key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<std::path::PathBuf>,
+    /// The DNS zone of the cluster's hostnames, and whether to take the
+    /// records over from the old management cluster's external-dns
+    /// (`dns-takeover`). `None`: no zone known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsInputs>,
+}
+
+/// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsInputs {
+    pub zone_id: String,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Delete the old owner's records and wait for the destination's.
+    pub take_over: bool,
+    /// The old owner named on the command line (else the backup's).
+    #[serde(default)]
+    pub owner: Option<String>,
+    pub wait_seconds: u64,
 }
 
 /// The namespace and name a backup was taken of (its folder in the store).
@@ -108,6 +129,10 @@ pub struct RestoreContext {
     /// The identities that decrypt an encrypted backup (`--identity`);
     /// never journaled or printed.
     pub keys: Option<crate::archive::encryption::Identities>,
+    /// The destination management cluster's identity (the store fence names it).
+    pub management: Option<crate::archive::ManagementCluster>,
+    /// The zone of `inputs.dns`.
+    pub dns: Option<Box<dyn crate::dns::DnsZone>>,
 }
 
 impl RestoreContext {
@@ -124,6 +149,8 @@ impl RestoreContext {
             url_record: None,
             warnings: Vec::new(),
             keys: None,
+            management: None,
+            dns: None,
         }
     }
 }
@@ -136,18 +163,21 @@ pub fn restore_catalog() -> Catalog<RestoreContext> {
         .with(snapshot_url::SnapshotUrl)
         .with(apply::Apply)
         .with(wait::Wait)
+        .with(fence::WriteFence { by: "restore" })
+        .with(dns::DnsTakeover)
 }
 
 /// The stage names a restore playbook may use, and their order constraints.
 pub const RESTORE_RULES: StageRules<'static> = StageRules {
     operation: "restore",
-    known: &["verify", "preflight", "snapshot-url", "apply", "wait"],
+    known: &["verify", "preflight", "snapshot-url", "apply", "wait", "fence", "dns-takeover"],
     requires_before: &[
         ("preflight", "verify"),
         ("snapshot-url", "verify"),
         ("apply", "preflight"),
         ("apply", "snapshot-url"),
         ("wait", "apply"),
+        ("fence", "wait"),
     ],
 };
 
