@@ -15,7 +15,7 @@ use kube::api::Api;
 use serde_json::{Value, json};
 use support::*;
 
-const STAGES: [&str; 18] = [
+const STAGES: [&str; 19] = [
     "lock",
     "preflight",
     "destination-check",
@@ -31,6 +31,7 @@ const STAGES: [&str; 18] = [
     "snapshot-url",
     "apply",
     "wait",
+    "fence",
     "teardown",
     "ovn-restart",
     "unlock",

@@ -56,16 +56,44 @@ fn rehearse(sandbox: &Sandbox, work: &Path, what: &str, script: &str) {
     println!("{what}: rehearsed ({} commands)", stderr.lines().filter(|l| l.starts_with("+ ")).count());
 }
 
+/// A rehearsal line the test acts on instead of the shell:
+/// `# [sandbox] lose mgmt-a` stops that management cluster entirely
+/// ([`Sandbox::lose`]), as if its machine died.
+const SANDBOX_STEP: &str = "# [sandbox] ";
+
+/// Run a runbook's rehearsal, doing its sandbox steps between the parts.
+async fn rehearse_runbook(sandbox: &mut Sandbox, work: &Path, name: &str, script: &str) {
+    let mut part = String::new();
+    for line in script.lines() {
+        let Some(step) = line.strip_prefix(SANDBOX_STEP) else {
+            part.push_str(line);
+            part.push('\n');
+            continue;
+        };
+        if !part.trim().is_empty() {
+            rehearse(sandbox, work, name, &part);
+        }
+        part.clear();
+        match step.split_whitespace().collect::<Vec<_>>()[..] {
+            ["lose", cluster] => sandbox.lose(cluster).await.unwrap_or_else(|e| panic!("{name}: losing {cluster}: {e}")),
+            _ => panic!("{name}: unknown sandbox step `{step}`"),
+        }
+    }
+    if !part.trim().is_empty() {
+        rehearse(sandbox, work, name, &part);
+    }
+}
+
 async fn rehearse_in_order(runbooks: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
+    let mut sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
     let setup = marked_blocks(&repo().join("docs/sandbox.md"), SETUP);
     assert_eq!(setup.len(), 1, "docs/sandbox.md: one set-up block expected");
     rehearse(&sandbox, &work, "docs/sandbox.md set-up", &setup[0]);
     for name in runbooks {
-        rehearse(&sandbox, &work, name, &rehearsal(name));
+        rehearse_runbook(&mut sandbox, &work, name, &rehearsal(name)).await;
     }
 }
 
@@ -86,6 +114,11 @@ async fn runbooks_backup_to_restore_rehearse_as_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runbook_migrate_rehearses_as_written() {
     rehearse_in_order(&["migrate.md"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_disaster_rehearses_as_written() {
+    rehearse_in_order(&["disaster.md"]).await;
 }
 
 #[test]

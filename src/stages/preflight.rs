@@ -270,10 +270,12 @@ async fn origin(
     warnings: &mut Vec<String>,
 ) -> Result<Origin, StageFailure> {
     let (_, mut hostnames) = hc.published_hosts();
-    for (_, host) in crate::kube::route_hosts(&ctx.client, &hc.hcp_namespace()).await? {
-        if !host.is_empty() {
-            hostnames.push(host);
-        }
+    match crate::kube::route_hosts(&ctx.client, &hc.hcp_namespace()).await {
+        Ok(routes) => hostnames.extend(routes.into_iter().map(|(_, host)| host).filter(|h| !h.is_empty())),
+        Err(err) => warnings.push(format!(
+            "the hosts of the Routes in {} are not recorded (only the HostedCluster's service hostnames are): {err}",
+            hc.hcp_namespace()
+        )),
     }
     let mut hostnames: Vec<String> = hostnames.iter().map(|h| crate::dns::normalize_name(h)).collect();
     hostnames.sort();
