@@ -152,13 +152,17 @@ fn render_list(entries: &[BackupEntry]) -> String {
             continue;
         }
         if let Some(f) = &e.fence {
-            out.push_str(&format!("fence: {}; backups taken anywhere else are refused\n", f.describe()));
+            out.push_str(&fence_line(f));
         }
         if let Some(err) = &e.fence_error {
             out.push_str(&format!("fence: UNREADABLE: {err}; backups of {}/{} are refused\n", e.namespace, e.hosted_cluster));
         }
     }
     out
+}
+
+fn fence_line(fence: &crate::archive::fence::Fence) -> String {
+    format!("fence: {}; backups taken anywhere else are refused\n", fence.describe())
 }
 
 /// `backups describe`: the manifest and the cluster's store fence.
@@ -349,7 +353,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             print(output, &described, || {
                 let mut text = render_manifest(&manifest);
                 if let Some(f) = &fence {
-                    text.push_str(&format!("fence: {}; backups taken anywhere else are refused\n", f.describe()));
+                    text.push_str(&fence_line(f));
                 }
                 text
             });

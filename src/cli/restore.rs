@@ -171,11 +171,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
 
 /// What the report says of the cluster's DNS records.
 fn dns_lines(result: &RestoreResult) -> String {
-    let Some(taken) = result
-        .run
-        .output("dns-takeover")
-        .and_then(|o| serde_json::from_value::<crate::stages::restore::dns::TakenOver>(o.clone()).ok())
-    else {
+    let Some(taken) = result.dns_takeover() else {
         return String::new();
     };
     let mut out = String::new();

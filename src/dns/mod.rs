@@ -304,6 +304,12 @@ pub fn normalize_name(name: &str) -> String {
     String::from_utf8_lossy(&out).to_ascii_lowercase()
 }
 
+/// `names` normalised ([`normalize_name`]), sorted, each once.
+pub fn normalize_names<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Vec<String> {
+    let set: BTreeSet<String> = names.into_iter().map(|n| normalize_name(n.as_ref())).collect();
+    set.into_iter().collect()
+}
+
 /// The owner named by an external-dns registry TXT value
 /// (`"heritage=external-dns,external-dns/owner=<owner>,..."`), if it is one.
 pub fn txt_owner(value: &str) -> Option<String> {
@@ -442,6 +448,15 @@ mod tests {
         );
         // A backslash that is not an octal escape is kept.
         assert_eq!(normalize_name("a\\9.example.com"), "a\\9.example.com");
+    }
+
+    #[test]
+    fn name_lists_are_normalised_sorted_and_deduplicated() {
+        assert_eq!(
+            normalize_names(["OAuth.Example.com.", "api.example.com", "oauth.example.com"]),
+            ["api.example.com", "oauth.example.com"]
+        );
+        assert!(normalize_names(Vec::<String>::new()).is_empty());
     }
 
     #[test]

@@ -161,7 +161,6 @@ impl HostedCluster {
     pub fn encryption_key_secret(&self) -> Option<&str> {
         self.0["spec"]["secretEncryption"]["aescbc"]["activeKey"]["name"].as_str()
     }
-    /// The value of a status condition (`True`/`False`/`Unknown`).
     /// The fixed hostnames of the services (Route `route.hostname`,
     /// LoadBalancer `loadBalancer.hostname`), sorted, and the API server's
     /// (`None`: the API server has no fixed hostname).
@@ -194,6 +193,7 @@ impl HostedCluster {
         self.0.pointer("/metadata/annotations").and_then(|a| a.get(FENCED)).and_then(Value::as_str)
     }
 
+    /// The value of a status condition (`True`/`False`/`Unknown`).
     pub fn condition(&self, kind: &str) -> Option<&str> {
         condition(&self.0, kind)
     }

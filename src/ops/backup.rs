@@ -172,10 +172,10 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
     ctx.management = Some(target.binding.management_cluster());
     if let Some(zone) = &inputs.route53_zone {
-        ctx.dns = super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref())
-            .await
-            .map_err(|err| ctx.warnings.push(format!("the DNS records of the cluster's hostnames will not be recorded: {err}")))
-            .ok();
+        match super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
+            Ok(zone) => ctx.dns = Some(zone),
+            Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames will not be recorded: {err}")),
+        }
     }
     if let Some(recipients) = recipients {
         ctx.encrypt_to(recipients);

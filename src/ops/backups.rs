@@ -77,10 +77,10 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
     for (ns, hc, _) in folders.keys() {
         let key = (ns.clone(), hc.clone());
         if !fences.contains_key(&key) {
-            let found = match fence_of(store, ns, hc).await {
+            let found = match fence::read(store, ns, hc).await {
                 Ok(f) => (f, None),
-                Err(OpsError::Input(e)) => (None, Some(e)),
-                Err(e) => return Err(e),
+                Err(e @ FenceError::Unreadable { .. }) => (None, Some(e.to_string())),
+                Err(FenceError::Store(e)) => return Err(e.into()),
             };
             fences.insert(key, found);
         }

@@ -12,6 +12,7 @@ use super::backup::check_name;
 use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
 use crate::stages::context::EtcdAccess;
+use crate::stages::restore::dns::TakenOver;
 use crate::stages::restore::{DnsInputs, RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
 use crate::archive::check::{CheckError, read_manifest};
 use crate::archive::encryption::{EncryptionError, Identities};
@@ -65,6 +66,17 @@ pub struct RestoreResult {
     /// point at the old management cluster: the command that does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub take_over_dns_command: Option<String>,
+}
+
+impl RestoreResult {
+    /// What `dns-takeover` did, when it ran.
+    pub fn dns_takeover(&self) -> Option<TakenOver> {
+        dns_takeover(&self.run)
+    }
+}
+
+fn dns_takeover(run: &RunReport) -> Option<TakenOver> {
+    run.output("dns-takeover").and_then(|o| serde_json::from_value(o.clone()).ok())
 }
 
 /// `--from` split into the store's root and one backup, when it names one:
@@ -172,6 +184,9 @@ fn check_dns(options: &RestoreOptions) -> Result<Option<DnsInputs>, OpsError> {
     let Some(dns) = &options.dns else {
         return Ok(None);
     };
+    if (dns.owner.is_some() || options.dns_only) && !dns.take_over {
+        return Err(OpsError::Input("--dns-owner and --dns-only go with --take-over-dns".into()));
+    }
     let zone_id = dns.zone_id.trim();
     if zone_id.is_empty() {
         if dns.take_over {
@@ -179,13 +194,7 @@ fn check_dns(options: &RestoreOptions) -> Result<Option<DnsInputs>, OpsError> {
                 "--take-over-dns needs the Route53 hosted zone of the cluster's hostnames: add --route53-zone ZONE-ID (or set HCP_DR_ROUTE53_ZONE)".into(),
             ));
         }
-        if dns.owner.is_some() || options.dns_only {
-            return Err(OpsError::Input("--dns-owner and --dns-only go with --take-over-dns".into()));
-        }
         return Ok(None);
-    }
-    if (dns.owner.is_some() || options.dns_only) && !dns.take_over {
-        return Err(OpsError::Input("--dns-owner and --dns-only go with --take-over-dns".into()));
     }
     if let Some(owner) = &dns.owner {
         if owner.trim().is_empty() || owner.contains(',') || owner.contains('"') {
@@ -344,9 +353,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     let run = runner.run(&mut ctx, mode, interrupt).await?;
     let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
     let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
-    let take_over_dns_command = run
-        .output("dns-takeover")
-        .and_then(|o| serde_json::from_value::<crate::stages::restore::dns::TakenOver>(o.clone()).ok())
+    let take_over_dns_command = dns_takeover(&run)
         .filter(|t| t.skipped.is_some() && !t.hostnames.is_empty() && (t.zone_id.is_none() || !t.still_old.is_empty()))
         .map(|t| {
             let mut words = vec!["hcp-dr restore --dns-only --take-over-dns".to_string(), format!("--from {}", super::shell_word(&backup))];

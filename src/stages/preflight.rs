@@ -277,9 +277,7 @@ async fn origin(
             hc.hcp_namespace()
         )),
     }
-    let mut hostnames: Vec<String> = hostnames.iter().map(|h| crate::dns::normalize_name(h)).collect();
-    hostnames.sort();
-    hostnames.dedup();
+    let hostnames = crate::dns::normalize_names(hostnames);
     let dns = match &ctx.dns {
         Some(zone) if !hostnames.is_empty() => match zone.cluster_records(&hostnames).await {
             Ok(records) => {

@@ -13,12 +13,12 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use kube::api::{Api, DeleteParams, DynamicObject};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::MigrateContext;
-use crate::kube::{is_not_found, request};
+use crate::kube::{is_not_found, request, route_hosts};
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::StageError;
 
@@ -37,16 +37,9 @@ async fn run(ctx: &mut MigrateContext) -> Result<Withdrawn, StageFailure> {
     let hcp_ns = ctx.source.hcp_namespace();
     let routes: Api<DynamicObject> = Api::namespaced_with(ctx.source.client.clone(), &hcp_ns, &crate::hosted::ROUTE.api_resource());
     let mut out = Withdrawn::default();
-    let listed = match routes.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(err) if is_not_found(&err) => Vec::new(),
-        Err(err) => return Err(request(format!("listing Routes in {hcp_ns}"))(err).into()),
-    };
-    for route in listed {
-        let value = serde_json::to_value(&route)?;
-        let name = route.metadata.name.clone().unwrap_or_default();
-        if let Some(host) = value.pointer("/spec/host").and_then(Value::as_str) {
-            out.route_hosts.push(host.to_string());
+    for (name, host) in route_hosts(&ctx.source.client, &hcp_ns).await? {
+        if !host.is_empty() {
+            out.route_hosts.push(host);
         }
         match routes.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::RestoreContext;
-use super::fence::manifest;
-use crate::dns::{DnsZone, Record, normalize_name};
+use super::verify::manifest;
+use crate::dns::{DnsZone, Record, normalize_names};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
@@ -110,24 +110,15 @@ pub fn foreign<'a>(present: &'a [Record], owner: &str) -> Vec<&'a Record> {
     present.iter().filter(|r| r.owner.as_deref() != Some(owner)).collect()
 }
 
-/// The hostnames: what the backup recorded, and what the restored
-/// HostedCluster publishes.
-async fn hostnames(ctx: &mut RestoreContext) -> Result<Vec<String>, StageFailure> {
-    let manifest = manifest(ctx).await?;
-    let mut hosts: Vec<String> = manifest.origin.as_ref().map(|o| o.hostnames.clone()).unwrap_or_default();
-    let label = ctx.inputs.hc_label();
-    if let Some(hc) = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ctx.inputs.namespace), &ctx.inputs.hosted_cluster, &label).await? {
-        hosts.extend(HostedCluster(hc).published_hosts().1);
-    }
-    let mut hosts: Vec<String> = hosts.iter().map(|h| normalize_name(h)).collect();
-    hosts.sort();
-    hosts.dedup();
-    Ok(hosts)
-}
-
 async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver, StageFailure> {
-    let hosts = hostnames(ctx).await?;
     let manifest = manifest(ctx).await?;
+    let label = ctx.inputs.hc_label();
+    let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ctx.inputs.namespace), &ctx.inputs.hosted_cluster, &label).await?.map(HostedCluster);
+    // the hostnames: what the backup recorded, and what the restored
+    // HostedCluster publishes
+    let recorded = manifest.origin.as_ref().map(|o| o.hostnames.clone()).unwrap_or_default();
+    let published = hc.as_ref().map(|hc| hc.published_hosts().1).unwrap_or_default();
+    let hosts = normalize_names(recorded.iter().chain(&published));
     let recorded_owner = manifest.origin.as_ref().and_then(|o| o.dns.as_ref()).and_then(|d| d.owner.clone());
     let mut out = TakenOver { hostnames: hosts.clone(), ..TakenOver::default() };
     let (Some(inputs), Some(zone)) = (ctx.inputs.dns.clone(), ctx.dns.as_deref()) else {
@@ -150,9 +141,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
         out.skipped = Some("--take-over-dns was not given".into());
         return Ok(out);
     }
-    let label = ctx.inputs.hc_label();
-    let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ctx.inputs.namespace), &ctx.inputs.hosted_cluster, &label).await?;
-    if hc.as_ref().and_then(|h| crate::hosted::condition(h, "Available")) != Some("True") {
+    if hc.as_ref().and_then(|h| h.condition("Available")) != Some("True") {
         return Err(StageError::Precondition(format!(
             "{label} is not Available on the destination: its DNS records are taken over only once it serves (nothing was deleted)"
         ))
@@ -192,10 +181,10 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
             if !left.is_empty() {
                 let mut all = before.records.clone();
                 all.extend(held.iter().cloned());
-                step.record(serde_json::to_value(Deleting { owner: owner.clone(), records: all.clone() })?)?;
-                zone.delete_owned(&left, &owner).await?;
                 all.sort_by(|a, b| a.key().cmp(&b.key()));
                 all.dedup_by(|a, b| a.key() == b.key());
+                step.record(serde_json::to_value(Deleting { owner: owner.clone(), records: all.clone() })?)?;
+                zone.delete_owned(&left, &owner).await?;
                 out.deleted = all;
             }
         }

@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::RestoreContext;
-use crate::archive::check::read_manifest;
+use super::verify::manifest;
 use crate::archive::fence::{self, FenceError};
-use crate::archive::{self, Manifest};
+use crate::archive;
 use crate::hosted::HOSTED_CLUSTER;
 use crate::kube::{api, get_json};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
@@ -35,17 +35,6 @@ pub struct Fenced {
     pub previous: Option<fence::Fence>,
     /// The fence written.
     pub fence: fence::Fence,
-}
-
-/// The backup's manifest: the one `verify` read, else read again (a
-/// resumed run; the manifest is small and needs no key).
-pub async fn manifest(ctx: &mut RestoreContext) -> Result<Manifest, StageFailure> {
-    if let Some(m) = &ctx.manifest {
-        return Ok(m.clone());
-    }
-    let m = read_manifest(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
-    ctx.manifest = Some(m.clone());
-    Ok(m)
 }
 
 async fn run(stage: &WriteFence, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Fenced, StageFailure> {

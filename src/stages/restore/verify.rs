@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::RestoreContext;
 use crate::archive::Manifest;
-use crate::archive::check::{CheckReport, check_backup_with};
+use crate::archive::check::{CheckReport, check_backup_with, read_manifest};
 use crate::archive::encryption::EncryptionError;
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::StageError;
@@ -38,6 +38,17 @@ pub async fn ensure_loaded(ctx: &mut RestoreContext) -> Result<(), StageFailure>
         ctx.objects = Some(objects);
     }
     Ok(())
+}
+
+/// The backup's manifest: the one `verify` read, else read again (a
+/// resumed run; the manifest is small and needs no key).
+pub async fn manifest(ctx: &mut RestoreContext) -> Result<Manifest, StageFailure> {
+    if let Some(m) = &ctx.manifest {
+        return Ok(m.clone());
+    }
+    let m = read_manifest(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
+    ctx.manifest = Some(m.clone());
+    Ok(m)
 }
 
 #[async_trait]
