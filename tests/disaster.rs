@@ -145,6 +145,20 @@ async fn a_lost_management_cluster_is_restored_elsewhere_fenced_and_its_dns_take
     for host in hostnames() {
         assert_eq!(owners_of(&env, &host).await, ["mgmt-a"], "{host} untouched by the refused take-over");
     }
+    // its printed abort, as printed (without --dns-only): the run's own
+    // playbook comes from its journal; nothing was deleted, so the abort
+    // has nothing to undo and says so
+    let abort = refused
+        .split('`')
+        .find(|part| part.starts_with("hcp-dr restore --abort "))
+        .unwrap_or_else(|| panic!("no abort command printed: {refused}"))
+        .to_string();
+    let out = sourced_shell(&env.sandbox, &work, &abort).output().unwrap();
+    assert!(out.status.success(), "{abort}: {}", text(&out));
+    assert!(text(&out).contains("nothing was changed"), "{abort}: {}", text(&out));
+    for host in hostnames() {
+        assert_eq!(owners_of(&env, &host).await, ["mgmt-a"], "{host} untouched by the abort");
+    }
 
     // The printed command, as printed: the records move to mgmt-b.
     let out = sourced_shell(&env.sandbox, &work, &command).output().unwrap();

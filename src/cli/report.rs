@@ -83,7 +83,9 @@ pub fn print<T: serde::Serialize>(output: super::Output, value: &T, render: impl
 /// The exit code of a run; an `--abort` that undid everything succeeded.
 pub fn exit_for_run(outcome: &RunOutcome, aborting: bool) -> Exit {
     match outcome {
-        RunOutcome::RolledBack { .. } if aborting => Exit::Success,
+        // the abort leaves nothing of the run behind: what it changed was
+        // undone, or it had changed nothing
+        RunOutcome::RolledBack { .. } | RunOutcome::Failed { .. } if aborting => Exit::Success,
         RunOutcome::Aborted => Exit::Success,
         other => exit_for(other),
     }

@@ -79,6 +79,9 @@ fn dns_takeover(run: &RunReport) -> Option<TakenOver> {
     run.output("dns-takeover").and_then(|o| serde_json::from_value(o.clone()).ok())
 }
 
+/// The origin a journal records for the embedded `--dns-only` playbook.
+const DNS_ONLY_PLAYBOOK: &str = "builtin:restore-dns-takeover";
+
 /// `--from` split into the store's root and one backup, when it names one:
 /// `<root>/<namespace>/<cluster>/<backup-id>` (or `.../latest`).
 pub fn split_backup_url(url: &str) -> Option<(String, String, String, String)> {
@@ -281,17 +284,23 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
 /// Run (or resume, abort, dry-run) a restore of a backup that may be
 /// encrypted (`decrypt`).
 pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
-    let builtin_name = if options.dns_only { "restore-dns-takeover" } else { "restore" };
     if options.dns_only && options.playbook.is_some() {
         return Err(OpsError::Input("--dns-only runs the embedded dns-takeover playbook: drop --playbook".into()));
     }
+    let journal_given = options.resume.clone().or(options.abort.clone());
+    let (mut inputs, journaled) = match &journal_given {
+        Some(journal) => {
+            let (inputs, state) = super::journal_inputs::<RestoreInputs>(journal, "restore")?;
+            (inputs, Some(state.header.playbook))
+        }
+        None => (resolve_inputs(&options, &options.s3).await?, None),
+    };
+    // a --dns-only run is resumed and aborted with its own playbook, whether
+    // or not --dns-only is repeated (its printed next steps do not repeat it)
+    let dns_only = options.dns_only || journaled.as_deref() == Some(DNS_ONLY_PLAYBOOK);
+    let builtin_name = if dns_only { "restore-dns-takeover" } else { "restore" };
     let playbook = builtin::load(builtin_name, options.playbook.as_deref())?;
     playbook.check(&RESTORE_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
-    let mut inputs = match &journal_given {
-        Some(journal) => super::journal_inputs::<RestoreInputs>(journal, "restore")?.0,
-        None => resolve_inputs(&options, &options.s3).await?,
-    };
     // the destination first: a journal pointed at another cluster is refused
     // before the store is read or anything is decrypted
     let target = super::reach_for("destination", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
