@@ -189,3 +189,33 @@ fn huge_durations_are_refused_before_anything_is_contacted() {
     assert!(!state.path().join("state").exists(), "a journal was written");
     assert!(!state.path().join("store").exists(), "the store was touched");
 }
+
+/// A zone id that is not one is refused, naming the flag, before a cluster,
+/// a store or Route53 is contacted: on backup, on schedule render (where it
+/// would otherwise reach every CronJob run), and `--dns-only` needs
+/// `--take-over-dns`.
+#[test]
+fn bad_dns_flags_are_refused_before_anything_is_contacted() {
+    let state = tempfile::tempdir().unwrap();
+    let store = state.path().join("store");
+    let store = store.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["backup", "--hosted-cluster", "demo", "--to", store, "--route53-zone", "not a zone"], "--route53-zone"),
+        (&["schedule", "render", "--schedule", "0 * * * *", "--to", "s3://bucket/hcp", "--route53-zone", "not a zone"], "--route53-zone"),
+        (&["restore", "--from", "s3://bucket/hcp/clusters/demo/latest", "--dns-only"], "--take-over-dns"),
+    ];
+    for (args, names) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr"))
+            .args(*args)
+            .env("HCP_DR_STATE_DIR", state.path().join("state"))
+            .env("KUBECONFIG", state.path().join("absent.kubeconfig"))
+            .env_remove("HCP_DR_ROUTE53_ZONE")
+            .output()
+            .unwrap();
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(said.contains(names) && !said.contains("panicked"), "{args:?}: {said}");
+    }
+    assert!(!state.path().join("state").exists(), "a journal was written");
+    assert!(!state.path().join("store").exists(), "the store was touched");
+}
