@@ -273,6 +273,11 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                         let mut out = super::report::headline("cluster destroy", &result.run, "hcp-dr cluster destroy");
                         out.push('\n');
                         out.push_str(&super::report::stage_lines(&result.run));
+                        if let Some(runs_on) = &result.fenced_copy_of {
+                            out.push_str(&format!(
+                                "this was a fenced copy (the cluster runs on {runs_on}): only this management cluster's objects are deleted, finalizers cleared with the copy's controllers stopped and its pause kept, so no controller here cleans up cloud resources, workers or DNS records the live copy uses (what to check on AWS: docs/runbooks/disaster.md)\n"
+                            ));
+                        }
                         if let Some(journal) = &result.run.journal {
                             out.push_str(&format!("journal: {journal}\n"));
                         }

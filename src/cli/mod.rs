@@ -15,6 +15,7 @@ pub mod backups;
 pub mod cluster;
 pub mod drill;
 pub mod etcd;
+pub mod fence;
 pub mod migrate;
 pub mod playbook;
 pub mod progress;
@@ -92,6 +93,10 @@ pub enum Command {
     /// Inspect and repair a hosted cluster's etcd members.
     #[command(subcommand)]
     Etcd(etcd::Command),
+    /// Stop and mark the stale copy of a hosted cluster on a management
+    /// cluster that came back after the cluster was restored elsewhere
+    /// (--release lets it run again).
+    Fence(fence::Args),
 }
 
 /// How a command ended, mapped to the process exit code by `main`.
@@ -120,5 +125,6 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Schedule(cmd) => schedule::exec(cmd, cli.output),
         Command::Cluster(cmd) => cluster::exec(cmd, cli.output).await,
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
+        Command::Fence(args) => fence::exec(args, cli.output).await,
     }
 }

@@ -12,7 +12,7 @@ use crate::ops;
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     Show {
-        /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy).
+        /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release).
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -31,8 +31,9 @@ pub fn exec(command: Command, output: Output) -> Exit {
         "etcd-restore" => ops::etcd_restore::describe_playbook(playbook.as_deref()),
         "cluster-reconcile" => ops::reconcile::describe_playbook(playbook.as_deref()),
         "cluster-destroy" => ops::cluster::describe_destroy_playbook(playbook.as_deref()),
+        "fence" | "fence-release" => ops::fence::describe_playbook(&name, playbook.as_deref()),
         other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy"
+            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release"
         ))),
     };
     match result {

@@ -193,6 +193,17 @@ impl HostedCluster {
         self.0.pointer("/metadata/annotations").and_then(|a| a.get(FENCED)).and_then(Value::as_str)
     }
 
+    /// Refuse to `doing` (start or repair) a copy `hcp-dr fence` stopped.
+    pub fn refuse_if_fenced(&self, doing: &str) -> Result<(), String> {
+        let (ns, name) = (self.0["metadata"]["namespace"].as_str().unwrap_or_default(), self.0["metadata"]["name"].as_str().unwrap_or_default());
+        match self.fenced() {
+            Some(runs_on) => Err(format!(
+                "HostedCluster {ns}/{name} is fenced on this management cluster (annotation {FENCED}: the cluster runs on {runs_on}): refusing to {doing}, which would start a second, stale copy. If this copy is the one to keep, stop the other first and lift the fence with `hcp-dr fence --release --hosted-cluster {name} -n {ns}`"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The value of a status condition (`True`/`False`/`Unknown`).
     pub fn condition(&self, kind: &str) -> Option<&str> {
         condition(&self.0, kind)

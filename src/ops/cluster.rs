@@ -73,29 +73,41 @@ pub async fn create(options: &CreateOptions) -> Result<Value, OpsError> {
 /// Pause reconciliation of a cluster and its NodePools until `until`
 /// (an RFC3339 deadline: a forgotten pause ends by itself).
 pub async fn pause(client: &kube::Client, ns: &str, name: &str, until: &str) -> Result<Vec<String>, OpsError> {
-    set_pause(client, ns, name, Some(until)).await
+    set_pause(client, ns, name, Some(until), false).await
 }
 
-/// Lift the pause of a cluster and its NodePools.
+/// Lift the pause of a cluster and its NodePools. A fenced cluster is
+/// refused: its pause is the fence's, lifted only by `hcp-dr fence --release`.
 pub async fn resume(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<String>, OpsError> {
-    set_pause(client, ns, name, None).await
+    set_pause(client, ns, name, None, false).await
 }
 
-async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>) -> Result<Vec<String>, OpsError> {
+/// `until` None lifts the pause; `keep_longer` keeps a pause in place that
+/// lasts longer than `until` (a fence's).
+async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>, keep_longer: bool) -> Result<Vec<String>, OpsError> {
     let label = format!("HostedCluster {ns}/{name}");
     let hcs = api(client, &HOSTED_CLUSTER, ns);
-    if get_json(&hcs, name, &label).await?.is_none() {
+    let Some(hc) = get_json(&hcs, name, &label).await? else {
         return Err(OpsError::Input(format!("{label} not found: check the name and -n")));
+    };
+    if until.is_none() {
+        HostedCluster(hc.clone()).refuse_if_fenced("lift its pause").map_err(OpsError::Input)?;
     }
+    // a fenced copy's far pause is never shortened
+    let keep_longer = keep_longer || HostedCluster(hc.clone()).fenced().is_some();
+    let value = |existing: &Value| match until {
+        Some(until) if keep_longer => Some(crate::stages::deadline_pause::longest(existing["spec"]["pausedUntil"].as_str(), until)),
+        other => other.map(str::to_string),
+    };
     let mut changed = Vec::new();
-    crate::kube::set_paused_until(client, &HOSTED_CLUSTER, ns, name, until).await?;
+    crate::kube::set_paused_until(client, &HOSTED_CLUSTER, ns, name, value(&hc).as_deref()).await?;
     changed.push(label);
     let pools = api(client, &NODE_POOL, ns);
     for np in crate::kube::list_json(&pools, &Default::default(), "NodePools").await? {
         if np["spec"]["clusterName"].as_str() == Some(name) {
             let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
             let what = format!("NodePool {ns}/{np_name}");
-            crate::kube::set_paused_until(client, &NODE_POOL, ns, &np_name, until).await?;
+            crate::kube::set_paused_until(client, &NODE_POOL, ns, &np_name, value(&np).as_deref()).await?;
             changed.push(what);
         }
     }
@@ -131,7 +143,7 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str) -> Result<crat
     }
     // paused first, so the operator does not recreate what is being deleted
     let until = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    set_pause(client, ns, name, Some(&until)).await?;
+    set_pause(client, ns, name, Some(&until), true).await?;
     let mut out = Default::default();
     let mut record = |t: &crate::stages::migrate::teardown::TornDown| {
         tracing::info!(deleted = t.deleted.len(), "destroying");
@@ -165,6 +177,8 @@ pub struct DestroyResult {
     pub run: crate::pipeline::RunReport,
     pub hosted_cluster: String,
     pub torn_down: Option<Value>,
+    /// The copy was fenced: where the cluster runs.
+    pub fenced_copy_of: Option<String>,
 }
 
 pub const DESTROY: &str = "cluster-destroy";
@@ -185,7 +199,7 @@ pub async fn destroy_journaled(
             let name = options.name.clone().ok_or_else(|| OpsError::Input("name the cluster to destroy (or --resume/--abort JOURNAL)".into()))?;
             super::backup::check_name("hosted cluster", &name)?;
             super::backup::check_name("namespace", &options.namespace)?;
-            DestroyInputs { namespace: options.namespace.clone(), hosted_cluster: name, pause_seconds: 3600 }
+            DestroyInputs { namespace: options.namespace.clone(), hosted_cluster: name, pause_seconds: 3600, fenced: None }
         }
     };
     if let Some(abort) = &options.abort
@@ -200,8 +214,12 @@ pub async fn destroy_journaled(
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let label = format!("HostedCluster {}/{}", inputs.namespace, inputs.hosted_cluster);
-    if journal_given.is_none() && get_json(&api(&client, &HOSTED_CLUSTER, &inputs.namespace), &inputs.hosted_cluster, &label).await?.is_none() {
-        return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
+    let mut inputs = inputs;
+    if journal_given.is_none() {
+        let Some(hc) = get_json(&api(&client, &HOSTED_CLUSTER, &inputs.namespace), &inputs.hosted_cluster, &label).await? else {
+            return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
+        };
+        inputs.fenced = HostedCluster(hc).fenced().map(str::to_string);
     }
     let mut ctx = DestroyContext { client, inputs: inputs.clone() };
     let catalog = destroy_catalog();
@@ -226,6 +244,7 @@ pub async fn destroy_journaled(
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         torn_down: run.output("teardown").cloned(),
+        fenced_copy_of: inputs.fenced.clone(),
         run,
     })
 }

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod drill;
 pub mod etcd;
 pub mod etcd_restore;
+pub mod fence;
 pub mod migrate;
 pub mod reconcile;
 pub mod restore;

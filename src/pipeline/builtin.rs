@@ -13,6 +13,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("cluster-reconcile", include_str!("../../playbooks/cluster-reconcile.yaml")),
     ("cluster-destroy", include_str!("../../playbooks/cluster-destroy.yaml")),
     ("drill", include_str!("../../playbooks/drill.yaml")),
+    ("fence", include_str!("../../playbooks/fence.yaml")),
+    ("fence-release", include_str!("../../playbooks/fence-release.yaml")),
 ];
 
 /// The embedded playbook `name`, parsed.
@@ -82,6 +84,16 @@ mod tests {
         }
         let destroy = builtin("cluster-destroy").unwrap().unwrap();
         destroy.check(&crate::stages::cluster_destroy::DESTROY_RULES).unwrap();
+        for (name, rules, catalog) in [
+            ("fence", &crate::stages::fence::FENCE_RULES, crate::stages::fence::fence_catalog()),
+            ("fence-release", &crate::stages::fence::RELEASE_RULES, crate::stages::fence::release_catalog()),
+        ] {
+            let playbook = builtin(name).unwrap().unwrap();
+            playbook.check(rules).unwrap();
+            for stage in playbook.stage_names() {
+                assert!(catalog.get(&stage).is_some(), "{name}: {stage} has no implementation");
+            }
+        }
         let catalog = crate::stages::cluster_destroy::destroy_catalog();
         for stage in destroy.stage_names() {
             assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");

@@ -10,11 +10,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::hosted::{HOSTED_CLUSTER, NODE_POOL};
-use crate::kube::{api, get_json, list_json, set_paused_until};
-use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
+use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step};
+use crate::stages::deadline_pause::{DeadlinePause, PauseScope};
+use crate::stages::earlier_progress;
 use crate::stages::migrate::teardown::{self, TornDown};
-use crate::stages::{StageError, earlier_progress, undo_record};
 
 /// The inputs of a destroy (journaled).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,6 +21,9 @@ pub struct DestroyInputs {
     pub namespace: String,
     pub hosted_cluster: String,
     pub pause_seconds: u64,
+    /// Where the cluster runs when this is a copy `hcp-dr fence` stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
 }
 
 pub struct DestroyContext {
@@ -29,84 +31,15 @@ pub struct DestroyContext {
     pub inputs: DestroyInputs,
 }
 
-/// What `pause` changed: `(kind, name, previous pausedUntil)`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Paused {
-    pub until: String,
-    pub previous: Vec<(String, String, Option<String>)>,
-    /// `kind/name` -> the UID paused: the undo leaves an object recreated
-    /// since alone (absent in journals of older hcp-dr).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub uids: std::collections::BTreeMap<String, String>,
-}
-
-pub struct Pause;
-
-#[async_trait]
-impl Stage<DestroyContext> for Pause {
-    fn name(&self) -> &'static str {
-        "pause"
+impl PauseScope for DestroyContext {
+    fn client(&self) -> &kube::Client {
+        &self.client
     }
-    fn summary(&self) -> &'static str {
-        "pause the HostedCluster and its NodePools until a deadline, so nothing is recreated while it is deleted"
+    fn cluster(&self) -> (&str, &str) {
+        (&self.inputs.namespace, &self.inputs.hosted_cluster)
     }
-    fn mutates(&self) -> bool {
-        true
-    }
-    fn plan(&self, ctx: &DestroyContext, _params: &Value) -> Vec<String> {
-        vec![format!(
-            "set spec.pausedUntil on HostedCluster {}/{} and its NodePools to now + {}s",
-            ctx.inputs.namespace, ctx.inputs.hosted_cluster, ctx.inputs.pause_seconds
-        )]
-    }
-    async fn run(&self, ctx: &mut DestroyContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        let (ns, name) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone());
-        let label = format!("HostedCluster {ns}/{name}");
-        let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ns), &name, &label)
-            .await?
-            .ok_or_else(|| StageError::Precondition(format!("{label} not found: nothing to destroy")))?;
-        let mut record = Paused {
-            until: (chrono::Utc::now() + chrono::Duration::seconds(ctx.inputs.pause_seconds as i64))
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            previous: vec![("HostedCluster".into(), name.clone(), hc["spec"]["pausedUntil"].as_str().map(str::to_string))],
-            uids: hc["metadata"]["uid"].as_str().map(|uid| (format!("HostedCluster/{name}"), uid.to_string())).into_iter().collect(),
-        };
-        for np in list_json(&api(&ctx.client, &NODE_POOL, &ns), &Default::default(), "NodePools").await? {
-            if np["spec"]["clusterName"].as_str() == Some(name.as_str()) {
-                let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
-                if let Some(uid) = np["metadata"]["uid"].as_str() {
-                    record.uids.insert(format!("NodePool/{np_name}"), uid.to_string());
-                }
-                record.previous.push(("NodePool".into(), np_name, np["spec"]["pausedUntil"].as_str().map(str::to_string)));
-            }
-        }
-        if let Some(first) = earlier_progress::<Paused>(step, "pause") {
-            record.previous = first.previous;
-            record.uids = first.uids;
-        }
-        step.record(serde_json::to_value(&record)?)?;
-        for (kind, object, _) in &record.previous {
-            let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
-            set_paused_until(&ctx.client, gvk, &ns, object, Some(&record.until)).await?;
-        }
-        Ok(serde_json::to_value(record)?)
-    }
-    fn undoable(&self) -> bool {
-        true
-    }
-    async fn undo(&self, ctx: &mut DestroyContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<Paused>("pause", &input)? else { return Ok(()) };
-        let ns = ctx.inputs.namespace.clone();
-        for (kind, object, previous) in &record.previous {
-            let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
-            let Some(live) = get_json(&api(&ctx.client, gvk, &ns), object, &format!("{kind} {ns}/{object}")).await? else { continue };
-            if crate::stages::pause::recreated_since(&record.uids, kind, object, &live) {
-                tracing::warn!("{kind} {ns}/{object} is not the object this run paused (it was recreated since); leaving it");
-                continue;
-            }
-            set_paused_until(&ctx.client, gvk, &ns, object, previous.as_deref()).await?;
-        }
-        Ok(())
+    fn pause_seconds(&self) -> u64 {
+        self.inputs.pause_seconds
     }
 }
 
@@ -143,7 +76,7 @@ impl Stage<DestroyContext> for Teardown {
 
 /// Every cluster-destroy stage, by name.
 pub fn destroy_catalog() -> Catalog<DestroyContext> {
-    Catalog::default().with(Pause).with(Teardown)
+    Catalog::default().with(DeadlinePause).with(Teardown)
 }
 
 /// The teardown only ever runs on a paused cluster.

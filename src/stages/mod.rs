@@ -3,12 +3,14 @@
 
 pub mod cluster_destroy;
 pub mod context;
+pub mod deadline_pause;
 pub mod drill;
 pub mod etcd_access;
 pub mod etcd_ops;
 pub mod etcd_restore;
 pub mod etcd_snapshot;
 pub mod export;
+pub mod fence;
 pub mod lock;
 pub mod migrate;
 pub mod package;

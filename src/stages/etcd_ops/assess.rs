@@ -304,6 +304,9 @@ async fn claim_names(ctx: &RecoverContext, pod: &str) -> Result<Vec<String>, Sta
 
 async fn run(ctx: &mut RecoverContext) -> Result<Assessment, StageFailure> {
     let health = ctx.probe().await?;
+    if let Some(hc) = &ctx.hosted_cluster {
+        hc.refuse_if_fenced("recover an etcd member of it").map_err(StageError::Precondition)?;
+    }
     let (member, reason) = match decide(&health, ctx.inputs.member.as_deref()) {
         Verdict::Recover { member, reason } => (member, reason),
         Verdict::Refuse(refusal) => return Err(refusal.into()),

@@ -204,6 +204,7 @@ impl Stage<EtcdRestoreContext> for Assess {
         let client = ctx.cluster.client.clone();
         let (ns, name) = (ctx.cluster.inputs.namespace.clone(), ctx.cluster.inputs.hosted_cluster.clone());
         let hc = health::hosted_cluster(&client, &ns, &name).await?;
+        hc.refuse_if_fenced("restore its etcd").map_err(StageError::Precondition)?;
         let hcp_ns = hc.hcp_namespace();
         let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &hcp_ns);
         let sts = sts
