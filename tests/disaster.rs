@@ -225,3 +225,24 @@ async fn a_lost_management_cluster_is_restored_elsewhere_fenced_and_its_dns_take
     assert_eq!(latest_now["origin"]["management_cluster"]["kube_system_uid"], json!(b_uid));
     assert_eq!(latest_now["fence"]["runs_on"]["kube_system_uid"], json!(b_uid));
 }
+
+/// The scenario `hcp-dr-sandbox disaster` runs, as the test suite runs it:
+/// it fails on any check that does not hold; here its findings are checked
+/// once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sandbox_disaster_scenario_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = hcp_dr_e2e::disaster::run(&dir.path().join("sandbox"), std::path::Path::new(env!("CARGO_BIN_EXE_hcp-dr")))
+        .await
+        .unwrap_or_else(|e| panic!("the disaster scenario failed: {e}"));
+    assert!(report.workload_objects_restored >= 2 * WORKLOAD_OBJECTS, "{}", report.render());
+    assert!(report.write_after_backup_lost, "{}", report.render());
+    assert_eq!(report.records.len(), 4, "{}", report.render());
+    assert!(report.records.iter().all(|(_, owners)| owners == &["mgmt-b"]), "{}", report.render());
+    assert!(report.stale_members_before_fence > 0, "the stale copy ran again before the fence: {}", report.render());
+    assert_eq!(report.stale_members_after_fence, 0, "{}", report.render());
+    assert_eq!(report.stale_routes_after_fence, 0, "{}", report.render());
+    assert_eq!(report.stale_backup_refused.len(), 2, "{}", report.render());
+    assert_eq!(report.latest_at_end, report.live_backup, "{}", report.render());
+    assert_ne!(report.live_backup, report.restored_backup, "{}", report.render());
+}

@@ -82,14 +82,14 @@ impl DrillReport {
     }
 }
 
-fn kube_err(action: &str) -> impl FnOnce(kube::Error) -> SandboxError + '_ {
+pub(crate) fn kube_err(action: &str) -> impl FnOnce(kube::Error) -> SandboxError + '_ {
     move |source| SandboxError::Kube {
         action: action.to_string(),
         source,
     }
 }
 
-async fn timed<T, F>(steps: &mut Vec<Step>, name: &str, fut: F) -> Result<T, SandboxError>
+pub(crate) async fn timed<T, F>(steps: &mut Vec<Step>, name: &str, fut: F) -> Result<T, SandboxError>
 where
     F: std::future::Future<Output = Result<(T, String), SandboxError>>,
 {
@@ -483,7 +483,7 @@ pub fn hcp_dr_binary() -> Result<std::path::PathBuf, SandboxError> {
 }
 
 /// The hcp-dr binary with the sandbox's S3 credentials, CA and state dir.
-fn hcp_dr_command(sandbox: &Sandbox, bin: &Path) -> tokio::process::Command {
+pub(crate) fn hcp_dr_command(sandbox: &Sandbox, bin: &Path) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(bin);
     cmd.arg("--output")
         .arg("json")

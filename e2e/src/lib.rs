@@ -6,3 +6,4 @@ pub mod procs;
 pub mod operator;
 pub mod sandbox;
 pub mod drill;
+pub mod disaster;

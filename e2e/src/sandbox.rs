@@ -153,6 +153,8 @@ pub struct LostCluster {
     pub kubeconfig: PathBuf,
     pub api_url: String,
     pub dir: PathBuf,
+    /// How its etcd ran: [`Sandbox::revive`] starts it again on its data.
+    pub etcd: crate::procs::etcd::EtcdMemberConfig,
 }
 
 /// A running sandbox. Dropping it kills its processes; [`Sandbox::shutdown`]
@@ -183,6 +185,63 @@ fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
     file.write_all(text.as_bytes()).map_err(io_err(path))
 }
 
+/// What every management cluster of one sandbox shares.
+struct Common<'a> {
+    dir: &'a Path,
+    ca: &'a Ca,
+    sandbox_id: &'a str,
+    crds: &'a Path,
+    route53: &'a Route53Endpoint,
+    zone_id: &'a str,
+}
+
+/// One management cluster's API server on `etcd` (at `port`, 0: any) with
+/// its kubeconfig at `DIR/<name>.kubeconfig`, and its operator on
+/// `DIR/<name>/state`.
+async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port: u16) -> Result<(ApiServer, Operator), SandboxError> {
+    let api = ApiServer::start(ApiServerConfig {
+        cluster_name: name.to_string(),
+        bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port,
+        etcd_endpoints: vec![etcd.client_url()],
+        etcd_tls: None,
+        key_prefix: "/registry".into(),
+        crd_dirs: vec![common.crds.to_path_buf()],
+        ca: common.ca.clone(),
+        tokens: vec![],
+    })
+    .await
+    .map_err(|source| SandboxError::ApiServer {
+        cluster: name.into(),
+        source,
+    })?;
+    let kubeconfig = common.dir.join(format!("{name}.kubeconfig"));
+    api.write_kubeconfig(&kubeconfig, name).map_err(io_err(&kubeconfig))?;
+    let client = api.client().await.map_err(|source| SandboxError::ApiServer {
+        cluster: name.into(),
+        source,
+    })?;
+    let operator = Operator::start(OperatorConfig {
+        kubeconfig_client: client,
+        cluster_name: name.to_string(),
+        state_dir: common.dir.join(name).join("state"),
+        ca: common.ca.clone(),
+        sandbox_id: common.sandbox_id.to_string(),
+        route53: Some(Route53Config {
+            endpoint_url: common.route53.url().to_string(),
+            zone_id: common.zone_id.to_string(),
+            region: "us-east-1".into(),
+        }),
+        snapshot_ca_pem: Some(common.ca.cert_pem().to_string()),
+    })
+    .await
+    .map_err(|source| SandboxError::Operator {
+        cluster: name.into(),
+        source,
+    })?;
+    Ok((api, operator))
+}
+
 impl Sandbox {
     /// Start everything in `dir` (created if missing) and write the
     /// kubeconfigs, `ca.crt`, `env` and `sandbox.json`.
@@ -208,46 +267,14 @@ impl Sandbox {
             let cluster_dir = dir.join(name);
             std::fs::create_dir_all(&cluster_dir).map_err(io_err(&cluster_dir))?;
             let etcd = EtcdProcess::start_plain(&cluster_dir.join("etcd")).await?;
-            let api = ApiServer::start(ApiServerConfig {
-                cluster_name: name.to_string(),
-                bind_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                port: 0,
-                etcd_endpoints: vec![etcd.client_url()],
-                etcd_tls: None,
-                key_prefix: "/registry".into(),
-                crd_dirs: vec![crds.clone()],
-                ca: ca.clone(),
-                tokens: vec![],
-            })
-            .await
-            .map_err(|source| SandboxError::ApiServer {
-                cluster: name.into(),
-                source,
-            })?;
+            let (api, operator) = start_cluster(
+                &Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id },
+                name,
+                &etcd,
+                0,
+            )
+            .await?;
             let kubeconfig = dir.join(format!("{name}.kubeconfig"));
-            api.write_kubeconfig(&kubeconfig, name).map_err(io_err(&kubeconfig))?;
-            let client = api.client().await.map_err(|source| SandboxError::ApiServer {
-                cluster: name.into(),
-                source,
-            })?;
-            let operator = Operator::start(OperatorConfig {
-                kubeconfig_client: client,
-                cluster_name: name.to_string(),
-                state_dir: cluster_dir.join("state"),
-                ca: ca.clone(),
-                sandbox_id: sandbox_id.clone(),
-                route53: Some(Route53Config {
-                    endpoint_url: route53.url().to_string(),
-                    zone_id: zone_id.clone(),
-                    region: "us-east-1".into(),
-                }),
-                snapshot_ca_pem: Some(ca.cert_pem().to_string()),
-            })
-            .await
-            .map_err(|source| SandboxError::Operator {
-                cluster: name.into(),
-                source,
-            })?;
             clusters.push(ManagementCluster {
                 name: name.to_string(),
                 etcd,
@@ -326,6 +353,26 @@ impl Sandbox {
         self.clusters.iter().find(|c| c.name == name)
     }
 
+    /// The external-dns owners of `host`'s records in the sandbox zone
+    /// (from their TXT registry records).
+    pub async fn owners_of(&self, host: &str) -> Result<Vec<String>, SandboxError> {
+        let out = self
+            .route53
+            .client()
+            .list_resource_record_sets()
+            .hosted_zone_id(&self.zone_id)
+            .send()
+            .await
+            .map_err(|e| SandboxError::Check(format!("listing the records of zone {}: {e:?}", self.zone_id)))?;
+        Ok(out
+            .resource_record_sets()
+            .iter()
+            .filter(|r| r.name().trim_end_matches('.') == host && r.r#type().as_str() == "TXT")
+            .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
+            .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
+            .collect())
+    }
+
     /// Make management cluster `name` disappear as if its machine died:
     /// its operator stops (hosted API servers, external-dns, the kubelet and
     /// with it every hosted etcd member it ran), then its API server, then
@@ -344,6 +391,7 @@ impl Sandbox {
             kubeconfig: cluster.kubeconfig.clone(),
             api_url: cluster.api.url().to_string(),
             dir: self.dir.join(&cluster.name),
+            etcd: cluster.etcd.config().clone(),
         };
         cluster.operator.shutdown().await;
         cluster.api.shutdown().await;
@@ -351,6 +399,49 @@ impl Sandbox {
         tracing::info!(cluster = %lost.name, "management cluster lost: its operator, API server and etcd are stopped");
         self.lost.push(lost);
         Ok(())
+    }
+
+    /// Bring a cluster [`Sandbox::lose`] stopped back with everything it
+    /// had, as when a dead machine is repaired: its etcd on its old data, its
+    /// API server at the same URL (its kubeconfig works again), and its
+    /// operator on the same state directory, which starts again whatever
+    /// its objects say should run (the old hosted control planes on their
+    /// old etcd data, external-dns with its old Routes). It is appended to
+    /// `clusters` (look clusters up by name).
+    pub async fn revive(&mut self, name: &str) -> Result<(), SandboxError> {
+        let index = self
+            .lost
+            .iter()
+            .position(|c| c.name == name)
+            .ok_or_else(|| SandboxError::Check(format!("no lost management cluster {name}")))?;
+        let lost = self.lost.remove(index);
+        let etcd = EtcdProcess::start(lost.etcd.clone())?;
+        etcd.wait_healthy(Duration::from_secs(30), None).await?;
+        let port = lost
+            .api_url
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| SandboxError::Check(format!("{}: no port in {}", lost.name, lost.api_url)))?;
+        let common = Common {
+            dir: &self.dir,
+            ca: &self.ca,
+            sandbox_id: &self.sandbox_id,
+            crds: &self.crds,
+            route53: &self.route53,
+            zone_id: &self.zone_id,
+        };
+        let (api, operator) = start_cluster(&common, &lost.name, &etcd, port).await?;
+        tracing::info!(cluster = %lost.name, "management cluster back with its old state");
+        self.clusters.push(ManagementCluster {
+            name: lost.name,
+            etcd,
+            api,
+            operator,
+            kubeconfig: lost.kubeconfig,
+        });
+        self.write_files()
     }
 
     /// Stop the operators first (they own the hosted etcd processes), then the

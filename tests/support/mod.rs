@@ -170,14 +170,7 @@ pub fn tampered_copy(store: &Path, backup: &Path, file: &str, dest: &Path) -> Pa
 
 /// The external-dns owners of `host`'s records in the sandbox zone.
 pub async fn owners_of(env: &Env, host: &str) -> Vec<String> {
-    let client = env.sandbox.route53.client();
-    let out = client.list_resource_record_sets().hosted_zone_id(&env.sandbox.zone_id).send().await.expect("list records");
-    out.resource_record_sets()
-        .iter()
-        .filter(|r| r.name().trim_end_matches('.') == host && r.r#type().as_str() == "TXT")
-        .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
-        .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
-        .collect()
+    env.sandbox.owners_of(host).await.expect("list records")
 }
 
 /// `hcp-dr backup` of demo to the sandbox's S3 store: the backup's URL and etcd revision.

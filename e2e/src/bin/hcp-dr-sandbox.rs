@@ -44,6 +44,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The lost-management-cluster scenario: demo backed up on mgmt-a, mgmt-a
+    /// dies, restore on mgmt-b with the DNS taken over, mgmt-a comes back
+    /// with its old state and is fenced; fails when any check does not hold.
+    Disaster {
+        /// Where the sandbox lives (default: a temporary directory, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,7 +62,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,hcp_dr_e2e::drill=info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,hcp_dr_e2e::drill=info,hcp_dr_e2e::disaster=info")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -69,6 +80,7 @@ fn main() -> ExitCode {
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
             Command::Drill { dir, json } => drill(dir, json).await,
+            Command::Disaster { dir, json } => disaster(dir, json).await,
         }
     });
     match result {
@@ -217,15 +229,30 @@ async fn cluster_summary(kubeconfig: &str) -> anyhow::Result<String> {
     Ok(format!("ready; hosted clusters: {}", if names.is_empty() { "none".into() } else { names.join(", ") }))
 }
 
-async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
-    let temp;
-    let dir = match dir {
-        Some(dir) => dir,
+/// `dir`, or a temporary directory removed when the guard drops.
+fn scenario_dir(dir: Option<PathBuf>) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match dir {
+        Some(dir) => (dir, None),
         None => {
-            temp = tempfile::Builder::new().prefix("hcp-dr-sandbox-").tempdir()?;
-            temp.path().to_path_buf()
+            let temp = tempfile::Builder::new().prefix("hcp-dr-sandbox-").tempdir()?;
+            (temp.path().to_path_buf(), Some(temp))
         }
-    };
+    })
+}
+
+async fn disaster(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let (dir, _temp) = scenario_dir(dir)?;
+    let report = hcp_dr_e2e::disaster::run(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(())
+}
+
+async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let (dir, _temp) = scenario_dir(dir)?;
     let report = hcp_dr_e2e::drill::run(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
