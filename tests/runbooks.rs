@@ -58,7 +58,8 @@ fn rehearse(sandbox: &Sandbox, work: &Path, what: &str, script: &str) {
 
 /// A rehearsal line the test acts on instead of the shell:
 /// `# [sandbox] lose mgmt-a` stops that management cluster entirely
-/// ([`Sandbox::lose`]), as if its machine died.
+/// ([`Sandbox::lose`]), as if its machine died; `# [sandbox] revive
+/// mgmt-a` brings it back with its old state ([`Sandbox::revive`]).
 const SANDBOX_STEP: &str = "# [sandbox] ";
 
 /// Run a runbook's rehearsal, doing its sandbox steps between the parts.
@@ -76,6 +77,7 @@ async fn rehearse_runbook(sandbox: &mut Sandbox, work: &Path, name: &str, script
         part.clear();
         match step.split_whitespace().collect::<Vec<_>>()[..] {
             ["lose", cluster] => sandbox.lose(cluster).await.unwrap_or_else(|e| panic!("{name}: losing {cluster}: {e}")),
+            ["revive", cluster] => sandbox.revive(cluster).await.unwrap_or_else(|e| panic!("{name}: reviving {cluster}: {e}")),
             _ => panic!("{name}: unknown sandbox step `{step}`"),
         }
     }
