@@ -111,6 +111,9 @@ async fn a_fence_holds_resumes_and_is_released_only_for_the_copy_to_keep() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         assert!(text(&out).contains(says), "{args:?}: {}", text(&out));
     }
+    let out = env.hcp_dr(&["fence", "--hosted-cluster", "demo", "--runs-on", ELSEWHERE, "--dry-run"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("scale every Deployment and StatefulSet in clusters-demo to 0"), "the plan: {}", text(&out));
     assert_eq!(journals(&env), 0, "nothing journaled");
     assert_eq!(replicas(&env).await, before, "nothing scaled");
     assert!(hcp_dr::hosted::HostedCluster(hosted_cluster(&env).await).fenced().is_none());
