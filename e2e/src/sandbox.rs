@@ -353,6 +353,24 @@ impl Sandbox {
         self.clusters.iter().find(|c| c.name == name)
     }
 
+    /// Stop (`down`) or start again the simulated HyperShift operator of
+    /// management cluster `name`: its reconciler stops acting (nothing is
+    /// paused, scaled or acknowledged), while the kubelet with every etcd
+    /// member, the controller-manager and external-dns go on. The marker
+    /// file `DIR/<name>/state/hypershift-operator-down` does it, so a shell
+    /// can too.
+    pub fn set_hypershift_down(&self, name: &str, down: bool) -> Result<(), SandboxError> {
+        let marker = self.dir.join(name).join("state").join(crate::operator::hypershift::DOWN_MARKER);
+        if down {
+            std::fs::write(&marker, b"stopped by the sandbox\n").map_err(io_err(&marker))
+        } else {
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&marker)(e)),
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// The external-dns owners of `host`'s records in the sandbox zone
     /// (from their TXT registry records).
     pub async fn owners_of(&self, host: &str) -> Result<Vec<String>, SandboxError> {

@@ -48,6 +48,12 @@ pub struct Args {
     /// Upper bound for each wait (pods gone, pods back).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub wait_timeout: Duration,
+    /// How long the HyperShift operator has to acknowledge the pause (1s to
+    /// 1h). When it does not (it is down), hcp-dr pauses the
+    /// HostedControlPlane and the Cluster API Cluster itself, as the
+    /// operator would, and puts them back afterwards.
+    #[arg(long, default_value = "60s", value_parser = parse_ack_timeout)]
+    pub operator_ack_timeout: Duration,
     /// etcd CA file (PEM), instead of the HCP namespace's.
     #[arg(long)]
     pub etcd_ca: Option<PathBuf>,
@@ -107,6 +113,15 @@ pub struct Args {
     /// Route53 endpoint override (default: the SDK's).
     #[arg(long, env = "HCP_DR_ROUTE53_ENDPOINT")]
     pub route53_endpoint: Option<String>,
+}
+
+/// `--operator-ack-timeout`: a duration from 1s to 1h.
+pub fn parse_ack_timeout(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("`{text}` is too long: at most 1h (the operator either answers in seconds or is down)"));
+    }
+    Ok(d)
 }
 
 /// `30m`, `1h`, `90s`, `2h30m`.
@@ -208,6 +223,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         encrypt_to: args.encrypt_to,
         route53_zone: args.route53_zone,
         route53_endpoint: args.route53_endpoint,
+        operator_ack_timeout: Some(args.operator_ack_timeout),
     })
 }
 

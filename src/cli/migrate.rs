@@ -57,6 +57,11 @@ pub struct Args {
     /// Upper bound of the source's waits (pods gone).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub wait_timeout: Duration,
+    /// How long the source's HyperShift operator has to acknowledge the
+    /// pause (1s to 1h); when it is down, hcp-dr pauses the
+    /// HostedControlPlane and the Cluster API Cluster itself.
+    #[arg(long, default_value = "60s", value_parser = super::backup::parse_ack_timeout)]
+    pub operator_ack_timeout: Duration,
     /// Upper bound of the wait for the destination to be Available with its nodes Ready.
     #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
     pub restore_wait: Duration,
@@ -106,6 +111,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         stage_snapshot_to: args.stage_snapshot_to,
         route53_zone: args.route53_zone,
         route53_endpoint: args.route53_endpoint,
+        operator_ack_timeout: Some(args.operator_ack_timeout),
         dns_direct: args.dns_direct,
         dns_wait: args.dns_wait,
         pause_ttl: args.pause_ttl,

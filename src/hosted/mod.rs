@@ -51,6 +51,15 @@ pub const HOSTED_CONTROL_PLANE: Gvk = Gvk {
     plural: "hostedcontrolplanes",
 };
 
+/// The Cluster API Cluster of a hosted control plane (named by the
+/// HostedCluster's infraID, in the HCP namespace).
+pub const CAPI_CLUSTER: Gvk = Gvk {
+    group: "cluster.x-k8s.io",
+    version: "v1beta1",
+    kind: "Cluster",
+    plural: "clusters",
+};
+
 /// OpenShift Routes: how a hosted cluster's services are published on an
 /// OpenShift management cluster (external-dns reads their `spec.host`).
 pub const ROUTE: Gvk = Gvk {

@@ -48,6 +48,8 @@ pub struct BackupOptions {
     /// their records and external-dns owner (for a restore that takes them over).
     pub route53_zone: Option<String>,
     pub route53_endpoint: Option<String>,
+    /// How long the HyperShift operator is given to acknowledge the pause.
+    pub operator_ack_timeout: Option<std::time::Duration>,
 }
 
 /// What a backup run reports.
@@ -134,6 +136,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 etcd_access: options.etcd_access,
                 extra_scale_down: options.extra_scale_down.clone(),
                 wait_timeout_seconds: options.wait_timeout.as_secs(),
+                operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
                 holder: holder(),
                 backup_id: new_backup_id(started),
                 started,

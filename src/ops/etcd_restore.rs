@@ -196,6 +196,7 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             etcd_access: options.etcd_access,
             extra_scale_down: Vec::new(),
             wait_timeout_seconds: wait.as_secs(),
+            operator_ack_timeout_seconds: None,
             holder: holder(),
             backup_id: crate::archive::new_backup_id(started),
             started,

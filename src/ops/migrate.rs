@@ -34,6 +34,8 @@ pub struct MigrateOptions {
     pub stage_snapshot_to: Option<String>,
     pub route53_zone: Option<String>,
     pub route53_endpoint: Option<String>,
+    /// How long the source's HyperShift operator is given to acknowledge the pause.
+    pub operator_ack_timeout: Option<std::time::Duration>,
     pub dns_direct: bool,
     pub dns_wait: Duration,
     pub pause_ttl: Duration,
@@ -117,6 +119,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             etcd_access: options.etcd_access,
             extra_scale_down: vec![crate::hosted::CONTROL_PLANE_OPERATOR.to_string()],
             wait_timeout_seconds: options.wait_timeout.as_secs(),
+            operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
             holder: holder(),
             backup_id: backup_id.clone(),
             started,

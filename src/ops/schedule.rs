@@ -39,8 +39,10 @@ pub fn rules() -> Vec<(Value, &'static str)> {
     vec![
         (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedclusters", "nodepools"], "verbs": ["get", "list", "patch"]}),
          "read the clusters; pausedUntil is patched for the pause and put back"),
-        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedcontrolplanes"], "verbs": ["get", "list"]}),
-         "exported"),
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedcontrolplanes"], "verbs": ["get", "list", "patch"]}),
+         "exported; when the HyperShift operator does not acknowledge the pause (it is down), pausedUntil is patched as the operator would and put back"),
+        (json!({"apiGroups": ["cluster.x-k8s.io"], "resources": ["clusters"], "verbs": ["patch"]}),
+         "when the HyperShift operator is down, the Cluster API Cluster is paused (spec.paused) as the operator would and put back"),
         (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["*"], "verbs": ["list"]}),
          "export lists every namespaced HyperShift resource the server serves (awsendpointservices, controlplanecomponents, ... on real clusters)"),
         (json!({"apiGroups": ["cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io", "controlplane.cluster.x-k8s.io", "addons.cluster.x-k8s.io", "ipam.cluster.x-k8s.io", "runtime.cluster.x-k8s.io", "capi-provider.agent-install.openshift.io"], "resources": ["*"], "verbs": ["get", "list"]}),
@@ -70,16 +72,41 @@ pub fn rules() -> Vec<(Value, &'static str)> {
     ]
 }
 
-fn check_schedule(schedule: &str) -> Result<(), OpsError> {
-    let fields: Vec<&str> = schedule.split_whitespace().collect();
-    let ok_field = |f: &str| f.chars().all(|c| c.is_ascii_digit() || matches!(c, '*' | '/' | ',' | '-'));
-    if fields.len() == 5 && fields.iter().all(|f| ok_field(f)) || schedule.starts_with('@') {
-        Ok(())
-    } else {
-        Err(OpsError::Input(format!(
-            "--schedule `{schedule}` is not a cron schedule of five fields (minute hour day month weekday), e.g. \"0 */6 * * *\""
-        )))
+/// The `@` macros a Kubernetes CronJob accepts (robfig/cron descriptors);
+/// `@every` is left out: a five-field schedule says the same plainly.
+pub const CRON_MACROS: [&str; 7] = ["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"];
+
+/// A schedule Kubernetes accepts: a macro, or five fields each checked by
+/// `cron-parser` against its range, that fires at least once in four years.
+pub fn check_schedule(schedule: &str) -> Result<(), OpsError> {
+    let text = schedule.trim();
+    let bad = |why: String| {
+        OpsError::Input(format!(
+            "--schedule `{schedule}`: {why}. Use five fields (minute hour day-of-month month day-of-week), e.g. \"0 */6 * * *\", or one of {}",
+            CRON_MACROS.join(", ")
+        ))
+    };
+    if text.starts_with('@') {
+        return if CRON_MACROS.contains(&text) { Ok(()) } else { Err(bad(format!("`{text}` is not a schedule macro Kubernetes accepts"))) };
     }
+    if text.contains("TZ=") {
+        return Err(bad("a time zone does not go in the schedule (Kubernetes refuses CRON_TZ/TZ there)".into()));
+    }
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(bad(format!("{} field(s), five expected", fields.len())));
+    }
+    let ranges = [("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 6)];
+    for (field, (name, min, max)) in fields.iter().zip(ranges) {
+        // names (SUN..SAT) only where they mean something
+        let letters = field.chars().any(|c| c.is_ascii_alphabetic());
+        let parsed = if letters && name != "day-of-week" { Err(()) } else { cron_parser::parse_field(field, min, max).map(|_| ()).map_err(|_| ()) };
+        if parsed.is_err() || field.contains(",,") || field.ends_with(',') || field.starts_with(',') {
+            return Err(bad(format!("the {name} field `{field}` is not valid ({min}-{max}{}, *, */N, N-M, N-M/N or a list of those)", if name == "day-of-week" { " or SUN-SAT" } else { "" })));
+        }
+    }
+    cron_parser::parse(text, &chrono::Utc::now()).map_err(|_| bad("it never fires (no such date in the next four years)".into()))?;
+    Ok(())
 }
 
 /// The objects, in apply order.
@@ -205,6 +232,33 @@ mod tests {
             keep_weekly: None,
             max_age: Some("30d".into()),
             route53_zone: None,
+        }
+    }
+
+    #[test]
+    fn schedules_are_checked_field_by_field() {
+        for good in ["0 */6 * * *", "*/15 * * * *", "30 2 * * 1-5", "0 0 1,15 * *", "5 4 * * SUN", "0 0 29 2 *", "@daily", "@hourly", " 0 3 * * * "] {
+            assert!(check_schedule(good).is_ok(), "{good}: {:?}", check_schedule(good).err());
+        }
+        for (bad, says) in [
+            ("99 99 99 99 99", "the minute field `99`"),
+            ("@sometimes", "`@sometimes` is not a schedule macro"),
+            ("@every 1h", "not a schedule macro"),
+            ("0 */6 * *", "4 field(s)"),
+            ("0 24 * * *", "the hour field `24`"),
+            ("0 0 0 * *", "the day-of-month field `0`"),
+            ("0 0 * 13 *", "the month field `13`"),
+            ("0 0 * * 7", "the day-of-week field `7`"),
+            ("MON * * * *", "the minute field `MON`"),
+            ("0 0 31 2 *", "never fires"),
+            ("*/0 * * * *", "the minute field"),
+            ("5-1 * * * *", "the minute field"),
+            ("1,,2 * * * *", "the minute field"),
+            ("CRON_TZ=UTC 0 0 * * *", "time zone"),
+            ("", "0 field(s)"),
+        ] {
+            let err = check_schedule(bad).unwrap_err().to_string();
+            assert!(err.contains(says) && err.contains("--schedule"), "{bad:?}: {err}");
         }
     }
 

@@ -31,6 +31,9 @@ pub struct TlsOverride {
     pub key_pem: Option<String>,
 }
 
+/// `--operator-ack-timeout` when not given.
+pub const DEFAULT_OPERATOR_ACK_SECONDS: u64 = 60;
+
 /// The inputs of a backup (journaled on start, minus anything secret).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BackupInputs {
@@ -50,6 +53,11 @@ pub struct BackupInputs {
     pub extra_scale_down: Vec<String>,
     /// Upper bound for each wait (pods gone, pods back).
     pub wait_timeout_seconds: u64,
+    /// How long the HyperShift operator is given to acknowledge the pause
+    /// before hcp-dr pauses the HostedControlPlane and the CAPI Cluster
+    /// itself (absent in older journals: 60 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_ack_timeout_seconds: Option<u64>,
     /// Who holds the lock (`user@host pid N`).
     pub holder: String,
     /// Set once when the run starts, so a resumed run writes the same backup.
@@ -71,6 +79,11 @@ pub struct BackupInputs {
 impl BackupInputs {
     pub fn pause_ttl(&self) -> Duration {
         Duration::from_secs(self.pause_ttl_seconds)
+    }
+    /// How long the operator is given to acknowledge the pause (never
+    /// longer than the wait timeout).
+    pub fn operator_ack_timeout(&self) -> Duration {
+        Duration::from_secs(self.operator_ack_timeout_seconds.unwrap_or(DEFAULT_OPERATOR_ACK_SECONDS).min(self.wait_timeout_seconds))
     }
     pub fn wait_timeout(&self) -> Duration {
         Duration::from_secs(self.wait_timeout_seconds)
@@ -98,6 +111,41 @@ pub struct PauseRecord {
     /// back on that object only, never on a same-named one made since.
     #[serde(default)]
     pub uids: std::collections::BTreeMap<String, String>,
+    /// Set when the HyperShift operator did not acknowledge the pause in
+    /// time and hcp-dr paused what it would have (absent in older journals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_stand_in: Option<OperatorStandIn>,
+}
+
+/// What hcp-dr paused itself, as the HyperShift operator would have, and
+/// the values before (put back with the rest of the pause).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OperatorStandIn {
+    /// How long the operator was given.
+    pub waited_seconds: u64,
+    /// The HostedControlPlane and its `spec.pausedUntil` before.
+    pub hosted_control_plane: Option<(String, Option<String>)>,
+    /// The Cluster API Cluster and its `spec.paused` before.
+    pub capi_cluster: Option<(String, Option<bool>)>,
+}
+
+impl OperatorStandIn {
+    /// One line for the report.
+    pub fn describe(&self, hcp_ns: &str) -> String {
+        let mut paused = Vec::new();
+        if let Some((name, _)) = &self.hosted_control_plane {
+            paused.push(format!("HostedControlPlane {hcp_ns}/{name} (spec.pausedUntil)"));
+        }
+        if let Some((name, _)) = &self.capi_cluster {
+            paused.push(format!("Cluster {hcp_ns}/{name} (spec.paused)"));
+        }
+        format!(
+            "the HyperShift operator did not acknowledge the pause within {}s (is it down?): hcp-dr paused {} itself, as the operator would have, and puts {} back with the rest of the pause",
+            self.waited_seconds,
+            if paused.is_empty() { "nothing more (neither exists)".to_string() } else { paused.join(" and ") },
+            if paused.len() == 1 { "it" } else { "them" }
+        )
+    }
 }
 
 /// A Deployment `scale-down` scaled, and its replicas before.

@@ -256,7 +256,7 @@ async fn running_pods(client: &kube::Client, ns: &str) -> Result<Vec<String>, cr
         .into_iter()
         .filter(|p| {
             let owners = p.metadata.owner_references.as_deref().unwrap_or_default();
-            owners.iter().any(|o| o.kind == "StatefulSet" || o.kind == "ReplicaSet")
+            owners.iter().any(|o| matches!(o.kind.as_str(), "StatefulSet" | "ReplicaSet" | "Deployment"))
         })
         .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
         .filter_map(|p| p.metadata.name)

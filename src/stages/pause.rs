@@ -6,12 +6,12 @@
 
 use async_trait::async_trait;
 use chrono::{SecondsFormat, Utc};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::context::{BackupContext, PauseRecord};
+use super::context::{BackupContext, OperatorStandIn, PauseRecord};
 use super::{StageError, earlier_progress, from_output, undo_record};
-use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
-use crate::kube::{api, get_json, set_paused_until};
+use crate::hosted::{CAPI_CLUSTER, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
+use crate::kube::{api, get_json, merge_patch, set_paused_until};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct Pause;
@@ -20,12 +20,13 @@ pub struct Pause;
 /// it and the HostedCluster reports `ReconciliationActive=False` (when the
 /// operator sets that condition). Scaling down before then races with a
 /// reconcile already under way, which would scale the writers back up.
-async fn wait_acknowledged(ctx: &BackupContext, until: &str) -> Result<(), StageFailure> {
+/// `false` when the operator did not within `--operator-ack-timeout`.
+async fn wait_acknowledged(ctx: &BackupContext, until: &str) -> Result<bool, StageFailure> {
     let ns = &ctx.inputs.namespace;
     let name = &ctx.inputs.hosted_cluster;
     let hcp_ns = ctx.hcp_namespace();
     let what = format!("the operator to acknowledge the pause of {} (HostedControlPlane {hcp_ns}/{name} pausedUntil={until})", ctx.hc_label());
-    crate::kube::wait_for(&what, ctx.inputs.wait_timeout(), std::time::Duration::from_millis(250), || async {
+    let waited = crate::kube::wait_for(&what, ctx.inputs.operator_ack_timeout(), std::time::Duration::from_millis(250), || async {
         let hcp = get_json(&api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns), name, "HostedControlPlane").await?;
         let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, ns), name, "HostedCluster").await?;
         let hcp_paused = hcp.as_ref().is_some_and(|h| h["spec"]["pausedUntil"].as_str() == Some(until));
@@ -33,7 +34,62 @@ async fn wait_acknowledged(ctx: &BackupContext, until: &str) -> Result<(), Stage
         let acknowledged = hcp_paused && condition.as_deref() != Some("True");
         Ok(acknowledged.then_some(()))
     })
-    .await?;
+    .await;
+    match waited {
+        Ok(()) => Ok(true),
+        Err(crate::kube::KubeError::Timeout { .. }) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What the operator would have paused and what it holds now: the
+/// HostedControlPlane (`spec.pausedUntil`) and the Cluster API Cluster
+/// named by the HostedCluster's infraID (`spec.paused`).
+async fn stand_in_targets(ctx: &BackupContext) -> Result<OperatorStandIn, StageFailure> {
+    let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
+    let hcp_ns = ctx.hcp_namespace();
+    let mut out = OperatorStandIn { waited_seconds: ctx.inputs.operator_ack_timeout().as_secs(), ..Default::default() };
+    if let Some(hcp) = get_json(&api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns), name, "HostedControlPlane").await? {
+        out.hosted_control_plane = Some((name.clone(), hcp["spec"]["pausedUntil"].as_str().map(str::to_string)));
+    }
+    let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, ns), name, "HostedCluster").await?;
+    if let Some(infra_id) = hc.as_ref().and_then(|h| h["spec"]["infraID"].as_str())
+        && let Some(cluster) = get_json(&api(&ctx.client, &CAPI_CLUSTER, &hcp_ns), infra_id, "Cluster").await?
+    {
+        out.capi_cluster = Some((infra_id.to_string(), cluster["spec"]["paused"].as_bool()));
+    }
+    Ok(out)
+}
+
+/// Pause what the operator would have: the HostedControlPlane until `until`,
+/// the CAPI Cluster with `spec.paused: true`.
+async fn stand_in(ctx: &BackupContext, stand_in: &OperatorStandIn, until: &str) -> Result<(), StageFailure> {
+    let hcp_ns = ctx.hcp_namespace();
+    if let Some((name, _)) = &stand_in.hosted_control_plane {
+        set_paused_until(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns, name, Some(until)).await?;
+    }
+    if let Some((name, _)) = &stand_in.capi_cluster {
+        merge_patch(&api(&ctx.client, &CAPI_CLUSTER, &hcp_ns), name, &json!({"spec": {"paused": true}}), &format!("pausing Cluster {hcp_ns}/{name}")).await?;
+    }
+    Ok(())
+}
+
+/// Put back what [`stand_in`] changed, where nobody changed it since.
+async fn put_back_stand_in(ctx: &BackupContext, stand_in: &OperatorStandIn, until: &str) -> Result<(), StageFailure> {
+    let hcp_ns = ctx.hcp_namespace();
+    if let Some((name, previous)) = &stand_in.hosted_control_plane
+        && let Some(hcp) = get_json(&api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns), name, "HostedControlPlane").await?
+        && hcp["spec"]["pausedUntil"].as_str() == Some(until)
+    {
+        set_paused_until(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns, name, previous.as_deref()).await?;
+    }
+    if let Some((name, previous)) = &stand_in.capi_cluster
+        && let Some(cluster) = get_json(&api(&ctx.client, &CAPI_CLUSTER, &hcp_ns), name, "Cluster").await?
+        && cluster["spec"]["paused"].as_bool() == Some(true)
+        && *previous != Some(true)
+    {
+        merge_patch(&api(&ctx.client, &CAPI_CLUSTER, &hcp_ns), name, &json!({"spec": {"paused": previous}}), &format!("unpausing Cluster {hcp_ns}/{name}")).await?;
+    }
     Ok(())
 }
 
@@ -75,6 +131,9 @@ pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), S
         }
         set_paused_until(&ctx.client, gvk, &ctx.inputs.namespace, name, previous.as_deref()).await?;
     }
+    if let Some(stand_in) = &record.operator_stand_in {
+        put_back_stand_in(ctx, stand_in, &record.until).await?;
+    }
     Ok(())
 }
 
@@ -107,6 +166,7 @@ impl Stage<BackupContext> for Pause {
             until: until.clone(),
             previous: Vec::new(),
             uids: Default::default(),
+            operator_stand_in: None,
         };
         for (kind, name) in targets(ctx) {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
@@ -122,6 +182,7 @@ impl Stage<BackupContext> for Pause {
         if let Some(first) = earlier_progress::<PauseRecord>(step, "pause") {
             record.previous = first.previous;
             record.uids = first.uids;
+            record.operator_stand_in = first.operator_stand_in;
         }
         // Journal what will change before changing it.
         step.record(serde_json::to_value(&record)?)?;
@@ -129,13 +190,30 @@ impl Stage<BackupContext> for Pause {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
             set_paused_until(&ctx.client, gvk, &ctx.inputs.namespace, name, Some(&until)).await?;
         }
-        wait_acknowledged(ctx, &until).await?;
+        if !wait_acknowledged(ctx, &until).await? {
+            // The operator is down or stuck: do what it would have done,
+            // journaled first, so the scale-down is not undone behind us.
+            let targets = match record.operator_stand_in.take() {
+                Some(first) => first,
+                None => stand_in_targets(ctx).await?,
+            };
+            record.operator_stand_in = Some(targets.clone());
+            step.record(serde_json::to_value(&record)?)?;
+            stand_in(ctx, &targets, &until).await?;
+            let line = targets.describe(&ctx.hcp_namespace());
+            tracing::warn!("{line}");
+            ctx.warnings.push(line);
+        }
         let output = serde_json::to_value(&record)?;
         ctx.paused = Some(record);
         Ok(output)
     }
     fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.paused = Some(from_output("pause", output)?);
+        let record: PauseRecord = from_output("pause", output)?;
+        if let Some(stand_in) = &record.operator_stand_in {
+            ctx.warnings.push(stand_in.describe(&ctx.hcp_namespace()));
+        }
+        ctx.paused = Some(record);
         Ok(())
     }
     fn undoable(&self) -> bool {

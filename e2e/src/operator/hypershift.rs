@@ -143,7 +143,16 @@ pub fn api_hostname(hc: &Value) -> String {
 }
 
 /// One pass over every HostedCluster.
+/// While this file exists in the operator's state directory, the HyperShift
+/// reconciler does nothing (the operator is "down", as during a management
+/// cluster incident); the kubelet, the controller-manager and external-dns
+/// go on. `touch` it to stop the operator, remove it to start it again.
+pub const DOWN_MARKER: &str = "hypershift-operator-down";
+
 pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
+    if ctx.cfg.state_dir.join(DOWN_MARKER).exists() {
+        return Ok(());
+    }
     let hcs = ctx.kube.list(&HOSTED_CLUSTER, None, None).await?;
     let nps = ctx.kube.list(&NODE_POOL, None, None).await?;
     for hc in &hcs {
