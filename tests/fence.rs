@@ -123,7 +123,7 @@ async fn a_fence_holds_resumes_and_is_released_only_for_the_copy_to_keep() {
     let elsewhere = ManagementCluster { server: ELSEWHERE.into(), kube_system_uid: Some("uid-of-mgmt-b".into()) };
     fence::write(store.as_ref(), &store_fence(elsewhere.clone())).await.unwrap();
     let out = env.hcp_dr(&["fence", "--hosted-cluster", "demo", "--store", &store_url, "-o", "json"], &[("HCP_DR_TEST_FAIL_AFTER", "pause")]);
-    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "stopped with changes in place: needs attention: {}", text(&out));
     let stopped = json_report(&out);
     let journal = stopped["journal"].as_str().expect("journal").to_string();
     let hc = hosted_cluster(&env).await;
@@ -206,7 +206,7 @@ async fn a_fence_holds_resumes_and_is_released_only_for_the_copy_to_keep() {
     let journal = env.dir.path().join("destroy.jsonl");
     let journal = journal.to_str().unwrap();
     let out = env.hcp_dr(&["cluster", "destroy", "demo", "--journal", journal], &[("HCP_DR_TEST_FAIL_AFTER", "pause")]);
-    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert_eq!(hosted_cluster(&env).await["spec"]["pausedUntil"], json!(far), "the destroy's pause kept the fence's far deadline");
     let out = env.hcp_dr(&["cluster", "destroy", "--resume", journal], &[]);
     assert!(out.status.success(), "{}", text(&out));

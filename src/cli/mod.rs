@@ -26,8 +26,17 @@ pub mod snapshot;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// The exit codes, as `--help` prints them and the README's table lists them.
+pub const EXIT_CODES: &str = "Exit codes:
+  0  done (or planned, with --dry-run; or an --abort that left nothing of its run)
+  1  failed, and everything the run changed was undone (or it changed nothing)
+  2  bad input: nothing was contacted, changed or journaled; the message names the flag or file
+  3  needs attention: the run stopped with changes in place (an undo failed, or an operation that
+     stops rather than undoes: restore, migrate, fence, cluster destroy); read the report, then
+     --resume (or --abort) the journal it names";
+
 #[derive(Debug, Parser)]
-#[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes")]
+#[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes", after_help = EXIT_CODES)]
 pub struct Cli {
     /// Output format of the final report.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
@@ -110,6 +119,25 @@ pub enum Exit {
     Usage = 2,
     /// Failed and an undo failed too: the cluster needs attention (see the report and resume the journal).
     NeedsAttention = 3,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_code_table_names_every_exit_and_the_readme_repeats_it() {
+        for exit in [Exit::Success, Exit::Failed, Exit::Usage, Exit::NeedsAttention] {
+            assert!(EXIT_CODES.contains(&format!("\n  {}  ", exit as u8)), "{exit:?} is missing from the table");
+        }
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        for line in EXIT_CODES.lines().skip(1).filter(|l| !l.starts_with("     ")) {
+            let (code, _) = line.trim().split_once("  ").unwrap();
+            assert!(readme.contains(&format!("| {code} |")), "README's exit-code table lacks {code}");
+        }
+        let help = <Cli as clap::CommandFactory>::command().render_long_help().to_string();
+        assert!(help.contains("Exit codes:") && help.contains("3  needs attention"), "{help}");
+    }
 }
 
 /// Run the parsed command.
