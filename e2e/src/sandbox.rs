@@ -387,7 +387,7 @@ impl Sandbox {
             .iter()
             .filter(|r| r.name().trim_end_matches('.') == host && r.r#type().as_str() == "TXT")
             .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
-            .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
+            .filter_map(|v| crate::operator::external_dns::txt_owner(&v))
             .collect())
     }
 

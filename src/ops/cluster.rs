@@ -90,11 +90,12 @@ async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&s
     let Some(hc) = get_json(&hcs, name, &label).await? else {
         return Err(OpsError::Input(format!("{label} not found: check the name and -n")));
     };
+    let hosted = HostedCluster(hc.clone());
     if until.is_none() {
-        HostedCluster(hc.clone()).refuse_if_fenced("lift its pause").map_err(OpsError::Input)?;
+        hosted.refuse_if_fenced("lift its pause").map_err(OpsError::Input)?;
     }
     // a fenced copy's far pause is never shortened
-    let keep_longer = keep_longer || HostedCluster(hc.clone()).fenced().is_some();
+    let keep_longer = keep_longer || hosted.fenced().is_some();
     let value = |existing: &Value| match until {
         Some(until) if keep_longer => Some(crate::stages::deadline_pause::longest(existing["spec"]["pausedUntil"].as_str(), until)),
         other => other.map(str::to_string),

@@ -20,7 +20,9 @@ use crate::archive::fence::{self as store_fence, FenceError};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{OnFailure, RunReport, Runner, builtin};
-use crate::stages::fence::{FENCE_PAUSE_SECONDS, FENCE_RULES, FenceContext, FenceInputs, RELEASE_RULES, fence_catalog, release_catalog};
+use crate::stages::fence::{
+    FENCE_PAUSE_SECONDS, FENCE_RULES, FenceContext, FenceInputs, RELEASE_RULES, RemovedRoutes, Stopped, fence_catalog, release_catalog,
+};
 use crate::store::{self, S3Options};
 
 pub const FENCE: &str = "fence";
@@ -126,29 +128,15 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
     let catalog = if operation == FENCE { fence_catalog() } else { release_catalog() };
     let runner = Runner { operation, playbook: &playbook, catalog: &catalog, observer: options.observer.as_deref(), on_failure: OnFailure::Stop };
     let run = runner.run(&mut ctx, mode, interrupt).await?;
-    let names = |stage: &str, field: &str| -> Vec<String> {
-        run.output(stage)
-            .and_then(|o| o.get(field))
-            .and_then(|v| v.as_array())
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|item| match (item.get(0), item.get(1), item.pointer("/metadata/name")) {
-                        (Some(kind), Some(name), _) => Some(format!("{} {}", kind.as_str()?, name.as_str()?)),
-                        (_, _, Some(name)) => name.as_str().map(str::to_string),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let stopped: Stopped = run.output("scale-to-zero").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
+    let removed: RemovedRoutes = run.output("remove-routes").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
     Ok(FenceResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         release: operation == RELEASE,
         here,
         runs_on: inputs.runs_on.clone(),
-        scaled_to_zero: names("scale-to-zero", "previous"),
-        routes_removed: names("remove-routes", "routes"),
+        scaled_to_zero: stopped.previous.iter().map(|(kind, name, _)| format!("{kind} {name}")).collect(),
+        routes_removed: removed.names(),
         warnings,
         run,
     })

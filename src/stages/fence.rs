@@ -154,6 +154,19 @@ async fn scale(client: &kube::Client, ns: &str, kind: &str, name: &str, replicas
     }
 }
 
+/// `first` (what an earlier attempt or fence recorded, which stays what is
+/// put back), then what `now` has that `first` does not, by `key`.
+fn first_then_new<T, K: PartialEq>(first: Vec<T>, now: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let seen: Vec<K> = first.iter().map(&key).collect();
+    let new: Vec<T> = now.into_iter().filter(|item| !seen.contains(&key(item))).collect();
+    first.into_iter().chain(new).collect()
+}
+
+/// `(kind, name)` of a `(kind, name, value)` record.
+fn kind_name<V>(item: &(String, String, V)) -> (String, String) {
+    (item.0.clone(), item.1.clone())
+}
+
 /// What `mark` changed: the annotations before it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Marked {
@@ -190,7 +203,7 @@ impl Stage<FenceContext> for Mark {
         // thing to put back; workloads new since are added as they are.
         let earlier = FenceState::of(&hc).map_err(|e| StageError::Precondition(format!("{}: {e}; remove it by hand", ctx.label())))?;
         let (ns, name) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone());
-        let mut paused = vec![("HostedCluster".to_string(), name.clone(), hc["spec"]["pausedUntil"].as_str().map(str::to_string))];
+        let mut paused: Vec<(String, String, Option<String>)> = vec![("HostedCluster".to_string(), name.clone(), hc["spec"]["pausedUntil"].as_str().map(str::to_string))];
         for np in list_json(&api(&ctx.client, &NODE_POOL, &ns), &ListParams::default(), "NodePools").await? {
             if np["spec"]["clusterName"].as_str() == Some(name.as_str()) {
                 let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
@@ -201,11 +214,8 @@ impl Stage<FenceContext> for Mark {
         let mut at = Utc::now();
         if let Some(earlier) = earlier {
             at = earlier.at;
-            let kept = |list: &[(String, String, Option<String>)], kind: &str, name: &str| list.iter().any(|(k, n, _)| k == kind && n == name);
-            paused.retain(|(k, n, _)| !kept(&earlier.paused, k, n));
-            paused.splice(0..0, earlier.paused.iter().cloned());
-            replicas.retain(|(k, n, _)| !earlier.replicas.iter().any(|(ek, en, _)| ek == k && en == n));
-            replicas.splice(0..0, earlier.replicas.iter().cloned());
+            paused = first_then_new(earlier.paused, paused, kind_name);
+            replicas = first_then_new(earlier.replicas, replicas, kind_name);
         }
         let state = FenceState { runs_on: ctx.inputs.runs_on.clone(), at, paused, replicas };
         record.state = Some(state.clone());
@@ -285,8 +295,7 @@ impl Stage<FenceContext> for ScaleToZero {
         let ns = ctx.hcp_namespace();
         let mut record = Stopped { previous: workloads(&ctx.client, &ns).await? };
         if let Some(first) = earlier_progress::<Stopped>(step, "scale-to-zero") {
-            let new: Vec<_> = record.previous.into_iter().filter(|(k, n, _)| !first.previous.iter().any(|(fk, fn_, _)| fk == k && fn_ == n)).collect();
-            record.previous = first.previous.into_iter().chain(new).collect();
+            record.previous = first_then_new(first.previous, record.previous, kind_name);
         }
         step.record(serde_json::to_value(&record)?)?;
         for (kind, name, _) in &record.previous {
@@ -349,8 +358,10 @@ pub struct RemoveRoutes;
 
 /// A Route as it can be created again: kind, name, labels, annotations, spec.
 fn recreatable(route: &Value) -> Value {
+    // apiVersion from the type, not the listed item: items of a list of a
+    // built-in type (OpenShift serves Routes itself) carry no apiVersion
     json!({
-        "apiVersion": route["apiVersion"],
+        "apiVersion": ROUTE.api_resource().api_version,
         "kind": "Route",
         "metadata": {
             "name": route["metadata"]["name"],
@@ -387,8 +398,7 @@ impl Stage<FenceContext> for RemoveRoutes {
         };
         let mut record = RemovedRoutes { routes: listed.iter().map(recreatable).collect() };
         if let Some(first) = earlier_progress::<RemovedRoutes>(step, "remove-routes") {
-            let seen = first.names();
-            record.routes = first.routes.into_iter().chain(record.routes.into_iter().filter(|r| !seen.iter().any(|n| r["metadata"]["name"].as_str() == Some(n)))).collect();
+            record.routes = first_then_new(first.routes, record.routes, |r| r["metadata"]["name"].as_str().map(str::to_string));
         }
         step.record(serde_json::to_value(&record)?)?;
         for name in record.names() {
@@ -623,5 +633,18 @@ mod tests {
         assert!(kept["metadata"].get("uid").is_none() && kept["metadata"].get("resourceVersion").is_none());
         assert!(kept.get("status").is_none());
         assert_eq!(kept["spec"], live["spec"]);
+        let mut bare = live.clone();
+        bare.as_object_mut().unwrap().remove("apiVersion");
+        assert_eq!(recreatable(&bare)["apiVersion"], "route.openshift.io/v1", "a list item without apiVersion still recreates");
+    }
+
+    #[test]
+    fn what_was_recorded_first_stays_and_only_new_items_are_added() {
+        let first = vec![("Deployment".to_string(), "a".to_string(), 3), ("StatefulSet".to_string(), "etcd".to_string(), 3)];
+        let now = vec![("Deployment".to_string(), "a".to_string(), 0), ("Deployment".to_string(), "b".to_string(), 2)];
+        assert_eq!(
+            first_then_new(first, now, kind_name),
+            vec![("Deployment".to_string(), "a".to_string(), 3), ("StatefulSet".to_string(), "etcd".to_string(), 3), ("Deployment".to_string(), "b".to_string(), 2)]
+        );
     }
 }
