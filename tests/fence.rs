@@ -105,6 +105,7 @@ async fn a_fence_holds_resumes_and_is_released_only_for_the_copy_to_keep() {
         (vec!["fence", "--hosted-cluster", "demo", "--runs-on", "mgmt-b"], "--runs-on `mgmt-b`"),
         (vec!["fence", "--hosted-cluster", "demo", "--store", store_url.as_str()], "the store fence says the cluster runs HERE"),
         (vec!["fence", "--hosted-cluster", "demo", "--release"], "is not fenced"),
+        (vec!["fence", "--hosted-cluster", "demo", "--release", "--claim-store"], "--claim-store rewrites the store fence"),
         (vec!["fence", "--hosted-cluster", "Bad_Name", "--runs-on", ELSEWHERE], "hosted cluster"),
     ] {
         let out = env.hcp_dr(&args, &[]);

@@ -64,6 +64,10 @@ async fn backup_stands_in_for_an_operator_that_is_down_and_puts_everything_back(
         let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", store, "--operator-ack-timeout", bad], &[]);
         assert_eq!(out.status.code(), Some(2), "{bad}: {}", support::text(&out));
         assert!(support::text(&out).contains("--operator-ack-timeout"), "{bad}: {}", support::text(&out));
+        let migrate = ["migrate", "--hosted-cluster", "demo", "--to-kubeconfig", "b.kubeconfig", "--via", store, "--operator-ack-timeout", bad];
+        let out = env.hcp_dr(&migrate, &[]);
+        assert_eq!(out.status.code(), Some(2), "migrate {bad}: {}", support::text(&out));
+        assert!(support::text(&out).contains("--operator-ack-timeout"), "migrate {bad}: {}", support::text(&out));
     }
     env.sandbox.set_hypershift_down("mgmt-a", false).expect("operator back");
 }
