@@ -5,6 +5,7 @@
 pub mod archive;
 pub mod cli;
 pub mod dns;
+pub mod duration;
 pub mod etcd;
 pub mod hosted;
 pub mod kube;

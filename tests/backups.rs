@@ -198,8 +198,9 @@ async fn list_and_prune_keep_exactly_what_the_policy_says() {
     let out = hcp_dr(&seeded, &["backups", "prune", "--store", "s3://backups/hcp"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--keep-last"), "{}", text(&out));
-    let out = hcp_dr(&seeded, &["backups", "prune", "--store", "s3://backups/hcp", "--max-age", "5y"]);
+    let out = hcp_dr(&seeded, &["backups", "prune", "--store", "s3://backups/hcp", "--max-age", "5 fortnights"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--max-age") && text(&out).contains("1h to 36500d"), "{}", text(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -127,39 +127,9 @@ pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec
         .collect()
 }
 
-/// `30d`, `12h`, `2w`, `90m`.
-pub fn parse_age(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: i64 = number.parse().map_err(|_| format!("`{text}`: use a number and a unit, e.g. 30d, 12h, 2w"))?;
-    if n <= 0 {
-        return Err(format!("`{text}` must be more than zero"));
-    }
-    let age = match unit {
-        "m" => Duration::try_minutes(n),
-        "h" => Duration::try_hours(n),
-        "d" => Duration::try_days(n),
-        "w" => Duration::try_weeks(n),
-        _ => return Err(format!("`{text}`: unknown unit `{unit}`; use m, h, d or w")),
-    };
-    // beyond a century no backup is that old: refuse rather than overflow later
-    match age {
-        Some(age) if age <= Duration::days(36_500) => Ok(age),
-        _ => Err(format!("`{text}` is too long: at most 36500d (100 years)")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn huge_ages_are_refused_not_overflowed() {
-        for huge in ["9223372036854775807d", "9223372036854775807w", "153722867280912931m", "36501d"] {
-            assert!(parse_age(huge).unwrap_err().contains("too long"), "{huge}");
-        }
-        assert_eq!(parse_age("36500d").unwrap(), Duration::days(36_500));
-    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -254,15 +224,5 @@ mod tests {
         ];
         let p = Policy { keep_last: Some(5), incomplete_after: Duration::hours(24), ..Policy::default() };
         assert_eq!(kept(&decide(&b, &p, now)), ["writing", "good"]);
-    }
-
-    #[test]
-    fn ages() {
-        assert_eq!(parse_age("30d").unwrap(), Duration::days(30));
-        assert_eq!(parse_age("2w").unwrap(), Duration::weeks(2));
-        assert_eq!(parse_age("12h").unwrap(), Duration::hours(12));
-        for bad in ["", "30", "d", "0d", "5y"] {
-            assert!(parse_age(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -6,7 +6,8 @@ use clap::{Args as ClapArgs, Subcommand};
 
 use super::{Exit, Output};
 use crate::archive::Layout;
-use crate::archive::retention::{Policy, parse_age};
+use crate::archive::retention::Policy;
+use crate::duration;
 use crate::ops::OpsError;
 use crate::ops::backups::{self, BackupEntry, PruneEntry, VerifyReport};
 use crate::ops::restore::{latest_backup, split_backup_url};
@@ -78,21 +79,23 @@ pub enum Command {
         hosted_cluster: Option<String>,
         #[arg(short = 'n', long, default_value = "clusters")]
         namespace: String,
-        /// Keep the N newest complete backups.
-        #[arg(long)]
+        /// Keep the N newest complete backups [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_last: Option<usize>,
-        /// Keep the newest complete backup of each of the last N days.
-        #[arg(long)]
+        /// Keep the newest complete backup of each of the last N days [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_daily: Option<usize>,
-        /// Keep the newest complete backup of each of the last N weeks.
-        #[arg(long)]
+        /// Keep the newest complete backup of each of the last N weeks [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_weekly: Option<usize>,
-        /// Remove complete backups older than this (e.g. 30d), unless it is a cluster's newest.
-        #[arg(long, value_parser = parse_age)]
-        max_age: Option<chrono::Duration>,
-        /// Remove incomplete backups (no manifest) older than this.
-        #[arg(long, default_value = "24h", value_parser = parse_age)]
-        incomplete_after: chrono::Duration,
+        /// Remove complete backups older than this (e.g. 30d), unless it is a
+        /// cluster's newest [range: 1h to 36500d].
+        #[arg(long, value_parser = duration::RETENTION_AGE)]
+        max_age: Option<std::time::Duration>,
+        /// Remove incomplete backups (no manifest) older than this: a backup
+        /// still running must not look abandoned [range: 1h to 36500d].
+        #[arg(long, default_value = "24h", value_parser = duration::INCOMPLETE_AFTER)]
+        incomplete_after: std::time::Duration,
         /// List what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
@@ -396,8 +399,8 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 keep_last,
                 keep_daily,
                 keep_weekly,
-                max_age,
-                incomplete_after,
+                max_age: max_age.map(duration::to_chrono),
+                incomplete_after: duration::to_chrono(incomplete_after),
             };
             let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
             match backups::prune(store.as_ref(), cluster, &policy, dry_run).await {

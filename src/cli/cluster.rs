@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::hosted::render::{AwsSpec, NewCluster, Platform};
 use crate::ops::OpsError;
@@ -17,34 +17,38 @@ pub enum Command {
     Create(CreateArgs),
     /// Pause reconciliation of a cluster and its NodePools until a deadline.
     Pause {
+        #[arg(value_parser = super::k8s_name)]
         name: String,
-        #[arg(short = 'n', long, default_value = "clusters")]
+        #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         /// An RFC3339 time; default: now + --for.
         #[arg(long)]
         until: Option<String>,
-        /// How long the pause lasts (when --until is not given).
-        #[arg(long = "for", default_value = "1h", value_parser = parse_duration)]
+        /// How long the pause lasts (when --until is not given) [range: 1m to 366d].
+        #[arg(long = "for", default_value = "1h", value_parser = duration::PAUSE_FOR)]
         duration: Duration,
         #[command(flatten)]
         access: Access,
     },
     /// Lift the pause of a cluster and its NodePools.
     Resume {
+        #[arg(value_parser = super::k8s_name)]
         name: String,
-        #[arg(short = 'n', long, default_value = "clusters")]
+        #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[command(flatten)]
         access: Access,
     },
     /// Set the replicas of one of a cluster's NodePools.
     Scale {
+        #[arg(value_parser = super::k8s_name)]
         name: String,
-        #[arg(short = 'n', long, default_value = "clusters")]
+        #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
-        #[arg(long)]
+        #[arg(long, value_parser = super::k8s_name)]
         node_pool: String,
-        #[arg(long)]
+        /// The NodePool's replicas [range: 0 to 500].
+        #[arg(long, value_parser = super::node_pool_replicas())]
         replicas: i64,
         #[command(flatten)]
         access: Access,
@@ -58,9 +62,9 @@ pub enum Command {
     /// journaled (playbook cluster-destroy), a stopped teardown resumable.
     Destroy {
         /// The HostedCluster (not with --resume/--abort).
-        #[arg(required_unless_present_any = ["resume", "abort"])]
+        #[arg(required_unless_present_any = ["resume", "abort"], value_parser = super::k8s_name)]
         name: Option<String>,
-        #[arg(short = 'n', long, default_value = "clusters")]
+        #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[command(flatten)]
         access: Access,
@@ -85,8 +89,8 @@ pub struct ReconcileArgs {
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub access: Access,
-    /// How long to wait for Available and Ready.
-    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    /// How long to wait for Available and Ready [range: 10s to 1d].
+    #[arg(long, default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
     pub wait: Duration,
     /// Do not wait for readiness.
     #[arg(long)]
@@ -196,7 +200,8 @@ pub struct CreateArgs {
     pub ssh_key: Option<PathBuf>,
     #[arg(long, default_value = "example.com")]
     pub base_domain: String,
-    #[arg(long, default_value_t = 2)]
+    /// Replicas of the cluster's NodePool [range: 0 to 500].
+    #[arg(long, default_value_t = 2, value_parser = super::node_pool_replicas())]
     pub node_pool_replicas: i64,
     #[arg(long, default_value = "HighlyAvailable")]
     pub availability: String,
@@ -216,8 +221,8 @@ pub struct CreateArgs {
     pub kubeconfig: Option<PathBuf>,
     #[arg(long)]
     pub context: Option<String>,
-    /// How long to wait for Available.
-    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    /// How long to wait for Available [range: 10s to 1d].
+    #[arg(long, default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
     pub wait: Duration,
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::drill::{DEFAULT_SUFFIX, DrillCluster, DrillOptions, DrillResult, drill, report};
@@ -49,16 +49,17 @@ pub struct Args {
     /// a temporary copy of the snapshot is uploaded to for etcd to download.
     #[arg(long)]
     pub stage_snapshot_to: Option<String>,
-    /// How long the presigned snapshot URL is valid (5m to 168h; default
-    /// 1h, 15m for the decrypted copy of an encrypted backup's snapshot).
-    #[arg(long, value_parser = parse_duration)]
+    /// How long the presigned snapshot URL is valid (default 1h, 15m for the
+    /// decrypted copy of an encrypted backup's snapshot) [range: 5m to 7d].
+    #[arg(long, value_parser = duration::PRESIGN_TTL)]
     pub presign_ttl: Option<Duration>,
     /// age identity file holding the private key of one of an encrypted
     /// backup's recipients (as for `hcp-dr restore`).
     #[arg(long, env = "HCP_DR_IDENTITY")]
     pub identity: Option<PathBuf>,
-    /// How long to wait for the drill cluster to be Available with its nodes Ready.
-    #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
+    /// How long to wait for the drill cluster to be Available with its nodes
+    /// Ready [range: 10s to 1d].
+    #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
     pub wait_timeout: Duration,
     /// How to reach the drill cluster's etcd members for the checks.
     #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::etcd::{RecoverOptions, RecoverResult, StatusOptions, recover, status};
@@ -101,8 +101,8 @@ pub struct RecoverArgs {
     #[arg(long)]
     pub member: Option<String>,
     /// How long to wait for the member to rejoin and catch up (default 10m;
-    /// with --resume, a new bound for the wait).
-    #[arg(long, value_parser = parse_duration)]
+    /// with --resume, a new bound for the wait) [range: 30s to 1d].
+    #[arg(long, value_parser = duration::MEMBER_WAIT)]
     pub wait_timeout: Option<Duration>,
     #[command(flatten)]
     pub connection: Connection,
@@ -219,25 +219,28 @@ pub struct RestoreArgs {
     /// is presigned from (deleted once the members are restored).
     #[arg(long)]
     pub stage_snapshot_to: Option<String>,
-    /// How long the presigned snapshot URL is valid (1m to 7d; default 1h,
-    /// 15m for the decrypted copy of an encrypted backup).
-    #[arg(long, value_parser = parse_duration)]
+    /// How long the presigned snapshot URL is valid (default 1h, 15m for the
+    /// decrypted copy of an encrypted backup) [range: 5m to 7d].
+    #[arg(long, value_parser = duration::PRESIGN_TTL)]
     pub presign_ttl: Option<Duration>,
     /// The age identity file (as age-keygen writes it) for an encrypted backup.
     #[arg(long)]
     pub identity: Option<PathBuf>,
     /// Raise the restored revision by this much (default: measured from the
-    /// members, plus a margin; 1000000000 when they cannot be read).
-    #[arg(long)]
+    /// members, plus a margin; 1000000000 when they cannot be read). etcd
+    /// revisions are int64 [range: 1 to 1000000000000].
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=1_000_000_000_000))]
     pub bump_revision: Option<u64>,
     /// Image of the restore pods (default: the etcd StatefulSet's).
     #[arg(long)]
     pub image: Option<String>,
-    /// How long the cluster stays paused at most (a deadline, never "true").
-    #[arg(long, default_value = "2h", value_parser = parse_duration)]
+    /// How long the cluster stays paused at most (a deadline, never "true")
+    /// [range: 1m to 7d].
+    #[arg(long, default_value = "2h", value_parser = duration::PAUSE_TTL)]
     pub pause_ttl: Duration,
-    /// Bound on each wait (pods gone, a member restored, etcd healthy); default 15m.
-    #[arg(long, value_parser = parse_duration)]
+    /// Bound on each wait (pods gone, a member restored, etcd healthy); default
+    /// 15m [range: 30s to 1d].
+    #[arg(long, value_parser = duration::MEMBER_WAIT)]
     pub wait_timeout: Option<Duration>,
     /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
     #[arg(long)]

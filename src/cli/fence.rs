@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::ops::fence::{FenceOptions, FenceResult, fence};
 use crate::store::S3Options;
@@ -37,8 +37,8 @@ pub struct Args {
     /// cluster, when it names another one.
     #[arg(long, requires = "release")]
     pub claim_store: bool,
-    /// How long to wait for the copy's pods to go.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    /// How long to wait for the copy's pods to go [range: 10s to 6h].
+    #[arg(long, default_value = "5m", value_parser = duration::WAIT)]
     pub wait_timeout: Duration,
     /// S3 endpoint for S3-compatible services.
     #[arg(long)]

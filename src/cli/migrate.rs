@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::migrate::{MigrateOptions, MigrateResult, migrate};
@@ -48,25 +48,26 @@ pub struct Args {
     /// Delete the source's records (owner TXT) directly instead of waiting for external-dns.
     #[arg(long)]
     pub dns_direct: bool,
-    /// How long to wait for the source's records to be gone.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    /// How long to wait for the source's records to be gone [range: 10s to 1d].
+    #[arg(long, default_value = "10m", value_parser = duration::DNS_WAIT)]
     pub dns_wait: Duration,
-    /// How long the source stays paused at most if hcp-dr dies.
-    #[arg(long, default_value = "2h", value_parser = parse_duration)]
+    /// How long the source stays paused at most if hcp-dr dies [range: 1m to 7d].
+    #[arg(long, default_value = "2h", value_parser = duration::PAUSE_TTL)]
     pub pause_ttl: Duration,
-    /// Upper bound of the source's waits (pods gone).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    /// Upper bound of the source's waits (pods gone) [range: 10s to 6h].
+    #[arg(long, default_value = "5m", value_parser = duration::WAIT)]
     pub wait_timeout: Duration,
     /// How long the source's HyperShift operator has to acknowledge the
-    /// pause (1s to 1h); when it is down, hcp-dr pauses the
-    /// HostedControlPlane and the Cluster API Cluster itself.
-    #[arg(long, default_value = "60s", value_parser = super::backup::parse_ack_timeout)]
+    /// pause; when it is down, hcp-dr pauses the HostedControlPlane and the
+    /// Cluster API Cluster itself [range: 1s to 1h].
+    #[arg(long, default_value = "60s", value_parser = duration::OPERATOR_ACK)]
     pub operator_ack_timeout: Duration,
-    /// Upper bound of the wait for the destination to be Available with its nodes Ready.
-    #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
+    /// Upper bound of the wait for the destination to be Available with its
+    /// nodes Ready [range: 10s to 1d].
+    #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
     pub restore_wait: Duration,
-    /// How long the presigned snapshot URL is valid.
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    /// How long the presigned snapshot URL is valid [range: 5m to 7d].
+    #[arg(long, default_value = "1h", value_parser = duration::PRESIGN_TTL)]
     pub presign_ttl: Duration,
     /// How to reach etcd members.
     #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]

@@ -26,6 +26,22 @@ pub mod snapshot;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// `--keep-last`, `--keep-daily`, `--keep-weekly`: retention counts.
+/// A Kubernetes object name (DNS-1123 subdomain), checked before anything
+/// is contacted.
+pub fn k8s_name(text: &str) -> Result<String, String> {
+    crate::ops::backup::check_name("name", text).map(|()| text.to_string()).map_err(|e| e.to_string())
+}
+
+/// `--replicas` of a NodePool (an int32 in the CRD; no NodePool is larger).
+pub fn node_pool_replicas() -> clap::builder::RangedI64ValueParser<i64> {
+    clap::builder::RangedI64ValueParser::new().range(0..=500)
+}
+
+pub fn keep_count() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=10_000)
+}
+
 /// The exit codes, as `--help` prints them and the README's table lists them.
 pub const EXIT_CODES: &str = "Exit codes:
   0  done (or planned, with --dry-run; or an --abort that left nothing of its run)
@@ -124,6 +140,74 @@ pub enum Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `(subcommand path, argument)` of the CLI.
+    fn every_argument() -> Vec<(String, clap::Command, clap::Arg)> {
+        fn walk(path: String, cmd: &clap::Command, out: &mut Vec<(String, clap::Command, clap::Arg)>) {
+            for arg in cmd.get_arguments() {
+                out.push((path.clone(), cmd.clone(), arg.clone()));
+            }
+            for sub in cmd.get_subcommands() {
+                walk(format!("{path} {}", sub.get_name()), sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("hcp-dr".into(), &<Cli as clap::CommandFactory>::command(), &mut out);
+        out
+    }
+
+    /// The `[range: A to B]` an argument's help states.
+    fn stated_range(arg: &clap::Arg) -> Option<(String, String)> {
+        let help = arg.get_long_help().or(arg.get_help())?.to_string();
+        let (_, rest) = help.split_once("[range: ")?;
+        let (range, _) = rest.split_once(']')?;
+        let (low, high) = range.split_once(" to ")?;
+        Some((low.to_string(), high.to_string()))
+    }
+
+    /// Every duration and count flag states its accepted range in `--help`,
+    /// and the range stated is the one its parser enforces: both ends are
+    /// accepted, one step beyond either is refused.
+    #[test]
+    fn every_duration_and_count_flag_states_the_range_it_enforces() {
+        use std::any::TypeId;
+        let bounded = [TypeId::of::<std::time::Duration>(), TypeId::of::<usize>(), TypeId::of::<i64>(), TypeId::of::<u64>(), TypeId::of::<u32>()];
+        let mut checked = 0;
+        for (path, _, arg) in every_argument() {
+            let parser = arg.get_value_parser();
+            if !bounded.iter().any(|t| parser.type_id() == *t) {
+                continue;
+            }
+            let name = format!("{path} --{}", arg.get_long().unwrap_or(arg.get_id().as_str()));
+            let Some((low, high)) = stated_range(&arg) else {
+                panic!("{name} states no `[range: A to B]` in its help");
+            };
+            // the flag's own parser, alone in a command of its own
+            let parse = |text: &str| {
+                clap::Command::new("t")
+                    .arg(clap::Arg::new("x").long("x").value_parser(parser.clone()))
+                    .try_get_matches_from(["t", "--x", text])
+                    .is_ok()
+            };
+            assert!(parse(&low) && parse(&high), "{name}: the stated ends {low} and {high} are not both accepted");
+            let step_beyond = |text: &str, up: bool| -> String {
+                match humantime::parse_duration(text) {
+                    Ok(d) if parser.type_id() == TypeId::of::<std::time::Duration>() => {
+                        let secs = d.as_secs();
+                        format!("{}s", if up { secs + 1 } else { secs.saturating_sub(1) })
+                    }
+                    _ => {
+                        let n: i64 = text.parse().unwrap_or_else(|_| panic!("{name}: `{text}` is no number"));
+                        (if up { n + 1 } else { n - 1 }).to_string()
+                    }
+                }
+            };
+            assert!(!parse(&step_beyond(&high, true)), "{name}: accepts more than the stated {high}");
+            assert!(!parse(&step_beyond(&low, false)), "{name}: accepts less than the stated {low}");
+            checked += 1;
+        }
+        assert!(checked >= 25, "only {checked} bounded flags found: did the walk break?");
+    }
 
     #[test]
     fn the_exit_code_table_names_every_exit_and_the_readme_repeats_it() {

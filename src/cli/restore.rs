@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args as ClapArgs;
 
-use super::backup::parse_duration;
+use crate::duration;
 use super::{Exit, Output};
 use crate::ops::backup::default_journal_dir;
 use crate::ops::restore::{Decrypt, RestoreOptions, RestoreResult, restore_with};
@@ -40,9 +40,9 @@ pub struct Args {
     /// it from a presigned URL; deleted once etcd has restored it.
     #[arg(long)]
     pub stage_snapshot_to: Option<String>,
-    /// How long the presigned snapshot URL is valid (5m to 168h; default
-    /// 1h, 15m for the decrypted copy of an encrypted backup's snapshot).
-    #[arg(long, value_parser = parse_duration)]
+    /// How long the presigned snapshot URL is valid (default 1h, 15m for the
+    /// decrypted copy of an encrypted backup's snapshot) [range: 5m to 7d].
+    #[arg(long, value_parser = duration::PRESIGN_TTL)]
     pub presign_ttl: Option<Duration>,
     /// age identity file (as age-keygen writes it) holding the private key
     /// of one of an encrypted backup's recipients. The snapshot etcd
@@ -50,8 +50,9 @@ pub struct Args {
     /// backup's own S3 store) and deleted once etcd has restored it.
     #[arg(long, env = "HCP_DR_IDENTITY")]
     pub identity: Option<PathBuf>,
-    /// How long to wait for the restored cluster to be Available with its nodes Ready.
-    #[arg(long = "wait", default_value = "30m", value_parser = parse_duration)]
+    /// How long to wait for the restored cluster to be Available with its
+    /// nodes Ready [range: 10s to 1d].
+    #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
     pub wait_timeout: Duration,
     /// Delete leftover data-etcd-* PVCs in the HCP namespace instead of refusing.
     #[arg(long)]
@@ -103,8 +104,8 @@ pub struct Args {
     #[arg(long, value_name = "OWNER")]
     pub dns_owner: Option<String>,
     /// How long to wait for the destination's external-dns to publish the
-    /// hostnames (10s to 24h).
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    /// hostnames [range: 10s to 1d].
+    #[arg(long, default_value = "10m", value_parser = duration::DNS_WAIT)]
     pub dns_wait: Duration,
     /// Only take the DNS records over (with --take-over-dns), for a
     /// cluster this backup was already restored from by a restore that

@@ -3,7 +3,7 @@
 use clap::Subcommand;
 
 use super::{Exit, Output};
-use crate::archive::retention::parse_age;
+use crate::duration;
 use crate::ops::schedule::{ScheduleOptions, render, render_yaml};
 
 #[derive(Debug, Subcommand)]
@@ -38,16 +38,18 @@ pub enum Command {
         /// Secret (in --namespace) holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
         #[arg(long)]
         credentials_secret: Option<String>,
-        /// After each successful backup, prune keeping the N newest.
-        #[arg(long)]
+        /// After each successful backup, prune keeping the N newest [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_last: Option<usize>,
-        #[arg(long)]
+        /// And the newest of each of the last N days [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_daily: Option<usize>,
-        #[arg(long)]
+        /// And the newest of each of the last N weeks [range: 1 to 10000].
+        #[arg(long, value_parser = super::keep_count())]
         keep_weekly: Option<usize>,
-        /// And remove backups older than this (e.g. 30d).
-        #[arg(long)]
-        max_age: Option<String>,
+        /// And remove backups older than this (e.g. 30d) [range: 1h to 36500d].
+        #[arg(long, value_parser = duration::RETENTION_AGE)]
+        max_age: Option<std::time::Duration>,
         /// The Route53 hosted zone of the clusters' hostnames: each backup
         /// records their records and external-dns owner, which a restore
         /// with --take-over-dns needs when this management cluster is lost.
@@ -73,12 +75,6 @@ pub fn exec(command: Command, output: Output) -> Exit {
         max_age,
         route53_zone,
     } = command;
-    if let Some(age) = &max_age {
-        if let Err(e) = parse_age(age) {
-            eprintln!("error: --max-age {e}");
-            return Exit::Usage;
-        }
-    }
     let options = ScheduleOptions {
         schedule,
         store: to,
@@ -91,7 +87,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         keep_last,
         keep_daily,
         keep_weekly,
-        max_age,
+        max_age: max_age.map(duration::show),
         route53_zone,
     };
     let rendered = match output {
