@@ -96,6 +96,7 @@ async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, complete: b
             timings: Timings { started: Some(taken), finished: Some(taken + Duration::seconds(7)), api_downtime_seconds: Some(2.5), stages: Default::default() },
             encryption: None,
             origin: None,
+            etcd_health: Default::default(),
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
     }

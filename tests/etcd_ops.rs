@@ -6,7 +6,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
@@ -14,41 +13,13 @@ use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, member_keys};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use serde_json::{Value, json};
-use support::{Env, env, files, json_report, text, wait_for_stage};
-
-/// The directory of a member's data: `<state>/pv/<hcp-ns>/data-<member>/data`.
-fn data_dir(env: &Env, member: &str) -> PathBuf {
-    let cluster = &env.sandbox.clusters[0];
-    env.sandbox
-        .dir
-        .join(&cluster.name)
-        .join("state/pv")
-        .join(env.hcp_ns())
-        .join(format!("data-{member}"))
-        .join("data")
-}
-
-/// The pid of the etcd process started with `--data-dir=<dir>`.
-fn etcd_pid(dir: &Path) -> Option<u32> {
-    let flag = format!("--data-dir={}", dir.display());
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            cmdline
-                .split(|b| *b == 0)
-                .any(|arg| arg == flag.as_bytes())
-                .then_some(pid)
-        })
-}
+use support::{Env, env, etcd_pid, files, json_report, text, wait_for_stage};
 
 /// Break `member`: replace its bbolt database with garbage (atomically, the
 /// running process keeps the old file) and SIGKILL its process. Every
 /// restart then fails to open the database: CrashLoopBackOff.
 fn break_member(env: &Env, member: &str) {
-    let dir = data_dir(env, member);
+    let dir = env.etcd_data_dir(member);
     let pid = etcd_pid(&dir)
         .unwrap_or_else(|| panic!("no etcd process with --data-dir={}", dir.display()));
     let db = dir.join("member/snap/db");

@@ -384,6 +384,7 @@ mod tests {
             timings: Timings::default(),
             encryption: Some(Encryption { scheme: "age".into(), recipients: vec![recipient.to_string()], artifacts: plain }),
             origin: None,
+            etcd_health: Default::default(),
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)

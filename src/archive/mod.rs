@@ -170,6 +170,42 @@ pub struct MemberSnapshot {
     pub sha256: String,
 }
 
+/// An etcd member a backup did not snapshot, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedMember {
+    pub member: String,
+    pub reason: String,
+}
+
+/// How whole the etcd a backup was taken from was. Empty (and absent from
+/// the manifest) when every member was healthy and snapshotted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdHealth {
+    /// Members down, lagging or unreadable, not snapshotted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedMember>,
+    /// Taken with `--allow-no-quorum` from the one readable member with the
+    /// highest revision: it may lack writes the lost majority acknowledged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_quorum: bool,
+}
+
+impl EtcdHealth {
+    pub fn is_whole(&self) -> bool {
+        self.skipped.is_empty() && !self.no_quorum
+    }
+
+    /// `no quorum (1 member)`, `2 of 3 members (etcd-1 skipped)`, or `None` when whole.
+    pub fn describe(&self, taken: usize) -> Option<String> {
+        let skipped = self.skipped.iter().map(|s| s.member.as_str()).collect::<Vec<_>>().join(", ");
+        match (self.no_quorum, self.skipped.is_empty()) {
+            (false, true) => None,
+            (true, _) => Some(format!("taken WITHOUT QUORUM from {taken} member ({skipped} not taken)")),
+            (false, false) => Some(format!("{taken} of {} members ({skipped} skipped)", taken + self.skipped.len())),
+        }
+    }
+}
+
 /// Which hosted cluster a backup is of.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterIdentity {
@@ -249,6 +285,9 @@ pub struct Manifest {
     /// backups lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// Members skipped on a degraded etcd, and whether it had quorum.
+    #[serde(default, skip_serializing_if = "EtcdHealth::is_whole")]
+    pub etcd_health: EtcdHealth,
 }
 
 /// A management cluster as a backup or a fence names it: its API server
@@ -492,6 +531,7 @@ mod tests {
             timings: Timings::default(),
             encryption: None,
             origin: None,
+            etcd_health: EtcdHealth::default(),
         }
     }
 

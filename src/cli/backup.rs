@@ -55,6 +55,13 @@ pub struct Args {
     /// afterwards [range: 1s to 1h].
     #[arg(long, default_value = "60s", value_parser = duration::OPERATOR_ACK)]
     pub operator_ack_timeout: Duration,
+    /// When etcd has no quorum (a majority of members down), snapshot the
+    /// readable member with the highest revision instead of refusing; the
+    /// manifest and `backups list` mark the backup as taken without quorum
+    /// (it may lack the last acknowledged writes). With quorum, members that
+    /// are down or lagging are skipped and recorded either way.
+    #[arg(long)]
+    pub allow_no_quorum: bool,
     /// etcd CA file (PEM), instead of the HCP namespace's.
     #[arg(long)]
     pub etcd_ca: Option<PathBuf>,
@@ -180,6 +187,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         route53_zone: args.route53_zone,
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),
+        allow_no_quorum: args.allow_no_quorum,
     })
 }
 

@@ -138,7 +138,12 @@ fn render_list(entries: &[BackupEntry]) -> String {
             format!("{}/{}", e.namespace, e.hosted_cluster),
             e.backup_id,
             age(e.age_seconds),
-            if e.complete { "complete" } else { "INCOMPLETE" },
+            match (e.complete, e.no_quorum, e.degraded.is_some()) {
+                (false, _, _) => "INCOMPLETE",
+                (true, true, _) => "NO-QUORUM",
+                (true, false, true) => "degraded",
+                (true, false, false) => "complete",
+            },
             size(e.size_bytes),
             e.etcd_revision.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
             opt(e.duration_seconds),
@@ -160,6 +165,9 @@ fn render_list(entries: &[BackupEntry]) -> String {
         if let Some(err) = &e.fence_error {
             out.push_str(&format!("fence: UNREADABLE: {err}; backups of {}/{} are refused\n", e.namespace, e.hosted_cluster));
         }
+    }
+    for e in entries.iter().filter(|e| e.degraded.is_some()) {
+        out.push_str(&format!("{}: etcd {}\n", e.backup_id, e.degraded.as_deref().unwrap_or_default()));
     }
     out
 }
@@ -237,6 +245,12 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
             s.sha256,
             if best.as_deref() == Some(s.member.as_str()) { "  (used by restore)" } else { "" }
         ));
+    }
+    for s in &m.etcd_health.skipped {
+        out.push_str(&format!("  {:<8} SKIPPED: {}\n", s.member, s.reason));
+    }
+    if m.etcd_health.no_quorum {
+        out.push_str("  taken WITHOUT QUORUM (--allow-no-quorum): the member may lack the last writes the lost majority acknowledged\n");
     }
     out.push_str("objects:\n");
     for (kind, n) in &m.object_counts {

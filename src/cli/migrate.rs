@@ -62,6 +62,11 @@ pub struct Args {
     /// Cluster API Cluster itself [range: 1s to 1h].
     #[arg(long, default_value = "60s", value_parser = duration::OPERATOR_ACK)]
     pub operator_ack_timeout: Duration,
+    /// When the source's etcd has no quorum, move what its readable member
+    /// with the highest revision holds instead of refusing (it may lack the
+    /// last acknowledged writes; the backup is marked so).
+    #[arg(long)]
+    pub allow_no_quorum: bool,
     /// Upper bound of the wait for the destination to be Available with its
     /// nodes Ready [range: 10s to 1d].
     #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
@@ -113,6 +118,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         route53_zone: args.route53_zone,
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),
+        allow_no_quorum: args.allow_no_quorum,
         dns_direct: args.dns_direct,
         dns_wait: args.dns_wait,
         pause_ttl: args.pause_ttl,

@@ -50,6 +50,9 @@ pub struct BackupOptions {
     pub route53_endpoint: Option<String>,
     /// How long the HyperShift operator is given to acknowledge the pause.
     pub operator_ack_timeout: Option<std::time::Duration>,
+    /// Without etcd quorum, snapshot the readable member with the highest
+    /// revision instead of refusing.
+    pub allow_no_quorum: bool,
 }
 
 /// What a backup run reports.
@@ -137,6 +140,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 extra_scale_down: options.extra_scale_down.clone(),
                 wait_timeout_seconds: options.wait_timeout.as_secs(),
                 operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
+                allow_no_quorum: options.allow_no_quorum,
                 holder: holder(),
                 backup_id: new_backup_id(started),
                 started,

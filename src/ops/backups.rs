@@ -46,6 +46,12 @@ pub struct BackupEntry {
     /// Why the fence could not be read (backups of the cluster are refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_error: Option<String>,
+    /// A backup of a degraded etcd: members skipped, or taken without quorum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+    /// Taken with `--allow-no-quorum`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_quorum: bool,
 }
 
 /// The fence of a cluster as shown: the record, or why it is unreadable.
@@ -119,6 +125,8 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
             lineage: manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
             fence,
             fence_error,
+            degraded: manifest.as_ref().and_then(|m| m.etcd_health.describe(m.etcd.len())),
+            no_quorum: manifest.as_ref().is_some_and(|m| m.etcd_health.no_quorum),
         });
     }
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));

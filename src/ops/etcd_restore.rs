@@ -197,6 +197,7 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             extra_scale_down: Vec::new(),
             wait_timeout_seconds: wait.as_secs(),
             operator_ack_timeout_seconds: None,
+            allow_no_quorum: false,
             holder: holder(),
             backup_id: crate::archive::new_backup_id(started),
             started,

@@ -36,6 +36,9 @@ pub struct MigrateOptions {
     pub route53_endpoint: Option<String>,
     /// How long the source's HyperShift operator is given to acknowledge the pause.
     pub operator_ack_timeout: Option<std::time::Duration>,
+    /// Without etcd quorum on the source, move what its most advanced
+    /// readable member holds instead of refusing.
+    pub allow_no_quorum: bool,
     pub dns_direct: bool,
     pub dns_wait: Duration,
     pub pause_ttl: Duration,
@@ -120,6 +123,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             extra_scale_down: vec![crate::hosted::CONTROL_PLANE_OPERATOR.to_string()],
             wait_timeout_seconds: options.wait_timeout.as_secs(),
             operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
+            allow_no_quorum: options.allow_no_quorum,
             holder: holder(),
             backup_id: backup_id.clone(),
             started,

@@ -58,6 +58,10 @@ pub struct BackupInputs {
     /// itself (absent in older journals: 60 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operator_ack_timeout_seconds: Option<u64>,
+    /// `--allow-no-quorum`: without quorum, snapshot the readable member
+    /// with the highest revision instead of refusing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_no_quorum: bool,
     /// Who holds the lock (`user@host pid N`).
     pub holder: String,
     /// Set once when the run starts, so a resumed run writes the same backup.
@@ -94,7 +98,7 @@ impl BackupInputs {
 }
 
 /// One etcd member found by preflight.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberTarget {
     pub pod: String,
     pub pod_ip: String,
@@ -169,6 +173,8 @@ pub struct BackupContext {
     pub identity: Option<ClusterIdentity>,
     pub node_pools: Vec<String>,
     pub members: Vec<MemberTarget>,
+    /// Members preflight or the snapshot skipped, and whether etcd had quorum.
+    pub etcd_health: crate::archive::EtcdHealth,
     pub etcd_tls: Option<EtcdTlsMaterial>,
     pub warnings: Vec<String>,
     /// Done by the stages (restored from the journal on resume).
@@ -242,6 +248,7 @@ impl BackupContext {
             identity: None,
             node_pools: Vec::new(),
             members: Vec::new(),
+            etcd_health: Default::default(),
             etcd_tls: None,
             warnings: Vec::new(),
             paused: None,

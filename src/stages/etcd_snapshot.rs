@@ -13,38 +13,67 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::context::{BackupContext, PendingSnapshot};
+use super::etcd_members;
 use super::preflight::connect_member;
 use super::{StageError, from_output};
-use crate::archive::Layout;
+use crate::archive::{Layout, SkippedMember};
 use crate::etcd::SnapshotReport;
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct EtcdSnapshot;
 pub struct SnapshotFinish;
 
-/// Wait (bounded) until every member reports the same revision.
-async fn converge(ctx: &BackupContext) -> Result<i64, StageFailure> {
+/// How long one member has to report its revision.
+const MEMBER_ANSWER: Duration = Duration::from_secs(10);
+
+/// Wait (bounded) until every member reports the same revision. When some
+/// never catch up (or stop answering) but a quorum agrees at the top, the
+/// others are skipped: returns the revision and the members skipped.
+async fn converge(ctx: &BackupContext) -> Result<(i64, Vec<SkippedMember>), StageFailure> {
+    let expected = ctx.members.len() + ctx.etcd_health.skipped.len();
     let mut last = Vec::new();
+    let mut silent = Vec::new();
     for _ in 0..40 {
         last.clear();
+        silent.clear();
         for target in &ctx.members {
-            let (member, _forward) = connect_member(ctx, target).await?;
-            let mut client = member.connect().await?;
-            last.push((
-                target.pod.clone(),
-                member.status(&mut client).await?.revision,
-            ));
+            let ask = async {
+                let (member, _forward) = connect_member(ctx, target).await?;
+                let mut client = member.connect().await?;
+                Ok::<_, StageFailure>(member.status(&mut client).await?.revision)
+            };
+            match tokio::time::timeout(MEMBER_ANSWER, ask).await {
+                Ok(Ok(revision)) => last.push((target.pod.clone(), revision)),
+                Ok(Err(err)) => silent.push(SkippedMember {
+                    member: target.pod.clone(),
+                    reason: format!("stopped answering after preflight: {}", crate::pipeline::stage::error_chain(err.as_ref())),
+                }),
+                Err(_) => silent.push(SkippedMember {
+                    member: target.pod.clone(),
+                    reason: format!("stopped answering after preflight (no answer within {}s)", MEMBER_ANSWER.as_secs()),
+                }),
+            }
         }
-        if last.windows(2).all(|w| w[0].1 == w[1].1) {
-            return Ok(last.first().map(|m| m.1).unwrap_or_default());
+        if silent.is_empty() && !last.is_empty() && last.windows(2).all(|w| w[0].1 == w[1].1) {
+            return Ok((last[0].1, Vec::new()));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(StageError::Precondition(format!(
-        "etcd members disagree on the revision with the writers stopped ({}): something still writes to etcd",
-        last.iter().map(|(m, r)| format!("{m}: {r}")).collect::<Vec<_>>().join(", ")
-    ))
-    .into())
+    let (revision, lagging) = etcd_members::agree(expected, &last, ctx.etcd_health.no_quorum).map_err(StageError::Precondition)?;
+    Ok((revision, silent.into_iter().chain(lagging).collect()))
+}
+
+/// Drop members the snapshot skipped from the backup, recording why.
+fn skip(ctx: &mut BackupContext, skipped: Vec<SkippedMember>) {
+    for s in skipped {
+        tracing::warn!(member = %s.member, reason = %s.reason, "etcd member skipped");
+        ctx.members.retain(|m| m.pod != s.member);
+        if !ctx.etcd_health.skipped.iter().any(|k| k.member == s.member) {
+            ctx.warnings.push(format!("etcd member {} is not in this backup: {}", s.member, s.reason));
+            ctx.etcd_health.skipped.push(s);
+        }
+    }
+    ctx.etcd_health.skipped.sort_by(|a, b| a.member.cmp(&b.member));
 }
 
 /// Before the writers come back: if the streams `etcd-snapshot` started were
@@ -84,7 +113,8 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
     }
     // a rerun (resume) starts over
     discard(ctx).await?;
-    let revision = converge(ctx).await?;
+    let (revision, skipped) = converge(ctx).await?;
+    skip(ctx, skipped);
     let ctx_ref: &BackupContext = ctx;
     let starts = ctx_ref.members.iter().map(|target| async move {
         let (member, forward) = connect_member(ctx_ref, target).await?;
@@ -131,6 +161,16 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
         });
     }
     Ok(revision)
+}
+
+/// On resume: the members an earlier run skipped stay skipped (older
+/// journals have no `skipped`).
+fn restore_skipped(ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+    if !output["skipped"].is_null() {
+        let skipped: Vec<SkippedMember> = from_output("etcd-snapshot", &output["skipped"])?;
+        skip(ctx, skipped);
+    }
+    Ok(())
 }
 
 /// For an encrypted backup: each snapshot's plaintext size and SHA-256 (the
@@ -191,7 +231,10 @@ impl Stage<BackupContext> for EtcdSnapshot {
     ) -> Result<Value, StageFailure> {
         let revision = start_all(ctx).await?;
         let members: Vec<&str> = ctx.pending.iter().map(|p| p.member.as_str()).collect();
-        Ok(json!({"revision": revision, "started": members}))
+        Ok(json!({"revision": revision, "started": members, "skipped": ctx.etcd_health.skipped}))
+    }
+    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+        restore_skipped(ctx, output)
     }
     fn undoable(&self) -> bool {
         true
@@ -274,13 +317,14 @@ impl Stage<BackupContext> for SnapshotFinish {
         reports.sort_by(|a, b| a.member.cmp(&b.member));
         ctx.snapshots = reports.clone();
         ctx.plaintext = plaintext_digests(ctx, &reports)?;
-        let mut output = json!({"revision": revision, "snapshots": reports});
+        let mut output = json!({"revision": revision, "snapshots": reports, "skipped": ctx.etcd_health.skipped});
         if ctx.sealing.is_some() {
             output["plaintext"] = serde_json::to_value(&ctx.plaintext)?;
         }
         Ok(output)
     }
     fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
+        restore_skipped(ctx, output)?;
         ctx.snapshots = from_output("snapshot-finish", &output["snapshots"])?;
         if !output["plaintext"].is_null() {
             ctx.plaintext = from_output("snapshot-finish", &output["plaintext"])?;

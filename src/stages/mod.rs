@@ -6,6 +6,7 @@ pub mod context;
 pub mod deadline_pause;
 pub mod drill;
 pub mod etcd_access;
+pub mod etcd_members;
 pub mod etcd_ops;
 pub mod etcd_restore;
 pub mod etcd_snapshot;

@@ -110,6 +110,7 @@ impl Stage<BackupContext> for Package {
             },
             encryption,
             origin: ctx.origin.clone(),
+            etcd_health: ctx.etcd_health.clone(),
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;

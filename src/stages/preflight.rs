@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
+use super::etcd_members::{self, Seen};
 use super::{StageError, etcd_access, from_output};
 use crate::archive::fence::{self, FenceError};
 use crate::archive::{ClusterIdentity, DnsOrigin, ManagementCluster, Origin, OriginRecord};
@@ -26,6 +27,9 @@ pub struct Findings {
     pub identity: ClusterIdentity,
     pub node_pools: Vec<String>,
     pub members: Vec<MemberTarget>,
+    /// Members skipped and whether etcd had quorum (older journals lack it).
+    #[serde(default)]
+    pub etcd_health: crate::archive::EtcdHealth,
     pub tls_source: String,
     pub warnings: Vec<String>,
     /// Where the backup is taken and what the cluster publishes (older
@@ -60,6 +64,7 @@ impl Stage<BackupContext> for Preflight {
         ctx.identity = Some(findings.identity);
         ctx.node_pools = findings.node_pools;
         ctx.members = findings.members;
+        ctx.etcd_health = findings.etcd_health;
         ctx.origin = findings.origin;
         ctx.warnings.extend(findings.warnings);
         Ok(())
@@ -159,7 +164,7 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         .await
         .map_err(request(format!("listing etcd pods in {hcp_ns}")))?;
     let expected = hc.expected_etcd_members();
-    if pods.items.len() != expected {
+    if pods.items.len() > expected {
         return Err(StageError::Precondition(format!(
             "{} is {} and should have {expected} etcd member(s), but {} pod(s) match {} in {hcp_ns}; repair etcd first (hcp-dr etcd status)",
             ctx.hc_label(),
@@ -169,42 +174,31 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         ))
         .into());
     }
-    let mut members = Vec::new();
+    let mut seen = Vec::new();
     for pod in &pods.items {
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let status = pod.status.as_ref();
-        let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
-        let pod_ip = status.and_then(|s| s.pod_ip.clone()).unwrap_or_default();
-        if phase != "Running" || pod_ip.is_empty() {
-            return Err(StageError::Precondition(format!(
-                "etcd member {hcp_ns}/{pod_name} is not running (phase `{phase}`, pod IP `{pod_ip}`); repair it first (hcp-dr etcd recover)"
-            ))
-            .into());
-        }
-        members.push(MemberTarget {
-            pod: pod_name,
-            pod_ip,
-            revision: 0,
-        });
+        seen.push(look_at(ctx, &hcp_ns, pod).await);
     }
+    // the StatefulSet's members with no pod at all
+    for ordinal in 0..expected {
+        let member = format!("etcd-{ordinal}");
+        if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(member.as_str())) && pods.items.len() < expected {
+            seen.push(Seen::Down { member, reason: "has no pod".into() });
+        }
+    }
+    let choice = etcd_members::choose(expected, seen, ctx.inputs.allow_no_quorum)
+        .map_err(|reason| StageError::Precondition(format!("{}: {reason}", ctx.hc_label())))?;
+    for skipped in &choice.skipped {
+        warnings.push(format!("etcd member {} is not in this backup: {}", skipped.member, skipped.reason));
+    }
+    if choice.no_quorum {
+        warnings.push(format!(
+            "etcd has no quorum: the backup is taken from {} alone (--allow-no-quorum) and may lack the last writes the lost majority acknowledged",
+            choice.members.iter().map(|m| m.pod.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut members = choice.members;
     members.sort_by(|a, b| a.pod.cmp(&b.pod));
-    for target in &mut members {
-        let (member, _forward) = connect_member(ctx, target).await?;
-        let mut client = member.connect().await?;
-        let status = member.status(&mut client).await?;
-        if !status.errors.is_empty() {
-            return Err(StageError::Precondition(format!(
-                "etcd member {} reports errors: {}",
-                target.pod,
-                status.errors.join("; ")
-            ))
-            .into());
-        }
-        if status.leader_id == 0 {
-            return Err(StageError::Precondition(format!("etcd member {} has no leader", target.pod)).into());
-        }
-        target.revision = status.revision;
-    }
+    let etcd_health = crate::archive::EtcdHealth { skipped: choice.skipped, no_quorum: choice.no_quorum };
 
     Ok(Findings {
         identity: ClusterIdentity {
@@ -222,10 +216,51 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         },
         node_pools,
         members,
+        etcd_health,
         tls_source,
         warnings,
         origin,
     })
+}
+
+/// How long one member has to answer preflight: a hung member (stopped,
+/// partitioned) must be skipped, not wait out the client's timeouts.
+const MEMBER_ANSWER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What one etcd pod's member looks like: healthy, readable without a
+/// leader, or down (with the reason).
+async fn look_at(ctx: &BackupContext, hcp_ns: &str, pod: &Pod) -> Seen {
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
+    let pod_ip = status.and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+    if phase != "Running" || pod_ip.is_empty() {
+        return Seen::Down {
+            member: pod_name,
+            reason: format!("its pod {hcp_ns}/{} is not running (phase `{phase}`, pod IP `{pod_ip}`)", pod.metadata.name.as_deref().unwrap_or_default()),
+        };
+    }
+    let mut target = MemberTarget { pod: pod_name.clone(), pod_ip, revision: 0 };
+    let ask = async {
+        let (member, _forward) = connect_member(ctx, &target).await?;
+        let mut client = member.connect().await?;
+        Ok::<_, StageFailure>(member.status(&mut client).await?)
+    };
+    let status = match tokio::time::timeout(MEMBER_ANSWER, ask).await {
+        Err(_) => {
+            return Seen::Down { member: pod_name, reason: format!("did not answer within {}s", MEMBER_ANSWER.as_secs()) };
+        }
+        Ok(Err(err)) => {
+            return Seen::Down { member: pod_name, reason: format!("cannot be read: {}", crate::pipeline::stage::error_chain(err.as_ref())) };
+        }
+        Ok(Ok(status)) => status,
+    };
+    target.revision = status.revision;
+    match (status.errors.is_empty(), status.leader_id) {
+        (true, 0) => Seen::Unhealthy { target, reason: "has no leader".into() },
+        (true, _) => Seen::Healthy(target),
+        (false, _) => Seen::Unhealthy { target, reason: format!("reports errors: {}", status.errors.join("; ")) },
+    }
 }
 
 /// Refuse when the store's fence names another management cluster: the

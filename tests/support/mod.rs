@@ -43,6 +43,22 @@ pub async fn env(availability: &str) -> Env {
 }
 
 impl Env {
+    /// The directory of a member's data: `<state>/pv/<hcp-ns>/data-<member>/data`.
+    pub fn etcd_data_dir(&self, member: &str) -> PathBuf {
+        let cluster = &self.sandbox.clusters[0];
+        self.sandbox.dir.join(&cluster.name).join("state/pv").join(self.hcp_ns()).join(format!("data-{member}")).join("data")
+    }
+
+    /// Hang `member`'s etcd process (SIGSTOP) as a frozen or partitioned
+    /// member looks: the port accepts, nothing answers. It runs again when
+    /// the guard is dropped.
+    pub fn freeze_etcd_member(&self, member: &str) -> Frozen {
+        let dir = self.etcd_data_dir(member);
+        let pid = etcd_pid(&dir).unwrap_or_else(|| panic!("no etcd process with --data-dir={}", dir.display()));
+        signal(pid, "-STOP");
+        Frozen { pid }
+    }
+
     pub fn hcp_ns(&self) -> String {
         format!("{}-{}", self.spec.namespace, self.spec.name)
     }
@@ -120,6 +136,32 @@ impl Env {
             .collect();
         assert!(held.is_empty(), "{context}: lock still held: {held:?}");
     }
+}
+
+/// A member hung by [`Env::freeze_etcd_member`]; continued on drop.
+pub struct Frozen {
+    pid: u32,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.pid, "-CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let sent = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill");
+    assert!(sent.success(), "kill {sig} {pid}");
+}
+
+/// The pid of the etcd process started with `--data-dir=<dir>`.
+pub fn etcd_pid(dir: &Path) -> Option<u32> {
+    let flag = format!("--data-dir={}", dir.display());
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes()).then_some(pid)
+    })
 }
 
 pub fn text(output: &Output) -> String {

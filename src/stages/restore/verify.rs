@@ -103,6 +103,12 @@ impl Stage<RestoreContext> for Verify {
             "backup_finished": manifest.timings.finished,
             "encrypted_to": manifest.recipients(),
         });
+        if manifest.etcd_health.no_quorum {
+            ctx.warnings.push(format!(
+                "the backup was taken WITHOUT etcd quorum (--allow-no-quorum) from {}: the restored cluster may lack the last writes its lost majority acknowledged; prefer an earlier backup taken with quorum if those writes matter",
+                best.member
+            ));
+        }
         ctx.manifest = Some(manifest);
         ctx.objects = Some(objects);
         Ok(output)
