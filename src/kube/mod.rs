@@ -3,6 +3,7 @@
 //! what was being done and on which object.
 
 pub mod portforward;
+pub mod retry;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -110,10 +111,7 @@ pub async fn connect(kubeconfig: Option<&str>, context: Option<&str>) -> Result<
         (config, Some(joined), context)
     };
     let server = config.cluster_url.to_string();
-    let client = Client::try_from(config).map_err(|source| KubeError::Request {
-        action: "building the Kubernetes client".into(),
-        source,
-    })?;
+    let client = build(config)?;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let kube_system_uid = match namespaces.get("kube-system").await {
         Ok(ns) => ns.metadata.uid,
@@ -164,10 +162,28 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
             message: e.to_string(),
         })?,
     };
-    Client::try_from(config).map_err(|source| KubeError::Request {
+    build(config)
+}
+
+/// How long connecting to an API server may take: an unreachable one fails
+/// within the retry budget (about 30 s), not the client's default minutes.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The client for a configuration: requests identified as hcp-dr's
+/// (`User-Agent: hcp-dr/<version>`, as audit logs show them) and retried as
+/// [`retry`] says, instead of the client's own narrower retry.
+fn build(mut config: Config) -> Result<Client, KubeError> {
+    config.default_retry = false;
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("hcp-dr/", env!("CARGO_PKG_VERSION"))),
+    ));
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|source| KubeError::Request {
         action: "building the Kubernetes client".into(),
         source,
-    })
+    })?;
+    Ok(builder.with_layer(&retry::RetryLayer(retry::Retry::default())).build())
 }
 
 /// A client error for people: for an API error, the server's message with
