@@ -183,9 +183,9 @@ pub struct Access {
 
 #[derive(Debug, ClapArgs)]
 pub struct CreateArgs {
-    #[arg(long)]
+    #[arg(long, value_parser = super::k8s_name)]
     pub name: String,
-    #[arg(short = 'n', long, default_value = "clusters")]
+    #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
     pub namespace: String,
     #[arg(long, value_enum, default_value_t = Platform::None)]
     pub platform: Platform,
@@ -203,7 +203,8 @@ pub struct CreateArgs {
     /// Replicas of the cluster's NodePool [range: 0 to 500].
     #[arg(long, default_value_t = 2, value_parser = super::node_pool_replicas())]
     pub node_pool_replicas: i64,
-    #[arg(long, default_value = "HighlyAvailable")]
+    /// The control plane's availability policy (etcd members: 1 or 3).
+    #[arg(long, default_value = "HighlyAvailable", value_parser = ["SingleReplica", "HighlyAvailable"])]
     pub availability: String,
     /// AWS region (--platform aws).
     #[arg(long)]

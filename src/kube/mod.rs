@@ -93,7 +93,9 @@ pub async fn connect(kubeconfig: Option<&str>, context: Option<&str>) -> Result<
         };
         let mut merged: Option<Kubeconfig> = None;
         for path in &absolute {
-            let file = Kubeconfig::read_from(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+            // with several files, say which one (the error names it only as a debug string)
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| err(if absolute.len() == 1 { e.to_string() } else { format!("{}: {e}", path.display()) }))?;
             merged = Some(match merged {
                 None => file,
                 Some(first) => first.merge(file).map_err(|e| err(e.to_string()))?,

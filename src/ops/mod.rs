@@ -52,6 +52,11 @@ impl OpsError {
         match self {
             OpsError::Input(_) | OpsError::Playbook(_) => 2,
             OpsError::Store(StoreError::BadUrl { .. }) => 2,
+            // a kubeconfig that cannot be read or has no such context
+            OpsError::Kube(KubeError::Config { .. }) => 2,
+            // a --resume/--abort file that is not a journal, or is not there
+            OpsError::Journal(JournalError::Parse { .. } | JournalError::NoHeader { .. }) => 2,
+            OpsError::Journal(JournalError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => 2,
             _ => 1,
         }
     }

@@ -241,6 +241,9 @@ pub(crate) async fn prepare_decryption(
 ) -> Result<(Option<Identities>, Vec<String>), OpsError> {
     let input = |e: EncryptionError| OpsError::Input(e.to_string());
     if let Some(path) = &decrypt.identity {
+        // a file that is not there or not an identity is bad input, whether
+        // or not this backup turns out to need it
+        Identities::from_file(path).map_err(input)?;
         inputs.identity = Some(path.clone());
     }
     let manifest = match read_manifest(store, &inputs.layout()).await {

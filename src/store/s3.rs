@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Region, SharedHttpClient};
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
@@ -120,7 +120,19 @@ where
             service.code().unwrap_or("error"),
             service.message().unwrap_or("no message")
         ),
-        None => DisplayErrorContext(err).to_string(),
+        // the chain of causes, without the SDK's debug dump
+        None => {
+            let mut parts: Vec<String> = Vec::new();
+            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+            while let Some(e) = cur {
+                let text = e.to_string();
+                if !parts.last().is_some_and(|last| last.ends_with(&text)) {
+                    parts.push(text);
+                }
+                cur = e.source();
+            }
+            parts.join(": ")
+        }
     }
 }
 
