@@ -9,7 +9,7 @@
 //! Private keys are never printed: errors name the identity file, its line
 //! number and the public keys it holds, never a line of it.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -369,14 +369,87 @@ pub fn decrypting_file(
     identities: &Identities,
     what: &str,
     recipients: &[String],
-) -> Result<age::stream::StreamReader<std::fs::File>, EncryptionError> {
+) -> Result<DecryptedFile, EncryptionError> {
     let decryptor = age::Decryptor::new(file).map_err(|e| EncryptionError::NotAge {
         what: what.to_string(),
         message: e.to_string(),
     })?;
-    decryptor
+    let inner = decryptor
         .decrypt(identities.iter())
-        .map_err(|e| identities.decrypt_error(what, recipients, e))
+        .map_err(|e| identities.decrypt_error(what, recipients, e))?;
+    Ok(DecryptedFile {
+        inner,
+        len: None,
+        pos: 0,
+        synced: true,
+    })
+}
+
+/// The plaintext of an age file ([`decrypting_file`]), readable and
+/// seekable as a file is: a position at or past the end reads 0 bytes, and
+/// a seek to a negative or overflowing position is an error. age's own
+/// reader (0.12) panics on both (a read after a seek past the end of its
+/// last chunk subtracts past zero; large offsets overflow), so positions
+/// are worked out here and age is only ever asked for one inside the
+/// plaintext.
+pub struct DecryptedFile {
+    inner: age::stream::StreamReader<std::fs::File>,
+    /// The plaintext's length once known (age authenticates the last chunk
+    /// to tell it).
+    len: Option<u64>,
+    pos: u64,
+    /// False after a seek of `inner` failed part-way: where it stands is
+    /// unknown until the next seek succeeds.
+    synced: bool,
+}
+
+impl DecryptedFile {
+    fn len(&mut self) -> io::Result<u64> {
+        if let Some(len) = self.len {
+            return Ok(len);
+        }
+        // Before the length is known, only reads moved `pos`: it is inside the plaintext.
+        self.synced = false;
+        let len = self.inner.seek(SeekFrom::End(0))?;
+        if self.pos < len {
+            self.inner.seek(SeekFrom::Start(self.pos))?;
+        }
+        self.synced = true;
+        self.len = Some(len);
+        Ok(len)
+    }
+}
+
+impl Read for DecryptedFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.len.is_some_and(|len| self.pos >= len) {
+            return Ok(0);
+        }
+        if !self.synced {
+            return Err(io::Error::other("an earlier seek in the encrypted file failed"));
+        }
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for DecryptedFile {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(at) => Some(at),
+            SeekFrom::Current(delta) => self.pos.checked_add_signed(delta),
+            SeekFrom::End(delta) => self.len()?.checked_add_signed(delta),
+        }
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("cannot seek to {to:?} from {}", self.pos)))?;
+        if target < self.len()? {
+            self.synced = false;
+            self.inner.seek(SeekFrom::Start(target))?;
+            self.synced = true;
+        }
+        self.pos = target;
+        Ok(target)
+    }
 }
 
 #[cfg(test)]
@@ -505,5 +578,49 @@ mod tests {
             reader.read_exact(&mut buf).unwrap();
             assert_eq!(&buf[..], &plain[at as usize..at as usize + 100], "at {at}");
         }
+    }
+
+    /// Found by tests/no_panic.rs: age's own reader panicked (stream.rs:469,
+    /// 617, 628 and 654 of age 0.12.1) on each of these, undamaged file and all.
+    #[tokio::test]
+    async fn seeking_past_the_end_or_by_huge_offsets_never_panics() {
+        let (secret, public) = keypair();
+        let recipients = Recipients::parse(&[public]).unwrap().unwrap();
+        let ids = Identities::parse(Path::new("k"), &identity_file(&secret)).unwrap();
+        let plain: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        let (cipher, _) = encrypt(&plain, &recipients).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.db.age");
+        std::fs::write(&path, &cipher).unwrap();
+        let open = || decrypting_file(std::fs::File::open(&path).unwrap(), &ids, "snap", &[]).unwrap();
+        let mut buf = [0u8; 100];
+
+        // one past the end, inside the last chunk, then a read
+        let mut reader = open();
+        assert_eq!(reader.seek(SeekFrom::End(0)).unwrap(), 70_000);
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        assert_eq!(reader.seek(SeekFrom::End(1)).unwrap(), 70_001);
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        // offsets that overflowed in age's arithmetic
+        let mut reader = open();
+        assert_eq!(reader.seek(SeekFrom::Start(u64::MAX)).unwrap(), u64::MAX);
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        let mut reader = open();
+        reader.read_exact(&mut buf).unwrap();
+        assert_eq!(reader.seek(SeekFrom::Current(i64::MAX)).unwrap(), 100 + i64::MAX as u64);
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        let mut reader = open();
+        assert_eq!(reader.seek(SeekFrom::End(i64::MAX)).unwrap(), 70_000 + i64::MAX as u64);
+        assert_eq!(reader.read(&mut buf).unwrap(), 0);
+        // before the start: an error; and the reader still reads where it is sent
+        reader.seek(SeekFrom::Start(10)).unwrap();
+        assert!(reader.seek(SeekFrom::Current(i64::MIN)).is_err());
+        assert!(reader.seek(SeekFrom::End(-70_001)).is_err());
+        assert_eq!(reader.seek(SeekFrom::Start(65_500)).unwrap(), 65_500);
+        reader.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[..], &plain[65_500..65_600]);
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, &plain[65_600..]);
     }
 }
