@@ -203,6 +203,11 @@ pub struct WalkStats {
     pub free_pages: Option<u64>,
 }
 
+/// No etcd database is larger: etcd's quota tops out far below (8 GiB
+/// recommended). A meta page claiming more is damage, refused before any
+/// per-page structure is sized by it.
+const MAX_DB_BYTES: u64 = 1 << 40;
+
 /// A page set sized by the high-water mark.
 struct PageSet(Vec<u64>);
 
@@ -378,6 +383,25 @@ impl<R: Read + Seek> Db<R> {
                 format!("the meta says only {} pages are in use", meta.pgid),
             ));
         }
+        if meta.db_size() > MAX_DB_BYTES {
+            return Err(corrupt(
+                None,
+                format!(
+                    "the meta says {} pages of {} bytes ({} bytes): larger than any etcd database (etcd refuses writes past its quota, 8 GiB at most recommended)",
+                    meta.pgid,
+                    meta.page_size,
+                    meta.db_size()
+                ),
+            ));
+        }
+        // the last page in use must be there before pages are counted
+        let mut last = [0u8; 1];
+        self.read_at(meta.db_size() - 1, &mut last).map_err(|_| {
+            corrupt(
+                None,
+                format!("the meta says {} pages of {} bytes ({} bytes) but the data ends before that", meta.pgid, meta.page_size, meta.db_size()),
+            )
+        })?;
         self.seen = PageSet::new(meta.pgid);
         self.stats = WalkStats::default();
         self.seen.insert(0);
