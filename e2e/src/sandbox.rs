@@ -1,7 +1,7 @@
 //! The sandbox: two emulated management clusters (`mgmt-a`, `mgmt-b`), each an
 //! API emulator on its own real etcd with the HyperShift CRDs and a simulated
 //! operator, plus an S3 endpoint (HTTPS, sandbox CA) and a Route53 endpoint.
-//! `hcp-dr-sandbox up|down|status|drill` is built on this module.
+//! `hcp-dr-sandbox up|down|status|drill|faults` is built on this module.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::apiserver::faults::ApiFaults;
 use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::operator::{Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
@@ -185,6 +186,13 @@ fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
     file.write_all(text.as_bytes()).map_err(io_err(path))
 }
 
+/// `DIR/<cluster>/state/api-faults.json`: the faults the API server of
+/// management cluster `cluster` of the sandbox in `dir` injects (see
+/// [`crate::apiserver::faults`]); absent: none.
+pub fn api_faults_path(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join(cluster).join("state").join(crate::apiserver::faults::API_FAULTS_FILE)
+}
+
 /// What every management cluster of one sandbox shares.
 struct Common<'a> {
     dir: &'a Path,
@@ -209,6 +217,7 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
         crd_dirs: vec![common.crds.to_path_buf()],
         ca: common.ca.clone(),
         tokens: vec![],
+        faults_file: Some(api_faults_path(common.dir, name)),
     })
     .await
     .map_err(|source| SandboxError::ApiServer {
@@ -369,6 +378,28 @@ impl Sandbox {
                 _ => Ok(()),
             }
         }
+    }
+
+    /// Make the API server of management cluster `cluster` fail a share of
+    /// its requests (`Some`), or stop (`None`): writes or removes
+    /// `DIR/<cluster>/state/api-faults.json`, which the server reads again on
+    /// its next request, so a shell can do the same (`hcp-dr-sandbox
+    /// faults`). A lost cluster keeps its setting for when it is revived.
+    pub fn set_api_faults(&self, cluster: &str, faults: Option<&ApiFaults>) -> std::io::Result<()> {
+        if self.cluster(cluster).is_none() && !self.lost.iter().any(|c| c.name == cluster) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no management cluster {cluster} in the sandbox"),
+            ));
+        }
+        crate::apiserver::faults::write_faults_file(&api_faults_path(&self.dir, cluster), faults)
+    }
+
+    /// The faults the API server of `cluster` injected so far, oldest first:
+    /// one `{"method", "path", "user_agent", "kind"}` object each (from
+    /// `DIR/<cluster>/state/api-faults.json.log`).
+    pub fn api_faults_injected(&self, cluster: &str) -> Vec<Value> {
+        crate::apiserver::faults::read_log(&api_faults_path(&self.dir, cluster))
     }
 
     /// The external-dns owners of `host`'s records in the sandbox zone

@@ -56,6 +56,30 @@ fn up_detached_status_kubectl_and_down() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "HostedCluster");
     }
 
+    // API faults on mgmt-a's API server, for kubectl only: kubectl gets the
+    // 500s (no Retry-After, so client-go does not retry them), mgmt-b and
+    // the operator (kube-rs) are left alone; --off counts them
+    let kubectl_get = |cluster: &str| {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(dir.join(format!("{cluster}.kubeconfig")))
+            .args(["get", "namespaces", "-o", "name"])
+            .output()
+            .expect("kubectl")
+    };
+    let out = sandbox(&["faults", "--dir", d, "--cluster", "mgmt-a", "--share", "1", "--kinds", "internal-error", "--user-agent", "kubectl"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(dir.join("mgmt-a/state/api-faults.json").exists());
+    let out = kubectl_get("mgmt-a");
+    assert!(!out.status.success() && text(&out).contains("Internal error occurred"), "{}", text(&out));
+    let out = kubectl_get("mgmt-b");
+    assert!(out.status.success(), "{}", text(&out));
+    let out = sandbox(&["faults", "--dir", d, "--cluster", "mgmt-a", "--off"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(internal-error "), "{}", text(&out));
+    let out = kubectl_get("mgmt-a");
+    assert!(out.status.success(), "{}", text(&out));
+
     drop(guard);
     let out = sandbox(&["status", "--dir", d]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

@@ -17,6 +17,7 @@ pub mod schema;
 
 mod controllers;
 pub mod conversion;
+pub mod faults;
 mod defaults;
 mod discovery;
 mod http;
@@ -100,6 +101,10 @@ pub struct ApiServerConfig {
     pub ca: pki::Ca,
     /// Bearer tokens; empty: one random admin token is generated.
     pub tokens: Vec<TokenUser>,
+    /// Faults to inject ([`faults::ApiFaults`] as JSON), read again whenever
+    /// the file changes; absent file: none. Injected faults are recorded in
+    /// `<faults_file>.log`. None: this server never injects faults.
+    pub faults_file: Option<PathBuf>,
 }
 
 /// Why the emulator could not start or build a client.
@@ -178,6 +183,8 @@ pub(crate) struct Inner {
     pub(crate) foreground: Mutex<Vec<ForegroundOwner>>,
     /// `ip:port` clients use (for `/api` serverAddressByClientCIDRs).
     pub(crate) address: String,
+    /// Decides the injected faults (from `ApiServerConfig::faults_file`).
+    pub(crate) faults: Option<faults::Injector>,
 }
 
 impl Inner {
@@ -313,6 +320,7 @@ impl ApiServer {
             gc_queue: Mutex::new(Vec::new()),
             foreground: Mutex::new(Vec::new()),
             address: local.to_string(),
+            faults: cfg.faults_file.clone().map(faults::Injector::new),
         });
 
         inner.load_stored_crds().await?;

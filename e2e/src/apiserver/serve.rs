@@ -1,12 +1,23 @@
-//! The TLS listener: HTTP/1.1 and HTTP/2 (ALPN), upgrades for port-forward.
+//! The TLS listener: HTTP/1.1 and HTTP/2 (ALPN), upgrades for port-forward,
+//! and the injected faults (`faults`), decided here before the router sees
+//! a request.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, header};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tower::ServiceExt as _;
 
+use super::faults::Fault;
 use super::{Inner, http};
 
 /// Accept connections until shutdown; then drop every open connection.
@@ -33,18 +44,82 @@ pub(crate) async fn accept_loop(
             }
         };
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
+        let reset = Arc::new(Notify::new());
+        let service = FaultingService {
+            inner: inner.clone(),
+            router: router.clone(),
+            reset: reset.clone(),
+        };
         conns.spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
             };
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let _ = builder
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .await;
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = reset.notified() => {}
+            }
+            // a reset fault: HTTP/1.1 closes the connection on the failed
+            // request (no response is written); HTTP/2 resets that stream,
+            // sends GOAWAY and closes once its other streams are answered,
+            // so no response to another request is lost
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
         });
     }
     drop(listener);
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+}
+
+/// What a reset fault makes the service return: hyper then drops the
+/// connection (HTTP/1.1) or resets the stream (HTTP/2) without an answer.
+#[derive(Debug)]
+struct ResetFault;
+
+impl std::fmt::Display for ResetFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection reset by an injected API fault")
+    }
+}
+
+impl std::error::Error for ResetFault {}
+
+/// The router behind the injected faults, one per connection.
+#[derive(Clone)]
+struct FaultingService {
+    inner: Arc<Inner>,
+    router: Router,
+    /// Told when a reset fault hits a request of this connection.
+    reset: Arc<Notify>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for FaultingService {
+    type Response = Response<Body>;
+    type Error = ResetFault;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ResetFault>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let fault = self.inner.faults.as_ref().and_then(|injector| {
+            let user_agent = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok());
+            injector.decide(req.method().as_str(), req.uri().path(), req.uri().query(), user_agent)
+        });
+        let router = self.router.clone();
+        let reset = self.reset.clone();
+        Box::pin(async move {
+            match fault {
+                Some(Fault::Answer(kind)) => return Ok(super::faults::answer(kind)),
+                Some(Fault::Reset) => {
+                    reset.notify_one();
+                    return Err(ResetFault);
+                }
+                Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
+                None => {}
+            }
+            let response: Result<Response<Body>, Infallible> = router.oneshot(req).await;
+            response.map_err(|never| match never {})
+        })
+    }
 }

@@ -1,4 +1,5 @@
 //! `hcp-dr-sandbox`: start, inspect and stop the management-cluster sandbox,
+//! make its API servers fail a share of their requests (`faults`),
 //! and run the local DR drill.
 
 use std::path::{Path, PathBuf};
@@ -6,6 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use hcp_dr_e2e::apiserver::faults::{self, ApiFaults, FaultKind};
 use hcp_dr_e2e::sandbox::{Sandbox, SandboxState};
 
 #[derive(Parser)]
@@ -34,6 +36,36 @@ enum Command {
     Status {
         #[arg(long)]
         dir: PathBuf,
+    },
+    /// Make the API server of a management cluster of the running sandbox
+    /// fail a share of its requests (429, 500, 503, connection reset, delay),
+    /// or stop (--off); without --share or --off, show what is in force.
+    /// Faults are decided before a request is processed: nothing of a
+    /// faulted request is applied.
+    Faults {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The management cluster (mgmt-a, mgmt-b).
+        #[arg(long)]
+        cluster: String,
+        /// Share of the matching requests that fail, 0.0 to 1.0 (0.1: one in ten).
+        #[arg(long, value_parser = parse_share, requires = "kinds", conflicts_with = "off")]
+        share: Option<f64>,
+        /// Comma-separated kinds of fault, one drawn at random for each failed request.
+        #[arg(long, value_delimiter = ',', requires = "share")]
+        kinds: Vec<FaultKind>,
+        /// Only requests whose User-Agent starts with this (e.g. hcp-dr).
+        #[arg(long, requires = "share")]
+        user_agent: Option<String>,
+        /// How long a `delay` fault waits, in milliseconds (0: 2000).
+        #[arg(long, requires = "share", default_value_t = 0)]
+        delay_ms: u64,
+        /// Seed of the random draws, for a repeatable sequence of faults.
+        #[arg(long, requires = "share")]
+        seed: Option<u64>,
+        /// Stop injecting faults and count those injected, by kind.
+        #[arg(long)]
+        off: bool,
     },
     /// The local DR drill: a sandbox, the hosted cluster `demo`, workloads, a report.
     Drill {
@@ -79,6 +111,10 @@ fn main() -> ExitCode {
             Command::Up { dir, detach: false } => up(&dir).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
+            Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, off } => {
+                let faults = share.map(|share| ApiFaults { share, kinds, user_agent, delay_ms, seed });
+                faults_command(&dir, &cluster, faults, off)
+            }
             Command::Drill { dir, json } => drill(dir, json).await,
             Command::Disaster { dir, json } => disaster(dir, json).await,
         }
@@ -258,6 +294,76 @@ async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
+    }
+    Ok(())
+}
+
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("must be a number within 0..=1 (0.1: one request in ten), not {text:?}")),
+    }
+}
+
+/// `faults`: write, remove or show `DIR/<cluster>/state/api-faults.json`.
+fn faults_command(dir: &Path, cluster: &str, set: Option<ApiFaults>, off: bool) -> anyhow::Result<()> {
+    let state = SandboxState::load(dir)?;
+    if !state.clusters.iter().any(|c| c.name == cluster) {
+        let names: Vec<&str> = state.clusters.iter().map(|c| c.name.as_str()).collect();
+        anyhow::bail!(
+            "no management cluster {cluster:?} in the sandbox in {}; its clusters: {}",
+            dir.display(),
+            names.join(", ")
+        );
+    }
+    let file = hcp_dr_e2e::sandbox::api_faults_path(dir, cluster);
+    if let Some(set) = &set {
+        if let Err(err) = set.validate() {
+            anyhow::bail!("{err}");
+        }
+        faults::write_faults_file(&file, Some(set))?;
+    } else if off {
+        faults::write_faults_file(&file, None)?;
+    }
+    if !process_alive(state.pid) {
+        println!("note: the sandbox process (pid {}) is not running; its API servers read this when they run again", state.pid);
+    }
+    match faults::read_faults_file(&file) {
+        Ok(Some(f)) => {
+            let from = match &f.user_agent {
+                Some(prefix) => format!(" from user agents starting with {prefix:?}"),
+                None => String::new(),
+            };
+            let kinds: Vec<&str> = f.kinds.iter().map(|k| k.as_str()).collect();
+            println!("API faults in force on {cluster}: {} of the requests{from} fail", f.share);
+            println!("  kinds: {}", kinds.join(", "));
+            if f.kinds.contains(&FaultKind::Delay) {
+                println!("  delay: {} ms", f.delay().as_millis());
+            }
+            match f.seed {
+                Some(seed) => println!("  seed: {seed}"),
+                None => println!("  seed: random"),
+            }
+            println!("  settings: {}", file.display());
+        }
+        Ok(None) => println!("no API faults on {cluster}"),
+        Err(err) => println!("{} does not parse ({err}): no API faults are injected on {cluster}", file.display()),
+    }
+    let injected = faults::read_log(&file);
+    let mut counts: Vec<(FaultKind, usize)> = FaultKind::ALL
+        .iter()
+        .map(|k| (*k, injected.iter().filter(|f| f["kind"] == k.as_str()).count()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    counts.sort_by_key(|(k, _)| *k);
+    if off || !injected.is_empty() {
+        let by_kind: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "  injected so far: {}{}  (log: {})",
+            injected.len(),
+            if by_kind.is_empty() { String::new() } else { format!(" ({})", by_kind.join(", ")) },
+            faults::log_path(&file).display()
+        );
     }
     Ok(())
 }

@@ -280,6 +280,7 @@ async fn start(
             user: "system:admin".into(),
             groups: vec!["system:masters".into(), "system:authenticated".into()],
         }],
+        faults_file: None,
     })
     .await?;
     let client = Kube::new(server.client().await?);

@@ -72,6 +72,7 @@ impl Mgmt {
             crd_dirs: vec![crd_dir()],
             ca: ca.clone(),
             tokens: vec![],
+            faults_file: None,
         })
         .await
         .expect("management API emulator starts");
