@@ -177,6 +177,13 @@ pub struct SkippedMember {
     pub reason: String,
 }
 
+impl SkippedMember {
+    /// The warning a backup that skipped it reports.
+    pub fn warning(&self) -> String {
+        format!("etcd member {} is not in this backup: {}", self.member, self.reason)
+    }
+}
+
 /// How whole the etcd a backup was taken from was. Empty (and absent from
 /// the manifest) when every member was healthy and snapshotted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -195,18 +195,20 @@ where
             let long_lived = long_lived(&req);
             let method = req.method().clone();
             let path = req.uri().path().to_string();
-            let body_copy = if method == Method::POST { req.body().try_clone() } else { None };
-            let sent_body = match body_copy {
-                Some(body) => body.collect().await.ok().map(|b| b.to_bytes()),
+            // only a create needs what it sent kept (to know its own object)
+            let body = if method == Method::POST { req.body().try_clone() } else { None };
+            let create = match body {
+                Some(body) => {
+                    let (uri, headers) = (req.uri().to_string(), req.headers().clone());
+                    body.collect().await.ok().map(|b| Create { uri, headers, body: b.to_bytes() })
+                }
                 None => None,
             };
-            let (uri, headers) = (req.uri().to_string(), req.headers().clone());
             let started = Instant::now();
-            let mut next = Some(req);
+            let mut req = req;
             let mut attempt = 0u32;
             loop {
                 attempt += 1;
-                let Some(req) = next.take() else { unreachable!("a request is set before each attempt") };
                 let again = copy_request(&req);
                 let call = send(&inner, req).await?;
                 let result: Result<Response<B>, BoxError> = if long_lived {
@@ -223,12 +225,12 @@ where
                     Err(_) => (Verdict::Done, String::new()),
                 };
                 // A create retried after its answer was lost may have been applied.
-                if let Ok(resp) = &result {
-                    if resp.status() == StatusCode::CONFLICT && method == Method::POST && attempt > 1 {
-                        if let Some(own) = own_create(&inner, &path, &uri, &headers, sent_body.as_ref()).await {
-                            return Ok(own.map(Either::Right));
-                        }
-                    }
+                if let (Ok(resp), Some(create)) = (&result, &create)
+                    && resp.status() == StatusCode::CONFLICT
+                    && attempt > 1
+                    && let Some(own) = own_create(&inner, &path, create).await
+                {
+                    return Ok(own.map(Either::Right));
                 }
                 let Verdict::Again(after) = verdict else { return result.map(|r| r.map(Either::Left)) };
                 let wait = after.map(|a| a.min(policy.max_retry_after)).unwrap_or_else(|| policy.backoff(attempt));
@@ -241,27 +243,35 @@ where
                 tracing::info!(%method, %path, attempt, wait_ms = wait.as_millis() as u64, "Kubernetes API request answered {what}; retrying");
                 drop(result);
                 tokio::time::sleep(wait).await;
-                next = Some(copy);
+                req = copy;
             }
         })
     }
 }
 
+/// What a create (POST) sent: kept to recognise its own object when a
+/// retry meets `AlreadyExists`.
+struct Create {
+    uri: String,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
 /// After a retried create answered `AlreadyExists`: read the object, and
 /// when it holds everything the create sent, answer with it (the earlier
 /// attempt created it). `None`: someone else's object, or unreadable.
-async fn own_create<S, B>(inner: &std::sync::Mutex<S>, path: &str, uri: &str, headers: &http::HeaderMap, sent: Option<&Bytes>) -> Option<Response<Full<Bytes>>>
+async fn own_create<S, B>(inner: &std::sync::Mutex<S>, path: &str, create: &Create) -> Option<Response<Full<Bytes>>>
 where
     S: Service<Request<Body>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let sent: Value = serde_json::from_slice(sent?).ok()?;
+    let sent: Value = serde_json::from_slice(&create.body).ok()?;
     let name = sent.pointer("/metadata/name")?.as_str()?;
-    let uri = format!("{}/{name}", uri.split('?').next()?.trim_end_matches('/'));
+    let uri = format!("{}/{name}", create.uri.split('?').next()?.trim_end_matches('/'));
     let mut get = Request::builder().method(Method::GET).uri(uri).body(Body::empty()).ok()?;
-    for (k, v) in headers {
+    for (k, v) in &create.headers {
         if k != http::header::CONTENT_TYPE && k != http::header::CONTENT_LENGTH {
             get.headers_mut().insert(k.clone(), v.clone());
         }

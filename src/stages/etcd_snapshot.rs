@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::context::{BackupContext, PendingSnapshot};
 use super::etcd_members;
-use super::preflight::connect_member;
+use super::preflight::{connect_member, member_status};
 use super::{StageError, from_output};
 use crate::archive::{Layout, SkippedMember};
 use crate::etcd::SnapshotReport;
@@ -22,9 +22,6 @@ use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct EtcdSnapshot;
 pub struct SnapshotFinish;
-
-/// How long one member has to report its revision.
-const MEMBER_ANSWER: Duration = Duration::from_secs(10);
 
 /// Wait (bounded) until every member reports the same revision. When some
 /// never catch up (or stop answering) but a quorum agrees at the top, the
@@ -37,20 +34,11 @@ async fn converge(ctx: &BackupContext) -> Result<(i64, Vec<SkippedMember>), Stag
         last.clear();
         silent.clear();
         for target in &ctx.members {
-            let ask = async {
-                let (member, _forward) = connect_member(ctx, target).await?;
-                let mut client = member.connect().await?;
-                Ok::<_, StageFailure>(member.status(&mut client).await?.revision)
-            };
-            match tokio::time::timeout(MEMBER_ANSWER, ask).await {
-                Ok(Ok(revision)) => last.push((target.pod.clone(), revision)),
-                Ok(Err(err)) => silent.push(SkippedMember {
+            match member_status(ctx, target).await {
+                Ok(status) => last.push((target.pod.clone(), status.revision)),
+                Err(reason) => silent.push(SkippedMember {
                     member: target.pod.clone(),
-                    reason: format!("stopped answering after preflight: {}", crate::pipeline::stage::error_chain(err.as_ref())),
-                }),
-                Err(_) => silent.push(SkippedMember {
-                    member: target.pod.clone(),
-                    reason: format!("stopped answering after preflight (no answer within {}s)", MEMBER_ANSWER.as_secs()),
+                    reason: format!("stopped answering after preflight: {reason}"),
                 }),
             }
         }
@@ -69,7 +57,7 @@ fn skip(ctx: &mut BackupContext, skipped: Vec<SkippedMember>) {
         tracing::warn!(member = %s.member, reason = %s.reason, "etcd member skipped");
         ctx.members.retain(|m| m.pod != s.member);
         if !ctx.etcd_health.skipped.iter().any(|k| k.member == s.member) {
-            ctx.warnings.push(format!("etcd member {} is not in this backup: {}", s.member, s.reason));
+            ctx.warnings.push(s.warning());
             ctx.etcd_health.skipped.push(s);
         }
     }

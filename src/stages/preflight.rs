@@ -14,7 +14,7 @@ use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
 use super::etcd_members::{self, Seen};
 use super::{StageError, etcd_access, from_output};
 use crate::archive::fence::{self, FenceError};
-use crate::archive::{ClusterIdentity, DnsOrigin, ManagementCluster, Origin, OriginRecord};
+use crate::archive::{ClusterIdentity, DnsOrigin, ManagementCluster, Origin, OriginRecord, SkippedMember};
 use crate::etcd::Member;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
 use crate::kube::portforward::LocalForward;
@@ -179,17 +179,17 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         seen.push(look_at(ctx, &hcp_ns, pod).await);
     }
     // the StatefulSet's members with no pod at all
-    for ordinal in 0..expected {
-        let member = format!("etcd-{ordinal}");
-        if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(member.as_str())) && pods.items.len() < expected {
-            seen.push(Seen::Down { member, reason: "has no pod".into() });
+    if pods.items.len() < expected {
+        for ordinal in 0..expected {
+            let member = format!("etcd-{ordinal}");
+            if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(member.as_str())) {
+                seen.push(Seen::Down { member, reason: "has no pod".into() });
+            }
         }
     }
     let choice = etcd_members::choose(expected, seen, ctx.inputs.allow_no_quorum)
         .map_err(|reason| StageError::Precondition(format!("{}: {reason}", ctx.hc_label())))?;
-    for skipped in &choice.skipped {
-        warnings.push(format!("etcd member {} is not in this backup: {}", skipped.member, skipped.reason));
-    }
+    warnings.extend(choice.skipped.iter().map(SkippedMember::warning));
     if choice.no_quorum {
         warnings.push(format!(
             "etcd has no quorum: the backup is taken from {} alone (--allow-no-quorum) and may lack the last writes the lost majority acknowledged",
@@ -223,9 +223,24 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
     })
 }
 
-/// How long one member has to answer preflight: a hung member (stopped,
+/// How long one member has to answer: a hung member (stopped,
 /// partitioned) must be skipped, not wait out the client's timeouts.
 const MEMBER_ANSWER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One member's status within [`MEMBER_ANSWER`]; `Err` says why it could
+/// not be read.
+pub(crate) async fn member_status(ctx: &BackupContext, target: &MemberTarget) -> Result<crate::etcd::MemberStatus, String> {
+    let ask = async {
+        let (member, _forward) = connect_member(ctx, target).await?;
+        let mut client = member.connect().await?;
+        Ok::<_, StageFailure>(member.status(&mut client).await?)
+    };
+    match tokio::time::timeout(MEMBER_ANSWER, ask).await {
+        Err(_) => Err(format!("did not answer within {}s", MEMBER_ANSWER.as_secs())),
+        Ok(Err(err)) => Err(format!("cannot be read: {}", crate::pipeline::stage::error_chain(err.as_ref()))),
+        Ok(Ok(status)) => Ok(status),
+    }
+}
 
 /// What one etcd pod's member looks like: healthy, readable without a
 /// leader, or down (with the reason).
@@ -235,25 +250,13 @@ async fn look_at(ctx: &BackupContext, hcp_ns: &str, pod: &Pod) -> Seen {
     let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
     let pod_ip = status.and_then(|s| s.pod_ip.clone()).unwrap_or_default();
     if phase != "Running" || pod_ip.is_empty() {
-        return Seen::Down {
-            member: pod_name,
-            reason: format!("its pod {hcp_ns}/{} is not running (phase `{phase}`, pod IP `{pod_ip}`)", pod.metadata.name.as_deref().unwrap_or_default()),
-        };
+        let reason = format!("its pod {hcp_ns}/{pod_name} is not running (phase `{phase}`, pod IP `{pod_ip}`)");
+        return Seen::Down { member: pod_name, reason };
     }
-    let mut target = MemberTarget { pod: pod_name.clone(), pod_ip, revision: 0 };
-    let ask = async {
-        let (member, _forward) = connect_member(ctx, &target).await?;
-        let mut client = member.connect().await?;
-        Ok::<_, StageFailure>(member.status(&mut client).await?)
-    };
-    let status = match tokio::time::timeout(MEMBER_ANSWER, ask).await {
-        Err(_) => {
-            return Seen::Down { member: pod_name, reason: format!("did not answer within {}s", MEMBER_ANSWER.as_secs()) };
-        }
-        Ok(Err(err)) => {
-            return Seen::Down { member: pod_name, reason: format!("cannot be read: {}", crate::pipeline::stage::error_chain(err.as_ref())) };
-        }
-        Ok(Ok(status)) => status,
+    let mut target = MemberTarget { pod: pod_name, pod_ip, revision: 0 };
+    let status = match member_status(ctx, &target).await {
+        Ok(status) => status,
+        Err(reason) => return Seen::Down { member: target.pod, reason },
     };
     target.revision = status.revision;
     match (status.errors.is_empty(), status.leader_id) {
