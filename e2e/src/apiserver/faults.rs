@@ -206,16 +206,17 @@ pub(crate) struct Injector {
     state: Mutex<State>,
 }
 
-/// A small, seedable generator: enough for drawing faults.
-struct SplitMix64(u64);
+/// A small, seedable generator: enough for drawing faults (the S3 front's
+/// too, in [`crate::procs::s3_faults`]).
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn random() -> SplitMix64 {
+    pub(crate) fn random() -> SplitMix64 {
         let id = uuid::Uuid::new_v4();
         let b = id.as_bytes();
         SplitMix64(u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
     }
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -223,7 +224,7 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
     /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
+    pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -4,6 +4,8 @@
 pub mod etcd;
 pub mod route53;
 pub mod s3;
+pub mod s3_faults;
+mod s3_front;
 
 use std::collections::HashSet;
 use std::fs::OpenOptions;

@@ -2,8 +2,10 @@
 //! SigV4 signatures, including presigned URLs) storing objects in a directory,
 //! plus an HTTPS front so presigned `https://` URLs work like real S3 ones.
 //!
-//! The HTTPS front is a TLS-terminating raw TCP proxy: the bytes, including the
-//! `Host` header that SigV4 signs, reach s3s-fs untouched.
+//! The HTTPS front ([`super::s3_front`]) is an HTTP/1.1 proxy: method, path,
+//! query and every header, including the `Host` header that SigV4 signs,
+//! reach s3s-fs untouched, bodies are streamed. It injects the faults set in
+//! `dir/s3-faults.json` ([`super::s3_faults`]; none without the file).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -17,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use super::s3_faults::{S3_FAULTS_FILE, S3Faults, S3Injector, read_log, write_faults_file};
 use super::{ManagedChild, ProcError, find_program, free_port, wait_for_tcp};
 use crate::pki::{Ca, CertSpec, client_tls_config, server_tls_config};
 
@@ -29,6 +32,7 @@ pub struct S3Endpoint {
     child: ManagedChild,
     front: JoinHandle<()>,
     root: PathBuf,
+    faults_path: PathBuf,
     http_url: String,
     https_url: String,
     access_key: String,
@@ -54,7 +58,8 @@ impl S3Endpoint {
     /// Start s3s-fs on `127.0.0.1:<free>` (plain http) serving `dir/root`, with a
     /// random access/secret key pair, and an HTTPS front on `127.0.0.1:<free>`
     /// whose certificate is issued by `ca` for `127.0.0.1` and `localhost`.
-    /// The log goes to `dir/s3s-fs.log`. Ready on return.
+    /// The log goes to `dir/s3s-fs.log`. The front injects the faults set in
+    /// `dir/s3-faults.json` ([`S3Endpoint::set_faults`]). Ready on return.
     pub async fn start(dir: &Path, ca: &Ca) -> Result<S3Endpoint, ProcError> {
         let program = find_program("s3s-fs", S3S_FS_HINT)?;
         let root = dir.join("root");
@@ -99,16 +104,19 @@ impl S3Endpoint {
         let front_addr = listener
             .local_addr()
             .map_err(|source| ProcError::NoFreePort { ip, source })?;
-        let front = tokio::spawn(tls_front(
+        let faults_path = dir.join(S3_FAULTS_FILE);
+        let front = tokio::spawn(super::s3_front::serve(
             listener,
             tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
             backend,
+            Arc::new(S3Injector::new(faults_path.clone())),
         ));
 
         Ok(S3Endpoint {
             child,
             front,
             root,
+            faults_path,
             http_url: format!("http://{backend}"),
             https_url: format!("https://{front_addr}"),
             access_key,
@@ -151,6 +159,26 @@ impl S3Endpoint {
         self.child.log_path()
     }
 
+    /// `dir/s3-faults.json`: the faults the HTTPS front injects (absent: none).
+    pub fn faults_path(&self) -> &Path {
+        &self.faults_path
+    }
+
+    /// Make the HTTPS front fail a share of its requests (`Some`), or stop
+    /// (`None`): writes or removes [`S3Endpoint::faults_path`], which the
+    /// front reads again at its next request. The plain-http URL is never
+    /// faulted.
+    pub fn set_faults(&self, faults: Option<&S3Faults>) -> std::io::Result<()> {
+        write_faults_file(&self.faults_path, faults)
+    }
+
+    /// The faults the HTTPS front injected so far, oldest first (from
+    /// `dir/s3-faults.json.log`, one object per fault: `time`, `kind`,
+    /// `method`, `path`, `user_agent`, and `bytes` for the resets).
+    pub fn faults_injected(&self) -> Vec<serde_json::Value> {
+        read_log(&self.faults_path)
+    }
+
     /// Create a bucket. s3s-fs keeps each bucket as a directory under its root,
     /// so this creates that directory (after checking the S3 naming rules);
     /// it fails if the bucket exists, like `CreateBucket` in us-east-1 for a
@@ -187,29 +215,6 @@ pub fn valid_bucket_name(name: &str) -> bool {
             .last()
             .is_some_and(|b| b.is_ascii_alphanumeric());
     len_ok && chars_ok && ends_ok && !name.contains("..") && name.parse::<Ipv4Addr>().is_err()
-}
-
-async fn tls_front(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    backend: SocketAddr,
-) {
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            let Ok(mut tls) = acceptor.accept(tcp).await else {
-                return;
-            };
-            let Ok(mut upstream) = TcpStream::connect(backend).await else {
-                return;
-            };
-            // Errors here are the client or backend going away: nothing to report.
-            let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
-        });
-    }
 }
 
 /// GET `url` (`https://`) over HTTP/1.1 trusting only `ca_pem`; returns the
