@@ -20,6 +20,7 @@ use crate::procs::ProcError;
 use crate::procs::etcd::EtcdProcess;
 use crate::procs::route53::Route53Endpoint;
 use crate::procs::s3::S3Endpoint;
+use crate::procs::s3_faults::S3Faults;
 
 /// The management clusters every sandbox has.
 pub const CLUSTERS: [&str; 2] = ["mgmt-a", "mgmt-b"];
@@ -191,6 +192,12 @@ fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
 /// [`crate::apiserver::faults`]); absent: none.
 pub fn api_faults_path(dir: &Path, cluster: &str) -> PathBuf {
     dir.join(cluster).join("state").join(crate::apiserver::faults::API_FAULTS_FILE)
+}
+
+/// `DIR/s3/s3-faults.json`: the faults the HTTPS front of the sandbox's S3
+/// endpoint injects (see [`crate::procs::s3_faults`]); absent: none.
+pub fn s3_faults_path(dir: &Path) -> PathBuf {
+    dir.join("s3").join(crate::procs::s3_faults::S3_FAULTS_FILE)
 }
 
 /// What every management cluster of one sandbox shares.
@@ -400,6 +407,21 @@ impl Sandbox {
     /// `DIR/<cluster>/state/api-faults.json.log`).
     pub fn api_faults_injected(&self, cluster: &str) -> Vec<Value> {
         crate::apiserver::faults::read_log(&api_faults_path(&self.dir, cluster))
+    }
+
+    /// Make the S3 endpoint's HTTPS front (`AWS_ENDPOINT_URL_S3`) fail a
+    /// share of its requests (`Some`), or stop (`None`): writes or removes
+    /// `DIR/s3/s3-faults.json`, which the front reads again at its next
+    /// request, so a shell can do the same (`hcp-dr-sandbox faults --s3`).
+    pub fn set_s3_faults(&self, faults: Option<&S3Faults>) -> std::io::Result<()> {
+        self.s3.set_faults(faults)
+    }
+
+    /// The faults the S3 endpoint injected so far, oldest first: one
+    /// `{"time", "kind", "method", "path", "user_agent"}` object each, with
+    /// `"bytes"` for the resets (from `DIR/s3/s3-faults.json.log`).
+    pub fn s3_faults_injected(&self) -> Vec<Value> {
+        self.s3.faults_injected()
     }
 
     /// The external-dns owners of `host`'s records in the sandbox zone

@@ -80,6 +80,29 @@ fn up_detached_status_kubectl_and_down() {
     let out = kubectl_get("mgmt-a");
     assert!(out.status.success(), "{}", text(&out));
 
+    // S3 faults on the sandbox's S3 endpoint, for GETs only: an unsigned GET
+    // gets SlowDown (decided before s3s-fs would refuse it); --off counts them
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("sandbox.json")).unwrap()).unwrap();
+    let bucket_url = format!("{}/{}", state["s3_url"].as_str().unwrap(), state["bucket"].as_str().unwrap());
+    let ca_pem = std::fs::read_to_string(dir.join("ca.crt")).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let s3_get = || runtime.block_on(hcp_dr_e2e::procs::s3::https_get(&bucket_url, &ca_pem)).expect("GET the bucket");
+    let out = sandbox(&["faults", "--dir", d, "--s3", "--share", "1", "--kinds", "slow-down", "--methods", "get"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 of the GET requests fail"), "{}", text(&out));
+    assert!(dir.join("s3/s3-faults.json").exists());
+    let (status, body) = s3_get();
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("<Code>SlowDown</Code>"));
+    let out = sandbox(&["faults", "--dir", d, "--s3", "--share", "1", "--kinds", "reset"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("kind of API fault"), "{}", text(&out));
+    let out = sandbox(&["faults", "--dir", d, "--s3", "--off"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("injected so far: 1 (slow-down 1)"), "{}", text(&out));
+    let (status, _) = s3_get();
+    assert_eq!(status, 403, "unsigned, without faults: refused by s3s-fs");
+
     drop(guard);
     let out = sandbox(&["status", "--dir", d]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

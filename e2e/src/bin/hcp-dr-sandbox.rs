@@ -1,5 +1,6 @@
 //! `hcp-dr-sandbox`: start, inspect and stop the management-cluster sandbox,
-//! make its API servers fail a share of their requests (`faults`),
+//! make its API servers or its S3 endpoint fail a share of their requests
+//! (`faults`),
 //! and run the local DR drill.
 
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use hcp_dr_e2e::apiserver::faults::{self, ApiFaults, FaultKind};
+use hcp_dr_e2e::procs::s3_faults::{self, S3FaultKind, S3Faults};
 use hcp_dr_e2e::sandbox::{Sandbox, SandboxState};
 
 #[derive(Parser)]
@@ -37,27 +39,37 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Make the API server of a management cluster of the running sandbox
-    /// fail a share of its requests (429, 500, 503, connection reset, delay),
+    /// Make the API server of a management cluster (--cluster) or the S3
+    /// endpoint (--s3) of the running sandbox fail a share of its requests,
     /// or stop (--off); without --share or --off, show what is in force.
-    /// Faults are decided before a request is processed: nothing of a
-    /// faulted request is applied.
+    /// API faults (429, 500, 503, connection reset, delay) are decided before
+    /// a request is processed: nothing of a faulted request is applied.
+    /// S3 faults: internal-error, slow-down (nothing applied), reset-request
+    /// (upload cut), reset-response (applied, answer cut), slow-read.
     Faults {
         #[arg(long)]
         dir: PathBuf,
         /// The management cluster (mgmt-a, mgmt-b).
+        #[arg(long, required_unless_present = "s3", conflicts_with = "s3")]
+        cluster: Option<String>,
+        /// The S3 endpoint's HTTPS front (AWS_ENDPOINT_URL_S3) instead of an API server.
         #[arg(long)]
-        cluster: String,
+        s3: bool,
         /// Share of the matching requests that fail, 0.0 to 1.0 (0.1: one in ten).
         #[arg(long, value_parser = parse_share, requires = "kinds", conflicts_with = "off")]
         share: Option<f64>,
         /// Comma-separated kinds of fault, one drawn at random for each failed request.
-        #[arg(long, value_delimiter = ',', requires = "share")]
-        kinds: Vec<FaultKind>,
-        /// Only requests whose User-Agent starts with this (e.g. hcp-dr).
+        #[arg(long, value_delimiter = ',', requires = "share", value_parser = kind_names())]
+        kinds: Vec<String>,
+        /// With --s3: only requests with these methods (comma-separated, e.g. GET,PUT).
+        #[arg(long, value_delimiter = ',', requires = "s3", requires = "share")]
+        methods: Vec<String>,
+        /// Only requests whose User-Agent starts with this (e.g. hcp-dr; the
+        /// AWS SDK for Rust sends aws-sdk-rust).
         #[arg(long, requires = "share")]
         user_agent: Option<String>,
-        /// How long a `delay` fault waits, in milliseconds (0: 2000).
+        /// How long a `delay` fault waits (0: 2000), or a `slow-read` stalls
+        /// (0: 3000), in milliseconds.
         #[arg(long, requires = "share", default_value_t = 0)]
         delay_ms: u64,
         /// Seed of the random draws, for a repeatable sequence of faults.
@@ -111,9 +123,17 @@ fn main() -> ExitCode {
             Command::Up { dir, detach: false } => up(&dir).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
-            Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, off } => {
+            Command::Faults { dir, cluster, s3: true, share, kinds, methods, user_agent, delay_ms, seed, off } => {
+                debug_assert!(cluster.is_none(), "clap: --cluster conflicts with --s3");
+                let kinds = parse_kinds::<S3FaultKind>(&kinds, "S3", "API fault, without --s3")?;
+                let methods = methods.iter().map(|m| m.to_uppercase()).collect();
+                let faults = share.map(|share| S3Faults { share, kinds, methods, user_agent, delay_ms, seed });
+                s3_faults_command(&dir, faults, off)
+            }
+            Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, off, .. } => {
+                let kinds = parse_kinds::<FaultKind>(&kinds, "API", "S3 fault, with --s3")?;
                 let faults = share.map(|share| ApiFaults { share, kinds, user_agent, delay_ms, seed });
-                faults_command(&dir, &cluster, faults, off)
+                faults_command(&dir, cluster.as_deref().unwrap_or_default(), faults, off)
             }
             Command::Drill { dir, json } => drill(dir, json).await,
             Command::Disaster { dir, json } => disaster(dir, json).await,
@@ -298,6 +318,34 @@ async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every kind of fault `faults --kinds` knows: the API ones and the S3 ones.
+fn kind_names() -> clap::builder::PossibleValuesParser {
+    let api = FaultKind::ALL.iter().map(|k| k.as_str());
+    let s3 = S3FaultKind::ALL.iter().map(|k| k.as_str());
+    let mut names: Vec<&'static str> = api.chain(s3).collect();
+    names.sort_unstable();
+    names.dedup();
+    clap::builder::PossibleValuesParser::new(names)
+}
+
+/// `names` as kinds of the target's faults (`what`: "API" or "S3"), or an
+/// error saying which target a name is a kind of (`other`) and listing
+/// the target's kinds.
+fn parse_kinds<K: clap::ValueEnum + std::fmt::Display>(names: &[String], what: &str, other: &str) -> anyhow::Result<Vec<K>> {
+    names
+        .iter()
+        .map(|name| {
+            K::from_str(name, false).map_err(|_| {
+                let list = |kinds: &[K]| kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ");
+                anyhow::anyhow!(
+                    "`{name}` is not a kind of {what} fault (it is a kind of {other}); {what} kinds: {}",
+                    list(K::value_variants()),
+                )
+            })
+        })
+        .collect()
+}
+
 fn parse_share(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
@@ -363,6 +411,64 @@ fn faults_command(dir: &Path, cluster: &str, set: Option<ApiFaults>, off: bool) 
             injected.len(),
             if by_kind.is_empty() { String::new() } else { format!(" ({})", by_kind.join(", ")) },
             faults::log_path(&file).display()
+        );
+    }
+    Ok(())
+}
+
+/// `faults --s3`: write, remove or show `DIR/s3/s3-faults.json`.
+fn s3_faults_command(dir: &Path, set: Option<S3Faults>, off: bool) -> anyhow::Result<()> {
+    let state = SandboxState::load(dir)?;
+    let file = hcp_dr_e2e::sandbox::s3_faults_path(dir);
+    if let Some(set) = &set {
+        if let Err(err) = set.validate() {
+            anyhow::bail!("{err}");
+        }
+        s3_faults::write_faults_file(&file, Some(set))?;
+    } else if off {
+        s3_faults::write_faults_file(&file, None)?;
+    }
+    if !process_alive(state.pid) {
+        println!("note: the sandbox process (pid {}) is not running; its S3 endpoint reads this when it runs again", state.pid);
+    }
+    match s3_faults::read_faults_file(&file) {
+        Ok(Some(f)) => {
+            let mut which = Vec::new();
+            if !f.methods.is_empty() {
+                which.push(format!(" {}", f.methods.join("/")));
+            }
+            let from = match &f.user_agent {
+                Some(prefix) => format!(" from user agents starting with {prefix:?}"),
+                None => String::new(),
+            };
+            let kinds: Vec<&str> = f.kinds.iter().map(|k| k.as_str()).collect();
+            println!("S3 faults in force on {}: {} of the{} requests{from} fail", state.s3_url, f.share, which.concat());
+            println!("  kinds: {}", kinds.join(", "));
+            if f.kinds.contains(&S3FaultKind::SlowRead) {
+                println!("  slow-read stall: {} ms", f.stall().as_millis());
+            }
+            match f.seed {
+                Some(seed) => println!("  seed: {seed}"),
+                None => println!("  seed: random"),
+            }
+            println!("  settings: {}", file.display());
+        }
+        Ok(None) => println!("no S3 faults on {}", state.s3_url),
+        Err(err) => println!("{} does not parse ({err}): no S3 faults are injected", file.display()),
+    }
+    let injected = s3_faults::read_log(&file);
+    if off || !injected.is_empty() {
+        let by_kind: Vec<String> = S3FaultKind::ALL
+            .iter()
+            .map(|k| (k, injected.iter().filter(|f| f["kind"] == k.as_str()).count()))
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!(
+            "  injected so far: {}{}  (log: {})",
+            injected.len(),
+            if by_kind.is_empty() { String::new() } else { format!(" ({})", by_kind.join(", ")) },
+            s3_faults::log_path(&file).display()
         );
     }
     Ok(())
