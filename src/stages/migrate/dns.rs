@@ -6,21 +6,23 @@
 //! records; with `--dns-direct` the records owned by the source are deleted
 //! from the zone directly. Then a bounded wait until the zone holds none.
 //!
-//! `--abort` needs no undo here: once the pause is lifted and the
-//! control-plane operator is back, the Routes are recreated and external-dns
-//! publishes them again.
+//! The Routes are journaled before they are deleted, and `--abort` creates
+//! again those still missing: their controller would once the pause is
+//! lifted and the control-plane operator is back, but a source whose
+//! HyperShift operator is down (the case `--operator-ack-timeout` is for)
+//! must not come back unreachable. external-dns then publishes them again.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::MigrateContext;
-use crate::kube::{is_not_found, request, route_hosts};
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::StageError;
+use crate::kube::{is_conflict, is_not_found, request};
+use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::stages::{StageError, earlier_progress, undo_record};
 
 pub struct DnsWithdraw;
 
@@ -31,15 +33,59 @@ pub struct Withdrawn {
     pub route_hosts: Vec<String>,
     pub deleted_records: Vec<String>,
     pub waited_seconds: f64,
+    /// The Routes as they were (server-set metadata stripped), journaled
+    /// before they were deleted: `--abort` creates again those missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_routes: Vec<Value>,
 }
 
-async fn run(ctx: &mut MigrateContext) -> Result<Withdrawn, StageFailure> {
+/// A Route as it can be created again: what the server set is dropped; the
+/// owner reference to the HostedControlPlane, still there, is kept.
+fn recreatable(route: &DynamicObject) -> Result<Value, StageFailure> {
+    let mut value = serde_json::to_value(route)?;
+    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in ["uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+            meta.remove(field);
+        }
+    }
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("status");
+        // list items do not always carry their type
+        let route = &crate::hosted::ROUTE;
+        obj.insert("apiVersion".into(), Value::String(format!("{}/{}", route.group, route.version)));
+        obj.insert("kind".into(), Value::String(route.kind.into()));
+    }
+    Ok(value)
+}
+
+fn routes_api(ctx: &MigrateContext) -> Api<DynamicObject> {
+    Api::namespaced_with(ctx.source.client.clone(), &ctx.source.hcp_namespace(), &crate::hosted::ROUTE.api_resource())
+}
+
+async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn, StageFailure> {
     let hcp_ns = ctx.source.hcp_namespace();
-    let routes: Api<DynamicObject> = Api::namespaced_with(ctx.source.client.clone(), &hcp_ns, &crate::hosted::ROUTE.api_resource());
+    let routes = routes_api(ctx);
     let mut out = Withdrawn::default();
-    for (name, host) in route_hosts(&ctx.source.client, &hcp_ns).await? {
+    let listed = match routes.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(err) if is_not_found(&err) => Vec::new(),
+        Err(err) => return Err(request(format!("listing Routes in {hcp_ns}"))(err).into()),
+    };
+    // An attempt killed part-way deleted some: keep what it journaled of them.
+    let earlier: Withdrawn = earlier_progress(step, "dns-withdraw").unwrap_or_default();
+    out.deleted_routes = earlier.deleted_routes;
+    for route in &listed {
+        let name = route.metadata.name.clone().unwrap_or_default();
+        out.deleted_routes.retain(|r| r["metadata"]["name"].as_str() != Some(name.as_str()));
+        out.deleted_routes.push(recreatable(route)?);
+    }
+    // Journal them before any is deleted.
+    step.record(serde_json::to_value(&out)?)?;
+    for route in &listed {
+        let name = route.metadata.name.clone().unwrap_or_default();
+        let host = route.data.pointer("/spec/host").and_then(Value::as_str).unwrap_or_default();
         if !host.is_empty() {
-            out.route_hosts.push(host);
+            out.route_hosts.push(host.to_string());
         }
         match routes.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
@@ -50,6 +96,8 @@ async fn run(ctx: &mut MigrateContext) -> Result<Withdrawn, StageFailure> {
     }
     let mut hosts = ctx.hosts.clone();
     hosts.extend(out.route_hosts.iter().cloned());
+    // and those of Routes an attempt killed part-way already deleted
+    hosts.extend(out.deleted_routes.iter().filter_map(|r| r.pointer("/spec/host").and_then(Value::as_str)).filter(|h| !h.is_empty()).map(str::to_string));
     hosts.sort();
     hosts.dedup();
     let Some(zone) = ctx.dns.as_ref() else {
@@ -102,7 +150,31 @@ impl Stage<MigrateContext> for DnsWithdraw {
         ));
         lines
     }
-    async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx).await?)?)
+    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    }
+    fn undoable(&self) -> bool {
+        true
+    }
+    /// Create again the journaled Routes that are still missing (an existing
+    /// one, recreated by its controller since, is left alone).
+    async fn undo(&self, ctx: &mut MigrateContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        let Some(withdrawn) = undo_record::<Withdrawn>("dns-withdraw", &input)? else { return Ok(()) };
+        let routes = routes_api(ctx);
+        let hcp_ns = ctx.source.hcp_namespace();
+        for route in &withdrawn.deleted_routes {
+            let name = route["metadata"]["name"].as_str().unwrap_or_default();
+            let what = format!("Route {hcp_ns}/{name}");
+            if routes.get_opt(name).await.map_err(request(format!("reading {what}")))?.is_some() {
+                continue;
+            }
+            let object: DynamicObject = serde_json::from_value(route.clone())?;
+            match routes.create(&PostParams::default(), &object).await {
+                Ok(_) => tracing::info!("{what} created again"),
+                Err(err) if is_conflict(&err) => {}
+                Err(err) => return Err(request(format!("creating {what} again"))(err).into()),
+            }
+        }
+        Ok(())
     }
 }
