@@ -6,6 +6,15 @@
 //! platform objects, the HostedControlPlane, the HCP namespace and the
 //! HostedCluster are deleted, in that order. Not undoable: `--abort` is
 //! refused once it started; `--resume` finishes it.
+//!
+//! hcp-dr removes the finalizers itself (listed in the output, journaled
+//! first) and never waits for the HyperShift operator: the source is paused,
+//! so its operator acts on nothing, and during a management cluster incident
+//! it may be down altogether (`--operator-ack-timeout`). Nor should it act:
+//! its cleanup on deletion is for a cluster that goes away, and this one
+//! goes on running on the destination (the product's migration procedure
+//! removes the same finalizers). Only the namespace's own finalizer, which
+//! the cluster's namespace controller handles, is left to it.
 
 use std::time::Duration;
 
@@ -36,6 +45,11 @@ pub struct TornDown {
     /// a resumed teardown still knows them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// The finalizers hcp-dr removed itself, `<object>: <finalizer>, ...`
+    /// (journaled before they were): the source is paused, and its operator
+    /// perhaps down, so no controller is going to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers_removed: Vec<String>,
 }
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -87,6 +101,14 @@ async fn scale_to_zero(client: &kube::Client, ns: &str, out: &mut TornDown, reco
 pub type Record<'a> = &'a mut (dyn FnMut(&TornDown) -> Result<(), StageFailure> + Send);
 
 async fn gone(api: &Api<DynamicObject>, name: &str, what: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), StageFailure> {
+    if let Some(obj) = get_json(api, name, what).await? {
+        let finalizers: Vec<&str> = obj["metadata"]["finalizers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let line = format!("{what}: {}", finalizers.join(", "));
+        if !finalizers.is_empty() && !out.finalizers_removed.contains(&line) {
+            out.finalizers_removed.push(line);
+            record(out)?;
+        }
+    }
     remove_finalizers(api, name, what).await?;
     delete_and_wait(api, name, what, WAIT).await?;
     out.deleted.push(what.to_string());
