@@ -8,11 +8,11 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client, member_keys};
-use hcp_dr_e2e::sandbox::{BUCKET, api_for, wait_available};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use hcp_dr_e2e::drill::{WORKLOAD_NS, member_keys};
+use hcp_dr_e2e::sandbox::{BUCKET, wait_available};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
-use serde_json::{Value, json};
+use serde_json::Value;
 use support::*;
 
 const STAGES: [&str; 19] = [
@@ -65,10 +65,6 @@ fn kill_in(env: &Env, args: &[&str], journal: &Path, stage: &str) {
     child.wait().unwrap();
 }
 
-fn dns_args(env: &Env) -> Vec<String> {
-    vec!["--route53-zone".into(), env.sandbox.zone_id.clone(), "--route53-endpoint".into(), env.sandbox.route53.url().to_string()]
-}
-
 async fn owners_of(env: &Env, host: &str) -> Vec<String> {
     let client = env.sandbox.route53.client();
     let out = client.list_resource_record_sets().hosted_zone_id(&env.sandbox.zone_id).send().await.expect("list records");
@@ -78,11 +74,6 @@ async fn owners_of(env: &Env, host: &str) -> Vec<String> {
         .flat_map(|r| r.resource_records().iter().map(|v| v.value().to_string()))
         .filter_map(|v| v.split(',').find_map(|kv| kv.trim_matches('"').strip_prefix("external-dns/owner=").map(str::to_string)))
         .collect()
-}
-
-async fn hc_on(client: &kube::Client) -> Option<Value> {
-    let hc = api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
-    hc.get_opt("demo").await.expect("get HC").map(|o| serde_json::to_value(o).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -140,26 +131,10 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
     assert!(hc_on(&env.mgmt).await.is_none(), "the source HostedCluster is still on mgmt-a");
     assert!(Api::<Namespace>::all(env.mgmt.clone()).get_opt(&env.hcp_ns()).await.unwrap().is_none());
     // the destination serves every workload object and every etcd key from before
-    wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
-    let hosted = hosted_client(&b, "clusters", "demo").await.unwrap();
-    let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS).list(&Default::default()).await.unwrap();
-    let secrets = Api::<Secret>::namespaced(hosted, WORKLOAD_NS).list(&Default::default()).await.unwrap();
-    assert!(cms.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("config-"))).count() == WORKLOAD_OBJECTS);
-    assert!(secrets.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("secret-"))).count() == WORKLOAD_OBJECTS);
-    let after = member_keys(&b, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys after");
-    assert_eq!(after.len(), 3);
+    assert_moved(&b, &env.hcp_ns(), revision_before, &keys_before, 3).await;
     let ovn_before = keys_before.iter().filter(|k| k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-")).count();
     let restarted = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "ovn-restart").unwrap()["output"]["restarted"].as_array().map_or(0, Vec::len);
     assert_eq!(restarted, ovn_before, "every OVN pod from before was restarted");
-    for (pod, revision, keys) in &after {
-        assert!(*revision >= revision_before, "{pod}: revision {revision} < {revision_before}");
-        // ovn-restart replaces the OVN pods by design: their keys are the only ones to go
-        let missing: Vec<&String> = keys_before
-            .difference(keys)
-            .filter(|k| !k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-"))
-            .collect();
-        assert!(missing.is_empty(), "{pod} lacks keys from before: {missing:?}");
-    }
     // the source's records are gone; the name is now mgmt-b's
     for _ in 0..120 {
         if owners_of(&env, &host).await == vec!["mgmt-b".to_string()] {

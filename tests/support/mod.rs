@@ -275,3 +275,62 @@ pub fn sourced_shell(sandbox: &Sandbox, work: &Path, script: &str) -> std::proce
         .env("HCP_DR_LOG_FORMAT", "text");
     cmd
 }
+
+/// demo's HostedCluster on the management cluster `client` talks to, if any.
+pub async fn hc_on(client: &kube::Client) -> Option<Value> {
+    let hc = api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
+    hc.get_opt("demo").await.expect("get HC").map(|o| serde_json::to_value(o).unwrap())
+}
+
+/// The Route53 arguments of a migrate on the sandbox.
+pub fn dns_args(env: &Env) -> Vec<String> {
+    vec!["--route53-zone".into(), env.sandbox.zone_id.clone(), "--route53-endpoint".into(), env.sandbox.route53.url().to_string()]
+}
+
+/// `hcp-dr migrate` of demo from mgmt-a to mgmt-b through the sandbox's S3
+/// store, journaled at `journal`, with `extra` arguments after the rest.
+pub fn migrate_args(env: &Env, journal: &Path, extra: &[&str]) -> Vec<String> {
+    let (a, b) = (&env.sandbox.clusters[0].kubeconfig, &env.sandbox.clusters[1].kubeconfig);
+    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", a.to_str().unwrap(), "--to-kubeconfig", b.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--via".into(), format!("s3://{}/migrations", hcp_dr_e2e::sandbox::BUCKET), "--s3-endpoint".into(), env.sandbox.s3.https_url().to_string()]);
+    args.extend(["--journal".into(), journal.display().to_string(), "--wait".into(), "5m".into(), "--dns-wait".into(), "2m".into()]);
+    args.extend(dns_args(env));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// The etcd keys under `/kubernetes.io/` of demo's most advanced member on
+/// `mgmt`: its revision and keys.
+pub async fn etcd_keys(mgmt: &kube::Client, hcp_ns: &str) -> (i64, std::collections::BTreeSet<String>) {
+    let members = hcp_dr_e2e::drill::member_keys(mgmt, hcp_ns, "/kubernetes.io/").await.expect("etcd keys");
+    let (_, revision, keys) = members.into_iter().max_by_key(|m| m.1).expect("an etcd member");
+    (revision, keys)
+}
+
+/// demo was moved to `dest` whole: Available there, its workload objects
+/// served by its API, and each of its `members` etcd members at or above
+/// `revision_before` with every key from before (the OVN pods' aside:
+/// `ovn-restart` replaces them by design).
+pub async fn assert_moved(dest: &kube::Client, hcp_ns: &str, revision_before: i64, keys_before: &std::collections::BTreeSet<String>, members: usize) {
+    use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS};
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    wait_available(dest, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on the destination");
+    let hosted = hosted_client(dest, "clusters", "demo").await.unwrap();
+    let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS).list(&Default::default()).await.unwrap();
+    let secrets = Api::<Secret>::namespaced(hosted, WORKLOAD_NS).list(&Default::default()).await.unwrap();
+    assert_eq!(cms.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("config-"))).count(), WORKLOAD_OBJECTS);
+    assert_eq!(secrets.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("secret-"))).count(), WORKLOAD_OBJECTS);
+    let after = hcp_dr_e2e::drill::member_keys(dest, hcp_ns, "/kubernetes.io/").await.expect("keys after");
+    assert_eq!(after.len(), members);
+    for (pod, revision, keys) in &after {
+        assert!(*revision >= revision_before, "{pod}: revision {revision} < {revision_before}");
+        let missing: Vec<&String> = keys_before
+            .difference(keys)
+            .filter(|k| !k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-"))
+            .collect();
+        assert!(missing.is_empty(), "{pod} lacks keys from before: {missing:?}");
+    }
+}
