@@ -17,8 +17,8 @@ use super::playbook::Playbook;
 use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
 
 /// Hooks for tests of undo and resume, driven by environment variables so
-/// they work on the real binary. Both only ever make a run fail or wait;
-/// neither can make anything succeed.
+/// they work on the real binary. They only ever make a run fail or wait;
+/// none can make anything succeed.
 mod test_hooks {
     use std::time::Duration;
 
@@ -36,6 +36,16 @@ mod test_hooks {
     pub async fn hold_in(stage: &str) {
         if std::env::var("HCP_DR_TEST_HOLD_IN").is_ok_and(|target| target == stage) {
             tracing::warn!("holding in `{stage}` for 120s (HCP_DR_TEST_HOLD_IN)");
+            tokio::time::sleep(Duration::from_secs(120)).await;
+        }
+    }
+
+    /// `HCP_DR_TEST_HOLD_AFTER=<stage>`: wait 120 s once the stage has done
+    /// its work, before its result is journaled (the log says so), so a
+    /// test can kill the process between a change and its record.
+    pub async fn hold_after(stage: &str) {
+        if std::env::var("HCP_DR_TEST_HOLD_AFTER").is_ok_and(|target| target == stage) {
+            tracing::warn!("holding after `{stage}` for 120s (HCP_DR_TEST_HOLD_AFTER)");
             tokio::time::sleep(Duration::from_secs(120)).await;
         }
     }
@@ -362,7 +372,9 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     tokio::select! {
                         result = async {
                             test_hooks::hold_in(&name).await;
-                            planned.stage.run(ctx, &mut step).await
+                            let result = planned.stage.run(ctx, &mut step).await;
+                            test_hooks::hold_after(&name).await;
+                            result
                         } => result.map_err(|e| error_chain(e.as_ref())),
                         signal = interrupt.wait() => Err(format!("interrupted by {signal}")),
                     }
