@@ -5,8 +5,7 @@
 
 mod support;
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hcp_dr_e2e::drill::{WORKLOAD_NS, member_keys};
 use hcp_dr_e2e::sandbox::{BUCKET, wait_available};
@@ -36,34 +35,6 @@ const STAGES: [&str; 19] = [
     "ovn-restart",
     "unlock",
 ];
-
-fn started_count(journal: &Path, stage: &str) -> usize {
-    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
-    std::fs::read_to_string(journal).map(|j| j.matches(&needle).count()).unwrap_or(0)
-}
-
-/// Run `args` holding in `stage`; SIGKILL it once the journal shows the stage started.
-fn kill_in(env: &Env, args: &[&str], journal: &Path, stage: &str) {
-    let before = started_count(journal, stage);
-    let mut child = env
-        .command(args, &[("HCP_DR_TEST_HOLD_IN", stage)])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while started_count(journal, stage) <= before {
-        if let Ok(Some(status)) = child.try_wait() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).ok();
-            panic!("hcp-dr ended ({status}) before `{stage}` started:\n{err}\njournal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
-        }
-        assert!(start.elapsed() < Duration::from_secs(300), "`{stage}` never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-}
 
 async fn owners_of(env: &Env, host: &str) -> Vec<String> {
     let client = env.sandbox.route53.client();

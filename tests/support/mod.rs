@@ -257,6 +257,82 @@ pub fn wait_for_stage(journal: &Path, stage: &str) {
     panic!("{stage} never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
 }
 
+/// How many times the journal records that `stage` started.
+pub fn started_count(journal: &Path, stage: &str) -> usize {
+    let needle = format!("\"event\":\"started\",\"stage\":\"{stage}\"");
+    std::fs::read_to_string(journal).map(|j| j.matches(&needle).count()).unwrap_or(0)
+}
+
+/// Run hcp-dr with `args` holding in `stage` (`HCP_DR_TEST_HOLD_IN`: it
+/// waits right after journaling that the stage started, before the stage
+/// does anything); SIGKILL it once the journal shows the stage started.
+pub fn kill_in(env: &Env, args: &[&str], journal: &Path, stage: &str) {
+    let before = started_count(journal, stage);
+    let mut child = env
+        .command(args, &[("HCP_DR_TEST_HOLD_IN", stage)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while started_count(journal, stage) <= before {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).ok();
+            panic!("hcp-dr ended ({status}) before `{stage}` started:\n{err}\njournal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "`{stage}` never started; journal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+/// Run hcp-dr with `args` holding once `stage` has done its work, before
+/// its result is journaled (`HCP_DR_TEST_HOLD_AFTER`); SIGKILL it when its
+/// log says it holds there. `journal` is only shown when it fails.
+pub fn kill_after(env: &Env, args: &[&str], journal: &Path, stage: &str) {
+    use std::io::BufRead;
+    let mut child = env
+        .command(args, &[("HCP_DR_TEST_HOLD_AFTER", stage), ("HCP_DR_LOG_FORMAT", "text")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let holding = format!("holding after `{stage}`");
+    let mut log = String::new();
+    let start = std::time::Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                let found = line.contains(&holding);
+                log.push_str(&line);
+                log.push('\n');
+                if found {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().unwrap();
+                panic!("hcp-dr ended ({status}) before `{stage}` was done:\n{log}\njournal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "`{stage}` never done:\n{log}\njournal:\n{}", std::fs::read_to_string(journal).unwrap_or_default());
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
 /// `script` as an operator runs it: in bash with `set -euo pipefail`, the
 /// sandbox's env file sourced, hcp-dr on PATH, `KUBECONFIG` unset and no
 /// other environment, in `work` (journals under `work/state`).
