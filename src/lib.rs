@@ -12,5 +12,6 @@ pub mod kube;
 pub mod ops;
 pub mod stages;
 pub mod pipeline;
+pub mod space;
 pub mod store;
 pub mod teardown;

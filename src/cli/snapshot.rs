@@ -112,6 +112,7 @@ fn hint(err: &VerifyError) -> &'static str {
             "hint: the backup was taken with --encrypt-to; pass --identity KEY-FILE holding the private key of one of its recipients \
              (hcp-dr backups describe BACKUP-URL lists them)"
         }
+        VerifyError::NoSpace(_) => "hint: the snapshot is copied to TMPDIR to be read; point TMPDIR at a disk with room for it",
         VerifyError::Read { .. } | VerifyError::Scratch { .. } => {
             "hint: the snapshot could not be read to the end; check the disk and TMPDIR's free space, then retry"
         }

@@ -85,6 +85,9 @@ pub enum VerifyError {
         #[source]
         source: std::io::Error,
     },
+    /// The scratch directory has not room enough for the copy.
+    #[error(transparent)]
+    NoSpace(#[from] crate::space::NoSpace),
     /// The snapshot is encrypted (`hcp-dr backup --encrypt-to`) and cannot
     /// be read without the right identity.
     #[error(transparent)]
@@ -316,7 +319,13 @@ pub async fn verify_store_object_with(store: &dyn Store, key: &str, decryption: 
         tokio::io::copy(&mut body, &mut file).await?;
         tokio::io::AsyncWriteExt::flush(&mut file).await
     };
-    copied.await.map_err(scratch_error)?;
+    if let Err(err) = copied.await {
+        let written = std::fs::metadata(&scratch.0).map_or(0, |m| m.len());
+        return Err(match crate::space::filled_up(&err, &scratch.0, &format!("a scratch copy of {url}"), written, SCRATCH_HINT) {
+            Some(full) => VerifyError::NoSpace(full),
+            None => scratch_error(err),
+        });
+    }
     drop(file);
     let path = scratch.0.clone();
     let identities = decryption.identities.cloned();
@@ -448,6 +457,15 @@ pub async fn verify_source_with(given: &str, s3: S3Options, identities: Option<&
             .await
         }
     }
+}
+
+/// How to get past a scratch directory without room.
+pub const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot";
+
+/// Refuse before copying `size` bytes of `what` into a scratch file when
+/// `TMPDIR` has not room for them.
+pub fn ensure_scratch_room(size: u64, what: &str) -> Result<(), VerifyError> {
+    crate::space::ensure(&std::env::temp_dir(), size, &format!("a scratch copy of {what}"), SCRATCH_HINT).map_err(VerifyError::NoSpace)
 }
 
 /// A scratch file removed on drop.

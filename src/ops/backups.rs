@@ -241,9 +241,15 @@ pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identit
     };
     for member in &manifest.etcd {
         let key = layout.artifact(&member.artifact);
+        // a scratch directory without room is no bad input: exit 1, not 2
+        let unverified = |e: crate::etcd::verify::VerifyError| match e {
+            crate::etcd::verify::VerifyError::NoSpace(full) => OpsError::Store(full.into()),
+            e => OpsError::Input(e.to_string()),
+        };
+        crate::etcd::verify::ensure_scratch_room(member.size, &format!("{}/{key}", store.url())).map_err(unverified)?;
         let offline = crate::etcd::verify::verify_store_object_with(store, &key, &decryption)
             .await
-            .map_err(|e| OpsError::Input(e.to_string()))?;
+            .map_err(unverified)?;
         let summary = offline.summary.as_ref();
         let mut check = SnapshotCheck {
             member: member.member.clone(),

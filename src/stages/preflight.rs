@@ -175,8 +175,13 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         .into());
     }
     let mut seen = Vec::new();
+    let mut db_sizes = std::collections::BTreeMap::new();
     for pod in &pods.items {
-        seen.push(look_at(ctx, &hcp_ns, pod).await);
+        let (member, db_size) = look_at(ctx, &hcp_ns, pod).await;
+        if let (Seen::Healthy(t) | Seen::Unhealthy { target: t, .. }, Some(size)) = (&member, db_size) {
+            db_sizes.insert(t.pod.clone(), size);
+        }
+        seen.push(member);
     }
     // the StatefulSet's members with no pod at all
     if pods.items.len() < expected {
@@ -198,6 +203,17 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
     }
     let mut members = choice.members;
     members.sort_by(|a, b| a.pod.cmp(&b.pod));
+    // A local store must have room for the snapshots before anything is paused.
+    if let Some(dir) = ctx.store.local_dir() {
+        let needed: u64 = members.iter().filter_map(|m| db_sizes.get(&m.pod)).sum();
+        crate::space::ensure(
+            dir,
+            needed,
+            &format!("{} etcd snapshot(s) of {}", members.len(), ctx.hc_label()),
+            "free space there or back up to another store (--to); nothing was paused",
+        )
+        .map_err(|err| StageError::Precondition(err.to_string()))?;
+    }
     let etcd_health = crate::archive::EtcdHealth { skipped: choice.skipped, no_quorum: choice.no_quorum };
 
     Ok(Findings {
@@ -244,26 +260,27 @@ pub(crate) async fn member_status(ctx: &BackupContext, target: &MemberTarget) ->
 
 /// What one etcd pod's member looks like: healthy, readable without a
 /// leader, or down (with the reason).
-async fn look_at(ctx: &BackupContext, hcp_ns: &str, pod: &Pod) -> Seen {
+async fn look_at(ctx: &BackupContext, hcp_ns: &str, pod: &Pod) -> (Seen, Option<u64>) {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
     let pod_ip = status.and_then(|s| s.pod_ip.clone()).unwrap_or_default();
     if phase != "Running" || pod_ip.is_empty() {
         let reason = format!("its pod {hcp_ns}/{pod_name} is not running (phase `{phase}`, pod IP `{pod_ip}`)");
-        return Seen::Down { member: pod_name, reason };
+        return (Seen::Down { member: pod_name, reason }, None);
     }
     let mut target = MemberTarget { pod: pod_name, pod_ip, revision: 0 };
     let status = match member_status(ctx, &target).await {
         Ok(status) => status,
-        Err(reason) => return Seen::Down { member: target.pod, reason },
+        Err(reason) => return (Seen::Down { member: target.pod, reason }, None),
     };
     target.revision = status.revision;
-    match (status.errors.is_empty(), status.leader_id) {
+    let seen = match (status.errors.is_empty(), status.leader_id) {
         (true, 0) => Seen::Unhealthy { target, reason: "has no leader".into() },
         (true, _) => Seen::Healthy(target),
         (false, _) => Seen::Unhealthy { target, reason: format!("reports errors: {}", status.errors.join("; ")) },
-    }
+    };
+    (seen, u64::try_from(status.db_size).ok())
 }
 
 /// Refuse when the store's fence names another management cluster: the

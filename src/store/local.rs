@@ -49,6 +49,10 @@ impl LocalStore {
 
 #[async_trait]
 impl Store for LocalStore {
+    fn local_dir(&self) -> Option<&Path> {
+        Some(&self.root)
+    }
+
     fn url(&self) -> String {
         format!("file://{}", std::path::absolute(&self.root).unwrap_or(self.root.clone()).display())
     }
@@ -69,6 +73,17 @@ impl Store for LocalStore {
             .map_err(io(&partial))?;
         let mut hasher = Hasher::default();
         let mut buf = vec![0u8; CHUNK];
+        // a full disk is told as such, with what was written and what is free
+        let full = |err: std::io::Error, hasher: &Hasher| match crate::space::filled_up(
+            &err,
+            &partial,
+            key,
+            hasher.size(),
+            "free space there or back up to another store (--to); nothing was marked complete",
+        ) {
+            Some(no_space) => StoreError::NoSpace(no_space),
+            None => io(&partial)(err),
+        };
         let result: Result<(), StoreError> = async {
             loop {
                 let n = super::read_full(&mut body, &mut buf)
@@ -80,11 +95,11 @@ impl Store for LocalStore {
                 if n == 0 {
                     break;
                 }
+                file.write_all(&buf[..n]).await.map_err(|e| full(e, &hasher))?;
                 hasher.update(&buf[..n]);
-                file.write_all(&buf[..n]).await.map_err(io(&partial))?;
             }
-            file.flush().await.map_err(io(&partial))?;
-            file.sync_all().await.map_err(io(&partial))
+            file.flush().await.map_err(|e| full(e, &hasher))?;
+            file.sync_all().await.map_err(|e| full(e, &hasher))
         }
         .await;
         drop(file);

@@ -54,6 +54,9 @@ pub enum StoreError {
         key: String,
         message: String,
     },
+    /// A local store's disk has not room enough.
+    #[error(transparent)]
+    NoSpace(#[from] crate::space::NoSpace),
     /// The CA bundle given for the S3 endpoint could not be read.
     #[error("CA bundle {path}: {source}")]
     CaBundle {
@@ -146,6 +149,11 @@ pub trait Store: Send + Sync {
     /// A URL anyone can GET for `ttl` (S3 presigned URL); `None` for stores
     /// that cannot make one (local directories).
     async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, StoreError>;
+    /// The directory a local store writes into (whose disk can fill up);
+    /// `None` for remote stores.
+    fn local_dir(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// Open the store a URL names. `s3` carries the S3 settings (endpoint, CA
@@ -191,6 +199,11 @@ impl Hasher {
     pub fn update(&mut self, bytes: &[u8]) {
         self.sha.update(bytes);
         self.size += bytes.len() as u64;
+    }
+
+    /// Bytes hashed so far.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     pub fn finish(self) -> PutReport {

@@ -147,6 +147,15 @@ async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::Temp
     copy_hashing(&mut body, &url).await
 }
 
+/// How to get past a scratch directory without room.
+const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot; nothing was changed";
+
+/// Refuse before copying when `TMPDIR` has less than `needed` free.
+fn scratch_room(needed: u64, what: &str) -> Result<(), StageFailure> {
+    crate::space::ensure(&std::env::temp_dir(), needed, &format!("a scratch copy of {what}"), SCRATCH_HINT)
+        .map_err(|err| StageError::Precondition(err.to_string()).into())
+}
+
 /// Copy `body` into a private scratch file (under `TMPDIR`), hashing it.
 async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
     let scratch = tempfile::Builder::new()
@@ -167,13 +176,18 @@ async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(
         if n == 0 {
             break;
         }
+        let written = size;
+        let failed = |e: std::io::Error| match crate::space::filled_up(&e, &path, &format!("a scratch copy of {what}"), written, SCRATCH_HINT) {
+            Some(full) => StageError::Precondition(full.to_string()),
+            None => StageError::Precondition(format!("writing {}: {e}", path.display())),
+        };
+        file.write_all(&buf[..n]).await.map_err(failed)?;
         hasher.update(&buf[..n]);
         size += n as u64;
-        file.write_all(&buf[..n])
-            .await
-            .map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
     }
-    file.flush().await.map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
+    file.flush()
+        .await
+        .map_err(|e| StageError::Precondition(format!("writing {}: {e}", path.display())))?;
     Ok((path, size, crate::store::hex(&hasher.finalize())))
 }
 
@@ -181,6 +195,7 @@ async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(
 /// again: for a resumed run that must stage it.
 pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext) -> Result<tempfile::TempPath, StageFailure> {
     let snapshot = ctx.snapshot.as_ref().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+    scratch_room(if snapshot.decrypted { 2 * snapshot.size } else { snapshot.size }, &snapshot.source)?;
     let (path, size, sha256) = download(ctx, &snapshot.key).await?;
     let (path, size, sha256) = if snapshot.decrypted {
         decrypt(ctx, &path, &snapshot.source, &[]).await?
@@ -214,6 +229,11 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
     async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let (key, expected) = locate(ctx).await?;
         let source = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
+        if let Some(expected) = &expected {
+            // the stored object, and for an encrypted one its plaintext beside it
+            let needed = expected.size + expected.plain.as_ref().map_or(0, |p| p.0);
+            scratch_room(needed, &source)?;
+        }
         let (path, size, sha256) = download(ctx, &key).await?;
         if let Some(Expected { size: want_size, sha256: want_sha, .. }) = &expected
             && (size != *want_size || sha256 != *want_sha)

@@ -81,6 +81,7 @@ impl Stage<RestoreContext> for Verify {
             identities: ctx.keys.as_ref(),
             recipients: manifest.recipients(),
         };
+        crate::etcd::verify::ensure_scratch_room(best.size, &format!("{}/{key}", ctx.store.url()))?;
         let offline = crate::etcd::verify::verify_store_object_with(ctx.store.as_ref(), &key, &decryption).await?;
         let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
