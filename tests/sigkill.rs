@@ -11,9 +11,9 @@
 //! done.
 //!
 //! - restore (mgmt-a lost, restored onto mgmt-b with --take-over-dns):
-//!   killed once `fence` wrote the store fence and aborted, mgmt-b holds
-//!   nothing of it, the fence is gone and the DNS records are still the lost
-//!   cluster's; then killed around every stage and resumed, it ends
+//!   killed once `apply` created everything (and once `fence` wrote the
+//!   store fence) and aborted, mgmt-b holds nothing of it, no fence is left
+//!   and the DNS records are still the lost cluster's; then killed around every stage and resumed, it ends
 //!   Available with the backup's data, fenced, the DNS names taken over.
 //! - etcd restore: killed once `stop-etcd` stopped etcd and aborted, the
 //!   cluster serves its own data again; then killed around every stage and
@@ -158,23 +158,26 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
             .collect()
     };
 
-    // killed once fence wrote the store fence, before that was journaled
-    // (everything created, Available), then --abort: nothing of the restore
-    // is left, the fence is gone, the DNS records are still the lost cluster's
-    let aborted = env.dir.path().join("restore-aborted.jsonl");
-    let args = restore(&aborted);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    kill_after(&env, &args, &aborted, "fence");
-    assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_some(), "apply ran before the kill");
-    assert!(fence_file.exists(), "fence ran before the kill");
-    let out = env.hcp_dr(&["restore", "--abort", aborted.to_str().unwrap(), "-o", "json"], &[]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(json_report(&out)["outcome"], "aborted", "{}", text(&out));
-    assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_none(), "--abort left the HostedCluster");
-    assert!(np_api(&b, "clusters").list(&Default::default()).await.map(|l| l.items.is_empty()).unwrap_or(true), "--abort left NodePools");
-    assert_eq!(namespaces(&b).await, namespaces_before, "--abort left namespaces behind");
-    assert!(!fence_file.exists(), "--abort left the store fence");
-    wait_owners(&env, &["mgmt-a"], "after --abort").await;
+    // killed once apply created everything, and once fence wrote the store
+    // fence (Available), each before its stage was journaled as done, then
+    // --abort: nothing of the restore is left on mgmt-b, no store fence, the
+    // DNS records still the lost cluster's
+    for stage in ["apply", "fence"] {
+        let aborted = env.dir.path().join(format!("restore-aborted-{stage}.jsonl"));
+        let args = restore(&aborted);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kill_after(&env, &args, &aborted, stage);
+        assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_some(), "{stage}: apply ran before the kill");
+        assert_eq!(fence_file.exists(), stage == "fence", "{stage}: the store fence before --abort");
+        let out = env.hcp_dr(&["restore", "--abort", aborted.to_str().unwrap(), "-o", "json"], &[]);
+        assert!(out.status.success(), "{stage}: {}", text(&out));
+        assert_eq!(json_report(&out)["outcome"], "aborted", "{stage}: {}", text(&out));
+        assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_none(), "{stage}: --abort left the HostedCluster");
+        assert!(np_api(&b, "clusters").list(&Default::default()).await.map(|l| l.items.is_empty()).unwrap_or(true), "{stage}: --abort left NodePools");
+        assert_eq!(namespaces(&b).await, namespaces_before, "{stage}: --abort left namespaces behind");
+        assert!(!fence_file.exists(), "{stage}: --abort left the store fence");
+        wait_owners(&env, &["mgmt-a"], &format!("{stage}: after --abort")).await;
+    }
 
     // killed in every stage, resumed each time
     let journal = env.dir.path().join("restore.jsonl");
