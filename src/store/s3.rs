@@ -1,7 +1,16 @@
 //! The S3 store (aws-sdk-s3): streaming multipart uploads with bounded
-//! parallelism, SDK retries with backoff, endpoint override and path-style
-//! addressing for S3-compatible services, a custom CA bundle, and optional
-//! SSE-S3 / SSE-KMS.
+//! parallelism, endpoint override and path-style addressing for
+//! S3-compatible services, a custom CA bundle, and optional SSE-S3 / SSE-KMS.
+//!
+//! A flaky S3 (500, 503 SlowDown, connections reset mid-body, stalled
+//! reads) is met at two levels. Every request is retried by the SDK with
+//! exponential backoff and jitter (`max_attempts`). On top of that, each
+//! multipart part, single-part upload and completion is tried again as a
+//! whole when the SDK gives up (`part_attempts`), and a download that breaks
+//! or stalls mid-body goes on from the byte it reached with a ranged GET
+//! pinned to the object's ETag (`If-Match`), so a changed object is refused
+//! rather than spliced (`download_attempts` failures in a row without a
+//! byte of progress end it).
 //!
 //! Memory is bounded by `part_size * (parallelism + 1)` whatever the object size.
 
@@ -11,12 +20,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Region, SharedHttpClient};
 use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key, read_full};
@@ -50,8 +62,17 @@ pub struct S3Options {
     pub part_size: usize,
     /// Parts uploaded at once.
     pub parallelism: usize,
-    /// Attempts per request (with exponential backoff).
+    /// Attempts per request, made by the SDK (with exponential backoff).
     pub max_attempts: u32,
+    /// Times a part (or a whole small object, or the completion of a
+    /// multipart upload) is sent again once the SDK has given up on it.
+    pub part_attempts: u32,
+    /// Failed or stalled reads in a row, without a byte of progress between
+    /// them, after which a download gives up.
+    pub download_attempts: u32,
+    /// How long a connection may stay silent (connecting, waiting for the
+    /// answer, or mid-body on a download) before it is given up and retried.
+    pub stall_timeout: Duration,
     /// Access key and secret to use instead of the SDK's credential chain
     /// (environment, profile, web identity). For embedding and tests.
     pub static_credentials: Option<(String, String)>,
@@ -68,6 +89,9 @@ impl Default for S3Options {
             part_size: 8 << 20,
             parallelism: 4,
             max_attempts: 5,
+            part_attempts: 3,
+            download_attempts: 8,
+            stall_timeout: Duration::from_secs(60),
             static_credentials: None,
         }
     }
@@ -121,18 +145,7 @@ where
             service.message().unwrap_or("no message")
         ),
         // the chain of causes, without the SDK's debug dump
-        None => {
-            let mut parts: Vec<String> = Vec::new();
-            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-            while let Some(e) = cur {
-                let text = e.to_string();
-                if !parts.last().is_some_and(|last| last.ends_with(&text)) {
-                    parts.push(text);
-                }
-                cur = e.source();
-            }
-            parts.join(": ")
-        }
+        None => error_chain(err),
     }
 }
 
@@ -145,7 +158,13 @@ impl S3Store {
         })?;
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)
-            .retry_config(RetryConfig::standard().with_max_attempts(options.max_attempts));
+            .retry_config(RetryConfig::standard().with_max_attempts(options.max_attempts))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5).min(options.stall_timeout))
+                    .read_timeout(options.stall_timeout)
+                    .build(),
+            );
         if let Some(region) = &options.region {
             loader = loader.region(Region::new(region.clone()));
         }
@@ -194,74 +213,105 @@ impl S3Store {
         }
     }
 
-    async fn put_single(&self, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        let mut request = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .body(ByteStream::from(bytes));
-        request = match &self.options.sse {
-            ServerSideEncryption::None => request,
-            ServerSideEncryption::S3 => request.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
-            ServerSideEncryption::Kms { key_id } => request
-                .server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::AwsKms)
-                .ssekms_key_id(key_id),
-        };
-        request
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| self.err("PutObject", key, sdk_message(&e)))
+    async fn put_single(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        retried(self.options.part_attempts, "PutObject", key, || {
+            let mut request = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .body(ByteStream::from(bytes.clone()));
+            request = match &self.options.sse {
+                ServerSideEncryption::None => request,
+                ServerSideEncryption::S3 => request.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
+                ServerSideEncryption::Kms { key_id } => request
+                    .server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::AwsKms)
+                    .ssekms_key_id(key_id),
+            };
+            async move { request.send().await.map(|_| ()).map_err(|e| Failure::of(&e)) }
+        })
+        .await
+        .map_err(|(failure, tries)| self.err("PutObject", key, failure.describe(tries)))
     }
 
     async fn put_multipart(
         &self,
         key: &str,
-        first: Vec<u8>,
+        first: Bytes,
         body: &mut Body<'_>,
         hasher: &mut Hasher,
     ) -> Result<(), StoreError> {
-        let mut create = self.client.create_multipart_upload().bucket(&self.bucket).key(key);
-        create = match &self.options.sse {
-            ServerSideEncryption::None => create,
-            ServerSideEncryption::S3 => create.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
-            ServerSideEncryption::Kms { key_id } => create
-                .server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::AwsKms)
-                .ssekms_key_id(key_id),
-        };
-        let upload = create
-            .send()
-            .await
-            .map_err(|e| self.err("CreateMultipartUpload", key, sdk_message(&e)))?;
+        // another try makes another upload id; one whose answer was lost is
+        // left unfinished, and aborted by `delete` of the key like any other
+        let upload = retried(self.options.part_attempts, "CreateMultipartUpload", key, || {
+            let mut create = self.client.create_multipart_upload().bucket(&self.bucket).key(key);
+            create = match &self.options.sse {
+                ServerSideEncryption::None => create,
+                ServerSideEncryption::S3 => create.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
+                ServerSideEncryption::Kms { key_id } => create
+                    .server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::AwsKms)
+                    .ssekms_key_id(key_id),
+            };
+            async move { create.send().await.map_err(|e| Failure::of(&e)) }
+        })
+        .await
+        .map_err(|(failure, tries)| self.err("CreateMultipartUpload", key, failure.describe(tries)))?;
         let upload_id = upload
             .upload_id()
             .ok_or_else(|| self.err("CreateMultipartUpload", key, "no upload id in the answer".into()))?
             .to_string();
-        let result = self.upload_parts(key, &upload_id, first, body, hasher).await;
-        match result {
-            Ok(parts) => self
+        let result = match self.upload_parts(key, &upload_id, first, body, hasher).await {
+            Ok(parts) => {
+                let completed = retried(self.options.part_attempts, "CompleteMultipartUpload", key, || {
+                    let request = self
+                        .client
+                        .complete_multipart_upload()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .upload_id(&upload_id)
+                        .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts.clone())).build());
+                    async move { request.send().await.map(|_| ()).map_err(|e| Failure::of(&e)) }
+                })
+                .await;
+                match completed {
+                    Ok(()) => Ok(()),
+                    // A try whose answer was lost on the way back may have
+                    // completed it: the retry is then refused (NoSuchUpload,
+                    // or AccessDenied from some services). The object is
+                    // there, whole, if its size and its multipart ETag say so.
+                    Err((failure, tries)) => {
+                        self.check_completed(key, hasher.size(), parts.len(), failure.describe(tries)).await
+                    }
+                }
+            }
+            Err(err) => Err(err),
+        };
+        if result.is_err() {
+            let _ = self
                 .client
-                .complete_multipart_upload()
+                .abort_multipart_upload()
                 .bucket(&self.bucket)
                 .key(key)
                 .upload_id(&upload_id)
-                .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
                 .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| self.err("CompleteMultipartUpload", key, sdk_message(&e))),
-            Err(err) => {
-                let _ = self
-                    .client
-                    .abort_multipart_upload()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .upload_id(&upload_id)
-                    .send()
-                    .await;
-                Err(err)
-            }
+                .await;
+        }
+        result
+    }
+
+    /// `key` exists with `size` bytes from a multipart upload of `parts`
+    /// parts (its ETag ends in `-<parts>`); else the error `message` stands.
+    async fn check_completed(&self, key: &str, size: u64, parts: usize, message: String) -> Result<(), StoreError> {
+        let head = self.client.head_object().bucket(&self.bucket).key(key).send().await;
+        let whole = head.ok().is_some_and(|h| {
+            h.content_length().and_then(|n| u64::try_from(n).ok()) == Some(size)
+                && h.e_tag().is_some_and(|e| e.trim_matches('"').ends_with(&format!("-{parts}")))
+        });
+        if whole {
+            tracing::warn!(key, "S3 CompleteMultipartUpload of {key} was refused when tried again ({message}); an earlier try completed it (its size and ETag are the upload's)");
+            Ok(())
+        } else {
+            Err(self.err("CompleteMultipartUpload", key, message))
         }
     }
 
@@ -269,13 +319,13 @@ impl S3Store {
         &self,
         key: &str,
         upload_id: &str,
-        first: Vec<u8>,
+        first: Bytes,
         body: &mut Body<'_>,
         hasher: &mut Hasher,
     ) -> Result<Vec<CompletedPart>, StoreError> {
         let mut in_flight: JoinSet<Result<CompletedPart, StoreError>> = JoinSet::new();
         let mut parts = Vec::new();
-        let mut next: Option<Vec<u8>> = Some(first);
+        let mut next: Option<Bytes> = Some(first);
         let mut number = 0i32;
         loop {
             let chunk = match next.take() {
@@ -291,7 +341,7 @@ impl S3Store {
                     }
                     buf.truncate(n);
                     hasher.update(&buf);
-                    buf
+                    Bytes::from(buf)
                 }
             };
             number += 1;
@@ -300,21 +350,26 @@ impl S3Store {
                     parts.push(done.map_err(|e| self.err("UploadPart", key, e.to_string()))??);
                 }
             }
-            let request = self
-                .client
-                .upload_part()
-                .bucket(&self.bucket)
-                .key(key)
-                .upload_id(upload_id)
-                .part_number(number)
-                .body(ByteStream::from(chunk));
-            let (bucket, key_owned) = (self.bucket.clone(), key.to_string());
+            let (client, bucket, key_owned, upload_id) =
+                (self.client.clone(), self.bucket.clone(), key.to_string(), upload_id.to_string());
+            let attempts = self.options.part_attempts;
             in_flight.spawn(async move {
-                let answer = request.send().await.map_err(|e| StoreError::S3 {
+                let answer = retried(attempts, "UploadPart", &key_owned, || {
+                    let request = client
+                        .upload_part()
+                        .bucket(&bucket)
+                        .key(&key_owned)
+                        .upload_id(&upload_id)
+                        .part_number(number)
+                        .body(ByteStream::from(chunk.clone()));
+                    async move { request.send().await.map_err(|e| Failure::of(&e)) }
+                })
+                .await
+                .map_err(|(failure, tries)| StoreError::S3 {
                     operation: "UploadPart",
-                    bucket,
-                    key: key_owned,
-                    message: sdk_message(&e),
+                    bucket: bucket.clone(),
+                    key: format!("{key_owned} (part {number})"),
+                    message: failure.describe(tries),
                 })?;
                 Ok(CompletedPart::builder()
                     .part_number(number)
@@ -328,6 +383,196 @@ impl S3Store {
         parts.sort_by_key(|p| p.part_number());
         Ok(parts)
     }
+}
+
+/// Why one try of a request failed, and whether another try may succeed.
+struct Failure {
+    message: String,
+    transient: bool,
+}
+
+impl Failure {
+    fn of<E>(err: &aws_sdk_s3::error::SdkError<E>) -> Failure
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        Failure {
+            message: sdk_message(err),
+            transient: transient(err),
+        }
+    }
+
+    fn describe(&self, tries: u32) -> String {
+        if tries > 1 {
+            format!("{} (after {tries} tries)", self.message)
+        } else {
+            self.message.clone()
+        }
+    }
+}
+
+/// Whether an S3 error is the kind a later try can get past: no answer
+/// (timeout, connection refused or reset, a body cut short), a 5xx, or
+/// throttling. A 4xx names something wrong with the request itself.
+fn transient<E: ProvideErrorMetadata>(err: &aws_sdk_s3::error::SdkError<E>) -> bool {
+    use aws_sdk_s3::error::SdkError;
+    match err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => true,
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            status >= 500
+                || status == 429
+                || matches!(service.err().code(), Some("SlowDown" | "RequestTimeout" | "Throttling" | "ThrottlingException"))
+        }
+        _ => false,
+    }
+}
+
+/// The wait before try `n + 1` (n >= 1): 1 s, 2 s, 4 s, ... up to 16 s,
+/// with up to a quarter of jitter so parts failing together do not come back together.
+fn backoff(n: u32) -> Duration {
+    let base = Duration::from_secs(1 << n.saturating_sub(1).min(4));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
+}
+
+/// Run `attempt` up to `attempts` times while it fails transiently; the
+/// last failure and the number of tries otherwise.
+async fn retried<T, F, Fut>(attempts: u32, operation: &str, key: &str, mut attempt: F) -> Result<T, (Failure, u32)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Failure>>,
+{
+    let attempts = attempts.max(1);
+    let mut n = 1;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(failure) if failure.transient && n < attempts => {
+                let wait = backoff(n);
+                tracing::warn!(operation, key, attempt = n, "S3 {operation} failed ({}); trying again in {:.1}s", failure.message, wait.as_secs_f64());
+                tokio::time::sleep(wait).await;
+                n += 1;
+            }
+            Err(failure) => return Err((failure, n)),
+        }
+    }
+}
+
+/// Feed `tx` with the object's bytes from `first` on, going on from the
+/// byte reached with a ranged GET pinned to `etag` whenever the body breaks
+/// or stays silent for `stall`. Ends when the receiver is gone.
+#[allow(clippy::too_many_arguments)]
+async fn download(
+    client: Client,
+    bucket: String,
+    key: String,
+    first: ByteStream,
+    etag: Option<String>,
+    total: Option<u64>,
+    options: (u32, Duration),
+    tx: mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let (max_failures, stall) = options;
+    let mut body = Some(first);
+    let mut position = 0u64;
+    let mut failures = 0u32;
+    loop {
+        let mut stream = match body.take() {
+            Some(stream) => stream,
+            None => {
+                let request = client
+                    .get_object()
+                    .bucket(&bucket)
+                    .key(&key)
+                    .range(format!("bytes={position}-"))
+                    .set_if_match(etag.clone());
+                match request.send().await {
+                    // a server that ignores Range would send the object from its start again
+                    Ok(answer) if !answer.content_range().is_some_and(|r| r.starts_with(&format!("bytes {position}-"))) => {
+                        let _ = tx
+                            .send(Err(std::io::Error::other(format!(
+                                "S3 GetObject {bucket}/{key}: asked to go on from byte {position} after a broken read, the server answered with range {:?}; this S3 service does not support ranged reads",
+                                answer.content_range()
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Ok(answer) => answer.body,
+                    Err(err) => {
+                        let status = err.raw_response().map(|r| r.status().as_u16());
+                        if status == Some(412) {
+                            let _ = tx
+                                .send(Err(std::io::Error::other(format!(
+                                    "s3://{bucket}/{key} changed while it was being read (its ETag is no longer {}); read it again",
+                                    etag.as_deref().unwrap_or("?")
+                                ))))
+                                .await;
+                            return;
+                        }
+                        failures += 1;
+                        let last = sdk_message(&err);
+                        if !transient(&err) || failures >= max_failures {
+                            let _ = tx.send(Err(broken(&bucket, &key, position, failures, &last))).await;
+                            return;
+                        }
+                        tokio::time::sleep(backoff(failures)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let last = loop {
+            match tokio::time::timeout(stall, stream.next()).await {
+                Ok(Some(Ok(bytes))) => {
+                    position += bytes.len() as u64;
+                    failures = 0;
+                    if tx.send(Ok(bytes)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) if total.is_none_or(|t| position >= t) => return,
+                Ok(None) => break format!("the answer ended at byte {position} of {}", total.unwrap_or_default()),
+                Ok(Some(Err(err))) => break error_chain(&err),
+                Err(_) => break format!("no data for {}", humantime::format_duration(stall)),
+            }
+        };
+        if total.is_some_and(|t| position >= t) {
+            return;
+        }
+        failures += 1;
+        if failures >= max_failures {
+            let _ = tx.send(Err(broken(&bucket, &key, position, failures, &last))).await;
+            return;
+        }
+        tracing::warn!(key = %key, position, "S3 download of {key} broke at byte {position} ({last}); going on from there");
+        // a connection that broke after bringing data is tried again at once;
+        // one that brought nothing waits, as S3 may be overloaded
+        if failures > 1 {
+            tokio::time::sleep(backoff(failures - 1)).await;
+        }
+    }
+}
+
+fn broken(bucket: &str, key: &str, position: u64, failures: u32, last: &str) -> std::io::Error {
+    std::io::Error::other(format!(
+        "S3 GetObject {bucket}/{key}: {failures} tries in a row failed at byte {position}, the last with: {last}"
+    ))
+}
+
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !parts.last().is_some_and(|last| last.ends_with(&text)) {
+            parts.push(text);
+        }
+        cur = e.source();
+    }
+    parts.join(": ")
 }
 
 #[async_trait]
@@ -350,6 +595,7 @@ impl Store for S3Store {
         })?;
         first.truncate(n);
         hasher.update(&first);
+        let first = Bytes::from(first);
         if n < self.options.part_size {
             self.put_single(&full, first).await?;
         } else {
@@ -358,16 +604,35 @@ impl Store for S3Store {
         Ok(hasher.finish())
     }
 
+    /// The body goes on from where it broke (see the module's comment).
     async fn get(&self, key: &str) -> Result<Body<'static>, StoreError> {
         let full = self.full_key(key)?;
-        match self.client.get_object().bucket(&self.bucket).key(&full).send().await {
-            Ok(answer) => Ok(Box::new(answer.body.into_async_read())),
-            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => Err(StoreError::NotFound {
-                url: self.url(),
-                key: key.to_string(),
-            }),
-            Err(err) => Err(self.err("GetObject", &full, sdk_message(&err))),
-        }
+        let answer = match self.client.get_object().bucket(&self.bucket).key(&full).send().await {
+            Ok(answer) => answer,
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+                return Err(StoreError::NotFound {
+                    url: self.url(),
+                    key: key.to_string(),
+                });
+            }
+            Err(err) => return Err(self.err("GetObject", &full, sdk_message(&err))),
+        };
+        let etag = answer.e_tag().map(str::to_string);
+        let total = answer.content_length().and_then(|n| u64::try_from(n).ok());
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(download(
+            self.client.clone(),
+            self.bucket.clone(),
+            full,
+            answer.body,
+            etag,
+            total,
+            (self.options.download_attempts.max(1), self.options.stall_timeout),
+            tx,
+        ));
+        let mut rx = rx;
+        let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        Ok(Box::new(tokio_util::io::StreamReader::new(stream)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
