@@ -7,3 +7,4 @@ pub mod operator;
 pub mod sandbox;
 pub mod drill;
 pub mod disaster;
+pub mod faults_file;

@@ -9,17 +9,17 @@
 //! when a fault answers, nothing of the request was applied. Every fault
 //! injected is appended as one JSON line to `<faults_file>.log`.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::status::ApiError;
+use crate::faults_file::Watched;
 
 /// The file name the sandbox gives the settings of a management cluster
 /// (in `DIR/<cluster>/state/`).
@@ -119,57 +119,26 @@ impl ApiFaults {
     }
 }
 
-/// `<faults_file>.log`: where the injected faults are recorded.
-pub fn log_path(faults_file: &Path) -> PathBuf {
-    let mut name = faults_file.as_os_str().to_os_string();
-    name.push(".log");
-    PathBuf::from(name)
+pub use crate::faults_file::{log_path, read_log};
+
+impl crate::faults_file::FaultSettings for ApiFaults {
+    fn check(&self) -> Result<(), String> {
+        self.validate()
+    }
+    fn seed(&self) -> Option<u64> {
+        self.seed
+    }
 }
 
 /// Write `faults` to `faults_file` (replaced atomically, so a server never
 /// reads half of it), or remove the file when `None`. The log is kept.
 pub fn write_faults_file(faults_file: &Path, faults: Option<&ApiFaults>) -> std::io::Result<()> {
-    let Some(faults) = faults else {
-        return match std::fs::remove_file(faults_file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
-    };
-    faults
-        .validate()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    if let Some(parent) = faults_file.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mut tmp = faults_file.as_os_str().to_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let text = serde_json::to_string_pretty(faults).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, format!("{text}\n"))?;
-    std::fs::rename(&tmp, faults_file)
+    crate::faults_file::write(faults_file, faults)
 }
 
 /// The settings in `faults_file`: `Ok(None)` when it is absent.
 pub fn read_faults_file(faults_file: &Path) -> Result<Option<ApiFaults>, String> {
-    match std::fs::read_to_string(faults_file) {
-        Ok(text) => {
-            let faults: ApiFaults = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            faults.validate()?;
-            Ok(Some(faults))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// The faults recorded in `<faults_file>.log`, oldest first (lines that do
-/// not parse are skipped; no log: none).
-pub fn read_log(faults_file: &Path) -> Vec<Value> {
-    std::fs::read_to_string(log_path(faults_file))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
+    crate::faults_file::read(faults_file)
 }
 
 /// What to do with one request.
@@ -183,50 +152,10 @@ pub(crate) enum Fault {
     Delay(Duration),
 }
 
-/// Identity of one version of the faults file: a rewrite (even within the
-/// same mtime tick) changes the size or, replaced by a rename, the inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileKey {
-    mtime: Option<SystemTime>,
-    len: u64,
-    ino: u64,
-}
-
-struct State {
-    /// The version of the file `faults` was read from (None: no file).
-    key: Option<FileKey>,
-    faults: Option<ApiFaults>,
-    rng: SplitMix64,
-}
-
 /// Decides the faults of one API server from its faults file.
 pub(crate) struct Injector {
-    file: PathBuf,
     log: PathBuf,
-    state: Mutex<State>,
-}
-
-/// A small, seedable generator: enough for drawing faults (the S3 front's
-/// too, in [`crate::procs::s3_faults`]).
-pub(crate) struct SplitMix64(pub(crate) u64);
-
-impl SplitMix64 {
-    pub(crate) fn random() -> SplitMix64 {
-        let id = uuid::Uuid::new_v4();
-        let b = id.as_bytes();
-        SplitMix64(u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-    }
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub(crate) fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
+    state: Mutex<Watched<ApiFaults>>,
 }
 
 /// Paths never faulted: probes and `/version` (a load balancer's health
@@ -253,46 +182,7 @@ fn is_watch(path: &str, query: Option<&str>) -> bool {
 
 impl Injector {
     pub(crate) fn new(file: PathBuf) -> Injector {
-        Injector {
-            log: log_path(&file),
-            file,
-            state: Mutex::new(State { key: None, faults: None, rng: SplitMix64::random() }),
-        }
-    }
-
-    /// Read the file again if it changed since it was last read.
-    fn refresh(&self, state: &mut State) {
-        use std::os::unix::fs::MetadataExt as _;
-        let key = match std::fs::metadata(&self.file) {
-            Ok(m) => Some(FileKey { mtime: m.modified().ok(), len: m.len(), ino: m.ino() }),
-            Err(_) => None,
-        };
-        if key == state.key {
-            return;
-        }
-        state.key = key;
-        state.faults = None;
-        if key.is_none() {
-            tracing::info!(file = %self.file.display(), "API faults off");
-            return;
-        }
-        match read_faults_file(&self.file) {
-            Ok(faults) => {
-                if let Some(f) = &faults {
-                    if let Some(seed) = f.seed {
-                        state.rng = SplitMix64(seed);
-                    }
-                    tracing::info!(file = %self.file.display(), faults = ?f, "API faults in force");
-                }
-                state.faults = faults;
-            }
-            // once per version of the file: it is read again only when it changes
-            Err(err) => tracing::warn!(
-                file = %self.file.display(),
-                error = %err,
-                "ignoring the API faults file: it does not parse; no faults are injected"
-            ),
-        }
+        Injector { log: log_path(&file), state: Mutex::new(Watched::new(file, "API")) }
     }
 
     /// The fault for a request, if it gets one (recorded in the log).
@@ -308,8 +198,8 @@ impl Injector {
         }
         let (kind, delay) = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            self.refresh(&mut state);
-            let State { faults, rng, .. } = &mut *state;
+            state.refresh();
+            let Watched { faults, rng, .. } = &mut *state;
             let faults = faults.as_ref()?;
             if let Some(prefix) = &faults.user_agent
                 && !user_agent.is_some_and(|ua| ua.starts_with(prefix.as_str()))
@@ -343,17 +233,7 @@ impl Injector {
     fn record(&self, method: &str, path: &str, user_agent: Option<&str>, kind: FaultKind) {
         tracing::debug!(%method, %path, %kind, "API fault injected");
         let line = json!({"method": method, "path": path, "user_agent": user_agent, "kind": kind});
-        let mut text = line.to_string();
-        text.push('\n');
-        // one write of one line with O_APPEND: concurrent records do not interleave
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .and_then(|mut f| f.write_all(text.as_bytes()));
-        if let Err(err) = written {
-            tracing::warn!(log = %self.log.display(), error = %err, "recording an API fault failed");
-        }
+        crate::faults_file::append(&self.log, &line, "API");
     }
 }
 
@@ -427,7 +307,7 @@ mod tests {
     #[test]
     fn seeded_draws_are_repeatable_and_near_the_share() {
         let draw = |seed| {
-            let mut rng = SplitMix64(seed);
+            let mut rng = crate::faults_file::SplitMix64(seed);
             (0..10_000).filter(|_| rng.next_f64() < 0.1).count()
         };
         assert_eq!(draw(7), draw(7));

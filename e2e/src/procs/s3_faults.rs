@@ -10,17 +10,16 @@
 //! injected is appended as one JSON line to `<faults_file>.log`.
 //! [`crate::procs::s3_front`] applies them.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::apiserver::faults::SplitMix64;
+use crate::faults_file::Watched;
 
-pub use crate::apiserver::faults::log_path;
+pub use crate::faults_file::{log_path, read_log};
 
 /// The file name of the settings in the S3 endpoint's directory
 /// (`DIR/s3/s3-faults.json` in the sandbox).
@@ -118,46 +117,24 @@ impl S3Faults {
     }
 }
 
+impl crate::faults_file::FaultSettings for S3Faults {
+    fn check(&self) -> Result<(), String> {
+        self.validate()
+    }
+    fn seed(&self) -> Option<u64> {
+        self.seed
+    }
+}
+
 /// Write `faults` to `faults_file` (replaced atomically, so the front never
 /// reads half of it), or remove the file when `None`. The log is kept.
 pub fn write_faults_file(faults_file: &Path, faults: Option<&S3Faults>) -> std::io::Result<()> {
-    let Some(faults) = faults else {
-        return match std::fs::remove_file(faults_file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
-    };
-    faults
-        .validate()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    if let Some(parent) = faults_file.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let mut tmp = faults_file.as_os_str().to_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let text = serde_json::to_string_pretty(faults).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, format!("{text}\n"))?;
-    std::fs::rename(&tmp, faults_file)
+    crate::faults_file::write(faults_file, faults)
 }
 
 /// The settings in `faults_file`: `Ok(None)` when it is absent.
 pub fn read_faults_file(faults_file: &Path) -> Result<Option<S3Faults>, String> {
-    match std::fs::read_to_string(faults_file) {
-        Ok(text) => {
-            let faults: S3Faults = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-            faults.validate()?;
-            Ok(Some(faults))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// The faults recorded in `<faults_file>.log`, oldest first (lines that do
-/// not parse are skipped; no log: none).
-pub fn read_log(faults_file: &Path) -> Vec<Value> {
-    crate::apiserver::faults::read_log(faults_file)
+    crate::faults_file::read(faults_file)
 }
 
 /// The request a fault is decided for (and recorded with).
@@ -169,71 +146,15 @@ pub(crate) struct RequestInfo {
     pub(crate) user_agent: Option<String>,
 }
 
-/// Identity of one version of the faults file: a rewrite (even within the
-/// same mtime tick) changes the size or, replaced by a rename, the inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileKey {
-    mtime: Option<SystemTime>,
-    len: u64,
-    ino: u64,
-}
-
-struct State {
-    /// The version of the file `faults` was read from (None: no file).
-    key: Option<FileKey>,
-    faults: Option<S3Faults>,
-    rng: SplitMix64,
-}
-
 /// Decides the faults of one S3 front from its faults file and records them.
 pub(crate) struct S3Injector {
-    file: PathBuf,
     log: PathBuf,
-    state: Mutex<State>,
+    state: Mutex<Watched<S3Faults>>,
 }
 
 impl S3Injector {
     pub(crate) fn new(file: PathBuf) -> S3Injector {
-        S3Injector {
-            log: log_path(&file),
-            file,
-            state: Mutex::new(State { key: None, faults: None, rng: SplitMix64::random() }),
-        }
-    }
-
-    /// Read the file again if it changed since it was last read.
-    fn refresh(&self, state: &mut State) {
-        use std::os::unix::fs::MetadataExt as _;
-        let key = match std::fs::metadata(&self.file) {
-            Ok(m) => Some(FileKey { mtime: m.modified().ok(), len: m.len(), ino: m.ino() }),
-            Err(_) => None,
-        };
-        if key == state.key {
-            return;
-        }
-        state.key = key;
-        state.faults = None;
-        if key.is_none() {
-            tracing::info!(file = %self.file.display(), "S3 faults off");
-            return;
-        }
-        match read_faults_file(&self.file) {
-            Ok(faults) => {
-                if let Some(f) = &faults {
-                    if let Some(seed) = f.seed {
-                        state.rng = SplitMix64(seed);
-                    }
-                    tracing::info!(file = %self.file.display(), faults = ?f, "S3 faults in force");
-                }
-                state.faults = faults;
-            }
-            // once per version of the file: it is read again only when it changes
-            Err(err) => tracing::warn!(
-                file = %self.file.display(),
-                error = %err,
-                "ignoring the S3 faults file: it does not parse; no faults are injected"
-            ),
-        }
+        S3Injector { log: log_path(&file), state: Mutex::new(Watched::new(file, "S3")) }
     }
 
     /// The fault for a request, if it gets one, and the `slow-read` stall.
@@ -241,8 +162,8 @@ impl S3Injector {
     /// ([`S3Injector::record`]), with the bytes that went through.
     pub(crate) fn decide(&self, request: &RequestInfo) -> Option<(S3FaultKind, Duration)> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.refresh(&mut state);
-        let State { faults, rng, .. } = &mut *state;
+        state.refresh();
+        let Watched { faults, rng, .. } = &mut *state;
         let faults = faults.as_ref()?;
         if !faults.methods.is_empty()
             && !faults.methods.iter().any(|m| m.eq_ignore_ascii_case(&request.method))
@@ -276,17 +197,7 @@ impl S3Injector {
         if let Some(bytes) = bytes {
             line["bytes"] = json!(bytes);
         }
-        let mut text = line.to_string();
-        text.push('\n');
-        // one write of one line with O_APPEND: concurrent records do not interleave
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .and_then(|mut f| f.write_all(text.as_bytes()));
-        if let Err(err) = written {
-            tracing::warn!(log = %self.log.display(), error = %err, "recording an S3 fault failed");
-        }
+        crate::faults_file::append(&self.log, &line, "S3");
     }
 }
 
