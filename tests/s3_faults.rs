@@ -3,8 +3,8 @@
 //! mid-download, and stalls reads. Uploads are retried per part, downloads
 //! go on from the byte they reached, and backup, `backups verify --deep` and
 //! restore complete with every hash right; when S3 keeps failing, the
-//! backup fails cleanly (nothing marked complete, the cluster in service)
-//! and the next run completes it.
+//! backup fails cleanly (nothing marked complete, the cluster in service);
+//! a backup killed mid-snapshot under faults is completed by `--resume`.
 
 mod support;
 
@@ -176,7 +176,7 @@ async fn backup_verify_and_restore_complete_under_s3_faults() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_backup_s3_keeps_failing_fails_cleanly_and_the_next_run_completes() {
+async fn a_backup_s3_keeps_failing_fails_cleanly_and_a_killed_one_resumes_under_faults() {
     let env = env("SingleReplica").await;
     env.sandbox
         .set_s3_faults(Some(&S3Faults {
@@ -203,7 +203,30 @@ async fn a_backup_s3_keeps_failing_fails_cleanly_and_the_next_run_completes() {
     let listed = json_report(&out);
     assert!(listed.as_array().unwrap().iter().all(|b| b["complete"] != true), "nothing marked complete: {listed:#}");
 
-    let (folder, _) = backup_to_s3(&env);
+    // a backup killed mid-snapshot while S3 is flaky: --resume completes it
+    env.sandbox
+        .set_s3_faults(Some(&S3Faults {
+            share: 0.5,
+            kinds: S3FaultKind::ALL.to_vec(),
+            user_agent: Some(HCP_DR_REQUESTS.into()),
+            delay_ms: 1000,
+            seed: Some(23),
+            ..Default::default()
+        }))
+        .unwrap();
+    let before = env.sandbox.s3_faults_injected().len();
+    let journal = env.dir.path().join("backup.jsonl");
+    let mut fresh = args.clone();
+    fresh.extend(["--journal", journal.to_str().unwrap()]);
+    kill_in(&env, &fresh, &journal, "etcd-snapshot");
+    let out = env.hcp_dr(&["backup", "--resume", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let folder = report["backup"].as_str().expect("backup URL").to_string();
+    env.assert_in_service("after the resumed backup").await;
     let out = env.hcp_dr(&["backups", "verify", &folder, "--s3-endpoint", env.sandbox.s3.https_url()], &[]);
     assert!(out.status.success(), "{}", text(&out));
+    let during = env.sandbox.s3_faults_injected().split_off(before);
+    println!("S3 faults injected in the killed and resumed backup: {:?}", by_kind(&during));
+    assert!(!during.is_empty(), "faults were injected");
 }
