@@ -8,6 +8,22 @@
 
 use std::time::Duration;
 
+/// The wait before try `attempt + 1` (`attempt` from 1) of something
+/// retried: `first`, doubling up to `max`, with jitter in [50 %, 100 %] of
+/// the step so callers failing together do not come back together.
+pub fn backoff(first: Duration, max: Duration, attempt: u32) -> Duration {
+    let step = first.saturating_mul(1u32 << attempt.saturating_sub(1).min(16)).min(max);
+    step.mul_f64(0.5 + 0.5 * unit_random())
+}
+
+/// A number in [0, 1) that differs between calls (jitter, not security).
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// A duration flag's accepted range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DurationIn {

@@ -65,18 +65,8 @@ impl Retry {
     /// The wait before attempt `attempt + 1` (`attempt` from 1): exponential
     /// with jitter in [50 %, 100 %] of the step.
     fn backoff(&self, attempt: u32) -> Duration {
-        let step = self.first_backoff.saturating_mul(1u32 << attempt.saturating_sub(1).min(16)).min(self.max_backoff);
-        let jitter = 0.5 + 0.5 * unit_random();
-        step.mul_f64(jitter)
+        crate::duration::backoff(self.first_backoff, self.max_backoff, attempt)
     }
-}
-
-/// A number in [0, 1) that differs between calls (jitter, not security).
-fn unit_random() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 pub struct RetryLayer(pub Retry);

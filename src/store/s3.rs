@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key, read_full};
+use crate::pipeline::stage::error_chain;
 
 /// Server-side encryption asked of S3.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -428,14 +429,10 @@ fn transient<E: ProvideErrorMetadata>(err: &aws_sdk_s3::error::SdkError<E>) -> b
     }
 }
 
-/// The wait before try `n + 1` (n >= 1): 1 s, 2 s, 4 s, ... up to 16 s,
-/// with up to a quarter of jitter so parts failing together do not come back together.
+/// The wait before try `n + 1` (n >= 1): 1-2 s, 2-4 s, 4-8 s, ... up to
+/// 16-32 s (jittered, so parts failing together do not come back together).
 fn backoff(n: u32) -> Duration {
-    let base = Duration::from_secs(1 << n.saturating_sub(1).min(4));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
+    crate::duration::backoff(Duration::from_secs(2), Duration::from_secs(32), n)
 }
 
 /// Run `attempt` up to `attempts` times while it fails transiently; the
@@ -461,118 +458,110 @@ where
     }
 }
 
-/// Feed `tx` with the object's bytes from `first` on, going on from the
-/// byte reached with a ranged GET pinned to `etag` whenever the body breaks
-/// or stays silent for `stall`. Ends when the receiver is gone.
-#[allow(clippy::too_many_arguments)]
-async fn download(
+/// One object being read: where from, which version, and how patiently.
+struct Download {
     client: Client,
     bucket: String,
     key: String,
-    first: ByteStream,
+    /// The version being read; a ranged GET that goes on must match it.
     etag: Option<String>,
     total: Option<u64>,
-    options: (u32, Duration),
-    tx: mpsc::Sender<std::io::Result<Bytes>>,
-) {
-    let (max_failures, stall) = options;
-    let mut body = Some(first);
-    let mut position = 0u64;
-    let mut failures = 0u32;
-    loop {
-        let mut stream = match body.take() {
-            Some(stream) => stream,
-            None => {
-                let request = client
-                    .get_object()
-                    .bucket(&bucket)
-                    .key(&key)
-                    .range(format!("bytes={position}-"))
-                    .set_if_match(etag.clone());
-                match request.send().await {
-                    // a server that ignores Range would send the object from its start again
-                    Ok(answer) if !answer.content_range().is_some_and(|r| r.starts_with(&format!("bytes {position}-"))) => {
-                        let _ = tx
-                            .send(Err(std::io::Error::other(format!(
+    /// Failed or stalled reads in a row (no byte between them) that end it.
+    max_failures: u32,
+    /// How long a read may bring nothing before it is given up.
+    stall: Duration,
+}
+
+impl Download {
+    /// Feed `tx` with the object's bytes from `first` on, and the error
+    /// that ended it, if one did. Ends early when the receiver is gone.
+    async fn run(self, first: ByteStream, tx: mpsc::Sender<std::io::Result<Bytes>>) {
+        if let Err(err) = self.pump(first, &tx).await {
+            let _ = tx.send(Err(err)).await;
+        }
+    }
+
+    /// Going on from the byte reached with a ranged GET pinned to the ETag
+    /// whenever the body breaks or stays silent for `stall`.
+    async fn pump(&self, first: ByteStream, tx: &mpsc::Sender<std::io::Result<Bytes>>) -> std::io::Result<()> {
+        let (bucket, key) = (&self.bucket, &self.key);
+        let mut body = Some(first);
+        let mut position = 0u64;
+        let mut failures = 0u32;
+        loop {
+            let mut stream = match body.take() {
+                Some(stream) => stream,
+                None => {
+                    let request = self
+                        .client
+                        .get_object()
+                        .bucket(bucket)
+                        .key(key)
+                        .range(format!("bytes={position}-"))
+                        .set_if_match(self.etag.clone());
+                    match request.send().await {
+                        // a server that ignores Range would send the object from its start again
+                        Ok(answer) if !answer.content_range().is_some_and(|r| r.starts_with(&format!("bytes {position}-"))) => {
+                            return Err(std::io::Error::other(format!(
                                 "S3 GetObject {bucket}/{key}: asked to go on from byte {position} after a broken read, the server answered with range {:?}; this S3 service does not support ranged reads",
                                 answer.content_range()
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Ok(answer) => answer.body,
-                    Err(err) => {
-                        let status = err.raw_response().map(|r| r.status().as_u16());
-                        if status == Some(412) {
-                            let _ = tx
-                                .send(Err(std::io::Error::other(format!(
-                                    "s3://{bucket}/{key} changed while it was being read (its ETag is no longer {}); read it again",
-                                    etag.as_deref().unwrap_or("?")
-                                ))))
-                                .await;
-                            return;
+                            )));
                         }
-                        failures += 1;
-                        let last = sdk_message(&err);
-                        if !transient(&err) || failures >= max_failures {
-                            let _ = tx.send(Err(broken(&bucket, &key, position, failures, &last))).await;
-                            return;
+                        Ok(answer) => answer.body,
+                        Err(err) if err.raw_response().map(|r| r.status().as_u16()) == Some(412) => {
+                            return Err(std::io::Error::other(format!(
+                                "s3://{bucket}/{key} changed while it was being read (its ETag is no longer {}); read it again",
+                                self.etag.as_deref().unwrap_or("?")
+                            )));
                         }
-                        tokio::time::sleep(backoff(failures)).await;
-                        continue;
+                        Err(err) => {
+                            failures += 1;
+                            if !transient(&err) || failures >= self.max_failures {
+                                return Err(self.broken(position, failures, &sdk_message(&err)));
+                            }
+                            tokio::time::sleep(backoff(failures)).await;
+                            continue;
+                        }
                     }
                 }
-            }
-        };
-        let last = loop {
-            match tokio::time::timeout(stall, stream.next()).await {
-                Ok(Some(Ok(bytes))) => {
-                    position += bytes.len() as u64;
-                    failures = 0;
-                    if tx.send(Ok(bytes)).await.is_err() {
-                        return;
+            };
+            let last = loop {
+                match tokio::time::timeout(self.stall, stream.next()).await {
+                    Ok(Some(Ok(bytes))) => {
+                        position += bytes.len() as u64;
+                        failures = 0;
+                        if tx.send(Ok(bytes)).await.is_err() {
+                            return Ok(());
+                        }
                     }
+                    Ok(None) if self.total.is_none_or(|t| position >= t) => return Ok(()),
+                    Ok(None) => break format!("the answer ended at byte {position} of {}", self.total.unwrap_or_default()),
+                    Ok(Some(Err(err))) => break error_chain(&err),
+                    Err(_) => break format!("no data for {}", humantime::format_duration(self.stall)),
                 }
-                Ok(None) if total.is_none_or(|t| position >= t) => return,
-                Ok(None) => break format!("the answer ended at byte {position} of {}", total.unwrap_or_default()),
-                Ok(Some(Err(err))) => break error_chain(&err),
-                Err(_) => break format!("no data for {}", humantime::format_duration(stall)),
+            };
+            if self.total.is_some_and(|t| position >= t) {
+                return Ok(());
             }
-        };
-        if total.is_some_and(|t| position >= t) {
-            return;
-        }
-        failures += 1;
-        if failures >= max_failures {
-            let _ = tx.send(Err(broken(&bucket, &key, position, failures, &last))).await;
-            return;
-        }
-        tracing::warn!(key = %key, position, "S3 download of {key} broke at byte {position} ({last}); going on from there");
-        // a connection that broke after bringing data is tried again at once;
-        // one that brought nothing waits, as S3 may be overloaded
-        if failures > 1 {
-            tokio::time::sleep(backoff(failures - 1)).await;
+            failures += 1;
+            if failures >= self.max_failures {
+                return Err(self.broken(position, failures, &last));
+            }
+            tracing::warn!(key = %key, position, "S3 download of {key} broke at byte {position} ({last}); going on from there");
+            // a connection that broke after bringing data is tried again at once;
+            // one that brought nothing waits, as S3 may be overloaded
+            if failures > 1 {
+                tokio::time::sleep(backoff(failures - 1)).await;
+            }
         }
     }
-}
 
-fn broken(bucket: &str, key: &str, position: u64, failures: u32, last: &str) -> std::io::Error {
-    std::io::Error::other(format!(
-        "S3 GetObject {bucket}/{key}: {failures} tries in a row failed at byte {position}, the last with: {last}"
-    ))
-}
-
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        let text = e.to_string();
-        if !parts.last().is_some_and(|last| last.ends_with(&text)) {
-            parts.push(text);
-        }
-        cur = e.source();
+    fn broken(&self, position: u64, failures: u32, last: &str) -> std::io::Error {
+        std::io::Error::other(format!(
+            "S3 GetObject {}/{}: {failures} tries in a row failed at byte {position}, the last with: {last}",
+            self.bucket, self.key
+        ))
     }
-    parts.join(": ")
 }
 
 #[async_trait]
@@ -619,18 +608,17 @@ impl Store for S3Store {
         };
         let etag = answer.e_tag().map(str::to_string);
         let total = answer.content_length().and_then(|n| u64::try_from(n).ok());
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(download(
-            self.client.clone(),
-            self.bucket.clone(),
-            full,
-            answer.body,
+        let (tx, mut rx) = mpsc::channel(4);
+        let download = Download {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            key: full,
             etag,
             total,
-            (self.options.download_attempts.max(1), self.options.stall_timeout),
-            tx,
-        ));
-        let mut rx = rx;
+            max_failures: self.options.download_attempts.max(1),
+            stall: self.options.stall_timeout,
+        };
+        tokio::spawn(download.run(answer.body, tx));
         let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         Ok(Box::new(tokio_util::io::StreamReader::new(stream)))
     }

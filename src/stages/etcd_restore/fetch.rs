@@ -147,13 +147,10 @@ async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::Temp
     copy_hashing(&mut body, &url).await
 }
 
-/// How to get past a scratch directory without room.
-const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot; nothing was changed";
-
 /// Refuse before copying when `TMPDIR` has less than `needed` free.
 fn scratch_room(needed: u64, what: &str) -> Result<(), StageFailure> {
-    crate::space::ensure(&std::env::temp_dir(), needed, &format!("a scratch copy of {what}"), SCRATCH_HINT)
-        .map_err(|err| StageError::Precondition(err.to_string()).into())
+    crate::etcd::verify::ensure_scratch_room(needed, what)
+        .map_err(|err| StageError::Precondition(format!("{err}; nothing was changed")).into())
 }
 
 /// Copy `body` into a private scratch file (under `TMPDIR`), hashing it.
@@ -177,8 +174,8 @@ async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(
             break;
         }
         let written = size;
-        let failed = |e: std::io::Error| match crate::space::filled_up(&e, &path, &format!("a scratch copy of {what}"), written, SCRATCH_HINT) {
-            Some(full) => StageError::Precondition(full.to_string()),
+        let failed = |e: std::io::Error| match crate::space::filled_up(&e, &path, &format!("a scratch copy of {what}"), written, crate::etcd::verify::SCRATCH_HINT) {
+            Some(full) => StageError::Precondition(format!("{full}; nothing was changed")),
             None => StageError::Precondition(format!("writing {}: {e}", path.display())),
         };
         file.write_all(&buf[..n]).await.map_err(failed)?;
