@@ -13,11 +13,24 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Settings of one kind of fault injection.
-pub(crate) trait FaultSettings: Serialize + DeserializeOwned + Debug {
-    /// Why these settings cannot be used, if they cannot.
-    fn check(&self) -> Result<(), String>;
+pub trait FaultSettings: Serialize + DeserializeOwned + Debug {
+    /// Share (0.0 to 1.0) of the matching requests that get a fault.
+    fn share(&self) -> f64;
+    /// How many kinds of fault are drawn from.
+    fn kind_count(&self) -> usize;
     /// The seed of the draws, when the settings fix one.
     fn seed(&self) -> Option<u64>;
+
+    /// Why these settings cannot be used, if they cannot.
+    fn check(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.share()) {
+            return Err(format!("share must be within 0.0..=1.0, not {}", self.share()));
+        }
+        if self.kind_count() == 0 {
+            return Err("kinds must name at least one kind of fault".into());
+        }
+        Ok(())
+    }
 }
 
 /// `<faults_file>.log`: where the injected faults are recorded.

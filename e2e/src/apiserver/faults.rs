@@ -102,17 +102,6 @@ impl std::fmt::Display for FaultKind {
 }
 
 impl ApiFaults {
-    /// Why these settings cannot be used, if they cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.share) {
-            return Err(format!("share must be within 0.0..=1.0, not {}", self.share));
-        }
-        if self.kinds.is_empty() {
-            return Err("kinds must name at least one kind of fault".into());
-        }
-        Ok(())
-    }
-
     /// How long a `delay` fault waits.
     pub fn delay(&self) -> Duration {
         Duration::from_millis(if self.delay_ms == 0 { DEFAULT_DELAY_MS } else { self.delay_ms })
@@ -122,8 +111,11 @@ impl ApiFaults {
 pub use crate::faults_file::{log_path, read_log};
 
 impl crate::faults_file::FaultSettings for ApiFaults {
-    fn check(&self) -> Result<(), String> {
-        self.validate()
+    fn share(&self) -> f64 {
+        self.share
+    }
+    fn kind_count(&self) -> usize {
+        self.kinds.len()
     }
     fn seed(&self) -> Option<u64> {
         self.seed

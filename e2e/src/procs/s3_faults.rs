@@ -100,17 +100,6 @@ impl std::fmt::Display for S3FaultKind {
 }
 
 impl S3Faults {
-    /// Why these settings cannot be used, if they cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        if !(0.0..=1.0).contains(&self.share) {
-            return Err(format!("share must be within 0.0..=1.0, not {}", self.share));
-        }
-        if self.kinds.is_empty() {
-            return Err("kinds must name at least one kind of fault".into());
-        }
-        Ok(())
-    }
-
     /// How long a `slow-read` stalls.
     pub fn stall(&self) -> Duration {
         Duration::from_millis(if self.delay_ms == 0 { DEFAULT_STALL_MS } else { self.delay_ms })
@@ -118,8 +107,11 @@ impl S3Faults {
 }
 
 impl crate::faults_file::FaultSettings for S3Faults {
-    fn check(&self) -> Result<(), String> {
-        self.validate()
+    fn share(&self) -> f64 {
+        self.share
+    }
+    fn kind_count(&self) -> usize {
+        self.kinds.len()
     }
     fn seed(&self) -> Option<u64> {
         self.seed
