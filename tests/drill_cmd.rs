@@ -16,7 +16,7 @@ use std::time::Duration;
 use hcp_dr::stages::drill::rewrite::{ClusterRef, DrillIdentity, rewrite};
 use hcp_dr_e2e::apiserver::schema::Schema;
 use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client};
-use hcp_dr_e2e::sandbox::{BASE_DOMAIN, BUCKET, api_for, wait_available};
+use hcp_dr_e2e::sandbox::{BASE_DOMAIN, BUCKET, wait_available};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::Api;
 use serde_json::{Value, json};
@@ -116,10 +116,6 @@ async fn mgmt_b_client(env: &Env) -> kube::Client {
     env.sandbox.clusters[1].api.client().await.expect("mgmt-b client")
 }
 
-fn hc_api(client: &kube::Client, namespace: &str) -> Api<kube::api::DynamicObject> {
-    api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": namespace}}))
-}
-
 /// Nothing of the drill is left on the staging cluster.
 async fn assert_no_drill(b: &kube::Client, context: &str) {
     assert!(hc_api(b, "clusters-drill").get_opt("demo-drill").await.unwrap().is_none(), "{context}: the drill's HostedCluster is left");
@@ -138,19 +134,6 @@ async fn assert_source_untouched(env: &Env, context: &str) {
     assert_eq!(cms.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("config-"))).count(), WORKLOAD_OBJECTS, "{context}");
 }
 
-/// Wait until `host`'s records belong to `owners` (external-dns works in passes).
-async fn wait_owners(env: &Env, host: &str, owners: &[&str], context: &str) {
-    let mut now = Vec::new();
-    for _ in 0..120 {
-        now = owners_of(env, host).await;
-        if now == owners {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("{context}: the records of {host} belong to {now:?}, not {owners:?}");
-}
-
 fn objects_of(backup_dir: &Path) -> Vec<Value> {
     let tarball = std::fs::File::open(backup_dir.join("objects.tar.gz")).expect("objects.tar.gz");
     hcp_dr::archive::objects::read_tar_gz(tarball).expect("objects").into_iter().map(|(_, v)| v).collect()
@@ -160,7 +143,7 @@ fn objects_of(backup_dir: &Path) -> Vec<Value> {
 async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it() {
     let env = env("HighlyAvailable").await;
     let (api_host, drill_host) = (format!("api.demo.{BASE_DOMAIN}"), format!("api.demo-drill.{BASE_DOMAIN}"));
-    wait_owners(&env, &api_host, &["mgmt-a"], "before the drill").await;
+    wait_owners(&env, &api_host, &["mgmt-a"], Duration::from_secs(60), "before the drill").await;
     let (folder, revision) = backup_to_s3(&env);
 
     // the real backup's objects, rewritten, pass the real CRD schemas
@@ -239,7 +222,7 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     let b = mgmt_b_client(&env).await;
     assert_no_drill(&b, "after the drill").await;
     assert_source_untouched(&env, "after the drill").await;
-    wait_owners(&env, &drill_host, &[], "after the drill").await;
+    wait_owners(&env, &drill_host, &[], Duration::from_secs(60), "after the drill").await;
     assert_eq!(owners_of(&env, &api_host).await, ["mgmt-a"], "the drill touched the source's DNS records");
 
     // --keep leaves the drill cluster Available on staging
@@ -263,7 +246,7 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     assert_eq!(cms.items.iter().filter(|c| c.metadata.name.as_deref().is_some_and(|n| n.starts_with("config-"))).count(), WORKLOAD_OBJECTS);
     assert_source_untouched(&env, "after the kept drill").await;
     // the kept drill publishes its own name from staging; the source keeps its own
-    wait_owners(&env, &drill_host, &["mgmt-b"], "the kept drill").await;
+    wait_owners(&env, &drill_host, &["mgmt-b"], Duration::from_secs(60), "the kept drill").await;
     assert_eq!(owners_of(&env, &api_host).await, ["mgmt-a"], "the kept drill took the source's DNS records");
 
     // its printed remove_with, as printed, removes it (UID-guarded, on the

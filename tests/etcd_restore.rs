@@ -6,35 +6,14 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 
 use hcp_dr_e2e::drill::member_clients;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
+use support::etcd_data::*;
 use support::{Env, env, json_report, text};
-
-const BEFORE: &str = "/hcp-dr-test/before/";
-const AFTER: &str = "/hcp-dr-test/after/";
-
-/// Every member's `(revision, {key: value})` under `prefix`.
-async fn member_values(env: &Env, prefix: &str) -> BTreeMap<String, (i64, BTreeMap<String, String>)> {
-    let mut out = BTreeMap::new();
-    for (pod, _, mut client) in member_clients(&env.mgmt, &env.hcp_ns()).await.expect("member clients") {
-        let resp = client
-            .get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_serializable()))
-            .await
-            .expect("get");
-        let kvs = resp
-            .kvs()
-            .iter()
-            .map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string()))
-            .collect();
-        out.insert(pod, (resp.header().unwrap().revision(), kvs));
-    }
-    out
-}
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -46,33 +25,6 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
-}
-
-async fn put(env: &Env, key: &str, value: &str) -> i64 {
-    let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.expect("clients").remove(0);
-    client.put(key, value, None).await.expect("put").header().unwrap().revision()
-}
-
-async fn claim_uids(env: &Env) -> BTreeMap<String, String> {
-    Api::<PersistentVolumeClaim>::namespaced(env.mgmt.clone(), &env.hcp_ns())
-        .list(&ListParams::default())
-        .await
-        .expect("pvcs")
-        .items
-        .into_iter()
-        .filter_map(|c| Some((c.metadata.name?, c.metadata.uid?)))
-        .filter(|(n, _)| n.starts_with("data-etcd-"))
-        .collect()
-}
-
-async fn etcd_replicas(env: &Env) -> i32 {
-    Api::<StatefulSet>::namespaced(env.mgmt.clone(), &env.hcp_ns())
-        .get("etcd")
-        .await
-        .expect("sts")
-        .spec
-        .replicas
-        .unwrap_or(1)
 }
 
 fn restore_args<'a>(env: &'a Env, extra: &[&'a str], endpoint: &'a str) -> Vec<&'a str> {

@@ -88,7 +88,7 @@ async fn migrate_moves_a_cluster_whose_source_operator_is_down() {
     let before = stand_in_fields(&env).await;
     let (revision_before, keys_before) = etcd_keys(&env.mgmt, &hcp_ns).await;
     let host = format!("api.demo.{}", hcp_dr_e2e::sandbox::BASE_DOMAIN);
-    wait_owned_by(&env, &host, "mgmt-a").await;
+    wait_owners(&env, &host, &["mgmt-a"], std::time::Duration::from_secs(60), "the API name").await;
     env.sandbox.set_hypershift_down("mgmt-a", true).expect("operator down");
 
     // Stopped once the destination is Available, then aborted: the source
@@ -112,7 +112,7 @@ async fn migrate_moves_a_cluster_whose_source_operator_is_down() {
     assert!(hc_on(&b).await.is_none(), "--abort left the copy on mgmt-b");
     assert_eq!(stand_in_fields(&env).await, before, "--abort put the HostedControlPlane and the Cluster back");
     env.assert_in_service("after --abort").await;
-    wait_owned_by(&env, &host, "mgmt-a").await;
+    wait_owners(&env, &host, &["mgmt-a"], std::time::Duration::from_secs(60), "the API name").await;
 
     // The whole move, the operator still down.
     let journal = env.dir.path().join("migrate.jsonl");
@@ -128,7 +128,7 @@ async fn migrate_moves_a_cluster_whose_source_operator_is_down() {
         "the report says what hcp-dr paused itself: {report}"
     );
     assert_moved(&b, &hcp_ns, revision_before, &keys_before, 1).await;
-    wait_owned_by(&env, &host, "mgmt-b").await;
+    wait_owners(&env, &host, &["mgmt-b"], std::time::Duration::from_secs(60), "the API name").await;
     // the source is gone from mgmt-a, its operator never having acted
     assert!(env.sandbox.dir.join("mgmt-a/state").join(hcp_dr_e2e::operator::hypershift::DOWN_MARKER).exists(), "the operator stayed down");
     assert!(hc_on(&env.mgmt).await.is_none(), "the source HostedCluster is still on mgmt-a");
@@ -148,15 +148,4 @@ async fn migrate_moves_a_cluster_whose_source_operator_is_down() {
         assert!(removed.iter().any(|r| r.starts_with(what) && r.contains("hypershift.openshift.io/finalizer")), "{what}: {teardown:#}");
     }
     env.sandbox.set_hypershift_down("mgmt-a", false).expect("operator back");
-}
-
-/// Wait (up to 60 s) until `host`'s records are owned by `owner` alone.
-async fn wait_owned_by(env: &Env, host: &str, owner: &str) {
-    for _ in 0..120 {
-        if owners_of(env, host).await == vec![owner.to_string()] {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    assert_eq!(owners_of(env, host).await, vec![owner.to_string()], "{host}");
 }

@@ -34,11 +34,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client, member_clients, member_keys};
-use hcp_dr_e2e::sandbox::{BASE_DOMAIN, BUCKET, api_for, wait_available};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret};
+use hcp_dr_e2e::sandbox::{BASE_DOMAIN, BUCKET, wait_available};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
+use support::etcd_data::*;
 use support::*;
 
 /// Statuses of the final resume's stages: all `resumed` but the last.
@@ -80,14 +80,6 @@ fn kill_around_every_stage(env: &Env, fresh: &[&str], resume: &[&str], journal: 
     }
 }
 
-fn hc_api(client: &kube::Client, namespace: &str) -> Api<kube::api::DynamicObject> {
-    api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": namespace}}))
-}
-
-fn np_api(client: &kube::Client, namespace: &str) -> Api<kube::api::DynamicObject> {
-    api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool", "metadata": {"namespace": namespace}}))
-}
-
 async fn namespaces(client: &kube::Client) -> BTreeSet<String> {
     Api::<Namespace>::all(client.clone()).list(&Default::default()).await.expect("namespaces").items.into_iter().filter_map(|n| n.metadata.name).collect()
 }
@@ -107,17 +99,10 @@ fn hostnames() -> Vec<String> {
     ["api", "ignition", "konnectivity", "oauth"].iter().map(|s| format!("{s}.demo.{BASE_DOMAIN}")).collect()
 }
 
-async fn wait_owners(env: &Env, owners: &[&str], context: &str) {
+/// Wait (up to 2 minutes each) until every name of demo belongs to `owners`.
+async fn wait_owners_of_demo(env: &Env, owners: &[&str], context: &str) {
     for host in hostnames() {
-        let mut now = Vec::new();
-        for _ in 0..240 {
-            now = owners_of(env, &host).await;
-            if now == owners {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        assert_eq!(now, owners, "{context}: the records of {host}");
+        wait_owners(env, &host, owners, Duration::from_secs(120), context).await;
     }
 }
 
@@ -127,7 +112,7 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
     let zone = env.sandbox.zone_id.clone();
     let r53 = env.sandbox.route53.url().to_string();
     let endpoint = env.sandbox.s3.https_url().to_string();
-    wait_owners(&env, &["mgmt-a"], "before the backup").await;
+    wait_owners_of_demo(&env, &["mgmt-a"], "before the backup").await;
     let (revision_before, keys_before) = {
         let members = member_keys(&env.mgmt, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys before");
         let (_, revision, keys) = members.into_iter().max_by_key(|m| m.1).unwrap();
@@ -176,7 +161,7 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
         assert!(np_api(&b, "clusters").list(&Default::default()).await.map(|l| l.items.is_empty()).unwrap_or(true), "{stage}: --abort left NodePools");
         assert_eq!(namespaces(&b).await, namespaces_before, "{stage}: --abort left namespaces behind");
         assert!(!fence_file.exists(), "{stage}: --abort left the store fence");
-        wait_owners(&env, &["mgmt-a"], &format!("{stage}: after --abort")).await;
+        wait_owners_of_demo(&env, &["mgmt-a"], &format!("{stage}: after --abort")).await;
     }
 
     // killed in every stage, resumed each time
@@ -214,48 +199,13 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
     let fence: Value = serde_json::from_slice(&std::fs::read(&fence_file).expect("the store fence")).unwrap();
     assert_eq!(fence["runs_on"]["server"], json!(mgmt_b.api.url()), "{fence}");
     assert_eq!(fence["by"], "restore", "{fence}");
-    wait_owners(&env, &["mgmt-b"], "after the resumed restore").await;
+    wait_owners_of_demo(&env, &["mgmt-b"], "after the resumed restore").await;
     let taken = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "dns-takeover").unwrap()["output"];
     assert!(!taken["deleted"].as_array().map(Vec::is_empty).unwrap_or(true), "{taken}");
 }
 
 const ETCD_RESTORE_STAGES: [&str; 10] =
     ["lock", "fetch-snapshot", "assess", "pause", "scale-down", "stop-etcd", "restore-members", "start-etcd", "resume", "unlock"];
-
-const BEFORE: &str = "/hcp-dr-test/before/";
-const AFTER: &str = "/hcp-dr-test/after/";
-
-async fn put(env: &Env, key: &str, value: &str) -> i64 {
-    let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.expect("clients").remove(0);
-    client.put(key, value, None).await.expect("put").header().unwrap().revision()
-}
-
-/// Every member's `(revision, {key: value})` under `prefix`.
-async fn member_values(env: &Env, prefix: &str) -> BTreeMap<String, (i64, BTreeMap<String, String>)> {
-    let mut out = BTreeMap::new();
-    for (pod, _, mut client) in member_clients(&env.mgmt, &env.hcp_ns()).await.expect("member clients") {
-        let resp = client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_serializable())).await.expect("get");
-        let kvs = resp.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string())).collect();
-        out.insert(pod, (resp.header().unwrap().revision(), kvs));
-    }
-    out
-}
-
-async fn claim_uids(env: &Env) -> BTreeMap<String, String> {
-    Api::<PersistentVolumeClaim>::namespaced(env.mgmt.clone(), &env.hcp_ns())
-        .list(&ListParams::default())
-        .await
-        .expect("pvcs")
-        .items
-        .into_iter()
-        .filter_map(|c| Some((c.metadata.name?, c.metadata.uid?)))
-        .filter(|(n, _)| n.starts_with("data-etcd-"))
-        .collect()
-}
-
-async fn etcd_replicas(env: &Env) -> i32 {
-    Api::<StatefulSet>::namespaced(env.mgmt.clone(), &env.hcp_ns()).get("etcd").await.expect("sts").spec.replicas.unwrap_or(1)
-}
 
 /// Every member answers with the data written after the backup: nothing was restored.
 async fn assert_own_data(env: &Env, reached: i64, context: &str) {
@@ -397,7 +347,7 @@ async fn assert_source_untouched(env: &Env, uid: &str, context: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drill_killed_in_any_stage_is_removed_by_abort_and_the_source_is_never_touched() {
     let env = env("SingleReplica").await;
-    wait_owners(&env, &["mgmt-a"], "before the drill").await;
+    wait_owners_of_demo(&env, &["mgmt-a"], "before the drill").await;
     let uid = serde_json::to_value(hc_api(&env.mgmt, "clusters").get("demo").await.unwrap()).unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
     let (folder, _) = backup_to_s3(&env);
     let endpoint = env.sandbox.s3.https_url().to_string();
@@ -430,7 +380,7 @@ async fn a_drill_killed_in_any_stage_is_removed_by_abort_and_the_source_is_never
         assert_no_drill(&b, &namespaces_before, &context).await;
         assert_source_untouched(&env, &uid, &context).await;
     }
-    wait_owners_of(&env, &drill_host, &[], "after the aborted drills").await;
+    wait_owners(&env, &drill_host, &[], Duration::from_secs(60), "after the aborted drills").await;
 
     // the staging cluster is clean for the next drill, which passes
     let report_base = env.dir.path().join("drill-report");
@@ -447,16 +397,4 @@ async fn a_drill_killed_in_any_stage_is_removed_by_abort_and_the_source_is_never
     assert!(std::fs::read_to_string(report_base.with_extension("md")).unwrap().starts_with("# Restore drill of clusters/demo: PASSED"));
     assert_no_drill(&b, &namespaces_before, "after the drill").await;
     assert_source_untouched(&env, &uid, "after the drill").await;
-}
-
-async fn wait_owners_of(env: &Env, host: &str, owners: &[&str], context: &str) {
-    let mut now = Vec::new();
-    for _ in 0..120 {
-        now = owners_of(env, host).await;
-        if now == owners {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("{context}: the records of {host} belong to {now:?}, not {owners:?}");
 }

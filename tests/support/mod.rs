@@ -215,6 +215,88 @@ pub async fn owners_of(env: &Env, host: &str) -> Vec<String> {
     env.sandbox.owners_of(host).await.expect("list records")
 }
 
+/// Wait up to `within` until `host`'s records belong to `owners`
+/// (external-dns works in passes).
+pub async fn wait_owners(env: &Env, host: &str, owners: &[&str], within: Duration, context: &str) {
+    let start = std::time::Instant::now();
+    let mut now = owners_of(env, host).await;
+    while now != owners && start.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        now = owners_of(env, host).await;
+    }
+    assert_eq!(now, owners, "{context}: the records of {host}");
+}
+
+/// HostedClusters in `namespace`.
+pub fn hc_api(client: &kube::Client, namespace: &str) -> Api<kube::api::DynamicObject> {
+    api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": namespace}}))
+}
+
+/// NodePools in `namespace`.
+pub fn np_api(client: &kube::Client, namespace: &str) -> Api<kube::api::DynamicObject> {
+    api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool", "metadata": {"namespace": namespace}}))
+}
+
+/// Test keys written straight into demo's etcd, and what the etcd restore
+/// tests read of its members.
+pub mod etcd_data {
+    use std::collections::BTreeMap;
+
+    use hcp_dr_e2e::drill::member_clients;
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::{Api, ListParams};
+
+    use super::Env;
+
+    /// Keys written before the backup.
+    pub const BEFORE: &str = "/hcp-dr-test/before/";
+    /// Keys written after it.
+    pub const AFTER: &str = "/hcp-dr-test/after/";
+
+    /// Write `key` through the first member; the revision it made.
+    pub async fn put(env: &Env, key: &str, value: &str) -> i64 {
+        let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.expect("clients").remove(0);
+        client.put(key, value, None).await.expect("put").header().unwrap().revision()
+    }
+
+    /// Every member's `(revision, {key: value})` under `prefix`.
+    pub async fn member_values(env: &Env, prefix: &str) -> BTreeMap<String, (i64, BTreeMap<String, String>)> {
+        let mut out = BTreeMap::new();
+        for (pod, _, mut client) in member_clients(&env.mgmt, &env.hcp_ns()).await.expect("member clients") {
+            let resp = client
+                .get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_serializable()))
+                .await
+                .expect("get");
+            let kvs = resp
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key_str().unwrap().to_string(), kv.value_str().unwrap().to_string()))
+                .collect();
+            out.insert(pod, (resp.header().unwrap().revision(), kvs));
+        }
+        out
+    }
+
+    /// The UID of each etcd data claim, by name.
+    pub async fn claim_uids(env: &Env) -> BTreeMap<String, String> {
+        Api::<PersistentVolumeClaim>::namespaced(env.mgmt.clone(), &env.hcp_ns())
+            .list(&ListParams::default())
+            .await
+            .expect("pvcs")
+            .items
+            .into_iter()
+            .filter_map(|c| Some((c.metadata.name?, c.metadata.uid?)))
+            .filter(|(n, _)| n.starts_with("data-etcd-"))
+            .collect()
+    }
+
+    /// The etcd StatefulSet's replicas.
+    pub async fn etcd_replicas(env: &Env) -> i32 {
+        Api::<StatefulSet>::namespaced(env.mgmt.clone(), &env.hcp_ns()).get("etcd").await.expect("sts").spec.replicas.unwrap_or(1)
+    }
+}
+
 /// `hcp-dr backup` of demo to the sandbox's S3 store: the backup's URL and etcd revision.
 pub fn backup_to_s3(env: &Env) -> (String, i64) {
     let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
