@@ -109,33 +109,7 @@ async fn etcd_restore_puts_every_member_back_to_the_backup_above_the_reached_rev
     let out = env.hcp_dr(&restore_args(&env, &["--from", &store, "--backup-id", "latest"], &endpoint), &[]);
     assert!(out.status.success(), "etcd restore:\n{}", text(&out));
     let report = json_report(&out);
-    assert_eq!(report["revision_before"].as_i64(), Some(reached), "{report:#}");
-    let bump = report["bump_revision"].as_i64().expect("bump");
-    let snapshot_revision = report["snapshot_revision"].as_i64().expect("snapshot revision");
-    assert!(snapshot_revision + bump > reached, "{report:#}");
-
-    // Every member: the backup's keys and values, nothing written after, a
-    // revision above any reached before, and the old revisions compacted.
-    let before = member_values(&env, BEFORE).await;
-    let after = member_values(&env, AFTER).await;
-    assert_eq!(before.len(), 3, "{before:?}");
-    for (member, (revision, kvs)) in &before {
-        assert_eq!(kvs.len(), 20, "{member}: {kvs:?}");
-        assert_eq!(kvs[&format!("{BEFORE}00")], "value-0", "{member}: the change after the backup survived");
-        assert!(*revision > reached, "{member}: revision {revision} not above {reached}");
-        assert!(after[member].1.is_empty(), "{member} kept keys written after the backup: {:?}", after[member].1);
-    }
-    let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.unwrap().remove(0);
-    let old = client.get(BEFORE, Some(etcd_client::GetOptions::new().with_prefix().with_revision(reached))).await;
-    let err = old.expect_err("a read at a revision from before the restore must fail");
-    assert!(err.to_string().contains("compacted"), "{err}");
-
-    // Member 0 kept its volume; the others have fresh ones.
-    let uids_after = claim_uids(&env).await;
-    assert_eq!(uids_after["data-etcd-0"], uids_before["data-etcd-0"]);
-    for claim in ["data-etcd-1", "data-etcd-2"] {
-        assert_ne!(uids_after[claim], uids_before[claim], "{claim} was not replaced");
-    }
+    assert_restored_to_backup(&env, &report, reached, &uids_before).await;
     // Back in service, nothing left behind.
     env.assert_in_service("after the restore").await;
     let leftovers = Api::<Pod>::namespaced(env.mgmt.clone(), &env.hcp_ns())

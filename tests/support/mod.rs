@@ -295,6 +295,37 @@ pub mod etcd_data {
     pub async fn etcd_replicas(env: &Env) -> i32 {
         Api::<StatefulSet>::namespaced(env.mgmt.clone(), &env.hcp_ns()).get("etcd").await.expect("sts").spec.replicas.unwrap_or(1)
     }
+
+    /// What an etcd restore of demo (backup taken with 20 keys under
+    /// BEFORE, `BEFORE00` then changed, keys written under AFTER since, the
+    /// members at revision `reached`) must leave, by its `report`: every
+    /// member holds the backup's keys and values and nothing written after,
+    /// at a revision above any reached before, the old revisions compacted;
+    /// member 0 kept its volume (`uids_before`), the others have fresh ones.
+    pub async fn assert_restored_to_backup(env: &Env, report: &serde_json::Value, reached: i64, uids_before: &BTreeMap<String, String>) {
+        assert_eq!(report["revision_before"].as_i64(), Some(reached), "{report:#}");
+        let bump = report["bump_revision"].as_i64().expect("bump");
+        let snapshot_revision = report["snapshot_revision"].as_i64().expect("snapshot revision");
+        assert!(snapshot_revision + bump > reached, "{report:#}");
+        let before = member_values(env, BEFORE).await;
+        let after = member_values(env, AFTER).await;
+        assert_eq!(before.len(), 3, "{before:?}");
+        for (member, (revision, kvs)) in &before {
+            assert_eq!(kvs.len(), 20, "{member}: {kvs:?}");
+            assert_eq!(kvs[&format!("{BEFORE}00")], "value-0", "{member}: the change after the backup survived");
+            assert!(*revision > reached, "{member}: revision {revision} not above {reached}");
+            assert!(after[member].1.is_empty(), "{member} kept keys written after the backup: {:?}", after[member].1);
+        }
+        let (_, _, mut client) = member_clients(&env.mgmt, &env.hcp_ns()).await.unwrap().remove(0);
+        let old = client.get(BEFORE, Some(etcd_client::GetOptions::new().with_prefix().with_revision(reached))).await;
+        let err = old.expect_err("a read at a revision from before the restore must fail");
+        assert!(err.to_string().contains("compacted"), "{err}");
+        let uids_after = claim_uids(env).await;
+        assert_eq!(uids_after["data-etcd-0"], uids_before["data-etcd-0"]);
+        for claim in ["data-etcd-1", "data-etcd-2"] {
+            assert_ne!(uids_after[claim], uids_before[claim], "{claim} was not replaced");
+        }
+    }
 }
 
 /// `hcp-dr backup` of demo to the sandbox's S3 store: the backup's URL and etcd revision.
