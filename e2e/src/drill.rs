@@ -278,7 +278,7 @@ pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError>
     })
     .await?;
     let result = drill_on(&sandbox, hcp_dr, &mut steps).await;
-    let crds = crate::sandbox::crd_dir().1.to_string();
+    let crds = crate::crds::crd_dir().1.to_string();
     let sandbox_dir = sandbox.dir.display().to_string();
     sandbox.shutdown().await;
     let (hosted_cluster, members) = result?;

@@ -1,6 +1,7 @@
 //! The hcp-dr sandbox: management-cluster emulators on real etcd, a simulated
 //! HyperShift operator, and process fixtures for etcd, S3 and Route53.
 pub mod apiserver;
+pub mod crds;
 pub mod pki;
 pub mod procs;
 pub mod operator;

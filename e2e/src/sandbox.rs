@@ -84,27 +84,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
     }
 }
 
-/// Where the CRDs come from: the real ones when `../shared/crds` is beside
-/// the repository, the project's minimal ones otherwise.
-pub fn crd_dir() -> (PathBuf, &'static str) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if let Ok(dir) = std::env::var("HCP_DR_CRDS") {
-        return (PathBuf::from(dir), "from $HCP_DR_CRDS");
-    }
-    let shared = repo.join("../shared/crds");
-    if shared.is_dir() {
-        (
-            shared.canonicalize().unwrap_or(shared),
-            "the real HyperShift and Cluster API CRDs (../shared/crds)",
-        )
-    } else {
-        (
-            repo.join("fixtures/crds"),
-            "the minimal fallback CRDs (fixtures/crds; ../shared/crds is absent)",
-        )
-    }
-}
-
 /// What `up` records in `DIR/sandbox.json` for `status` and `down`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxState {
@@ -267,7 +246,7 @@ impl Sandbox {
         let ca = Ca::new("hcp-dr sandbox CA")?;
         ca.save(&dir)?;
         let sandbox_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-        let (crds, _) = crd_dir();
+        let (crds, _) = crate::crds::crd_dir();
 
         let s3_dir = dir.join("s3");
         std::fs::create_dir_all(&s3_dir).map_err(io_err(&s3_dir))?;

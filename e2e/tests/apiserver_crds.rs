@@ -1,6 +1,6 @@
 //! Custom resources through the emulator: CRD registration, schema
 //! defaulting/pruning/validation, status and scale subresources, the real
-//! HyperShift CRDs when `/work/shared/crds` is present.
+//! HyperShift CRDs when they are present ([`hcp_dr_e2e::crds::real_crds`]).
 
 mod apiserver_support;
 

@@ -1,6 +1,7 @@
 //! The CRD schema compiler, defaulting, pruning, validation and CEL rules
-//! against the real HyperShift and Cluster API CRDs in `/work/shared/crds`.
-//! Each test prints a reason and returns when that folder is absent.
+//! against the real HyperShift and Cluster API CRDs
+//! ([`hcp_dr_e2e::crds::real_crds`]: `$HCP_DR_CRDS` or `../shared/crds`
+//! beside the repository). Each test prints `SKIP:` and returns when they are absent.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -8,16 +9,8 @@ use std::time::Instant;
 use hcp_dr_e2e::apiserver::schema::{FieldError, FieldErrorKind, Schema};
 use serde_json::{Value, json};
 
-const CRDS: &str = "/work/shared/crds";
-
 fn crd_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(CRDS);
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("SKIPPED: {CRDS} is absent (reference CRDs are not available on this machine)");
-        None
-    }
+    hcp_dr_e2e::crds::real_crds_or_skip("the schema checks against the real CRDs")
 }
 
 fn load(path: &Path) -> Value {

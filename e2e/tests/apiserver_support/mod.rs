@@ -54,17 +54,9 @@ pub async fn start(crd_dirs: Vec<PathBuf>) -> Env {
     }
 }
 
-/// `/work/shared/crds`, or None with a printed reason.
+/// The real CRDs ([`hcp_dr_e2e::crds::real_crds`]), or None with `SKIP:` printed.
 pub fn shared_crds() -> Option<PathBuf> {
-    let p = PathBuf::from("/work/shared/crds");
-    if p.join("hostedclusters-Hypershift-Default.crd.yaml")
-        .exists()
-    {
-        Some(p)
-    } else {
-        eprintln!("SKIP: /work/shared/crds (real HyperShift CRDs) is absent; CRD cases not run");
-        None
-    }
+    hcp_dr_e2e::crds::real_crds_or_skip("the real-CRD cases")
 }
 
 /// A raw request; returns (status code, JSON body or Null, headers).

@@ -34,19 +34,12 @@ pub struct Mgmt {
     pub dir: tempfile::TempDir,
 }
 
-/// The CRDs: the real ones from `/work/shared/crds`, else the repository's
-/// `fixtures/crds` (with the reason printed).
+/// The CRDs ([`hcp_dr_e2e::crds::crd_dir`]: the real ones, else the
+/// repository's `fixtures/crds`), with where they come from printed.
 pub fn crd_dir() -> PathBuf {
-    let shared = PathBuf::from("/work/shared/crds");
-    if shared
-        .join("hostedclusters-Hypershift-Default.crd.yaml")
-        .exists()
-    {
-        return shared;
-    }
-    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/crds");
-    eprintln!("/work/shared/crds is absent: using {}", fixtures.display());
-    fixtures
+    let (dir, from) = hcp_dr_e2e::crds::crd_dir();
+    eprintln!("CRDs: {from}: {}", dir.display());
+    dir
 }
 
 impl Mgmt {
