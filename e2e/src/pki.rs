@@ -14,6 +14,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
+use rustls::pki_types::pem::{Error as PemError, PemObject as _};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Errors of the PKI helpers.
@@ -44,7 +45,7 @@ pub enum PkiError {
         what: &'static str,
         /// The parser error.
         #[source]
-        source: std::io::Error,
+        source: PemError,
     },
     /// The saved CA certificate or key could not be loaded back.
     #[error("loading the CA from {path}: {source}")]
@@ -297,7 +298,7 @@ fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), PkiError
 
 /// Parse every certificate in a PEM bundle.
 pub fn parse_certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
-    let certs = rustls_pemfile::certs(&mut pem.as_bytes())
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| PkiError::InvalidPem {
             what: "certificate",
@@ -313,14 +314,15 @@ pub fn parse_certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> 
 
 /// Parse the first private key in a PEM document.
 pub fn parse_key(pem: &str) -> Result<PrivateKeyDer<'static>, PkiError> {
-    rustls_pemfile::private_key(&mut pem.as_bytes())
-        .map_err(|source| PkiError::InvalidPem {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|source| match source {
+        PemError::NoItemsFound => PkiError::MissingPem {
+            what: "private key",
+        },
+        source => PkiError::InvalidPem {
             what: "private key",
             source,
-        })?
-        .ok_or(PkiError::MissingPem {
-            what: "private key",
-        })
+        },
+    })
 }
 
 /// A root store holding every certificate of `ca_pem`.
@@ -548,6 +550,15 @@ mod tests {
         assert!(matches!(
             parse_certs("nothing here"),
             Err(PkiError::MissingPem { .. })
+        ));
+        assert!(matches!(
+            parse_key("nothing here"),
+            Err(PkiError::MissingPem { .. })
+        ));
+        let truncated = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n";
+        assert!(matches!(
+            parse_key(truncated),
+            Err(PkiError::InvalidPem { .. })
         ));
     }
 }

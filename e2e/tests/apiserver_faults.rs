@@ -65,8 +65,8 @@ enum Proto {
 
 fn tls_client(ca_pem: &str, proto: Proto) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA certificate")).expect("add the CA");
+    for cert in hcp_dr_e2e::pki::parse_certs(ca_pem).expect("CA certificate") {
+        roots.add(cert).expect("add the CA");
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
