@@ -160,6 +160,31 @@ async fn a_backup_that_changed_nothing_says_so() {
     env.assert_in_service("after the refusals").await;
 }
 
+/// A backup killed while the cluster is paused and scaled down is put back
+/// by `--abort` (run control is the same for every operation): unpaused,
+/// scaled back up, its lock released and nothing of it left in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_killed_mid_snapshot_is_undone_by_abort() {
+    let env = env("SingleReplica").await;
+    let store = env.local_store();
+    let journal = env.dir.path().join("backup.jsonl");
+    let args = ["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--journal", journal.to_str().unwrap()];
+    kill_after(&env, &args, &journal, "etcd-snapshot");
+    assert!(env.paused_until().await.iter().all(|p| !p.is_null()), "the kill came before the pause");
+    assert!(env.writer_replicas().await.iter().all(|(_, r)| *r == 0), "the kill came before the scale-down");
+
+    let out = env.hcp_dr(&["backup", "--abort", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "aborted", "{report:#}");
+    env.assert_in_service("after --abort").await;
+    assert!(files(&store).iter().all(|f| !f.ends_with(".db") && !f.contains("manifest")), "left in the store: {:?}", files(&store));
+    // an aborted run is over: --resume does not take the backup after all
+    let out = env.hcp_dr(&["backup", "--resume", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert_eq!(json_report(&out)["outcome"], "aborted", "{}", text(&out));
+    env.assert_in_service("after --resume of the aborted run").await;
+}
+
 /// Out-of-range values are refused up front (exit 2, the flag and value
 /// named), before any cluster, store or journal is touched: no panic.
 #[test]

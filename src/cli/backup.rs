@@ -8,20 +8,20 @@ use clap::Args as ClapArgs;
 use super::{Exit, Output};
 use crate::duration;
 use crate::ops::signals::Pushgateway;
-use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all, default_journal_dir};
+use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The HostedCluster to back up.
-    #[arg(long, required_unless_present_any = ["resume", "all"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort", "all"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
     /// Its namespace (with --all: only this namespace; default every namespace).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
     /// Back up every HostedCluster (of -n, else of every namespace) matching -l.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "resume", "journal"])]
+    #[arg(long, conflicts_with_all = ["hosted_cluster", "resume", "abort", "journal"])]
     pub all: bool,
     /// With --all: a label selector on the HostedClusters.
     #[arg(short = 'l', long, requires = "all")]
@@ -37,8 +37,8 @@ pub struct Args {
     #[arg(long)]
     pub context: Option<String>,
     /// Where to write the backup: a directory, file:///path or s3://bucket/prefix
-    /// [default: $HCP_DR_STORE; not used with --resume].
-    #[arg(long)]
+    /// [default: $HCP_DR_STORE; not used with --resume/--abort].
+    #[arg(long, conflicts_with_all = ["resume", "abort"])]
     pub to: Option<String>,
     /// How long the pause lasts at most if hcp-dr dies [range: 1m to 7d].
     #[arg(long, default_value = "30m", value_parser = duration::PAUSE_TTL)]
@@ -80,18 +80,6 @@ pub struct Args {
     /// Server-side encryption: none, s3 (SSE-S3) or kms:KEY-ID (SSE-KMS).
     #[arg(long, default_value = "none")]
     pub sse: String,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue (or finish undoing) the run recorded in this journal.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "to"])]
-    pub resume: Option<PathBuf>,
-    /// Print what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
     /// Keep Prometheus metrics (last success, duration, downtime, bytes,
     /// failures) in this file, for the node exporter's textfile collector.
     #[arg(long, env = "HCP_DR_METRICS_FILE")]
@@ -121,6 +109,8 @@ pub struct Args {
     /// Route53 endpoint override (default: the SDK's).
     #[arg(long, env = "HCP_DR_ROUTE53_ENDPOINT")]
     pub route53_endpoint: Option<String>,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 fn read_pem(what: &str, path: &Option<PathBuf>) -> Result<Option<String>, String> {
@@ -159,9 +149,9 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         context: args.context,
         hosted_cluster: args.hosted_cluster.clone().unwrap_or_default(),
         namespace: args.namespace.clone().unwrap_or_else(|| "clusters".into()),
-        store: match super::store_or_env(args.to.clone(), args.resume.is_some()) {
+        store: match super::store_or_env(args.to.clone(), args.run.journal_given().is_some()) {
             Some(store) => store,
-            None if args.resume.is_some() => String::new(),
+            None if args.run.journal_given().is_some() => String::new(),
             None => return Err("--to is required: where to write the backup (a directory, file:///path or s3://bucket/prefix), or set HCP_DR_STORE".into()),
         },
         s3: S3Options {
@@ -175,11 +165,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         wait_timeout: args.wait_timeout,
         extra_scale_down: Vec::new(),
         tls,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
+        run: args.run,
         observer: super::report::progress(output),
         metrics_file: args.metrics_file,
         pushgateway,

@@ -62,30 +62,21 @@ pub enum Command {
     /// journaled (playbook cluster-destroy), a stopped teardown resumable.
     Destroy {
         /// The HostedCluster (not with --resume/--abort).
-        #[arg(required_unless_present_any = ["resume", "abort"], value_parser = super::k8s_name)]
+        #[arg(required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"], value_parser = super::k8s_name)]
         name: Option<String>,
         #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[command(flatten)]
         access: Access,
-        #[arg(long)]
-        journal: Option<PathBuf>,
-        /// Continue a stopped destroy.
-        #[arg(long, conflicts_with_all = ["name", "abort"])]
-        resume: Option<PathBuf>,
-        /// Undo a destroy that stopped before its teardown began (unpause).
-        #[arg(long, conflicts_with_all = ["name", "resume"])]
-        abort: Option<PathBuf>,
-        /// Print what would be deleted; change nothing.
-        #[arg(long)]
-        dry_run: bool,
+        #[command(flatten)]
+        run: crate::ops::RunFlags,
     },
 }
 
 #[derive(Debug, ClapArgs)]
 pub struct ReconcileArgs {
     /// The desired objects (YAML, several documents).
-    #[arg(short = 'f', long = "file", required_unless_present_any = ["resume", "abort"])]
+    #[arg(short = 'f', long = "file", required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub access: Access,
@@ -95,19 +86,8 @@ pub struct ReconcileArgs {
     /// Do not wait for readiness.
     #[arg(long)]
     pub no_wait: bool,
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue the run recorded in this journal.
-    #[arg(long, conflicts_with_all = ["file", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Put back what a stopped run recorded in this journal changed (a finished run is refused).
-    #[arg(long, conflicts_with_all = ["file", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Report the drift and what would change; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 async fn exec_reconcile(args: ReconcileArgs, output: Output) -> Exit {
@@ -115,19 +95,14 @@ async fn exec_reconcile(args: ReconcileArgs, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
+    let aborting = args.run.aborting();
     let options = crate::ops::reconcile::ReconcileOptions {
         file: args.file,
         kubeconfig: args.access.kubeconfig,
         context: args.access.context,
         wait_timeout: args.wait,
         wait: !args.no_wait,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: crate::ops::backup::default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     };
     match crate::ops::reconcile::reconcile(options, &mut interrupt).await {
@@ -255,22 +230,18 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     let args = match command {
         Command::Create(args) => args,
         Command::Reconcile(args) => return exec_reconcile(args, output).await,
-        Command::Destroy { name, namespace, access, journal, resume, abort, dry_run } => {
+        Command::Destroy { name, namespace, access, run } => {
             let mut interrupt = match super::report::signals() {
                 Ok(i) => i,
                 Err(exit) => return exit,
             };
-            let aborting = abort.is_some();
+            let aborting = run.aborting();
             let options = crate::ops::cluster::DestroyOptions {
                 kubeconfig: access.kubeconfig,
                 context: access.context,
                 namespace,
                 name,
-                journal,
-                journal_dir: crate::ops::backup::default_journal_dir(),
-                dry_run,
-                resume,
-                abort,
+                run,
                 observer: super::report::progress(output),
             };
             return match crate::ops::cluster::destroy_journaled(options, &mut interrupt).await {

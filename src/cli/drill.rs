@@ -7,7 +7,6 @@ use clap::Args as ClapArgs;
 
 use crate::duration;
 use super::{Exit, Output};
-use crate::ops::backup::default_journal_dir;
 use crate::ops::drill::{DEFAULT_SUFFIX, DrillCluster, DrillOptions, DrillResult, drill, report};
 use crate::ops::restore::Decrypt;
 use crate::pipeline::RunOutcome;
@@ -40,7 +39,7 @@ pub struct Args {
     #[arg(long, default_value = DEFAULT_SUFFIX, allow_hyphen_values = true)]
     pub name_suffix: String,
     /// Leave the drill cluster in place afterwards (also when the drill fails).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["abort"])]
     pub keep: bool,
     /// Write the report to FILE.md and FILE.json (a .md or .json extension is dropped first).
     #[arg(long, value_name = "FILE")]
@@ -70,26 +69,15 @@ pub struct Args {
     /// Extra CA bundle (PEM) to trust for the S3 endpoint.
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Remove what a stopped (--keep) or killed drill created, from its
-    /// journal (the backup and names come from the journal; --from is ignored).
-    #[arg(long, conflicts_with_all = ["keep", "dry_run"])]
-    pub abort: Option<PathBuf>,
-    /// Print what would be done; change nothing (verify and rewrite run for real).
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 fn options(args: Args, output: Output) -> DrillOptions {
     DrillOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
-        from: super::store_or_env(args.from, args.abort.is_some()),
+        from: super::store_or_env(args.from, args.run.aborting()),
         backup_id: args.backup_id,
         hosted_cluster: args.hosted_cluster,
         namespace: args.namespace,
@@ -109,11 +97,7 @@ fn options(args: Args, output: Output) -> DrillOptions {
         name_suffix: args.name_suffix,
         keep: args.keep,
         report: args.report,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     }
 }

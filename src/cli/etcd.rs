@@ -7,7 +7,6 @@ use clap::{Args as ClapArgs, Subcommand};
 
 use crate::duration;
 use super::{Exit, Output};
-use crate::ops::backup::default_journal_dir;
 use crate::ops::etcd::{RecoverOptions, RecoverResult, StatusOptions, recover, status};
 use crate::ops::etcd_restore::{EtcdRestoreOptions, EtcdRestoreResult, etcd_restore};
 use crate::store::S3Options;
@@ -91,14 +90,14 @@ pub struct StatusArgs {
 #[derive(Debug, ClapArgs)]
 pub struct RecoverArgs {
     /// The HostedCluster.
-    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
     /// Its namespace.
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
     /// Recover this member (e.g. etcd-1) instead of the one that fails; it
     /// may be healthy (its data is rebuilt from the others).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["resume", "abort"])]
     pub member: Option<String>,
     /// How long to wait for the member to rejoin and catch up (default 10m;
     /// with --resume, a new bound for the wait) [range: 30s to 1d].
@@ -106,22 +105,8 @@ pub struct RecoverArgs {
     pub wait_timeout: Option<Duration>,
     #[command(flatten)]
     pub connection: Connection,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue the run recorded in this journal (retrying the stage that stopped).
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "member", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Close the run recorded in this journal: release its Lease (a deleted
-    /// volume cannot be brought back).
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "member", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Print what would be done; change nothing (the health checks run for real).
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 pub async fn exec(command: Command, output: Output) -> Exit {
@@ -172,7 +157,7 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
+    let aborting = args.run.aborting();
     let options = RecoverOptions {
         kubeconfig: args.connection.kubeconfig,
         context: args.connection.context,
@@ -182,12 +167,7 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
         etcd_access: args.connection.etcd_access,
         tls,
         wait_timeout: args.wait_timeout,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     };
     match recover(options, &mut interrupt).await {
@@ -203,14 +183,14 @@ async fn exec_recover(args: RecoverArgs, output: Output) -> Exit {
 #[derive(Debug, ClapArgs)]
 pub struct RestoreArgs {
     /// The HostedCluster whose etcd is restored.
-    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
     /// Its namespace.
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
     /// A backup (`STORE/NS/CLUSTER/ID` or `.../latest`, or STORE with
     /// --backup-id) or a snapshot (a file, or an s3:// object).
-    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub from: Option<String>,
     /// The backup id in the --from store (or `latest`).
     #[arg(long)]
@@ -250,21 +230,8 @@ pub struct RestoreArgs {
     pub ca_bundle: Option<PathBuf>,
     #[command(flatten)]
     pub connection: Connection,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue the run recorded in this journal.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "from", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Undo the run recorded in this journal (refused once restore-members started).
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "from", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Verify the snapshot and print what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 async fn exec_restore(args: RestoreArgs, output: Output) -> Exit {
@@ -279,7 +246,7 @@ async fn exec_restore(args: RestoreArgs, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
+    let aborting = args.run.aborting();
     let options = EtcdRestoreOptions {
         kubeconfig: args.connection.kubeconfig,
         context: args.connection.context,
@@ -301,12 +268,7 @@ async fn exec_restore(args: RestoreArgs, output: Output) -> Exit {
         etcd_access: args.connection.etcd_access,
         tls,
         wait_timeout: args.wait_timeout,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     };
     match etcd_restore(options, &mut interrupt).await {

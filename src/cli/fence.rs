@@ -13,7 +13,7 @@ use crate::store::S3Options;
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The HostedCluster whose copy on this management cluster is stale.
-    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
@@ -46,18 +46,8 @@ pub struct Args {
     /// Extra CA bundle (PEM) to trust for the S3 endpoint.
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Finish a fence (or release) that stopped.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Undo a fence that stopped (the stale copy starts again), or put back
-    /// the store fence a stopped release rewrote.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Print what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 pub async fn exec(args: Args, output: Output) -> Exit {
@@ -65,8 +55,8 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
-    let from_journal = args.resume.is_some() || args.abort.is_some();
+    let aborting = args.run.aborting();
+    let from_journal = args.run.journal_given().is_some();
     let options = FenceOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
@@ -78,11 +68,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         release: args.release,
         claim_store: args.claim_store,
         wait: args.wait_timeout,
-        journal: args.journal,
-        journal_dir: crate::ops::backup::default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     };
     match fence(options, &mut interrupt).await {

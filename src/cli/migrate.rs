@@ -7,7 +7,6 @@ use clap::Args as ClapArgs;
 
 use crate::duration;
 use super::{Exit, Output};
-use crate::ops::backup::default_journal_dir;
 use crate::ops::migrate::{MigrateOptions, MigrateResult, migrate};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::S3Options;
@@ -15,7 +14,7 @@ use crate::store::S3Options;
 #[derive(Debug, ClapArgs)]
 pub struct Args {
     /// The HostedCluster to move.
-    #[arg(long, required_unless_present_any = ["resume", "abort"])]
+    #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
     /// Its namespace (kept on the destination).
     #[arg(short = 'n', long, default_value = "clusters")]
@@ -34,7 +33,7 @@ pub struct Args {
     pub to_context: Option<String>,
     /// The store the backup travels through (s3://bucket/prefix)
     /// [default: $HCP_DR_STORE; not used with --resume/--abort].
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["resume", "abort"])]
     pub via: Option<String>,
     /// With a local --via: an S3 store for a temporary copy of the snapshot.
     #[arg(long)]
@@ -83,21 +82,8 @@ pub struct Args {
     /// Extra CA bundle (PEM) to trust for the S3 and Route53 endpoints.
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal.
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue the migration recorded in this journal.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "via", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Bring the source back (before teardown): undo what the migration did.
-    #[arg(long, conflicts_with_all = ["hosted_cluster", "via", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Print what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 fn options(args: Args, output: Output) -> MigrateOptions {
@@ -108,7 +94,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         from_context: args.from_context,
         to_kubeconfig: args.to_kubeconfig,
         to_context: args.to_context,
-        via: super::store_or_env(args.via, args.resume.is_some() || args.abort.is_some()),
+        via: super::store_or_env(args.via, args.run.journal_given().is_some()),
         s3: S3Options {
             endpoint: args.s3_endpoint,
             ca_bundle: args.ca_bundle,
@@ -127,12 +113,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         presign_ttl: args.presign_ttl,
         etcd_access: args.etcd_access,
         tls: TlsOverride::default(),
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
     }
 }
@@ -142,7 +123,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
+    let aborting = args.run.aborting();
     match migrate(options(args, output), &mut interrupt).await {
         Ok(result) => {
             super::report::print(output, &result, || render(&result));

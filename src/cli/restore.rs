@@ -7,7 +7,6 @@ use clap::Args as ClapArgs;
 
 use crate::duration;
 use super::{Exit, Output};
-use crate::ops::backup::default_journal_dir;
 use crate::ops::restore::{Decrypt, RestoreOptions, RestoreResult, restore_with};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::DnsInputs;
@@ -18,7 +17,7 @@ pub struct Args {
     /// The backup: its URL (`s3://bucket/prefix/<ns>/<cluster>/<backup-id>`,
     /// a directory, or `.../latest`), or a store URL with --backup-id
     /// [default: $HCP_DR_STORE; not used with --resume/--abort].
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["resume", "abort"])]
     pub from: Option<String>,
     /// The backup id in the store (or `latest`), with --hosted-cluster and -n.
     #[arg(long)]
@@ -69,21 +68,6 @@ pub struct Args {
     /// Extra CA bundle (PEM) to trust for the S3 endpoint.
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
-    /// A playbook file instead of the embedded one.
-    #[arg(long)]
-    pub playbook: Option<PathBuf>,
-    /// Where to write the journal (default: ~/.local/state/hcp-dr/journals/).
-    #[arg(long)]
-    pub journal: Option<PathBuf>,
-    /// Continue the run recorded in this journal (retrying the stage that failed).
-    #[arg(long, conflicts_with_all = ["from", "abort"])]
-    pub resume: Option<PathBuf>,
-    /// Undo the run recorded in this journal: delete what it created.
-    #[arg(long, conflicts_with_all = ["from", "resume"])]
-    pub abort: Option<PathBuf>,
-    /// Print what would be done; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
     /// The Route53 hosted zone of the cluster's hostnames (Z123...): the
     /// report says which records still point at the old management
     /// cluster; needed by --take-over-dns.
@@ -112,13 +96,15 @@ pub struct Args {
     /// ran without --take-over-dns.
     #[arg(long, requires = "take_over_dns")]
     pub dns_only: bool,
+    #[command(flatten)]
+    pub run: crate::ops::RunFlags,
 }
 
 fn options(args: Args, output: Output) -> RestoreOptions {
     RestoreOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
-        from: super::store_or_env(args.from, args.resume.is_some() || args.abort.is_some()),
+        from: super::store_or_env(args.from, args.run.journal_given().is_some()),
         backup_id: args.backup_id,
         hosted_cluster: args.hosted_cluster,
         namespace: args.namespace,
@@ -133,12 +119,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
         clean_leftovers: args.clean_leftovers,
         overwrite: args.overwrite,
         etcd_access: args.etcd_access,
-        playbook: args.playbook,
-        journal: args.journal,
-        journal_dir: default_journal_dir(),
-        dry_run: args.dry_run,
-        resume: args.resume,
-        abort: args.abort,
+        run: args.run,
         observer: super::report::progress(output),
         dns: (args.route53_zone.is_some() || args.take_over_dns || args.dns_owner.is_some()).then(|| DnsInputs {
             zone_id: args.route53_zone.clone().unwrap_or_default(),
@@ -156,7 +137,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    let aborting = args.abort.is_some();
+    let aborting = args.run.aborting();
     let decrypt = Decrypt {
         identity: args.identity.clone(),
         presign_ttl_given: args.presign_ttl.is_some(),

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{OpsError, signals};
 use crate::archive::encryption::Recipients;
 use crate::archive::new_backup_id;
-use crate::pipeline::{Interrupt, Journal, Mode, RunReport, Runner, builtin};
+use crate::pipeline::{Interrupt, RunReport};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::{BACKUP_RULES, backup_catalog};
 use crate::store::{self, S3Options};
@@ -28,13 +28,8 @@ pub struct BackupOptions {
     pub wait_timeout: Duration,
     pub extra_scale_down: Vec<String>,
     pub tls: TlsOverride,
-    pub playbook: Option<PathBuf>,
-    /// Where the journal goes (default: under `journal_dir`).
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    /// Continue the run recorded in this journal.
-    pub resume: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     /// Progress display, if any.
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
     /// Where to keep Prometheus metrics (textfile collector), if anywhere.
@@ -74,20 +69,6 @@ pub(crate) fn holder() -> String {
     format!("hcp-dr@{host}/pid-{}", std::process::id())
 }
 
-/// Default journal location: `$HCP_DR_STATE_DIR`, else `$XDG_STATE_HOME/hcp-dr`,
-/// else `~/.local/state/hcp-dr`, then `journals/`.
-pub fn default_journal_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("HCP_DR_STATE_DIR") {
-        return PathBuf::from(dir).join("journals");
-    }
-    let base = std::env::var("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/tmp".into())).join(".local/state")
-        });
-    base.join("hcp-dr/journals")
-}
-
 pub(crate) fn check_name(what: &str, value: &str) -> Result<(), OpsError> {
     let ok = !value.is_empty()
         && value.len() <= 253
@@ -107,23 +88,11 @@ pub(crate) fn check_name(what: &str, value: &str) -> Result<(), OpsError> {
 
 /// Run (or resume, or dry-run) a backup.
 pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result<BackupResult, OpsError> {
-    let playbook = builtin::load("backup", options.playbook.as_deref())?;
-    playbook.check(&BACKUP_RULES)?;
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
 
-    let inputs = match &options.resume {
-        Some(journal) => {
-            let state = Journal::read(journal)?;
-            if state.header.operation != "backup" {
-                return Err(OpsError::Input(format!(
-                    "{} is a `{}` journal; resume it with `hcp-dr {}`",
-                    journal.display(),
-                    state.header.operation,
-                    state.header.operation
-                )));
-            }
-            serde_json::from_value::<BackupInputs>(state.header.inputs.clone())
-                .map_err(|e| OpsError::Input(format!("{}: journal inputs unreadable: {e}", journal.display())))?
-        }
+    let inputs = match options.run.journal_given() {
+        Some(journal) => super::journal_inputs::<BackupInputs>(journal, "backup")?.0,
         None => {
             check_name("hosted cluster", &options.hosted_cluster)?;
             check_name("namespace", &options.namespace)?;
@@ -170,7 +139,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         )));
     }
 
-    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.resume.as_deref()).await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.journal_given()).await?;
     let client = target.client;
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
@@ -187,38 +156,18 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     if let Some(recipients) = recipients {
         ctx.encrypt_to(recipients);
     }
-    let catalog = backup_catalog();
-    let runner = Runner {
-        operation: "backup",
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: crate::pipeline::OnFailure::Undo,
-    };
-    let journal_path = journal_path(&options, &inputs);
-    let mode = if options.dry_run {
-        Mode::DryRun
-    } else if let Some(path) = &options.resume {
-        Mode::Resume { journal: path }
-    } else {
-        let next = super::NextSteps {
-            command: "hcp-dr backup",
-            resume: Some("finishes the backup, or its undo"),
-            abort: None,
-        };
-        tracing::info!(journal = %journal_path.display(), "{}", next.line(&journal_path));
-        Mode::Fresh {
-            journal: &journal_path,
-            inputs: serde_json::to_value(&inputs).map_err(|e| OpsError::Input(e.to_string()))?,
-            clusters: vec![target.binding],
-        }
-    };
-    let signalling = !options.dry_run;
+    let signalling = !options.run.dry_run;
     if signalling {
         signal(&ctx, &options, &signals::Outcome::Started).await;
     }
     let started = std::time::Instant::now();
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}-{}", inputs.namespace, inputs.hosted_cluster, inputs.backup_id),
+        abort_finished: false,
+    };
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let package = run.output("package").cloned();
     let package = package.as_ref();
     let mut result = BackupResult {
@@ -284,21 +233,26 @@ async fn signal(ctx: &BackupContext, options: &BackupOptions, outcome: &signals:
     warnings
 }
 
-fn journal_path(options: &BackupOptions, inputs: &BackupInputs) -> PathBuf {
-    if let Some(path) = &options.resume {
-        return path.clone();
+/// The backup operation: on failure everything is undone at once (the
+/// cluster goes back to service).
+pub fn operation() -> super::Operation<BackupContext> {
+    super::Operation {
+        name: "backup",
+        command: "hcp-dr backup",
+        playbook: "backup",
+        rules: &BACKUP_RULES,
+        catalog: backup_catalog(),
+        on_failure: crate::pipeline::OnFailure::Undo,
+        resume: Some("finishes the backup, or its undo"),
+        abort: Some("undoes it: the cluster unpaused and scaled back up, the partial backup deleted"),
+        no_abort_after: None,
+        undo_stops_before: None,
     }
-    options.journal.clone().unwrap_or_else(|| {
-        options.journal_dir.join(format!(
-            "backup-{}-{}-{}.jsonl",
-            inputs.namespace, inputs.hosted_cluster, inputs.backup_id
-        ))
-    })
 }
 
 /// For `playbook show`: the stages and what each does.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe("backup", file, &BACKUP_RULES, &backup_catalog())
+    operation().describe(file)
 }
 
 /// Which hosted clusters a fleet backup takes.
@@ -336,8 +290,8 @@ pub struct FleetResult {
 /// carries everything but the cluster's name and namespace.
 pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt: &mut Interrupt) -> Result<FleetResult, OpsError> {
     use futures::StreamExt;
-    if options.resume.is_some() {
-        return Err(OpsError::Input("--resume continues one backup's journal; it does not go with --all".into()));
+    if options.run.journal_given().is_some() {
+        return Err(OpsError::Input("--resume and --abort go on from one backup's journal; they do not go with --all".into()));
     }
     if fleet.concurrency == 0 {
         return Err(OpsError::Input("--concurrency must be at least 1".into()));

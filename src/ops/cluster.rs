@@ -163,11 +163,8 @@ pub struct DestroyOptions {
     pub context: Option<String>,
     pub namespace: String,
     pub name: Option<String>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
@@ -190,10 +187,10 @@ pub async fn destroy_journaled(
     options: DestroyOptions,
     interrupt: &mut crate::pipeline::Interrupt,
 ) -> Result<DestroyResult, OpsError> {
-    use crate::stages::cluster_destroy::{DESTROY_RULES, DestroyContext, DestroyInputs, destroy_catalog};
-    let playbook = crate::pipeline::builtin::load(DESTROY, None)?;
-    playbook.check(&DESTROY_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    use crate::stages::cluster_destroy::{DestroyContext, DestroyInputs};
+    let operation = destroy_operation();
+    let playbook = operation.load_playbook(&options.run)?;
+    let journal_given = options.run.journal_given().map(std::path::Path::to_path_buf);
     let inputs = match &journal_given {
         Some(journal) => super::journal_inputs::<DestroyInputs>(journal, DESTROY)?.0,
         None => {
@@ -203,15 +200,6 @@ pub async fn destroy_journaled(
             DestroyInputs { namespace: options.namespace.clone(), hosted_cluster: name, pause_seconds: 3600, fenced: None }
         }
     };
-    if let Some(abort) = &options.abort
-        && super::etcd::changed_the_cluster(abort, "teardown")?
-    {
-        return Err(OpsError::Input(format!(
-            "--abort {}: the teardown has begun and deleted objects cannot come back; finish with --resume {}",
-            abort.display(),
-            abort.display()
-        )));
-    }
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let label = format!("HostedCluster {}/{}", inputs.namespace, inputs.hosted_cluster);
@@ -223,25 +211,13 @@ pub async fn destroy_journaled(
         inputs.fenced = HostedCluster(hc).fenced().map(str::to_string);
     }
     let mut ctx = DestroyContext { client, inputs: inputs.clone() };
-    let catalog = destroy_catalog();
-    let runner = crate::pipeline::Runner {
-        operation: DESTROY,
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: crate::pipeline::OnFailure::Stop,
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
+        abort_finished: false,
     };
-    let journal_path = super::journal_path(
-        journal_given.as_deref(),
-        options.journal.as_deref(),
-        &options.journal_dir,
-        DESTROY,
-        &inputs.namespace,
-        &inputs.hosted_cluster,
-        &super::stamp(),
-    );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr cluster destroy", resume: Some("finishes it"), abort: Some("lifts the pause if the teardown has not begun") })?;
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         torn_down: run.output("teardown").cloned(),
@@ -250,8 +226,29 @@ pub async fn destroy_journaled(
     })
 }
 
+/// The cluster-destroy operation: a failure stops it for `--resume`;
+/// `--abort` only lifts the pause, before the teardown began.
+pub fn destroy_operation() -> super::Operation<crate::stages::cluster_destroy::DestroyContext> {
+    use crate::stages::cluster_destroy::{DESTROY_RULES, destroy_catalog};
+    super::Operation {
+        name: DESTROY,
+        command: "hcp-dr cluster destroy",
+        playbook: DESTROY,
+        rules: &DESTROY_RULES,
+        catalog: destroy_catalog(),
+        on_failure: crate::pipeline::OnFailure::Stop,
+        resume: Some("finishes it"),
+        abort: Some("lifts the pause if the teardown has not begun"),
+        no_abort_after: Some(super::run::NoReturn {
+            stage: "teardown",
+            from_start: false,
+            why: "the teardown has begun and deleted objects cannot come back",
+        }),
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show cluster-destroy`.
 pub fn describe_destroy_playbook(file: Option<&std::path::Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    use crate::stages::cluster_destroy::{DESTROY_RULES, destroy_catalog};
-    super::describe(DESTROY, file, &DESTROY_RULES, &destroy_catalog())
+    destroy_operation().describe(file)
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::restore::{Decrypt, RestoreOptions, prepare_decryption, resolve_inputs};
 use crate::archive::parse_backup_id;
-use crate::pipeline::{Interrupt, OnFailure, RunOutcome, RunReport, Runner, StageStatus, builtin};
+use crate::pipeline::{Interrupt, OnFailure, RunOutcome, RunReport, StageStatus};
 use crate::stages::context::EtcdAccess;
 use crate::stages::drill::checks::CheckResult;
 use crate::stages::drill::rewrite::{ClusterRef, DrillIdentity, RewriteReport};
@@ -53,12 +53,9 @@ pub struct DrillOptions {
     pub keep: bool,
     /// Write the report to `<report>.md` and `<report>.json`.
     pub report: Option<PathBuf>,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    /// Undo a drill that stopped (`--keep`) or was killed.
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, abort (of a drill that stopped with `--keep` or
+    /// was killed), dry-run; a drill is not resumed.
+    pub run: super::RunFlags,
     pub observer: Option<Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
@@ -150,12 +147,10 @@ fn restore_options(options: &DrillOptions) -> RestoreOptions {
         clean_leftovers: false,
         overwrite: false,
         etcd_access: options.etcd_access,
-        playbook: None,
-        journal: None,
-        journal_dir: options.journal_dir.clone(),
-        dry_run: options.dry_run,
-        resume: None,
-        abort: None,
+        run: super::RunFlags {
+            dry_run: options.run.dry_run,
+            ..super::RunFlags::default()
+        },
         observer: None,
         // a drill never touches the source's DNS records
         dns: None,
@@ -237,10 +232,10 @@ pub fn rto_seconds(run: &RunReport) -> Option<f64> {
 
 /// Run (or abort, or dry-run) a drill, then write its report.
 pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<DrillResult, OpsError> {
-    let playbook = builtin::load("drill", options.playbook.as_deref())?;
-    playbook.check(&DRILL_RULES)?;
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
     // an abort of a drill that passed and was kept (--keep) removes it all the same
-    let (mut inputs, kept) = match &options.abort {
+    let (mut inputs, kept) = match &options.run.abort {
         Some(journal) => {
             let (inputs, state) = super::journal_inputs::<DrillInputs>(journal, "drill")?;
             let kept = inputs.keep && state.outcome.as_deref() == Some("succeeded");
@@ -253,7 +248,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.restore.ca_bundle.clone());
     let store = store::open(&inputs.restore.store, s3.clone()).await?;
     // an encrypted backup is read as restore reads it; --abort needs no key
-    let (keys, warnings) = match options.abort {
+    let (keys, warnings) = match options.run.abort {
         Some(_) => (None, Vec::new()),
         None => prepare_decryption(&mut inputs.restore, store.as_ref(), &options.decrypt, true).await?,
     };
@@ -261,37 +256,24 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         Some(url) => Some(store::open(url, s3).await?),
         None => None,
     };
-    let target = super::reach_for("staging", options.kubeconfig.as_deref(), options.context.as_deref(), options.abort.as_deref()).await?;
+    let target = super::reach_for("staging", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.abort.as_deref()).await?;
     let restore = RestoreContext::new(target.client, store, staging, inputs.restore.clone());
     let mut ctx = DrillContext::new(restore, inputs.clone());
     ctx.restore.keys = keys;
     ctx.restore.warnings.extend(warnings);
-    let catalog = drill_catalog();
-    let runner = Runner {
-        operation: "drill",
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: if inputs.keep { OnFailure::Stop } else { OnFailure::Undo },
-    };
     let source = inputs.identity.source.clone();
-    let journal_path = options.abort.clone().unwrap_or_else(|| {
-        options.journal.clone().unwrap_or_else(|| {
-            options.journal_dir.join(format!(
-                "drill-{}-{}-{}-{}.jsonl",
-                source.namespace,
-                source.name,
-                inputs.restore.backup_id,
-                inputs.started.format("%Y%m%dT%H%M%S%.6fZ")
-            ))
-        })
-    });
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), false, &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr drill", resume: None, abort: Some("removes the drill cluster and what it created") })?;
-    let mode = match mode {
-        crate::pipeline::Mode::Abort { journal } if kept => crate::pipeline::Mode::Remove { journal },
-        mode => mode,
+    // with --keep a failure stops, leaving the drill cluster for a look
+    let operation = super::Operation {
+        on_failure: if inputs.keep { OnFailure::Stop } else { OnFailure::Undo },
+        ..operation
     };
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}-{}", source.namespace, source.name, inputs.restore.backup_id),
+        abort_finished: kept,
+    };
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
     let taken = ctx
         .restore
@@ -315,7 +297,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         rewrite: ctx.rewrite.clone(),
         drill_cluster: fate(&run, inputs.keep),
         remove_with: None,
-        aborted: options.abort.is_some(),
+        aborted: options.run.aborting(),
         report_files: Vec::new(),
         warnings: ctx.restore.warnings.clone(),
         run,
@@ -328,7 +310,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
             None => result.run.output("teardown").and_then(|t| t["remove_with"].as_str()).map(str::to_string),
         };
     }
-    if let (Some(path), false, None) = (&options.report, options.dry_run, &options.abort) {
+    if let (Some(path), false, None) = (&options.report, options.run.dry_run, &options.run.abort) {
         match report::write(&report_base(path), &result) {
             Ok(files) => result.report_files = files,
             Err(err) => result.warnings.push(format!("the report could not be written to {}: {err}", path.display())),
@@ -337,9 +319,26 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
     Ok(result)
 }
 
+/// The drill operation: a failure undoes everything (unless `--keep`); a
+/// drill is aborted, never resumed.
+pub fn operation() -> super::Operation<DrillContext> {
+    super::Operation {
+        name: "drill",
+        command: "hcp-dr drill",
+        playbook: "drill",
+        rules: &DRILL_RULES,
+        catalog: drill_catalog(),
+        on_failure: OnFailure::Undo,
+        resume: None,
+        abort: Some("removes the drill cluster and what it created"),
+        no_abort_after: None,
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show drill`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe("drill", file, &DRILL_RULES, &drill_catalog())
+    operation().describe(file)
 }
 
 #[cfg(test)]

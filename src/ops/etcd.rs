@@ -10,9 +10,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::backup::{check_name, holder};
 use crate::pipeline::runner::Observer;
-use crate::pipeline::{
-    Interrupt, Journal, Mode, OnFailure, RunOutcome, RunReport, Runner, StageStatus, builtin,
-};
+use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::stages::etcd_ops::health::{self, ClusterHealth, EtcdCluster, HealthError};
 use crate::stages::etcd_ops::{RECOVER_RULES, RecoverContext, RecoverInputs, recover_catalog};
@@ -73,12 +71,8 @@ pub struct RecoverOptions {
     pub tls: TlsOverride,
     /// Bound on the rejoin wait (default 10m; on resume, replaces the journaled one).
     pub wait_timeout: Option<Duration>,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn Observer>>,
 }
 
@@ -125,50 +119,14 @@ fn resolve_inputs(options: &RecoverOptions) -> Result<RecoverInputs, OpsError> {
 /// How long `rejoin` waits unless told.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
 
-/// Whether the run has journaled a first change in `stage` (the point of no
-/// return). A stop before that changed nothing that cannot be put back:
-/// undo it at once (a plain failure) instead of leaving the run open.
-pub(crate) fn changed_the_cluster(journal: &Path, stage: &str) -> Result<bool, OpsError> {
-    Ok(Journal::read(journal)?.stage(stage).progress.is_some())
-}
-
-/// The stopped run's report with the undo's statuses, as a plain failure.
-pub(crate) fn undone(stopped: RunReport, undo: RunReport, stage: String, error: String) -> RunReport {
-    let stages = stopped
-        .stages
-        .into_iter()
-        .zip(undo.stages)
-        .map(|(first, later)| match later.status {
-            StageStatus::Undone | StageStatus::UndoFailed { .. } => crate::pipeline::StageReport {
-                status: later.status,
-                ..first
-            },
-            _ => first,
-        })
-        .collect();
-    let outcome = match undo.outcome {
-        RunOutcome::UndoFailed { undo_errors, .. } => RunOutcome::UndoFailed {
-            stage,
-            error,
-            undo_errors,
-        },
-        _ => RunOutcome::RolledBack { stage, error },
-    };
-    RunReport {
-        outcome,
-        stages,
-        ..stopped
-    }
-}
-
 /// Run (or resume, abort, dry-run) the recovery of one etcd member.
 pub async fn recover(
     options: RecoverOptions,
     interrupt: &mut Interrupt,
 ) -> Result<RecoverResult, OpsError> {
-    let playbook = builtin::load(RECOVER, options.playbook.as_deref())?;
-    playbook.check(&RECOVER_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
+    let journal_given = options.run.journal_given().map(Path::to_path_buf);
     let mut inputs = match &journal_given {
         Some(journal) => super::journal_inputs::<RecoverInputs>(journal, RECOVER)?.0,
         None => resolve_inputs(&options)?,
@@ -186,47 +144,13 @@ pub async fn recover(
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let mut ctx = RecoverContext::new(client, inputs.clone(), options.tls.clone());
-    let catalog = recover_catalog();
-    let runner = Runner {
-        operation: RECOVER,
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: OnFailure::Stop,
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
+        abort_finished: false,
     };
-    let journal_path = super::journal_path(
-        journal_given.as_deref(),
-        options.journal.as_deref(),
-        &options.journal_dir,
-        RECOVER,
-        &inputs.namespace,
-        &inputs.hosted_cluster,
-        &super::stamp(),
-    );
-    let mode = super::run_mode(
-        options.dry_run,
-        options.abort.is_some(),
-        options.resume.is_some(),
-        &journal_path,
-        &inputs,
-        vec![target.binding],
-        super::NextSteps { command: "hcp-dr etcd recover", resume: Some("goes on"), abort: Some("releases its Lease") },
-    )?;
-    let mut run = runner.run(&mut ctx, mode, interrupt).await?;
-    if let RunOutcome::Stopped { stage, error } = run.outcome.clone()
-        && !changed_the_cluster(&journal_path, "replace")?
-    {
-        let undo = runner
-            .run(
-                &mut ctx,
-                Mode::Abort {
-                    journal: &journal_path,
-                },
-                interrupt,
-            )
-            .await?;
-        run = undone(run, undo, stage, error);
-    }
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
     let assess = run.output("assess");
     let replace = run.output("replace");
@@ -251,79 +175,25 @@ pub async fn recover(
     })
 }
 
-/// For `playbook show etcd-recover`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe(RECOVER, file, &RECOVER_RULES, &recover_catalog())
+/// The etcd-recover operation: a failure stops it; one that stops before
+/// the member is replaced is undone at once.
+pub fn operation() -> super::Operation<RecoverContext> {
+    super::Operation {
+        name: RECOVER,
+        command: "hcp-dr etcd recover",
+        playbook: RECOVER,
+        rules: &RECOVER_RULES,
+        catalog: recover_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("goes on"),
+        abort: Some("releases its Lease"),
+        no_abort_after: None,
+        // before the member is replaced, a stop is undone at once
+        undo_stops_before: Some("replace"),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pipeline::StageReport;
-
-    fn report(outcome: RunOutcome, statuses: Vec<StageStatus>) -> RunReport {
-        RunReport {
-            operation: RECOVER.into(),
-            outcome,
-            stages: ["lock", "assess", "replace"]
-                .iter()
-                .zip(statuses)
-                .map(|(name, status)| StageReport {
-                    name: name.to_string(),
-                    status,
-                    duration: Duration::from_secs(1),
-                    output: None,
-                })
-                .collect(),
-            journal: Some("j".into()),
-        }
-    }
-
-    #[test]
-    fn an_early_stop_becomes_a_plain_failure_with_the_lock_undone() {
-        let stopped = report(
-            RunOutcome::Stopped {
-                stage: "assess".into(),
-                error: "refused".into(),
-            },
-            vec![
-                StageStatus::Succeeded,
-                StageStatus::Failed {
-                    error: "refused".into(),
-                },
-                StageStatus::Skipped,
-            ],
-        );
-        let undo = report(
-            RunOutcome::RolledBack {
-                stage: "(abort)".into(),
-                error: "aborted".into(),
-            },
-            vec![
-                StageStatus::Undone,
-                StageStatus::Skipped,
-                StageStatus::Skipped,
-            ],
-        );
-        let merged = undone(stopped, undo, "assess".into(), "refused".into());
-        assert_eq!(
-            merged.outcome,
-            RunOutcome::RolledBack {
-                stage: "assess".into(),
-                error: "refused".into()
-            }
-        );
-        let statuses: Vec<_> = merged.stages.iter().map(|s| s.status.clone()).collect();
-        assert_eq!(
-            statuses,
-            vec![
-                StageStatus::Undone,
-                StageStatus::Failed {
-                    error: "refused".into()
-                },
-                StageStatus::Skipped
-            ]
-        );
-        assert_eq!(merged.stages[1].duration, Duration::from_secs(1));
-    }
+/// For `playbook show etcd-recover`.
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+    operation().describe(file)
 }

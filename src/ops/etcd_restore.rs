@@ -10,11 +10,10 @@ use serde::Serialize;
 
 use super::OpsError;
 use super::backup::{check_name, holder};
-use super::etcd::{changed_the_cluster, undone};
 use super::restore::{latest_backup, split_backup_url};
 use crate::etcd::verify::SnapshotSource;
 use crate::pipeline::runner::Observer;
-use crate::pipeline::{Interrupt, Mode, OnFailure, RunOutcome, RunReport, Runner, builtin};
+use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::etcd_restore::{
     BackupRef, ETCD_RESTORE_RULES, EtcdRestoreContext, EtcdRestoreInputs, SnapshotRef, etcd_restore_catalog,
@@ -48,12 +47,8 @@ pub struct EtcdRestoreOptions {
     pub etcd_access: EtcdAccess,
     pub tls: TlsOverride,
     pub wait_timeout: Option<Duration>,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn Observer>>,
 }
 
@@ -217,24 +212,15 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
 
 /// Run (or resume, abort, dry-run) an etcd restore.
 pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt) -> Result<EtcdRestoreResult, OpsError> {
-    let playbook = builtin::load(ETCD_RESTORE, options.playbook.as_deref())?;
-    playbook.check(&ETCD_RESTORE_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
+    let journal_given = options.run.journal_given().map(Path::to_path_buf);
     let mut inputs = match &journal_given {
         Some(journal) => super::journal_inputs::<EtcdRestoreInputs>(journal, ETCD_RESTORE)?.0,
         None => resolve_inputs(&options).await?,
     };
     if let Some(wait) = options.wait_timeout {
         inputs.cluster.wait_timeout_seconds = wait.as_secs();
-    }
-    if let Some(abort) = &options.abort
-        && changed_the_cluster(abort, "restore-members")?
-    {
-        return Err(OpsError::Input(format!(
-            "--abort {}: restore-members has started, so the members' old data is gone and there is nothing to go back to; finish with --resume {}",
-            abort.display(),
-            abort.display()
-        )));
     }
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.cluster.s3_endpoint.clone());
@@ -263,39 +249,13 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         url: None,
         identities,
     };
-    let catalog = etcd_restore_catalog();
-    let runner = Runner {
-        operation: ETCD_RESTORE,
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: OnFailure::Stop,
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}", inputs.cluster.namespace, inputs.cluster.hosted_cluster),
+        abort_finished: false,
     };
-    let journal_path = super::journal_path(
-        journal_given.as_deref(),
-        options.journal.as_deref(),
-        &options.journal_dir,
-        ETCD_RESTORE,
-        &inputs.cluster.namespace,
-        &inputs.cluster.hosted_cluster,
-        &super::stamp(),
-    );
-    let mode = super::run_mode(
-        options.dry_run,
-        options.abort.is_some(),
-        options.resume.is_some(),
-        &journal_path,
-        &inputs,
-        vec![target.binding],
-        super::NextSteps { command: "hcp-dr etcd restore", resume: Some("goes on"), abort: Some("brings the old members back (before restore-members)") },
-    )?;
-    let mut run = runner.run(&mut ctx, mode, interrupt).await?;
-    if let RunOutcome::Stopped { stage, error } = run.outcome.clone()
-        && !changed_the_cluster(&journal_path, "restore-members")?
-    {
-        let undo = runner.run(&mut ctx, Mode::Abort { journal: &journal_path }, interrupt).await?;
-        run = undone(run, undo, stage, error);
-    }
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let fetch = run.output("fetch-snapshot").cloned();
     let stop = run.output("stop-etcd").cloned();
     let start = run.output("start-etcd").cloned();
@@ -314,7 +274,29 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
     })
 }
 
+/// The etcd-restore operation: a failure stops it; before restore-members
+/// a stop is undone at once (the old members come back), after it only
+/// `--resume` can finish.
+pub fn operation() -> super::Operation<EtcdRestoreContext> {
+    super::Operation {
+        name: ETCD_RESTORE,
+        command: "hcp-dr etcd restore",
+        playbook: ETCD_RESTORE,
+        rules: &ETCD_RESTORE_RULES,
+        catalog: etcd_restore_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("goes on"),
+        abort: Some("brings the old members back (before restore-members)"),
+        no_abort_after: Some(super::run::NoReturn {
+            stage: "restore-members",
+            from_start: false,
+            why: "restore-members has started, so the members' old data is gone and there is nothing to go back to",
+        }),
+        undo_stops_before: Some("restore-members"),
+    }
+}
+
 /// For `playbook show etcd-restore`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe(ETCD_RESTORE, file, &ETCD_RESTORE_RULES, &etcd_restore_catalog())
+    operation().describe(file)
 }

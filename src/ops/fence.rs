@@ -19,7 +19,7 @@ use crate::archive::ManagementCluster;
 use crate::archive::fence::{self as store_fence, FenceError};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
-use crate::pipeline::{OnFailure, RunReport, Runner, builtin};
+use crate::pipeline::{OnFailure, RunReport};
 use crate::stages::fence::{
     FENCE_PAUSE_SECONDS, FENCE_RULES, FenceContext, FenceInputs, RELEASE_RULES, RemovedRoutes, Stopped, fence_catalog, release_catalog,
 };
@@ -43,11 +43,8 @@ pub struct FenceOptions {
     pub release: bool,
     pub claim_store: bool,
     pub wait: Duration,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
@@ -71,8 +68,8 @@ pub struct FenceResult {
 
 /// `fence` or `fence --release`, fresh or from a journal.
 pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Interrupt) -> Result<FenceResult, OpsError> {
-    let journal_given = options.resume.clone().or(options.abort.clone());
-    let operation = match &journal_given {
+    let journal_given = options.run.journal_given().map(std::path::Path::to_path_buf);
+    let name = match &journal_given {
         Some(journal) => {
             let state = crate::pipeline::Journal::read(journal)?;
             match state.header.operation.as_str() {
@@ -89,13 +86,14 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
         None if options.release => RELEASE,
         None => FENCE,
     };
-    let playbook = builtin::load(operation, None)?;
-    playbook.check(if operation == FENCE { &FENCE_RULES } else { &RELEASE_RULES })?;
+    let operation = if name == FENCE { fence_operation() } else { release_operation() };
+    let playbook = operation.load_playbook(&options.run)?;
+    let operation_name = name;
 
     let mut warnings = Vec::new();
     let (inputs, target, store) = match &journal_given {
         Some(journal) => {
-            let inputs: FenceInputs = super::journal_inputs(journal, operation)?.0;
+            let inputs: FenceInputs = super::journal_inputs(journal, operation_name)?.0;
             let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), Some(journal)).await?;
             let store = match (&inputs.store, inputs.claim_store) {
                 (Some(url), true) => Some(store::open(url, options.s3.clone()).await?),
@@ -103,36 +101,25 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
             };
             (inputs, target, store)
         }
-        None => fresh(&options, operation, &mut warnings).await?,
+        None => fresh(&options, operation_name, &mut warnings).await?,
     };
     for warning in &warnings {
         tracing::warn!("{warning}");
     }
     let here = ManagementCluster { server: target.binding.server.trim_end_matches('/').to_string(), kube_system_uid: target.binding.kube_system_uid.clone() };
     let mut ctx = FenceContext { client: target.client, inputs: inputs.clone(), store };
-    let journal_path = super::journal_path(
-        journal_given.as_deref(),
-        options.journal.as_deref(),
-        &options.journal_dir,
-        operation,
-        &inputs.namespace,
-        &inputs.hosted_cluster,
-        &super::stamp(),
-    );
-    let next = if operation == FENCE {
-        super::NextSteps { command: "hcp-dr fence", resume: Some("finishes the fence"), abort: Some("undoes it (the stale copy starts again)") }
-    } else {
-        super::NextSteps { command: "hcp-dr fence", resume: Some("finishes the release"), abort: Some("puts the store fence back (the copy stays released)") }
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
+        abort_finished: false,
     };
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], next)?;
-    let catalog = if operation == FENCE { fence_catalog() } else { release_catalog() };
-    let runner = Runner { operation, playbook: &playbook, catalog: &catalog, observer: options.observer.as_deref(), on_failure: OnFailure::Stop };
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let stopped: Stopped = run.output("scale-to-zero").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
     let removed: RemovedRoutes = run.output("remove-routes").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
     Ok(FenceResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
-        release: operation == RELEASE,
+        release: operation_name == RELEASE,
         here,
         runs_on: inputs.runs_on.clone(),
         scaled_to_zero: stopped.previous.iter().map(|(kind, name, _)| format!("{kind} {name}")).collect(),
@@ -276,11 +263,39 @@ async fn fresh(
     Ok((inputs, target, if options.claim_store { store } else { None }))
 }
 
+/// The fence operation: a failure stops it, for `--resume` or `--abort`.
+pub fn fence_operation() -> super::Operation<FenceContext> {
+    super::Operation {
+        name: FENCE,
+        command: "hcp-dr fence",
+        playbook: FENCE,
+        rules: &FENCE_RULES,
+        catalog: fence_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("finishes the fence"),
+        abort: Some("undoes it (the stale copy starts again)"),
+        no_abort_after: None,
+        undo_stops_before: None,
+    }
+}
+
+/// `fence --release`: a failure stops it, for `--resume` or `--abort`.
+pub fn release_operation() -> super::Operation<FenceContext> {
+    super::Operation {
+        name: RELEASE,
+        command: "hcp-dr fence",
+        playbook: RELEASE,
+        rules: &RELEASE_RULES,
+        catalog: release_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("finishes the release"),
+        abort: Some("puts the store fence back (the copy stays released)"),
+        no_abort_after: None,
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show fence` / `fence-release`.
 pub fn describe_playbook(operation: &str, file: Option<&std::path::Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    if operation == FENCE {
-        super::describe(FENCE, file, &FENCE_RULES, &fence_catalog())
-    } else {
-        super::describe(RELEASE, file, &RELEASE_RULES, &release_catalog())
-    }
+    if operation == FENCE { fence_operation().describe(file) } else { release_operation().describe(file) }
 }

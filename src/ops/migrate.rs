@@ -14,7 +14,7 @@ use super::OpsError;
 use super::backup::{check_name, holder};
 use crate::archive::new_backup_id;
 use crate::dns::DnsZone;
-use crate::pipeline::{Interrupt, Journal, JournalState, OnFailure, RunReport, Runner, StageState, builtin};
+use crate::pipeline::{Interrupt, Journal, JournalState, OnFailure, RunReport, StageState};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::migrate::{MIGRATE_RULES, MigrateContext, MigrateInputs, migrate_catalog};
 use crate::stages::restore::{RestoreContext, RestoreInputs};
@@ -47,12 +47,8 @@ pub struct MigrateOptions {
     pub presign_ttl: Duration,
     pub etcd_access: EtcdAccess,
     pub tls: TlsOverride,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
@@ -182,19 +178,12 @@ fn timings(state: &JournalState) -> (BTreeMap<String, f64>, Option<f64>) {
 
 /// Run (or resume, abort, dry-run) a migration.
 pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Result<MigrateResult, OpsError> {
-    let playbook = builtin::load("migrate", options.playbook.as_deref())?;
-    playbook.check(&MIGRATE_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
+    let journal_given = options.run.journal_given().map(Path::to_path_buf);
     let (inputs, state) = match &journal_given {
         Some(journal) => {
             let (inputs, state) = super::journal_inputs::<MigrateInputs>(journal, "migrate")?;
-            if options.abort.is_some() && state.stage("teardown").state != StageState::NotStarted {
-                return Err(OpsError::Input(format!(
-                    "{}: the source's teardown has started, so the source cannot be brought back; the destination was verified healthy before it began. Finish with `hcp-dr migrate --resume {}`",
-                    journal.display(),
-                    journal.display()
-                )));
-            }
             (inputs, Some(state))
         }
         None => (new_inputs(&options)?, None),
@@ -251,32 +240,13 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         inputs: inputs.clone(),
         hosts: Vec::new(),
     };
-    let catalog = migrate_catalog();
-    let runner = Runner {
-        operation: "migrate",
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: OnFailure::Stop,
-    };
-    let journal_path = journal_given.clone().unwrap_or_else(|| {
-        options.journal.clone().unwrap_or_else(|| {
-            options.journal_dir.join(format!(
-                "migrate-{}-{}-{}.jsonl",
-                inputs.source.namespace, inputs.source.hosted_cluster, inputs.source.backup_id
-            ))
-        })
-    });
-    let mode = super::run_mode(
-        options.dry_run,
-        options.abort.is_some(),
-        options.resume.is_some(),
-        &journal_path,
-        &inputs,
+    let journaled = super::Journaled {
+        inputs: &inputs,
         clusters,
-        super::NextSteps { command: "hcp-dr migrate", resume: Some("goes on"), abort: Some("brings the source back (before teardown)") },
-    )?;
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+        subject: format!("{}-{}-{}", inputs.source.namespace, inputs.source.hosted_cluster, inputs.source.backup_id),
+        abort_finished: false,
+    };
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let (stage_seconds, rto_seconds) = match &run.journal {
         Some(path) => timings(&Journal::read(Path::new(path))?),
         None => (BTreeMap::new(), None),
@@ -293,7 +263,27 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     })
 }
 
+/// The migrate operation: a failure stops it, for `--resume` or `--abort`.
+pub fn operation() -> super::Operation<MigrateContext> {
+    super::Operation {
+        name: "migrate",
+        command: "hcp-dr migrate",
+        playbook: "migrate",
+        rules: &MIGRATE_RULES,
+        catalog: migrate_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("goes on"),
+        abort: Some("brings the source back (before teardown)"),
+        no_abort_after: Some(super::run::NoReturn {
+            stage: "teardown",
+            from_start: true,
+            why: "the source's teardown has started, so the source cannot be brought back (the destination was verified healthy before it began)",
+        }),
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show migrate`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe("migrate", file, &MIGRATE_RULES, &migrate_catalog())
+    operation().describe(file)
 }

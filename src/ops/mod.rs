@@ -11,9 +11,12 @@ pub mod fence;
 pub mod migrate;
 pub mod reconcile;
 pub mod restore;
+pub mod run;
 pub mod schedule;
 pub mod signals;
 pub mod target;
+
+pub use run::{Journaled, Operation, RunFlags, RunMode, default_journal_dir, execute};
 
 use crate::kube::KubeError;
 use crate::pipeline::{JournalError, PlaybookError, RunnerError};
@@ -95,47 +98,6 @@ pub async fn reach_for(
     target::reach(role, kubeconfig, context, journal.zip(state.as_ref())).await
 }
 
-/// For `playbook show OPERATION`: each stage of the (embedded or given)
-/// playbook with its summary and whether it is undoable.
-pub fn describe<C>(
-    operation: &str,
-    file: Option<&std::path::Path>,
-    rules: &crate::pipeline::StageRules<'_>,
-    catalog: &crate::pipeline::Catalog<C>,
-) -> Result<Vec<(String, String, bool)>, OpsError> {
-    let playbook = crate::pipeline::builtin::load(operation, file)?;
-    playbook.check(rules)?;
-    Ok(playbook
-        .stages
-        .iter()
-        .filter_map(|s| catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
-        .collect())
-}
-
-/// Where a run journals: the journal given to `--resume`/`--abort`, else
-/// `--journal`, else `<dir>/<operation>-<namespace>-<name>-<stamp>.jsonl`.
-pub fn journal_path(
-    given: Option<&std::path::Path>,
-    explicit: Option<&std::path::Path>,
-    dir: &std::path::Path,
-    operation: &str,
-    namespace: &str,
-    name: &str,
-    stamp: &str,
-) -> std::path::PathBuf {
-    given
-        .or(explicit)
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| dir.join(format!("{operation}-{namespace}-{name}-{stamp}.jsonl")))
-}
-
-/// A timestamp for journal names.
-pub fn stamp() -> String {
-    chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ").to_string()
-}
-
-/// The runner's mode from a command's flags; a fresh run journals `inputs`
-/// and says where (`hint`: how to resume or undo it).
 /// The commands that go on from a fresh run's journal if its process dies,
 /// logged when the journal is created: they work as printed (the journal
 /// records the cluster, and no environment default conflicts with them).
@@ -176,32 +138,6 @@ pub fn shell_word(word: &str) -> String {
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
     }
-}
-
-pub fn run_mode<'a>(
-    dry_run: bool,
-    abort: bool,
-    resume: bool,
-    journal: &'a std::path::Path,
-    inputs: &impl serde::Serialize,
-    clusters: Vec<crate::pipeline::journal::ClusterBinding>,
-    next: NextSteps<'_>,
-) -> Result<crate::pipeline::Mode<'a>, OpsError> {
-    use crate::pipeline::Mode;
-    Ok(if dry_run {
-        Mode::DryRun
-    } else if abort {
-        Mode::Abort { journal }
-    } else if resume {
-        Mode::Resume { journal }
-    } else {
-        tracing::info!(journal = %journal.display(), "{}", next.line(journal));
-        Mode::Fresh {
-            journal,
-            inputs: serde_json::to_value(inputs).map_err(|e| OpsError::Input(e.to_string()))?,
-            clusters,
-        }
-    })
 }
 
 /// A Route53 zone client: `zone` (`Z…`), an endpoint override, and the

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use super::OpsError;
 use super::backup::check_name;
 use crate::pipeline::runner::Observer;
-use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
+use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::reconcile::{ObjectDiff, RECONCILE_RULES, ReconcileContext, ReconcileInputs, reconcile_catalog};
 
 pub const RECONCILE: &str = "cluster-reconcile";
@@ -24,12 +24,8 @@ pub struct ReconcileOptions {
     pub context: Option<String>,
     pub wait_timeout: Duration,
     pub wait: bool,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn Observer>>,
 }
 
@@ -107,9 +103,9 @@ fn read_file(path: &Path) -> Result<(String, String), OpsError> {
 }
 
 pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> Result<ReconcileResult, OpsError> {
-    let playbook = builtin::load(RECONCILE, options.playbook.as_deref())?;
-    playbook.check(&RECONCILE_RULES)?;
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    let operation = operation();
+    let playbook = operation.load_playbook(&options.run)?;
+    let journal_given = options.run.journal_given().map(Path::to_path_buf);
     let inputs = match &journal_given {
         Some(journal) => super::journal_inputs::<ReconcileInputs>(journal, RECONCILE)?.0,
         None => {
@@ -129,7 +125,7 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
             inputs
         }
     };
-    if let Some(abort) = &options.abort
+    if let Some(abort) = &options.run.abort
         && crate::pipeline::Journal::read(abort)?.outcome.is_some()
     {
         return Err(OpsError::Input(format!(
@@ -148,25 +144,13 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
     let (_, _, desired) = desired_objects(&text, &inputs.file.display().to_string())?;
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let mut ctx = ReconcileContext { client: target.client, inputs: inputs.clone(), desired, diff: None, warnings: Vec::new() };
-    let catalog = reconcile_catalog();
-    let runner = Runner {
-        operation: RECONCILE,
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: OnFailure::Stop,
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
+        abort_finished: false,
     };
-    let journal_path = super::journal_path(
-        journal_given.as_deref(),
-        options.journal.as_deref(),
-        &options.journal_dir,
-        RECONCILE,
-        &inputs.namespace,
-        &inputs.hosted_cluster,
-        &super::stamp(),
-    );
-    let mode = super::run_mode(options.dry_run, options.abort.is_some(), options.resume.is_some(), &journal_path, &inputs, vec![target.binding], super::NextSteps { command: "hcp-dr cluster reconcile", resume: Some("goes on"), abort: Some("undoes what it changed") })?;
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let objects: Vec<ObjectDiff> = ctx.diff.clone().unwrap_or_default();
     let changed = objects.iter().any(|o| o.action != crate::stages::reconcile::Action::Unchanged);
     Ok(ReconcileResult {
@@ -178,9 +162,26 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
     })
 }
 
+/// The cluster-reconcile operation: a failure stops it, for `--resume` or
+/// `--abort`.
+pub fn operation() -> super::Operation<ReconcileContext> {
+    super::Operation {
+        name: RECONCILE,
+        command: "hcp-dr cluster reconcile",
+        playbook: RECONCILE,
+        rules: &RECONCILE_RULES,
+        catalog: reconcile_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("goes on"),
+        abort: Some("undoes what it changed"),
+        no_abort_after: None,
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show cluster-reconcile`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe(RECONCILE, file, &RECONCILE_RULES, &reconcile_catalog())
+    operation().describe(file)
 }
 
 #[cfg(test)]

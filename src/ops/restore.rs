@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::backup::check_name;
 use crate::archive::{Layout, parse_backup_id};
-use crate::pipeline::{Interrupt, OnFailure, RunReport, Runner, builtin};
+use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::dns::TakenOver;
 use crate::stages::restore::{DnsInputs, RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
@@ -35,12 +35,8 @@ pub struct RestoreOptions {
     pub clean_leftovers: bool,
     pub overwrite: bool,
     pub etcd_access: EtcdAccess,
-    pub playbook: Option<PathBuf>,
-    pub journal: Option<PathBuf>,
-    pub journal_dir: PathBuf,
-    pub dry_run: bool,
-    pub resume: Option<PathBuf>,
-    pub abort: Option<PathBuf>,
+    /// Playbook, journal, resume/abort, dry-run.
+    pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
     /// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`
     /// (`None`: no zone known).
@@ -80,6 +76,8 @@ fn dns_takeover(run: &RunReport) -> Option<TakenOver> {
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
+/// The embedded playbook of `--dns-only`, and its origin in a journal.
+const DNS_ONLY_PLAYBOOK_NAME: &str = "restore-dns-takeover";
 const DNS_ONLY_PLAYBOOK: &str = "builtin:restore-dns-takeover";
 
 /// `--from` split into the store's root and one backup, when it names one:
@@ -287,10 +285,10 @@ pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Resu
 /// Run (or resume, abort, dry-run) a restore of a backup that may be
 /// encrypted (`decrypt`).
 pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
-    if options.dns_only && options.playbook.is_some() {
+    if options.dns_only && options.run.playbook.is_some() {
         return Err(OpsError::Input("--dns-only runs the embedded dns-takeover playbook: drop --playbook".into()));
     }
-    let journal_given = options.resume.clone().or(options.abort.clone());
+    let journal_given = options.run.journal_given().map(Path::to_path_buf);
     let (mut inputs, journaled) = match &journal_given {
         Some(journal) => {
             let (inputs, state) = super::journal_inputs::<RestoreInputs>(journal, "restore")?;
@@ -301,9 +299,8 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     // a --dns-only run is resumed and aborted with its own playbook, whether
     // or not --dns-only is repeated (its printed next steps do not repeat it)
     let dns_only = options.dns_only || journaled.as_deref() == Some(DNS_ONLY_PLAYBOOK);
-    let builtin_name = if dns_only { "restore-dns-takeover" } else { "restore" };
-    let playbook = builtin::load(builtin_name, options.playbook.as_deref())?;
-    playbook.check(&RESTORE_RULES)?;
+    let operation = if dns_only { operation().with_playbook(DNS_ONLY_PLAYBOOK_NAME) } else { operation() };
+    let playbook = operation.load_playbook(&options.run)?;
     // the destination first: a journal pointed at another cluster is refused
     // before the store is read or anything is decrypted
     let target = super::reach_for("destination", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
@@ -314,7 +311,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3.clone()).await?;
     // --abort deletes what the run made, the decrypted copy too: no key needed
-    let (keys, warnings) = if options.abort.is_some() {
+    let (keys, warnings) = if options.run.aborting() {
         (None, Vec::new())
     } else {
         prepare_decryption(&mut inputs, store.as_ref(), &decrypt, journal_given.is_none()).await?
@@ -334,35 +331,13 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
             Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames were not read: {err}")),
         }
     }
-    let catalog = restore_catalog();
-    let runner = Runner {
-        operation: "restore",
-        playbook: &playbook,
-        catalog: &catalog,
-        observer: options.observer.as_deref(),
-        on_failure: OnFailure::Stop,
+    let journaled = super::Journaled {
+        inputs: &inputs,
+        clusters: vec![target.binding],
+        subject: format!("{}-{}-{}", inputs.namespace, inputs.hosted_cluster, inputs.backup_id),
+        abort_finished: false,
     };
-    let journal_path = journal_given.clone().unwrap_or_else(|| {
-        options.journal.clone().unwrap_or_else(|| {
-            options.journal_dir.join(format!(
-                "restore-{}-{}-{}-{}.jsonl",
-                inputs.namespace,
-                inputs.hosted_cluster,
-                inputs.backup_id,
-                chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ")
-            ))
-        })
-    });
-    let mode = super::run_mode(
-        options.dry_run,
-        options.abort.is_some(),
-        options.resume.is_some(),
-        &journal_path,
-        &inputs,
-        vec![target.binding],
-        super::NextSteps { command: "hcp-dr restore", resume: Some("goes on"), abort: Some("deletes what it created") },
-    )?;
-    let run = runner.run(&mut ctx, mode, interrupt).await?;
+    let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
     let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
     let take_over_dns_command = dns_takeover(&run)
@@ -392,9 +367,26 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     })
 }
 
+/// The restore operation: a failure stops it, for `--resume` or `--abort`
+/// (a half-finished restore is often better continued than thrown away).
+pub fn operation() -> super::Operation<RestoreContext> {
+    super::Operation {
+        name: "restore",
+        command: "hcp-dr restore",
+        playbook: "restore",
+        rules: &RESTORE_RULES,
+        catalog: restore_catalog(),
+        on_failure: OnFailure::Stop,
+        resume: Some("goes on"),
+        abort: Some("deletes what it created"),
+        no_abort_after: None,
+        undo_stops_before: None,
+    }
+}
+
 /// For `playbook show restore`.
 pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-    super::describe("restore", file, &RESTORE_RULES, &restore_catalog())
+    operation().describe(file)
 }
 
 #[cfg(test)]
