@@ -1365,3 +1365,67 @@ async fn watch_bookmarks_carry_the_current_revision() {
         }
     }
 }
+
+/// The route table keeps the path grammar the emulator has always read:
+/// empty segments and a trailing slash are ignored, `namespaces/{name}/status`
+/// is the namespace's subresource, reviews own every path below their group
+/// version, and each miss is a Status (404 after authentication, 405 for a
+/// method the path does not take).
+#[tokio::test]
+async fn routes_follow_the_kubernetes_path_grammar() {
+    let env = start(vec![]).await;
+    let c = &env.client;
+    let get = |path: &'static str| raw(c, "GET", path, "application/json", None);
+    let not_found = "the server could not find the requested resource";
+    let not_allowed = "the server does not allow this method on the requested resource";
+
+    let (code, list, _) = get("/api/v1/namespaces/").await;
+    assert_eq!((code, list["kind"].as_str()), (200, Some("NamespaceList")), "{list}");
+    let (code, ns, _) = get("/api/v1//namespaces/default").await;
+    assert_eq!((code, ns["kind"].as_str()), (200, Some("Namespace")), "{ns}");
+    let (code, ns, _) = get("/api/v1/namespaces/default/status").await;
+    assert_eq!((code, ns["metadata"]["name"].as_str()), (200, Some("default")), "{ns}");
+    let (code, cms, _) = get("/api/v1/namespaces/default/configmaps").await;
+    assert_eq!((code, cms["kind"].as_str()), (200, Some("ConfigMapList")), "{cms}");
+    let (code, cms, _) = get("/apis/apps/v1/deployments").await;
+    assert_eq!((code, cms["kind"].as_str()), (200, Some("DeploymentList")), "{cms}");
+    let (code, ok, _) = get("/healthz/").await;
+    assert_eq!((code, ok), (200, Value::Null));
+    let (code, _, _) = raw(c, "POST", "/livez", "application/json", None).await;
+    assert_eq!(code, 200);
+    let (code, oa, _) = get("/openapi/v3/api/v1").await;
+    assert_eq!(code, 200, "{oa}");
+    let (code, rl, _) = get("/apis/authorization.k8s.io/v1").await;
+    assert_eq!((code, rl["kind"].as_str()), (200, Some("APIResourceList")), "{rl}");
+
+    for path in [
+        "/nonsense",
+        "/api/v2/pods",
+        "/api/v1/namespaces/default/configmaps/a/b/c",
+        "/api/v1/configmaps/a/b/c",
+        "/api/v1/nonsense",
+        "/apis/nonsense.example.com/v1/things",
+        "/apis/authorization.k8s.io/v1/namespaces/default/nonsense",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews/a",
+    ] {
+        let (code, v, _) = raw(c, "GET", path, "application/json", None).await;
+        assert_eq!(code, 404, "{path}: {v}");
+        assert_status(&v, 404, "NotFound", not_found);
+    }
+    for (method, path) in [
+        ("POST", "/api"),
+        ("DELETE", "/apis"),
+        ("PUT", "/apis/apps"),
+        ("POST", "/api/v1"),
+        ("GET", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"),
+        ("PUT", "/api/v1/namespaces/default/configmaps"),
+        ("GET", "/api/v1/namespaces/default/finalize"),
+    ] {
+        let (code, v, _) = raw(c, method, path, "application/json", None).await;
+        assert_eq!(code, 405, "{method} {path}: {v}");
+        assert_status(&v, 405, "MethodNotAllowed", not_allowed);
+    }
+    let (code, v) = reqwest_like_get(&env, "/nonsense", None).await;
+    assert_eq!(code, 401, "{v}");
+    assert_status(&v, 401, "Unauthorized", "Unauthorized");
+}

@@ -1,17 +1,22 @@
-//! HTTP routing: authentication and authorization (`authn`, `rbac`), URL
-//! parsing, verb dispatch, content types.
+//! HTTP routing: the axum route table of the API paths, authentication and
+//! authorization (`authn`, `rbac`) ahead of every route but the health and
+//! version endpoints, verb dispatch, content types.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::extract::{Extension, FromRequestParts, MatchedPath, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::routing::any;
 use serde_json::{Value, json};
 
 use super::Inner;
+use super::authn::UserInfo;
 use super::discovery;
 use super::ops::{DeleteOpts, FieldValidation, ListQuery, PatchType, Sub, WriteOpts, meta_str};
 use super::resources::ResourceType;
@@ -23,19 +28,213 @@ use super::watch;
 /// Largest request body accepted (etcd's own limit is 1.5 MiB per value).
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
+/// The paths of resources below a group version (`/api/v1`, the core
+/// group, or `/apis/{group}/{version}`). `namespaces/{namespace}/status`
+/// and `.../finalize` are a namespace's subresources ([`ResourcePath`]).
+const RESOURCE_ROUTES: [&str; 6] = [
+    "/{resource}",
+    "/{resource}/{name}",
+    "/{resource}/{name}/{subresource}",
+    "/namespaces/{namespace}/{resource}",
+    "/namespaces/{namespace}/{resource}/{name}",
+    "/namespaces/{namespace}/{resource}/{name}/{subresource}",
+];
+
+/// The routes, matched against the [`canonical`] path. Every route but the
+/// health and version endpoints is behind [`admit`] (authentication,
+/// impersonation, authorization), and so is the fallback: a path no route
+/// matches is a 404 `Status` to an authorized caller only, as on a
+/// kube-apiserver. Every handler takes any method and answers 405 itself.
 pub(crate) fn router(inner: Arc<Inner>) -> Router {
-    Router::new().fallback(dispatch).with_state(inner)
+    let mut api = Router::new()
+        .route("/api", any(api_versions))
+        .route("/apis", any(api_group_list))
+        .route("/apis/{group}", any(api_group))
+        .route("/openapi/v3", any(openapi_root))
+        .route("/openapi/v3/api/v1", any(openapi_group_version))
+        .route("/openapi/v3/apis/{group}/{version}", any(openapi_group_version))
+        // every path below these is a review (computed, not stored)
+        .route("/apis/authentication.k8s.io/v1/{*review}", any(review))
+        .route("/apis/authorization.k8s.io/v1/{*review}", any(review));
+    for prefix in ["/api/v1", "/apis/{group}/{version}"] {
+        api = api.route(prefix, any(resource_list));
+        for route in RESOURCE_ROUTES {
+            api = api.route(&format!("{prefix}{route}"), any(resource));
+        }
+    }
+    let api = api
+        .fallback(no_route)
+        .layer(middleware::from_fn_with_state(inner.clone(), admit));
+    Router::new()
+        .route("/healthz", any(health))
+        .route("/readyz", any(health))
+        .route("/livez", any(health))
+        .route("/version", any(version))
+        .merge(api)
+        .layer(middleware::from_fn(log))
+        .with_state(inner)
 }
 
-async fn dispatch(State(inner): State<Arc<Inner>>, req: Request) -> Response {
+/// The path as sent, kept by [`canonical`] when it differs from the one routed.
+#[derive(Clone)]
+struct SentPath(String);
+
+/// The request as the router matches it: its path without empty segments
+/// (`/api/v1/pods/` is `/api/v1/pods`, as the emulator always read paths);
+/// authorization still sees the path as sent.
+pub(crate) fn canonical<B>(mut req: axum::http::Request<B>) -> axum::http::Request<B> {
+    let sent = req.uri().path();
+    let segments: Vec<&str> = sent.split('/').filter(|s| !s.is_empty()).collect();
+    let path = format!("/{}", segments.join("/"));
+    if path == sent {
+        return req;
+    }
+    let path_and_query = match req.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    let Ok(pq) = path_and_query.parse() else {
+        return req;
+    };
+    parts.path_and_query = Some(pq);
+    let Ok(uri) = Uri::from_parts(parts) else {
+        return req;
+    };
+    let sent = SentPath(sent.to_string());
+    *req.uri_mut() = uri;
+    req.extensions_mut().insert(sent);
+    req
+}
+
+async fn log(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let uri = req.uri().clone();
-    let resp = match handle(inner, req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    };
+    let resp = next.run(req).await;
     tracing::debug!(%method, %uri, status = resp.status().as_u16(), "api request");
     resp
+}
+
+/// The authenticated (and impersonated) caller, for the handlers behind [`admit`].
+#[derive(Clone)]
+struct Caller(UserInfo);
+
+/// Authenticate, impersonate and authorize the request, and hand its
+/// [`Caller`] and query [`Params`] to the route.
+async fn admit(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    match caller(&inner, &parts).await {
+        Ok((caller, params)) => {
+            parts.extensions.insert(caller);
+            parts.extensions.insert(params);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn caller(inner: &Inner, req: &Parts) -> Result<(Caller, Params), ApiError> {
+    let user = super::authn::authenticate(inner, &req.headers).await?;
+    let user = super::authn::impersonate(inner, user, &req.headers).await?;
+    let params = Params(
+        Query::<Vec<(String, String)>>::try_from_uri(&req.uri)
+            .map(|q| q.0)
+            .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?,
+    );
+    let path = req
+        .extensions
+        .get::<SentPath>()
+        .map_or(req.uri.path(), |p| p.0.as_str());
+    super::rbac::authorize_request(inner, &user, &req.method, path, &params.0, &req.headers)
+        .await?;
+    Ok((Caller(user), params))
+}
+
+/// The parameters of the matched route, segments as sent: axum's own path
+/// parameters decode percent-escapes, but objects are named (and
+/// authorized, `rbac::Attributes::of_request`) by the segments as sent.
+/// A `{*rest}` parameter holds the rest of the path.
+struct RouteParams(Vec<(String, String)>);
+
+impl RouteParams {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The group and version: `/api/v1` (no parameters) is the core group.
+    fn group_version(&self) -> (&str, &str) {
+        (
+            self.get("group").unwrap_or(""),
+            self.get("version").unwrap_or("v1"),
+        )
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RouteParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let route = MatchedPath::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::no_route())?;
+        let mut sent = parts.uri.path().split('/').filter(|s| !s.is_empty());
+        let mut params = Vec::new();
+        for segment in route.as_str().split('/').filter(|s| !s.is_empty()) {
+            if let Some(name) = segment.strip_prefix("{*").and_then(|s| s.strip_suffix('}')) {
+                params.push((name.to_string(), sent.by_ref().collect::<Vec<_>>().join("/")));
+                break;
+            }
+            let value = sent.next().unwrap_or_default();
+            if let Some(name) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                params.push((name.to_string(), value.to_string()));
+            }
+        }
+        Ok(RouteParams(params))
+    }
+}
+
+/// A path of [`RESOURCE_ROUTES`]: what it names, before the resource is resolved.
+struct ResourcePath<'a> {
+    group: &'a str,
+    version: &'a str,
+    namespace: Option<&'a str>,
+    resource: &'a str,
+    name: Option<&'a str>,
+    subresource: Option<&'a str>,
+}
+
+impl<'a> ResourcePath<'a> {
+    fn of(params: &'a RouteParams) -> ResourcePath<'a> {
+        let (group, version) = params.group_version();
+        let path = ResourcePath {
+            group,
+            version,
+            namespace: params.get("namespace"),
+            resource: params.get("resource").unwrap_or(""),
+            name: params.get("name"),
+            subresource: params.get("subresource"),
+        };
+        match path {
+            // `namespaces/{name}/status` and `namespaces/{name}/finalize`
+            // are the namespace's subresources, not a collection in it
+            ResourcePath {
+                namespace: Some(namespace),
+                resource: sub @ ("status" | "finalize"),
+                name: None,
+                ..
+            } => ResourcePath {
+                namespace: None,
+                resource: "namespaces",
+                name: Some(namespace),
+                subresource: Some(sub),
+                ..path
+            },
+            path => path,
+        }
+    }
 }
 
 fn json_response(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
@@ -60,6 +259,7 @@ fn text(code: StatusCode, s: &'static str) -> Response {
 }
 
 /// Query parameters, last value wins.
+#[derive(Clone)]
 struct Params(Vec<(String, String)>);
 
 impl Params {
@@ -75,97 +275,87 @@ impl Params {
     }
 }
 
-async fn handle(inner: Arc<Inner>, req: Request) -> Result<Response, ApiError> {
-    let path = req.uri().path().to_string();
-    match path.as_str() {
-        "/healthz" | "/readyz" | "/livez" | "/healthz/" | "/readyz/" | "/livez/" => {
-            return Ok(text(StatusCode::OK, "ok"));
-        }
-        "/version" | "/version/" => {
-            return Ok(json_response(StatusCode::OK, &discovery::version(), &[]));
-        }
-        _ => {}
-    }
-    let user = super::authn::authenticate(&inner, req.headers()).await?;
-    let user = super::authn::impersonate(&inner, user, req.headers()).await?;
-    let params = Params(
-        Query::<Vec<(String, String)>>::try_from_uri(req.uri())
-            .map(|q| q.0)
-            .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?,
-    );
-    super::rbac::authorize_request(&inner, &user, req.method(), &path, &params.0, req.headers())
-        .await?;
-    let segs: Vec<String> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
-    let get_only = |m: &Method| {
-        if m == Method::GET {
-            Ok(())
-        } else {
-            Err(ApiError::method_not_allowed())
-        }
-    };
-    match s.as_slice() {
-        ["api"] => {
-            get_only(req.method())?;
-            Ok(json_response(
-                StatusCode::OK,
-                &discovery::api_versions(&inner),
-                &[],
-            ))
-        }
-        ["apis"] => {
-            get_only(req.method())?;
-            Ok(json_response(
-                StatusCode::OK,
-                &discovery::api_group_list(&inner),
-                &[],
-            ))
-        }
-        ["apis", g] => {
-            get_only(req.method())?;
-            let v = discovery::api_group(&inner, g).ok_or_else(ApiError::no_route)?;
-            Ok(json_response(StatusCode::OK, &v, &[]))
-        }
-        ["openapi", "v3"] => Ok(json_response(
-            StatusCode::OK,
-            &discovery::openapi_v3_root(&inner),
-            &[],
-        )),
-        ["openapi", "v3", "api", "v1"] => {
-            let v = discovery::openapi_v3_group_version(&inner, "", "v1")
-                .ok_or_else(ApiError::no_route)?;
-            Ok(json_response(StatusCode::OK, &v, &[]))
-        }
-        ["openapi", "v3", "apis", g, v] => {
-            let d =
-                discovery::openapi_v3_group_version(&inner, g, v).ok_or_else(ApiError::no_route)?;
-            Ok(json_response(StatusCode::OK, &d, &[]))
-        }
-        ["api", "v1", rest @ ..] => resource_request(inner, req, &params, "", "v1", rest).await,
-        [
-            "apis",
-            "authentication.k8s.io" | "authorization.k8s.io",
-            "v1",
-            rest @ ..,
-        ] if !rest.is_empty() => review_request(&inner, &user, rest, req).await,
-        ["apis", g, v, rest @ ..] => resource_request(inner, req, &params, g, v, rest).await,
-        _ => Err(ApiError::no_route()),
+fn get_only(method: &Method) -> Result<(), ApiError> {
+    if method == Method::GET {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed())
     }
 }
 
+async fn health() -> Response {
+    text(StatusCode::OK, "ok")
+}
+
+async fn version() -> Response {
+    json_response(StatusCode::OK, &discovery::version(), &[])
+}
+
+async fn no_route() -> ApiError {
+    ApiError::no_route()
+}
+
+/// `/api`.
+async fn api_versions(State(inner): State<Arc<Inner>>, method: Method) -> Result<Response, ApiError> {
+    get_only(&method)?;
+    Ok(json_response(StatusCode::OK, &discovery::api_versions(&inner), &[]))
+}
+
+/// `/apis`.
+async fn api_group_list(State(inner): State<Arc<Inner>>, method: Method) -> Result<Response, ApiError> {
+    get_only(&method)?;
+    Ok(json_response(StatusCode::OK, &discovery::api_group_list(&inner), &[]))
+}
+
+/// `/apis/{group}`.
+async fn api_group(
+    State(inner): State<Arc<Inner>>,
+    method: Method,
+    params: RouteParams,
+) -> Result<Response, ApiError> {
+    get_only(&method)?;
+    let (group, _) = params.group_version();
+    let v = discovery::api_group(&inner, group).ok_or_else(ApiError::no_route)?;
+    Ok(json_response(StatusCode::OK, &v, &[]))
+}
+
+/// `/openapi/v3`.
+async fn openapi_root(State(inner): State<Arc<Inner>>) -> Response {
+    json_response(StatusCode::OK, &discovery::openapi_v3_root(&inner), &[])
+}
+
+/// `/openapi/v3/api/v1`, `/openapi/v3/apis/{group}/{version}`.
+async fn openapi_group_version(
+    State(inner): State<Arc<Inner>>,
+    params: RouteParams,
+) -> Result<Response, ApiError> {
+    let (group, version) = params.group_version();
+    let v = discovery::openapi_v3_group_version(&inner, group, version)
+        .ok_or_else(ApiError::no_route)?;
+    Ok(json_response(StatusCode::OK, &v, &[]))
+}
+
+/// `/api/v1`, `/apis/{group}/{version}`: the group version's resources.
+async fn resource_list(
+    State(inner): State<Arc<Inner>>,
+    method: Method,
+    params: RouteParams,
+) -> Result<Response, ApiError> {
+    get_only(&method)?;
+    let (group, version) = params.group_version();
+    let v = discovery::resource_list(&inner, group, version).ok_or_else(ApiError::no_route)?;
+    Ok(json_response(StatusCode::OK, &v, &[]))
+}
+
 /// `POST` of a review (SelfSubjectAccessReview, TokenReview, ...): computed, not stored.
-async fn review_request(
-    inner: &Inner,
-    user: &super::authn::UserInfo,
-    rest: &[&str],
+async fn review(
+    State(inner): State<Arc<Inner>>,
+    Extension(Caller(user)): Extension<Caller>,
+    params: RouteParams,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let (ns, plural) = match rest {
+    let rest: Vec<&str> = params.get("review").unwrap_or("").split('/').collect();
+    let (ns, plural) = match rest.as_slice() {
         [plural] => (None, *plural),
         ["namespaces", ns, plural] => (Some(*ns), *plural),
         _ => return Err(ApiError::no_route()),
@@ -179,7 +369,7 @@ async fn review_request(
     let headers = req.headers().clone();
     let body = read_body(req.into_body()).await?;
     let obj = decode_body(&headers, &body)?;
-    super::rbac::review(inner, user, plural, ns, obj).await
+    super::rbac::review(&inner, &user, plural, ns, obj).await
 }
 
 fn write_opts(params: &Params, headers: &HeaderMap) -> Result<WriteOpts, ApiError> {
@@ -405,44 +595,26 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
-async fn resource_request(
-    inner: Arc<Inner>,
+/// A path of [`RESOURCE_ROUTES`]: a collection, an object or its subresource.
+async fn resource(
+    State(inner): State<Arc<Inner>>,
+    Extension(ref params): Extension<Params>,
+    route: RouteParams,
     req: Request,
-    params: &Params,
-    group: &str,
-    version: &str,
-    rest: &[&str],
 ) -> Result<Response, ApiError> {
-    if rest.is_empty() {
-        if req.method() != Method::GET {
-            return Err(ApiError::method_not_allowed());
-        }
-        let v = discovery::resource_list(&inner, group, version).ok_or_else(ApiError::no_route)?;
-        return Ok(json_response(StatusCode::OK, &v, &[]));
-    }
-    let namespaced_path = rest[0] == "namespaces"
-        && rest.len() >= 3
-        && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize"));
-    let (ns, rest) = if namespaced_path {
-        (Some(rest[1].to_string()), &rest[2..])
-    } else {
-        (None, rest)
-    };
-    if rest.len() > 3 {
-        return Err(ApiError::no_route());
-    }
+    let path = ResourcePath::of(&route);
     let rt = inner
-        .resolve(group, version, rest[0])
+        .resolve(path.group, path.version, path.resource)
         .ok_or_else(ApiError::no_route)?;
-    let name = rest.get(1).map(|s| s.to_string());
-    let sub = rest.get(2).copied();
+    let name = path.name.map(str::to_string);
+    let sub = path.subresource;
+    let ns = path.namespace;
     if ns.is_some() && !rt.namespaced {
         return Err(ApiError::no_route());
     }
     if rt.namespaced && ns.is_none() && name.is_some() {
         return Err(ApiError::no_route());
     }
-    let ns = ns.as_deref();
     let method = req.method().clone();
     let accept = req
         .headers()

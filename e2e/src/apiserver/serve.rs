@@ -1,6 +1,6 @@
 //! The TLS listener: HTTP/1.1 and HTTP/2 (ALPN), upgrades for port-forward,
-//! and the injected faults (`faults`), decided here before the router sees
-//! a request.
+//! and the injected faults (`faults`), decided here before the router
+//! (`http::router`, given the `http::canonical` path) sees a request.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -118,7 +118,8 @@ impl hyper::service::Service<Request<Incoming>> for FaultingService {
                 Some(Fault::Delay(delay)) => tokio::time::sleep(delay).await,
                 None => {}
             }
-            let response: Result<Response<Body>, Infallible> = router.oneshot(req).await;
+            let response: Result<Response<Body>, Infallible> =
+                router.oneshot(http::canonical(req)).await;
             response.map_err(|never| match never {})
         })
     }
