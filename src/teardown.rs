@@ -1,16 +1,32 @@
 //! Deleting what hcp-dr created or moved away: one object at a time, waiting
 //! until it is really gone, and clearing finalizers only when their
 //! controller is not going to (it was scaled away, or the object is ours).
+//!
+//! The ordered deletion of a whole hosted cluster ([`destroy`]: the HCP
+//! namespace scaled to zero, then NodePools, CAPI and platform objects, the
+//! HostedControlPlane, the HCP namespace, the HostedCluster and the Secrets
+//! only it used) lives here too, once: migrate's `teardown` stage, `cluster
+//! destroy`'s, a drill's `teardown` ([`destroy_paused`]) and reconcile's undo
+//! of a HostedCluster it created all call it. This module sits below the
+//! stages and the operations: it uses `crate::kube` and `crate::hosted` only.
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::discovery::{Discovery, Scope, verbs};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
-use crate::kube::{KubeError, is_conflict, is_invalid, is_not_found, request};
-use crate::pipeline::journal::RUN_ANNOTATION;
+use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL, RUN_ANNOTATION, exported_group};
+use crate::kube::{KubeError, api, api_for, get_json, is_conflict, is_invalid, is_not_found, list_json, request};
+
+/// Why an ordered deletion stopped: a request to the cluster, or the
+/// caller's [`Record`] (its journal). The same boxed error a stage returns.
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a conditional deletion found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,4 +220,213 @@ where
         }
     })
     .await
+}
+
+// ---------------------------------------------------------------------------
+// The ordered deletion of a hosted cluster.
+
+/// What teardown did (journaled as it goes).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TornDown {
+    pub scaled_to_zero: Vec<String>,
+    pub etcd_pvc_retention: Option<String>,
+    pub deleted: Vec<String>,
+    /// The Secrets the HostedCluster used (read before it was deleted, so
+    /// a resumed teardown still knows them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// The finalizers hcp-dr removed itself, `<object>: <finalizer>, ...`
+    /// (journaled before they were): the source is paused, and its operator
+    /// perhaps down, so no controller is going to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers_removed: Vec<String>,
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Rank of a CAPI or platform kind in the deletion order.
+fn deletion_rank(group: &str, kind: &str) -> usize {
+    match (group, kind) {
+        ("cluster.x-k8s.io", "Machine") => 0,
+        ("cluster.x-k8s.io", "MachineSet") => 1,
+        ("cluster.x-k8s.io", "MachineDeployment") => 2,
+        ("cluster.x-k8s.io", "Cluster") => 3,
+        (_, k) if k.ends_with("Machine") => 4,
+        (_, k) if k.ends_with("Template") => 5,
+        _ => 6,
+    }
+}
+
+async fn scale_to_zero(client: &kube::Client, ns: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
+    let ns = ns.to_string();
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    for set in sts.list(&ListParams::default()).await.map_err(request(format!("listing StatefulSets in {ns}")))?.items {
+        let name = set.metadata.name.clone().unwrap_or_default();
+        if name == crate::hosted::ETCD_STATEFULSET {
+            out.etcd_pvc_retention = set
+                .spec
+                .persistent_volume_claim_retention_policy
+                .as_ref()
+                .and_then(|p| p.when_scaled.clone())
+                .or(Some("Retain".into()));
+        }
+        sts.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}})))
+            .await
+            .map_err(request(format!("scaling StatefulSet {ns}/{name} to 0")))?;
+        out.scaled_to_zero.push(format!("StatefulSet {name}"));
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for d in deployments.list(&ListParams::default()).await.map_err(request(format!("listing Deployments in {ns}")))?.items {
+        let name = d.metadata.name.clone().unwrap_or_default();
+        deployments
+            .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 0}})))
+            .await
+            .map_err(request(format!("scaling Deployment {ns}/{name} to 0")))?;
+        out.scaled_to_zero.push(format!("Deployment {name}"));
+    }
+    record(out)
+}
+
+/// Journals what was done so far (or nothing, outside a pipeline).
+pub type Record<'a> = &'a mut (dyn FnMut(&TornDown) -> Result<(), Failure> + Send);
+
+async fn gone(api: &Api<DynamicObject>, name: &str, what: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
+    if let Some(obj) = get_json(api, name, what).await? {
+        let finalizers: Vec<&str> = obj["metadata"]["finalizers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let line = format!("{what}: {}", finalizers.join(", "));
+        if !finalizers.is_empty() && !out.finalizers_removed.contains(&line) {
+            out.finalizers_removed.push(line);
+            record(out)?;
+        }
+    }
+    remove_finalizers(api, name, what).await?;
+    delete_and_wait(api, name, what, WAIT).await?;
+    out.deleted.push(what.to_string());
+    record(out)
+}
+
+/// Scale the HCP namespace to zero, then remove finalizers and delete, in
+/// order, NodePools, CAPI and platform objects, HostedControlPlane, the HCP
+/// namespace and the HostedCluster. Idempotent: what is gone is skipped.
+/// Migrate's teardown, `hcp-dr cluster destroy`, a drill's teardown
+/// (through [`destroy_paused`]) and reconcile's undo all run this.
+pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
+    let (ns, name) = (ns.to_string(), name.to_string());
+    let hcp_ns = crate::hosted::hcp_namespace(&ns, &name);
+    let client = client.clone();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let hcp_ns_exists = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?.is_some();
+    if hcp_ns_exists {
+        scale_to_zero(&client, &hcp_ns, out, record).await?;
+    }
+
+    // NodePools of this cluster.
+    let pools = api(&client, &NODE_POOL, &ns);
+    for np in list_json(&pools, &ListParams::default(), "NodePools").await? {
+        if np["spec"]["clusterName"].as_str() == Some(name.as_str()) {
+            let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            gone(&pools, &np_name, &format!("NodePool {ns}/{np_name}"), out, record).await?;
+        }
+    }
+
+    // CAPI and platform objects, machines first.
+    if hcp_ns_exists {
+        let discovery = Discovery::new(client.clone()).run().await.map_err(request("discovering the source's API groups"))?;
+        let mut objects = Vec::new();
+        for group in discovery.groups() {
+            if !exported_group(group.name()) || group.name() == HOSTED_CLUSTER.group {
+                continue;
+            }
+            for (resource, caps) in group.recommended_resources() {
+                if caps.scope != Scope::Namespaced || !caps.supports_operation(verbs::LIST) {
+                    continue;
+                }
+                let api = api_for(&client, &resource, &hcp_ns);
+                for obj in list_json(&api, &ListParams::default(), &format!("{} in {hcp_ns}", resource.plural)).await? {
+                    let obj_name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                    objects.push((deletion_rank(&resource.group, &resource.kind), resource.clone(), obj_name));
+                }
+            }
+        }
+        objects.sort_by(|a, b| (a.0, &a.1.kind, &a.2).cmp(&(b.0, &b.1.kind, &b.2)));
+        for (_, resource, obj_name) in objects {
+            let api = api_for(&client, &resource, &hcp_ns);
+            gone(&api, &obj_name, &format!("{} {hcp_ns}/{obj_name}", resource.kind), out, record).await?;
+        }
+        let hcps = api(&client, &HOSTED_CONTROL_PLANE, &hcp_ns);
+        for hcp in list_json(&hcps, &ListParams::default(), "HostedControlPlanes").await? {
+            let hcp_name = hcp["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), out, record).await?;
+        }
+        delete_and_wait(&namespaces, &hcp_ns, &format!("Namespace {hcp_ns}"), Duration::from_secs(300)).await?;
+        out.deleted.push(format!("Namespace {hcp_ns}"));
+        record(out)?;
+    }
+
+    let hcs = api(&client, &HOSTED_CLUSTER, &ns);
+    if let Some(hc) = get_json(&hcs, &name, &format!("HostedCluster {ns}/{name}")).await? {
+        out.secrets = secrets_of(&hc);
+        record(out)?;
+    }
+    let used = out.secrets.clone();
+    gone(&hcs, &name, &format!("HostedCluster {ns}/{name}"), out, record).await?;
+
+    // The Secrets in the HostedCluster's namespace that it used and no other
+    // HostedCluster there uses: left behind, they would make moving the
+    // cluster back here fail (the restore refuses existing, different objects).
+    let others: Vec<String> = list_json(&hcs, &ListParams::default(), &format!("HostedClusters in {ns}"))
+        .await?
+        .iter()
+        .filter(|hc| hc["metadata"]["name"].as_str() != Some(name.as_str()))
+        .flat_map(secrets_of)
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    for secret in used.iter().filter(|s| !others.contains(s)) {
+        let what = format!("Secret {ns}/{secret}");
+        delete_and_wait(&secrets, secret, &what, WAIT).await?;
+        out.deleted.push(what);
+        record(out)?;
+    }
+    Ok(())
+}
+
+/// The Secrets in its own namespace a HostedCluster names: pull secret, ssh
+/// key, etcd encryption keys, and the kubeconfig and kubeadmin password
+/// HyperShift wrote for it.
+pub fn secrets_of(hc: &Value) -> Vec<String> {
+    [
+        "/spec/pullSecret/name",
+        "/spec/sshKey/name",
+        "/spec/secretEncryption/aescbc/activeKey/name",
+        "/spec/secretEncryption/aescbc/backupKey/name",
+        "/status/kubeconfig/name",
+        "/status/kubeadminPassword/name",
+    ]
+    .iter()
+    .filter_map(|p| hc.pointer(p).and_then(Value::as_str))
+    .filter(|s| !s.is_empty())
+    .map(str::to_string)
+    .collect()
+}
+
+/// `hcp-dr cluster destroy` outside a pipeline (a drill's teardown): the
+/// cluster and its NodePools paused for an hour first (a longer pause in
+/// place is kept), so the operator recreates nothing meanwhile, then
+/// [`destroy`]. A cluster that is not there is an error.
+pub async fn destroy_paused(client: &kube::Client, ns: &str, name: &str) -> Result<TornDown, Failure> {
+    let label = format!("HostedCluster {ns}/{name}");
+    let Some(hc) = get_json(&api(client, &HOSTED_CLUSTER, ns), name, &label).await? else {
+        return Err(format!("{label} not found: nothing to destroy").into());
+    };
+    // paused first, so the operator does not recreate what is being deleted
+    let until = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let value = |existing: &Value| Some(crate::hosted::longest_pause(existing["spec"]["pausedUntil"].as_str(), &until));
+    crate::kube::set_cluster_paused_until(client, ns, name, &hc, value).await?;
+    let mut out = TornDown::default();
+    let mut record = |t: &TornDown| {
+        tracing::info!(deleted = t.deleted.len(), "destroying");
+        Ok(())
+    };
+    destroy(client, ns, name, &mut out, &mut record).await?;
+    Ok(out)
 }

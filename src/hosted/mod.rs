@@ -74,6 +74,18 @@ pub const ROUTE: Gvk = Gvk {
 /// `cluster resume` refuse a cluster that carries it.
 pub const FENCED: &str = "hcp-dr.openshift.io/fenced";
 
+/// The annotation naming the run (journal `run_id`) that created an object.
+pub const RUN_ANNOTATION: &str = "hcp-dr.openshift.io/created-by-run";
+
+/// API groups whose namespaced resources in the HCP namespace belong to the
+/// hosted cluster: exported by a backup, deleted by a teardown.
+pub fn exported_group(group: &str) -> bool {
+    group == "hypershift.openshift.io"
+        || group == "cluster.x-k8s.io"
+        || group.ends_with(".cluster.x-k8s.io")
+        || group.starts_with("capi-provider.")
+}
+
 /// The Deployments that write to etcd: scaled to zero for a consistent snapshot.
 pub const ETCD_WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
 /// Also stopped when migrating, so nothing reconciles the source behind our back.
@@ -239,6 +251,19 @@ pub fn pauses(paused_until: Option<&str>, now: chrono::DateTime<chrono::Utc>) ->
     }
 }
 
+/// The `pausedUntil` to set: `wanted`, unless `existing` pauses longer
+/// (`true`, or a later deadline), which is kept.
+pub fn longest_pause(existing: Option<&str>, wanted: &str) -> String {
+    match existing {
+        Some(v) if v.eq_ignore_ascii_case("true") => v.to_string(),
+        Some(v) => match (chrono::DateTime::parse_from_rfc3339(v), chrono::DateTime::parse_from_rfc3339(wanted)) {
+            (Ok(have), Ok(want)) if have > want => v.to_string(),
+            _ => wanted.to_string(),
+        },
+        None => wanted.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +294,25 @@ mod tests {
         assert!(pauses(Some("2026-11-21T18:30:00Z"), now));
         assert!(!pauses(Some("2026-11-21T17:30:00Z"), now));
         assert!(!pauses(None, now));
+    }
+
+    #[test]
+    fn a_longer_pause_in_place_is_never_shortened() {
+        let soon = "2026-11-24T12:00:00Z";
+        assert_eq!(longest_pause(None, soon), soon);
+        assert_eq!(longest_pause(Some("2026-11-24T11:00:00Z"), soon), soon, "an earlier deadline is extended");
+        assert_eq!(longest_pause(Some("2036-11-24T12:00:00Z"), soon), "2036-11-24T12:00:00Z", "a fence's far deadline is kept");
+        assert_eq!(longest_pause(Some("true"), soon), "true");
+        assert_eq!(longest_pause(Some("not a time"), soon), soon, "an unreadable value is replaced");
+    }
+
+    #[test]
+    fn hosted_cluster_groups() {
+        for g in ["hypershift.openshift.io", "cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io", "capi-provider.agent-install.openshift.io", "bootstrap.cluster.x-k8s.io"] {
+            assert!(exported_group(g), "{g}");
+        }
+        for g in ["", "apps", "route.openshift.io", "agent-install.openshift.io"] {
+            assert!(!exported_group(g), "{g}");
+        }
     }
 }

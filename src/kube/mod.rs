@@ -324,6 +324,32 @@ pub async fn set_paused_until(
     .await
 }
 
+/// Set `spec.pausedUntil` of the HostedCluster `namespace/name` (`hc`, as
+/// read) and of each of its NodePools to `value(object as read)`; returns
+/// what was changed (`HostedCluster ns/name`, `NodePool ns/pool`, in order).
+pub async fn set_cluster_paused_until(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    hc: &Value,
+    value: impl Fn(&Value) -> Option<String>,
+) -> Result<Vec<String>, KubeError> {
+    let (hosted_cluster, node_pool) = (&crate::hosted::HOSTED_CLUSTER, &crate::hosted::NODE_POOL);
+    let mut changed = Vec::new();
+    set_paused_until(client, hosted_cluster, namespace, name, value(hc).as_deref()).await?;
+    changed.push(format!("HostedCluster {namespace}/{name}"));
+    let pools = api(client, node_pool, namespace);
+    for np in list_json(&pools, &Default::default(), "NodePools").await? {
+        if np["spec"]["clusterName"].as_str() == Some(name) {
+            let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let what = format!("NodePool {namespace}/{np_name}");
+            set_paused_until(client, node_pool, namespace, &np_name, value(&np).as_deref()).await?;
+            changed.push(what);
+        }
+    }
+    Ok(changed)
+}
+
 /// A Deployment's `spec.replicas` (None when the Deployment does not exist).
 pub async fn deployment_replicas(client: &Client, namespace: &str, name: &str) -> Result<Option<i32>, KubeError> {
     Ok(deployment_uid_and_replicas(client, namespace, name).await?.map(|(_, replicas)| replicas))

@@ -73,18 +73,18 @@ pub async fn create(options: &CreateOptions) -> Result<Value, OpsError> {
 /// Pause reconciliation of a cluster and its NodePools until `until`
 /// (an RFC3339 deadline: a forgotten pause ends by itself).
 pub async fn pause(client: &kube::Client, ns: &str, name: &str, until: &str) -> Result<Vec<String>, OpsError> {
-    set_pause(client, ns, name, Some(until), false).await
+    set_pause(client, ns, name, Some(until)).await
 }
 
 /// Lift the pause of a cluster and its NodePools. A fenced cluster is
 /// refused: its pause is the fence's, lifted only by `hcp-dr fence --release`.
 pub async fn resume(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<String>, OpsError> {
-    set_pause(client, ns, name, None, false).await
+    set_pause(client, ns, name, None).await
 }
 
-/// `until` None lifts the pause; `keep_longer` keeps a pause in place that
-/// lasts longer than `until` (a fence's).
-async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>, keep_longer: bool) -> Result<Vec<String>, OpsError> {
+/// `until` None lifts the pause; a fenced copy keeps a pause in place that
+/// lasts longer than `until` (the fence's).
+async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>) -> Result<Vec<String>, OpsError> {
     let label = format!("HostedCluster {ns}/{name}");
     let hcs = api(client, &HOSTED_CLUSTER, ns);
     let Some(hc) = get_json(&hcs, name, &label).await? else {
@@ -95,24 +95,12 @@ async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&s
         hosted.refuse_if_fenced("lift its pause").map_err(OpsError::Input)?;
     }
     // a fenced copy's far pause is never shortened
-    let keep_longer = keep_longer || hosted.fenced().is_some();
+    let keep_longer = hosted.fenced().is_some();
     let value = |existing: &Value| match until {
-        Some(until) if keep_longer => Some(crate::stages::deadline_pause::longest(existing["spec"]["pausedUntil"].as_str(), until)),
+        Some(until) if keep_longer => Some(crate::hosted::longest_pause(existing["spec"]["pausedUntil"].as_str(), until)),
         other => other.map(str::to_string),
     };
-    let mut changed = Vec::new();
-    crate::kube::set_paused_until(client, &HOSTED_CLUSTER, ns, name, value(&hc).as_deref()).await?;
-    changed.push(label);
-    let pools = api(client, &NODE_POOL, ns);
-    for np in crate::kube::list_json(&pools, &Default::default(), "NodePools").await? {
-        if np["spec"]["clusterName"].as_str() == Some(name) {
-            let np_name = np["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            let what = format!("NodePool {ns}/{np_name}");
-            crate::kube::set_paused_until(client, &NODE_POOL, ns, &np_name, value(&np).as_deref()).await?;
-            changed.push(what);
-        }
-    }
-    Ok(changed)
+    Ok(crate::kube::set_cluster_paused_until(client, ns, name, &hc, value).await?)
 }
 
 /// Set a NodePool's replicas (it must belong to the cluster).
@@ -133,27 +121,6 @@ pub async fn scale(client: &kube::Client, ns: &str, name: &str, pool: &str, repl
     }
     crate::kube::merge_patch(&pools, pool, &json!({"spec": {"replicas": replicas}}), &what).await?;
     Ok(())
-}
-
-/// Delete a cluster in order (the same code migrate's teardown runs),
-/// after pausing it so nothing is recreated meanwhile.
-pub async fn destroy(client: &kube::Client, ns: &str, name: &str) -> Result<crate::stages::migrate::teardown::TornDown, OpsError> {
-    let label = format!("HostedCluster {ns}/{name}");
-    if get_json(&api(client, &HOSTED_CLUSTER, ns), name, &label).await?.is_none() {
-        return Err(OpsError::Input(format!("{label} not found: nothing to destroy")));
-    }
-    // paused first, so the operator does not recreate what is being deleted
-    let until = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    set_pause(client, ns, name, Some(&until), true).await?;
-    let mut out = Default::default();
-    let mut record = |t: &crate::stages::migrate::teardown::TornDown| {
-        tracing::info!(deleted = t.deleted.len(), "destroying");
-        Ok(())
-    };
-    crate::stages::migrate::teardown::destroy(client, ns, name, &mut out, &mut record)
-        .await
-        .map_err(|e| OpsError::Input(crate::pipeline::stage::error_chain(e.as_ref())))?;
-    Ok(out)
 }
 
 /// What `cluster destroy` was asked.

@@ -87,7 +87,7 @@ pub struct Header {
 }
 
 /// The annotation naming the run (journal `run_id`) that created an object.
-pub const RUN_ANNOTATION: &str = "hcp-dr.openshift.io/created-by-run";
+pub use crate::hosted::RUN_ANNOTATION;
 
 /// One management cluster a run changes: how it was reached (never
 /// credentials) and what identifies it.

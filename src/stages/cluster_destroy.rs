@@ -2,7 +2,8 @@
 //! deadline pause on the HostedCluster and its NodePools (journaled first, so
 //! the operator recreates nothing while it is deleted, and `--abort` before
 //! the teardown puts the old values back); `teardown` runs the ordered,
-//! finalizer-clearing deletion migrate's source teardown runs, journaling
+//! finalizer-clearing deletion of `crate::teardown` (the one migrate's
+//! source teardown, a drill and reconcile's undo run too), journaling
 //! what it deleted as it goes. A stopped teardown is resumed: what is gone
 //! stays gone and the rest is deleted.
 
@@ -13,7 +14,7 @@ use serde_json::Value;
 use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step};
 use crate::stages::deadline_pause::{DeadlinePause, PauseScope};
 use crate::stages::earlier_progress;
-use crate::stages::migrate::teardown::{self, TornDown};
+use crate::teardown::{self, TornDown};
 
 /// The inputs of a destroy (journaled).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::hosted::{HOSTED_CLUSTER, NODE_POOL};
+use crate::hosted::{HOSTED_CLUSTER, NODE_POOL, longest_pause};
 use crate::kube::{api, get_json, list_json, set_paused_until};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 use crate::stages::{StageError, earlier_progress, undo_record};
@@ -32,19 +32,6 @@ pub struct Paused {
     /// since alone (absent in journals of older hcp-dr).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub uids: std::collections::BTreeMap<String, String>,
-}
-
-/// The value to set: `wanted`, unless `existing` pauses longer (`true`, or
-/// a later deadline), which is kept.
-pub fn longest(existing: Option<&str>, wanted: &str) -> String {
-    match existing {
-        Some(v) if v.eq_ignore_ascii_case("true") => v.to_string(),
-        Some(v) => match (chrono::DateTime::parse_from_rfc3339(v), chrono::DateTime::parse_from_rfc3339(wanted)) {
-            (Ok(have), Ok(want)) if have > want => v.to_string(),
-            _ => wanted.to_string(),
-        },
-        None => wanted.to_string(),
-    }
 }
 
 pub struct DeadlinePause;
@@ -96,7 +83,7 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
         step.record(serde_json::to_value(&record)?)?;
         for (kind, object, previous) in &record.previous {
             let gvk = if kind == "HostedCluster" { &HOSTED_CLUSTER } else { &NODE_POOL };
-            let value = longest(previous.as_deref(), &record.until);
+            let value = longest_pause(previous.as_deref(), &record.until);
             set_paused_until(&client, gvk, &ns, object, Some(&value)).await?;
         }
         Ok(serde_json::to_value(record)?)
@@ -118,20 +105,5 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
             set_paused_until(&client, gvk, &ns, object, previous.as_deref()).await?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::longest;
-
-    #[test]
-    fn a_longer_pause_in_place_is_never_shortened() {
-        let soon = "2026-11-24T12:00:00Z";
-        assert_eq!(longest(None, soon), soon);
-        assert_eq!(longest(Some("2026-11-24T11:00:00Z"), soon), soon, "an earlier deadline is extended");
-        assert_eq!(longest(Some("2036-11-24T12:00:00Z"), soon), "2036-11-24T12:00:00Z", "a fence's far deadline is kept");
-        assert_eq!(longest(Some("true"), soon), "true");
-        assert_eq!(longest(Some("not a time"), soon), soon, "an unreadable value is replaced");
     }
 }

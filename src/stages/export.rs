@@ -19,19 +19,11 @@ use serde_json::{Value, json};
 use super::context::BackupContext;
 use super::{StageError, from_output};
 use crate::archive::{self, OBJECTS, sanitize};
-use crate::hosted::{HOSTED_CLUSTER, HostedCluster, NODE_POOL};
+use crate::hosted::{HOSTED_CLUSTER, HostedCluster, NODE_POOL, exported_group};
 use crate::kube::{api, api_for, get_json, list_json, request};
 use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
 
 pub struct Export;
-
-/// API groups whose namespaced resources in the HCP namespace are exported.
-pub fn exported_group(group: &str) -> bool {
-    group == "hypershift.openshift.io"
-        || group == "cluster.x-k8s.io"
-        || group.ends_with(".cluster.x-k8s.io")
-        || group.starts_with("capi-provider.")
-}
 
 /// Why a Secret of the HCP namespace is not exported (None: it is).
 pub fn skip_secret(secret: &Value) -> Option<&'static str> {
@@ -187,13 +179,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn groups_and_secrets() {
-        for g in ["hypershift.openshift.io", "cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io", "capi-provider.agent-install.openshift.io", "bootstrap.cluster.x-k8s.io"] {
-            assert!(exported_group(g), "{g}");
-        }
-        for g in ["", "apps", "route.openshift.io", "agent-install.openshift.io"] {
-            assert!(!exported_group(g), "{g}");
-        }
+    fn secrets() {
         assert!(skip_secret(&json!({"type": "kubernetes.io/service-account-token", "metadata": {"name": "x"}})).is_some());
         assert!(skip_secret(&json!({"type": "kubernetes.io/dockerconfigjson", "metadata": {"name": "pull-secret"}})).is_some());
         assert!(skip_secret(&json!({"metadata": {"name": "oauth-openshift-session"}})).is_some());

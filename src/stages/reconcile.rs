@@ -353,8 +353,8 @@ impl Stage<ReconcileContext> for Apply {
                     Owned::NotOurs(uid) => Some(uid),
                     Owned::Ours(_) => {
                         let mut out = Default::default();
-                        let mut record = |_: &crate::stages::migrate::teardown::TornDown| Ok(());
-                        crate::stages::migrate::teardown::destroy(&ctx.client, &ns, name, &mut out, &mut record).await?;
+                        let mut record = |_: &crate::teardown::TornDown| Ok(());
+                        crate::teardown::destroy(&ctx.client, &ns, name, &mut out, &mut record).await?;
                         None
                     }
                 }

@@ -1,6 +1,7 @@
 //! `teardown`: the drill cluster goes, whatever the checks said, unless
 //! `--keep`. The cluster itself is removed as `hcp-dr cluster destroy` does
-//! it (paused, then the ordered deletion migrate's teardown shares); then
+//! it (paused, then the ordered deletion of `crate::teardown` that migrate's
+//! teardown shares: [`destroy_paused`]); then
 //! what lives beside it in its namespace: the Secrets this drill created
 //! and the credentials HyperShift wrote for it; then the namespaces the
 //! drill created. Not undoable. The report says whether the cluster was
@@ -19,7 +20,7 @@ use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{Stage, StageFailure, Step};
 use crate::stages::restore::apply::Applied;
-use crate::teardown::{Removal, delete_if_uid, wait_gone};
+use crate::teardown::{Removal, delete_if_uid, destroy_paused, wait_gone};
 
 pub struct Teardown;
 
@@ -100,7 +101,7 @@ async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, Sta
         .map(str::to_string)
         .collect();
     if hc.is_some() {
-        let torn = crate::ops::cluster::destroy(&client, ns, name).await?;
+        let torn = destroy_paused(&client, ns, name).await?;
         out.deleted.extend(torn.deleted);
         step.record(serde_json::to_value(&out)?)?;
     }
