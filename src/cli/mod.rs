@@ -13,9 +13,11 @@ pub fn store_or_env(given: Option<String>, from_journal: bool) -> Option<String>
 pub mod backup;
 pub mod backups;
 pub mod cluster;
+pub mod completion;
 pub mod drill;
 pub mod etcd;
 pub mod fence;
+pub mod man;
 pub mod migrate;
 pub mod playbook;
 pub mod progress;
@@ -122,6 +124,12 @@ pub enum Command {
     /// cluster that came back after the cluster was restored elsewhere
     /// (--release lets it run again).
     Fence(fence::Args),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    #[command(after_help = "Example:\n  hcp-dr completion bash > ~/.local/share/bash-completion/completions/hcp-dr")]
+    Completion(completion::Args),
+    /// Print the manual page, or write one page per command to a directory.
+    #[command(after_help = "Example:\n  hcp-dr man --dir /usr/local/share/man/man1")]
+    Man(man::Args),
 }
 
 /// How a command ended, mapped to the process exit code by `main`.
@@ -238,5 +246,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Cluster(cmd) => cluster::exec(cmd, cli.output).await,
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
         Command::Fence(args) => fence::exec(args, cli.output).await,
+        Command::Completion(args) => completion::exec(args),
+        Command::Man(args) => man::exec(args),
     }
 }
