@@ -603,45 +603,19 @@ fn trailing_hash<R: Read + Seek>(
     Ok((trailing, sha.finalize().into()))
 }
 
-/// CRC-32C (Castagnoli), as Go's `crc32.MakeTable(crc32.Castagnoli)`.
-#[derive(Debug, Clone, Copy)]
+/// CRC-32C (Castagnoli), as Go's `crc32.MakeTable(crc32.Castagnoli)`:
+/// the `crc32c` crate (SSE4.2 / ARMv8 CRC instructions when the CPU has
+/// them, a software fallback otherwise).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Crc32c(u32);
-
-const CRC32C_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-impl Default for Crc32c {
-    fn default() -> Self {
-        Crc32c(!0)
-    }
-}
 
 impl Crc32c {
     pub fn update(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = CRC32C_TABLE[((self.0 ^ u32::from(*b)) & 0xff) as usize] ^ (self.0 >> 8);
-        }
+        self.0 = crc32c::crc32c_append(self.0, bytes);
     }
 
     pub fn finish(&self) -> u32 {
-        !self.0
+        self.0
     }
 }
 
