@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use serde_json::json;
 
 use crate::hosted::HOSTED_CLUSTER;
@@ -338,7 +340,7 @@ fn http_client(ca_bundle: Option<&Path>) -> Result<HttpClient, String> {
     }
     if let Some(path) = ca_bundle {
         let pem = std::fs::read(path).map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
-        for cert in rustls_pemfile::certs(&mut &pem[..]) {
+        for cert in CertificateDer::pem_slice_iter(&pem) {
             let cert = cert.map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
             roots.add(cert).map_err(|e| format!("CA bundle {}: {e}", path.display()))?;
         }
@@ -615,5 +617,29 @@ mod tests {
             assert!(err.contains(expect), "{url} {labels:?}: {err}");
         }
         assert!(Pushgateway::new("https://gw.example:9091/prefix/", "hcp-dr", &["site=a".into()], None).is_ok());
+    }
+
+    #[test]
+    fn a_ca_bundle_is_read_as_pem_certificates() {
+        const CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBcDCCARWgAwIBAgIUPgz5ttP7RZeNvYx4YeRKa8sffKkwCgYIKoZIzj0EAwIw
+DDEKMAgGA1UEAwwBdDAgFw0yNjExMjQxNzU5MDBaGA8yMTI2MTAzMTE3NTkwMFow
+DDEKMAgGA1UEAwwBdDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABAgCIKCWCKDu
+n/8UpRYfIcOtqiMMjYCH9g70sMGvFLEBBs871lLOr1+sPGfKjxvBNC7tbzpk+Edy
+VgQ48aU+ndSjUzBRMB0GA1UdDgQWBBRSG4tWq0yMNCGi5kpiaLtTZ39rFDAfBgNV
+HSMEGDAWgBRSG4tWq0yMNCGi5kpiaLtTZ39rFDAPBgNVHRMBAf8EBTADAQH/MAoG
+CCqGSM49BAMCA0kAMEYCIQD706VSgkOlOBiv/gyItgieYbkA4Z8XdRJ4p8tDH+CJ
+twIhAMHTu/AAVB5xm2ghU0ZtSby+3mJRpPZ5CZkyNnDmKhn/
+-----END CERTIFICATE-----
+";
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.pem");
+        std::fs::write(&good, format!("some text\n{CERT}{CERT}")).unwrap();
+        assert!(http_client(Some(&good)).is_ok());
+        let cut = dir.path().join("cut.pem");
+        std::fs::write(&cut, &CERT[..200]).unwrap();
+        let err = http_client(Some(&cut)).err().unwrap();
+        assert!(err.starts_with(&format!("CA bundle {}: ", cut.display())), "{err}");
+        assert!(http_client(Some(&dir.path().join("missing.pem"))).err().unwrap().starts_with("CA bundle "));
     }
 }
