@@ -6,6 +6,7 @@ pub mod archive;
 pub mod cli;
 pub mod dns;
 pub mod duration;
+pub mod error;
 pub mod etcd;
 pub mod hosted;
 pub mod kube;

@@ -326,7 +326,7 @@ mod tests {
     use crate::archive::encryption::Recipients;
     use crate::archive::{Artifact, ClusterIdentity, ENCRYPTED_FORMAT_VERSION, Encryption, MemberSnapshot, Timings};
     use crate::store::LocalStore;
-    use crate::store::sealed::SealingStore;
+    use crate::archive::sealed::SealingStore;
 
     fn key() -> (Identities, String) {
         let identity = age::x25519::Identity::generate();

@@ -20,6 +20,7 @@ pub mod fence;
 pub mod objects;
 pub mod retention;
 pub mod sanitize;
+pub mod sealed;
 
 use std::collections::BTreeMap;
 

@@ -56,8 +56,7 @@ pub const EXIT_CODES: &str = "Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes", after_help = EXIT_CODES)]
 pub struct Cli {
-    /// Output format of the final report: text for people, or the same
-    /// structured report as JSON or YAML.
+    /// Output format of the final report.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Log format on stderr: `text` (human-readable), `json` (one object a
@@ -91,7 +90,6 @@ impl LogFormat {
 pub enum Output {
     Text,
     Json,
-    Yaml,
 }
 
 #[derive(Debug, Subcommand)]

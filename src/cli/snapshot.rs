@@ -62,7 +62,13 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     };
     match verify_source_with(&snapshot, s3, identities.as_ref()).await {
         Ok(report) => {
-            super::report::print(output, &report, || render(&report));
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                ),
+                Output::Text => print!("{}", render(&report)),
+            }
             if report.is_ok() {
                 Exit::Success
             } else {

@@ -225,7 +225,7 @@ pub fn describe_error(err: &kube::Error) -> String {
             }
             text
         }
-        other => crate::pipeline::stage::error_chain(other),
+        other => crate::error::error_chain(other),
     }
 }
 

@@ -161,6 +161,7 @@ pub async fn connect_zone(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::builtin::builtin;
 
     #[test]
     fn printed_commands_quote_only_what_needs_it() {
@@ -176,5 +177,72 @@ mod tests {
             next.line(std::path::Path::new("/j/r.jsonl")),
             "journal written; if this process dies: `hcp-dr restore --resume /j/r.jsonl` goes on, `hcp-dr restore --abort /j/r.jsonl` deletes what it created"
         );
+    }
+
+    /// Every embedded playbook names only stages its operation has, in an
+    /// order its rules allow. (Here, not in `pipeline::builtin`: the pipeline
+    /// knows no stage, and `ops` is where both meet.)
+    #[test]
+    fn embedded_playbooks_parse_and_check() {
+        let backup = builtin("backup").unwrap().unwrap();
+        backup.check(&crate::stages::BACKUP_RULES).unwrap();
+        let catalog = crate::stages::backup_catalog();
+        for stage in backup.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let migrate = builtin("migrate").unwrap().unwrap();
+        migrate.check(&crate::stages::migrate::MIGRATE_RULES).unwrap();
+        let catalog = crate::stages::migrate::migrate_catalog();
+        for stage in migrate.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        for name in ["restore", "restore-dns-takeover"] {
+            let restore = builtin(name).unwrap().unwrap();
+            restore.check(&crate::stages::restore::RESTORE_RULES).unwrap();
+            let catalog = crate::stages::restore::restore_catalog();
+            for stage in restore.stage_names() {
+                assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+            }
+        }
+        let recover = builtin("etcd-recover").unwrap().unwrap();
+        recover.check(&crate::stages::etcd_ops::RECOVER_RULES).unwrap();
+        let catalog = crate::stages::etcd_ops::recover_catalog();
+        for stage in recover.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let drill = builtin("drill").unwrap().unwrap();
+        drill.check(&crate::stages::drill::DRILL_RULES).unwrap();
+        let catalog = crate::stages::drill::drill_catalog();
+        for stage in drill.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let destroy = builtin("cluster-destroy").unwrap().unwrap();
+        destroy.check(&crate::stages::cluster_destroy::DESTROY_RULES).unwrap();
+        for (name, rules, catalog) in [
+            ("fence", &crate::stages::fence::FENCE_RULES, crate::stages::fence::fence_catalog()),
+            ("fence-release", &crate::stages::fence::RELEASE_RULES, crate::stages::fence::release_catalog()),
+        ] {
+            let playbook = builtin(name).unwrap().unwrap();
+            playbook.check(rules).unwrap();
+            for stage in playbook.stage_names() {
+                assert!(catalog.get(&stage).is_some(), "{name}: {stage} has no implementation");
+            }
+        }
+        let catalog = crate::stages::cluster_destroy::destroy_catalog();
+        for stage in destroy.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let reconcile = builtin("cluster-reconcile").unwrap().unwrap();
+        reconcile.check(&crate::stages::reconcile::RECONCILE_RULES).unwrap();
+        let catalog = crate::stages::reconcile::reconcile_catalog();
+        for stage in reconcile.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
+        let etcd_restore = builtin("etcd-restore").unwrap().unwrap();
+        etcd_restore.check(&crate::stages::etcd_restore::ETCD_RESTORE_RULES).unwrap();
+        let catalog = crate::stages::etcd_restore::etcd_restore_catalog();
+        for stage in etcd_restore.stage_names() {
+            assert!(catalog.get(&stage).is_some(), "{stage} has no implementation");
+        }
     }
 }

@@ -188,7 +188,7 @@ pub struct BackupContext {
     pub downtime_seconds: Option<f64>,
     /// With `--encrypt-to`: the store the encrypted artifacts are written
     /// through (see [`BackupContext::artifact_store`]).
-    pub sealing: Option<std::sync::Arc<crate::store::sealed::SealingStore>>,
+    pub sealing: Option<std::sync::Arc<crate::archive::sealed::SealingStore>>,
     /// Plaintext size and SHA-256 of each encrypted snapshot, by artifact
     /// name (`snapshot-finish` journals them for `package`).
     pub plaintext: Vec<crate::archive::Artifact>,
@@ -268,7 +268,7 @@ impl BackupContext {
     /// Encrypt the snapshots and the objects archive to `recipients` (the
     /// manifest and SHA256SUMS stay readable).
     pub fn encrypt_to(&mut self, recipients: crate::archive::encryption::Recipients) {
-        self.sealing = Some(std::sync::Arc::new(crate::store::sealed::SealingStore::new(self.store.clone(), recipients)));
+        self.sealing = Some(std::sync::Arc::new(crate::archive::sealed::SealingStore::new(self.store.clone(), recipients)));
     }
 
     /// Where snapshots and the objects archive are put: through the

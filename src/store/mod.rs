@@ -7,7 +7,6 @@
 
 pub mod local;
 pub mod s3;
-pub mod sealed;
 
 use std::path::PathBuf;
 use std::time::Duration;

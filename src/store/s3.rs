@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key, read_full};
-use crate::pipeline::stage::error_chain;
+use crate::error::error_chain;
 
 /// Server-side encryption asked of S3.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -4,6 +4,9 @@
 //! `.partial` files or an S3 part. Everything else (reads, listings,
 //! deletes) goes to the store underneath unchanged; the manifest and
 //! `SHA256SUMS` are written to that store directly.
+//!
+//! It lives beside the encryption it applies (a `Store` built from
+//! `archive::encryption`), so `store` needs nothing from `archive`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Body, ObjectInfo, PutReport, Store, StoreError};
-use crate::archive::encryption::{EncryptingReader, Recipients};
+use super::encryption::{EncryptingReader, Recipients};
+use crate::store::{Body, ObjectInfo, PutReport, Store, StoreError};
 
 pub struct SealingStore {
     inner: Arc<dyn Store>,
