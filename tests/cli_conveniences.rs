@@ -139,3 +139,41 @@ fn docs_man_is_current() {
         problems.join("\n")
     );
 }
+
+/// `-o yaml` prints the document `-o json` prints: the same value, parsed.
+#[test]
+fn yaml_output_is_the_json_report_as_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    // not a snapshot: a report all the same (exit 1), the same every time
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![b'x'; 70_000]).unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["playbook", "show", "backup"],
+        vec!["playbook", "show", "etcd-restore"],
+        vec!["playbook", "show", "migrate"],
+        vec!["schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://bucket/prefix", "--keep-daily", "7", "--hosted-cluster", "demo"],
+        vec!["backups", "list", "--store", store.to_str().unwrap()],
+        vec!["snapshot", "verify", junk.to_str().unwrap()],
+    ];
+    for args in cases {
+        let run = |format: &str| {
+            let mut with = args.clone();
+            with.extend(["-o", format]);
+            let out = hcp_dr(&with);
+            assert!(matches!(out.status.code(), Some(0 | 1)), "hcp-dr {}: {}", with.join(" "), String::from_utf8_lossy(&out.stderr));
+            (out.status.code(), String::from_utf8(out.stdout).unwrap())
+        };
+        let (json_code, json) = run("json");
+        let (yaml_code, yaml) = run("yaml");
+        let what = args.join(" ");
+        assert_eq!(json_code, yaml_code, "{what}: the format changed the exit code");
+        let from_json: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{what} -o json: {e}\n{json}"));
+        let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{what} -o yaml: {e}\n{yaml}"));
+        assert_eq!(from_yaml, from_json, "{what}: -o yaml and -o json differ\n--- yaml\n{yaml}\n--- json\n{json}");
+        if from_json != serde_json::json!([]) {
+            assert!(!yaml.trim_start().starts_with(['{', '[']), "{what} -o yaml printed JSON:\n{yaml}");
+        }
+    }
+}

@@ -274,10 +274,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     if args.render {
         return match render(&new) {
             Ok(objects) => {
-                match output {
-                    Output::Json => println!("{}", serde_json::to_string_pretty(&objects).unwrap_or_default()),
-                    Output::Text => print!("{}", serde_saphyr::to_string_multiple(&objects).unwrap_or_default()),
-                }
+                super::report::print(output, &objects, || serde_saphyr::to_string_multiple(&objects).unwrap_or_default());
                 Exit::Success
             }
             Err(e) => super::report::error_exit(&e),

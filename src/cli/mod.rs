@@ -56,7 +56,8 @@ pub const EXIT_CODES: &str = "Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes", after_help = EXIT_CODES)]
 pub struct Cli {
-    /// Output format of the final report.
+    /// Output format of the final report: text for people, or the same
+    /// structured report as JSON or YAML.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Log format on stderr: `text` (human-readable), `json` (one object a
@@ -90,6 +91,7 @@ impl LogFormat {
 pub enum Output {
     Text,
     Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]

@@ -62,13 +62,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     };
     match verify_source_with(&snapshot, s3, identities.as_ref()).await {
         Ok(report) => {
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                ),
-                Output::Text => print!("{}", render(&report)),
-            }
+            super::report::print(output, &report, || render(&report));
             if report.is_ok() {
                 Exit::Success
             } else {
