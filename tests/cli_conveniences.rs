@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use clap::CommandFactory;
+use clap::{CommandFactory, Parser};
 use hcp_dr::cli::Cli;
 
 fn repo() -> PathBuf {
@@ -176,4 +176,63 @@ fn yaml_output_is_the_json_report_as_yaml() {
             assert!(!yaml.trim_start().starts_with(['{', '[']), "{what} -o yaml printed JSON:\n{yaml}");
         }
     }
+}
+
+/// Words as the shell splits them: whitespace outside quotes, quotes removed.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (None, '"' | '\'') => (quote, any) = (Some(c), true),
+            (Some(q), c) if c == q => quote = None,
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (_, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// Every command that runs (no subcommands of its own) shows an example in
+/// its `--help`, and the example is of that command and parses: its flags
+/// exist and its values are accepted.
+#[test]
+fn every_command_help_has_an_example_that_parses() {
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (words, mut cmd) in commands().into_iter().filter(|(_, c)| !c.has_subcommands()) {
+        let path = format!("hcp-dr {}", words.join(" "));
+        let help = cmd.render_long_help().to_string();
+        let Some((_, after)) = help.split_once("Example:") else {
+            problems.push(format!("`{path} --help` shows no Example:"));
+            continue;
+        };
+        let examples: Vec<&str> = after.lines().map(str::trim).filter(|l| l.starts_with("hcp-dr ")).collect();
+        if examples.is_empty() {
+            problems.push(format!("`{path} --help`: no `hcp-dr …` line after Example:"));
+        }
+        for example in examples {
+            // what the shell does with the rest: a pipe, a redirection, a comment
+            let command = [" | ", " > ", " #"].iter().fold(example, |line, cut| line.split(cut).next().unwrap());
+            let args = shell_words(command);
+            if !command.starts_with(&format!("{path} ")) {
+                problems.push(format!("`{path} --help`: the example `{example}` is of another command"));
+            } else if let Err(err) = Cli::try_parse_from(&args) {
+                problems.push(format!("`{path} --help`: the example `{example}` does not parse:\n{err}"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(checked >= 20, "only {checked} examples");
+    // and the binary shows them
+    let help = stdout_ok(&["etcd", "restore", "--help"]);
+    assert!(help.contains("Example:\n  hcp-dr etcd restore "), "{help}");
 }

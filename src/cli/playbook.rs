@@ -11,6 +11,7 @@ use crate::ops;
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
+    #[command(after_help = "Example:\n  hcp-dr playbook show restore")]
     Show {
         /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release).
         name: String,

@@ -10,6 +10,7 @@ use crate::ops::schedule::{ScheduleOptions, render, render_yaml};
 pub enum Command {
     /// Print the Namespace, ServiceAccount, least-privilege RBAC and CronJob
     /// that run backups unattended (apply with `kubectl apply -f -`).
+    #[command(after_help = "Example:\n  hcp-dr schedule render --schedule \"0 */6 * * *\" --to s3://bucket/prefix --keep-daily 7 | kubectl apply -f -")]
     Render {
         /// Cron schedule, e.g. "0 */6 * * *".
         #[arg(long)]

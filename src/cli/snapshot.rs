@@ -16,6 +16,7 @@ use crate::store::S3Options;
 pub enum Command {
     /// Check an etcd snapshot without etcd: its trailing SHA-256, its bbolt
     /// structure, and what it holds (revision, keys per resource).
+    #[command(after_help = "Example:\n  hcp-dr snapshot verify s3://bucket/prefix/clusters/demo/latest/etcd/etcd-0.db")]
     Verify(VerifyArgs),
 }
 
