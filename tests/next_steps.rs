@@ -17,6 +17,7 @@ use support::{Env, env, sourced_shell, text, wait_for_stage};
 /// `KUBECONFIG` unset, in the test's work directory.
 fn shell(env: &Env, script: &str, hooks: &[(&str, &str)]) -> Command {
     let mut cmd = sourced_shell(&env.sandbox, env.dir.path(), script);
+    support::require_test_hooks(hooks);
     for (k, v) in hooks {
         cmd.env(k, v);
     }

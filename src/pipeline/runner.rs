@@ -18,7 +18,11 @@ use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
 
 /// Hooks for tests of undo and resume, driven by environment variables so
 /// they work on the real binary. They only ever make a run fail or wait;
-/// none can make anything succeed.
+/// none can make anything succeed. Compiled in only with the cargo feature
+/// `test-hooks` (the integration tests enable it through hcp-dr's
+/// dev-dependency on itself); a release build or `cargo install` has the
+/// no-op versions below, so no environment variable can make it fail or hang.
+#[cfg(feature = "test-hooks")]
 mod test_hooks {
     use std::time::Duration;
 
@@ -50,6 +54,21 @@ mod test_hooks {
         }
     }
 }
+
+/// Without the `test-hooks` feature: nothing is read, nothing fails, nothing waits.
+#[cfg(not(feature = "test-hooks"))]
+mod test_hooks {
+    pub fn fail_after(_stage: &str) -> Result<(), String> {
+        Ok(())
+    }
+    pub async fn hold_in(_stage: &str) {}
+    pub async fn hold_after(_stage: &str) {}
+}
+
+/// Whether this build has the test hooks (`HCP_DR_TEST_FAIL_AFTER`,
+/// `HCP_DR_TEST_HOLD_IN`, `HCP_DR_TEST_HOLD_AFTER`): the cargo feature
+/// `test-hooks`. Tests that need them check it first and fail naming it.
+pub const TEST_HOOKS: bool = cfg!(feature = "test-hooks");
 
 /// Why a run could not be carried out (a stage failing is not one of these:
 /// that is a [`RunOutcome`]).

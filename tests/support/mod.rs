@@ -79,6 +79,7 @@ impl Env {
             .env("HCP_DR_CA_BUNDLE", self.sandbox.dir.join("ca.crt"))
             .env("HCP_DR_STATE_DIR", self.dir.path().join("state"))
             .env_remove("HCP_DR_STORE");
+        require_test_hooks(extra_env);
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
@@ -162,6 +163,19 @@ pub fn etcd_pid(dir: &Path) -> Option<u32> {
         let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
         cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes()).then_some(pid)
     })
+}
+
+/// A test that sets a test hook (`HCP_DR_TEST_*`) fails here, naming the
+/// feature, when the binary was built without it: such a binary ignores the
+/// variable, and the test would silently prove nothing. hcp-dr's
+/// dev-dependency on itself turns the feature on in every test build.
+pub fn require_test_hooks(extra_env: &[(&str, &str)]) {
+    if let Some((hook, _)) = extra_env.iter().find(|(k, _)| k.starts_with("HCP_DR_TEST_")) {
+        assert!(
+            hcp_dr::pipeline::runner::TEST_HOOKS,
+            "{hook} needs the test hooks: build with the cargo feature `test-hooks` (`cargo nextest run --features test-hooks`)"
+        );
+    }
 }
 
 pub fn text(output: &Output) -> String {
