@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use clap::CommandFactory;
+use clap::{CommandFactory, Parser};
 use hcp_dr::cli::Cli;
 
 fn repo() -> PathBuf {
@@ -138,4 +138,101 @@ fn docs_man_is_current() {
         "{}\nregenerate the pages with `cargo run -- man --dir docs/man` and commit them",
         problems.join("\n")
     );
+}
+
+/// `-o yaml` prints the document `-o json` prints: the same value, parsed.
+#[test]
+fn yaml_output_is_the_json_report_as_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    // not a snapshot: a report all the same (exit 1), the same every time
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![b'x'; 70_000]).unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["playbook", "show", "backup"],
+        vec!["playbook", "show", "etcd-restore"],
+        vec!["playbook", "show", "migrate"],
+        vec!["schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://bucket/prefix", "--keep-daily", "7", "--hosted-cluster", "demo"],
+        vec!["backups", "list", "--store", store.to_str().unwrap()],
+        vec!["snapshot", "verify", junk.to_str().unwrap()],
+    ];
+    for args in cases {
+        let run = |format: &str| {
+            let mut with = args.clone();
+            with.extend(["-o", format]);
+            let out = hcp_dr(&with);
+            assert!(matches!(out.status.code(), Some(0 | 1)), "hcp-dr {}: {}", with.join(" "), String::from_utf8_lossy(&out.stderr));
+            (out.status.code(), String::from_utf8(out.stdout).unwrap())
+        };
+        let (json_code, json) = run("json");
+        let (yaml_code, yaml) = run("yaml");
+        let what = args.join(" ");
+        assert_eq!(json_code, yaml_code, "{what}: the format changed the exit code");
+        let from_json: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{what} -o json: {e}\n{json}"));
+        let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{what} -o yaml: {e}\n{yaml}"));
+        assert_eq!(from_yaml, from_json, "{what}: -o yaml and -o json differ\n--- yaml\n{yaml}\n--- json\n{json}");
+        if from_json != serde_json::json!([]) {
+            assert!(!yaml.trim_start().starts_with(['{', '[']), "{what} -o yaml printed JSON:\n{yaml}");
+        }
+    }
+}
+
+/// Words as the shell splits them: whitespace outside quotes, quotes removed.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (None, '"' | '\'') => (quote, any) = (Some(c), true),
+            (Some(q), c) if c == q => quote = None,
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (_, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// Every command that runs (no subcommands of its own) shows an example in
+/// its `--help`, and the example is of that command and parses: its flags
+/// exist and its values are accepted.
+#[test]
+fn every_command_help_has_an_example_that_parses() {
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (words, mut cmd) in commands().into_iter().filter(|(_, c)| !c.has_subcommands()) {
+        let path = format!("hcp-dr {}", words.join(" "));
+        let help = cmd.render_long_help().to_string();
+        let Some((_, after)) = help.split_once("Example:") else {
+            problems.push(format!("`{path} --help` shows no Example:"));
+            continue;
+        };
+        let examples: Vec<&str> = after.lines().map(str::trim).filter(|l| l.starts_with("hcp-dr ")).collect();
+        if examples.is_empty() {
+            problems.push(format!("`{path} --help`: no `hcp-dr …` line after Example:"));
+        }
+        for example in examples {
+            // what the shell does with the rest: a pipe, a redirection, a comment
+            let command = [" | ", " > ", " #"].iter().fold(example, |line, cut| line.split(cut).next().unwrap());
+            let args = shell_words(command);
+            if !command.starts_with(&format!("{path} ")) {
+                problems.push(format!("`{path} --help`: the example `{example}` is of another command"));
+            } else if let Err(err) = Cli::try_parse_from(&args) {
+                problems.push(format!("`{path} --help`: the example `{example}` does not parse:\n{err}"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(checked >= 20, "only {checked} examples");
+    // and the binary shows them
+    let help = stdout_ok(&["etcd", "restore", "--help"]);
+    assert!(help.contains("Example:\n  hcp-dr etcd restore "), "{help}");
 }

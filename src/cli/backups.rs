@@ -36,6 +36,7 @@ impl StoreArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Backups in a store, newest first (incomplete ones marked, never shown as good).
+    #[command(after_help = "Example:\n  hcp-dr backups list --store s3://bucket/prefix --hosted-cluster demo -n clusters")]
     List {
         /// The store: a directory, file:///path or s3://bucket/prefix.
         #[arg(long, env = "HCP_DR_STORE")]
@@ -50,6 +51,7 @@ pub enum Command {
         s3: StoreArgs,
     },
     /// One backup's manifest, readable.
+    #[command(after_help = "Example:\n  hcp-dr backups describe s3://bucket/prefix/clusters/demo/latest")]
     Describe {
         /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or `.../latest`).
         backup: String,
@@ -57,6 +59,7 @@ pub enum Command {
         s3: StoreArgs,
     },
     /// Download and check every artifact of a backup and its snapshots offline.
+    #[command(after_help = "Example:\n  hcp-dr backups verify --deep s3://bucket/prefix/clusters/demo/latest")]
     Verify {
         /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or `.../latest`).
         backup: String,
@@ -71,6 +74,7 @@ pub enum Command {
         s3: StoreArgs,
     },
     /// Delete backups a retention policy does not keep (their bytes, all of them).
+    #[command(after_help = "Example:\n  hcp-dr backups prune --store s3://bucket/prefix --keep-daily 7 --keep-weekly 4 --dry-run")]
     Prune {
         #[arg(long, env = "HCP_DR_STORE")]
         store: String,

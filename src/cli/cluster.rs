@@ -14,8 +14,10 @@ use crate::ops::cluster::{CreateOptions, create, render};
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a hosted cluster (or, with --render, print its objects).
+    #[command(after_help = "Example:\n  hcp-dr cluster create --name demo --release-image quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64 --pull-secret pull-secret.json --render")]
     Create(CreateArgs),
     /// Pause reconciliation of a cluster and its NodePools until a deadline.
+    #[command(after_help = "Example:\n  hcp-dr cluster pause demo -n clusters --for 2h")]
     Pause {
         #[arg(value_parser = super::k8s_name)]
         name: String,
@@ -31,6 +33,7 @@ pub enum Command {
         access: Access,
     },
     /// Lift the pause of a cluster and its NodePools.
+    #[command(after_help = "Example:\n  hcp-dr cluster resume demo -n clusters")]
     Resume {
         #[arg(value_parser = super::k8s_name)]
         name: String,
@@ -40,6 +43,7 @@ pub enum Command {
         access: Access,
     },
     /// Set the replicas of one of a cluster's NodePools.
+    #[command(after_help = "Example:\n  hcp-dr cluster scale demo -n clusters --node-pool demo --replicas 3")]
     Scale {
         #[arg(value_parser = super::k8s_name)]
         name: String,
@@ -56,10 +60,12 @@ pub enum Command {
     /// Converge a cluster to a desired file (a HostedCluster, its NodePools
     /// and Secrets): create what is missing, patch what differs, report the
     /// drift, wait for Available and Ready. A second run changes nothing.
+    #[command(after_help = "Example:\n  hcp-dr cluster reconcile -f demo.yaml --dry-run")]
     Reconcile(ReconcileArgs),
     /// Delete a cluster in order: NodePools, CAPI and platform objects,
     /// HostedControlPlane, HCP namespace, HostedCluster (finalizers cleared);
     /// journaled (playbook cluster-destroy), a stopped teardown resumable.
+    #[command(after_help = "Example:\n  hcp-dr cluster destroy demo -n clusters --dry-run")]
     Destroy {
         /// The HostedCluster (not with --resume/--abort).
         #[arg(required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"], value_parser = super::k8s_name)]
@@ -274,10 +280,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     if args.render {
         return match render(&new) {
             Ok(objects) => {
-                match output {
-                    Output::Json => println!("{}", serde_json::to_string_pretty(&objects).unwrap_or_default()),
-                    Output::Text => print!("{}", serde_saphyr::to_string_multiple(&objects).unwrap_or_default()),
-                }
+                super::report::print(output, &objects, || serde_saphyr::to_string_multiple(&objects).unwrap_or_default());
                 Exit::Success
             }
             Err(e) => super::report::error_exit(&e),

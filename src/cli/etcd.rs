@@ -18,15 +18,18 @@ pub enum Command {
     /// One row per etcd member: pod, restarts, reachability, health, leader,
     /// raft term and index, revision, database size, alarms. Exit 1 when the
     /// cluster is degraded, 0 when it is healthy.
+    #[command(after_help = "Example:\n  hcp-dr etcd status --hosted-cluster demo -n clusters")]
     Status(StatusArgs),
     /// Replace one failing member (its pod and volume claim together); it
     /// rejoins empty and catches up from the others. Refused when that would
     /// lose quorum, when several members fail, or for a SingleReplica cluster.
+    #[command(after_help = "Example:\n  hcp-dr etcd recover --hosted-cluster demo -n clusters --member etcd-1")]
     Recover(RecoverArgs),
     /// Put the cluster's etcd back to a snapshot or backup, in place (the
     /// on-premise full restore): writers and etcd stopped, every member's
     /// volume restored with a revision above the one reached, etcd and the
     /// writers back, the pause lifted.
+    #[command(after_help = "Example:\n  hcp-dr etcd restore --hosted-cluster demo -n clusters --from s3://bucket/prefix --backup-id latest --dry-run")]
     Restore(RestoreArgs),
 }
 

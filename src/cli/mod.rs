@@ -56,7 +56,8 @@ pub const EXIT_CODES: &str = "Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes", after_help = EXIT_CODES)]
 pub struct Cli {
-    /// Output format of the final report.
+    /// Output format of the final report: text for people, or the same
+    /// structured report as JSON or YAML.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Log format on stderr: `text` (human-readable), `json` (one object a
@@ -90,20 +91,25 @@ impl LogFormat {
 pub enum Output {
     Text,
     Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Back up one hosted cluster (etcd snapshots and objects) to a store.
+    #[command(after_help = "Example:\n  hcp-dr backup --hosted-cluster demo -n clusters --to s3://bucket/prefix")]
     Backup(backup::Args),
     /// List, describe, verify and prune the backups in a store.
     #[command(subcommand)]
     Backups(backups::Command),
     /// Restore one backup onto a management cluster (etcd from its snapshot).
+    #[command(after_help = "Example:\n  hcp-dr restore --from s3://bucket/prefix/clusters/demo/latest --kubeconfig dest.kubeconfig --dry-run")]
     Restore(restore::Args),
     /// Move one hosted cluster to another management cluster.
+    #[command(after_help = "Example:\n  hcp-dr migrate --hosted-cluster demo -n clusters --from-kubeconfig a.kubeconfig --to-kubeconfig b.kubeconfig --via s3://bucket/prefix --route53-zone Z123")]
     Migrate(migrate::Args),
     /// Prove a backup restores: restore it under a new name on a staging cluster, check it, remove it.
+    #[command(after_help = "Example:\n  hcp-dr drill --from s3://bucket/prefix/clusters/demo/latest --kubeconfig staging.kubeconfig --report drill-report")]
     Drill(drill::Args),
     /// Inspect playbooks.
     #[command(subcommand)]
@@ -123,6 +129,7 @@ pub enum Command {
     /// Stop and mark the stale copy of a hosted cluster on a management
     /// cluster that came back after the cluster was restored elsewhere
     /// (--release lets it run again).
+    #[command(after_help = "Example:\n  hcp-dr fence --hosted-cluster demo -n clusters --kubeconfig returned.kubeconfig --store s3://bucket/prefix")]
     Fence(fence::Args),
     /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
     #[command(after_help = "Example:\n  hcp-dr completion bash > ~/.local/share/bash-completion/completions/hcp-dr")]

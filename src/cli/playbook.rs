@@ -11,6 +11,7 @@ use crate::ops;
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
+    #[command(after_help = "Example:\n  hcp-dr playbook show restore")]
     Show {
         /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release).
         name: String,
@@ -38,18 +39,14 @@ pub fn exec(command: Command, output: Output) -> Exit {
     };
     match result {
         Ok(stages) => {
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    json!({"operation": name, "stages": stages.iter().map(|(n, s, u)| json!({"name": n, "summary": s, "undoable": u})).collect::<Vec<_>>()})
-                ),
-                Output::Text => {
-                    println!("{name} ({})", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
-                    for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
-                        println!("  {:>2}. {stage:<21} {summary}{}", index + 1, if *undoable { "  [undoable]" } else { "" });
-                    }
+            let value = json!({"operation": name, "stages": stages.iter().map(|(n, s, u)| json!({"name": n, "summary": s, "undoable": u})).collect::<Vec<_>>()});
+            super::report::print(output, &value, || {
+                let mut out = format!("{name} ({})\n", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
+                for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
+                    out.push_str(&format!("  {:>2}. {stage:<21} {summary}{}\n", index + 1, if *undoable { "  [undoable]" } else { "" }));
                 }
-            }
+                out
+            });
             Exit::Success
         }
         Err(err) => super::report::error_exit(&err),

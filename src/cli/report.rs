@@ -72,12 +72,24 @@ pub fn signals() -> Result<crate::pipeline::Interrupt, Exit> {
     })
 }
 
-/// The final report: JSON, or the text `render` makes.
+/// The final report: JSON or YAML of `value`, or the text `render` makes.
 pub fn print<T: serde::Serialize>(output: super::Output, value: &T, render: impl FnOnce() -> String) {
     match output {
         super::Output::Json => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
+        super::Output::Yaml => print!("{}", yaml(value)),
         super::Output::Text => print!("{}", render()),
     }
+}
+
+/// `value` as YAML, the same document `-o json` prints: it goes through
+/// serde_json's value first, so both show the same fields in the same order
+/// with the same numbers (and a script can switch formats without surprises).
+pub fn yaml<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .map_err(|e| e.to_string())
+        .and_then(|value| serde_saphyr::to_string(&value).map_err(|e| e.to_string()))
+        .map(|text| if text.ends_with('\n') { text } else { text + "\n" })
+        .unwrap_or_default()
 }
 
 /// The exit code of a run; an `--abort` that undid everything succeeded.

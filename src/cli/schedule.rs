@@ -10,6 +10,7 @@ use crate::ops::schedule::{ScheduleOptions, render, render_yaml};
 pub enum Command {
     /// Print the Namespace, ServiceAccount, least-privilege RBAC and CronJob
     /// that run backups unattended (apply with `kubectl apply -f -`).
+    #[command(after_help = "Example:\n  hcp-dr schedule render --schedule \"0 */6 * * *\" --to s3://bucket/prefix --keep-daily 7 | kubectl apply -f -")]
     Render {
         /// Cron schedule, e.g. "0 */6 * * *".
         #[arg(long)]
@@ -92,6 +93,8 @@ pub fn exec(command: Command, output: Output) -> Exit {
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),
+        // the JSON list as YAML; text is the same objects as YAML documents, for kubectl apply
+        Output::Yaml => render(&options).map(|objects| super::report::yaml(&objects)),
         Output::Text => render_yaml(&options),
     };
     match rendered {

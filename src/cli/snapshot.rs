@@ -16,6 +16,7 @@ use crate::store::S3Options;
 pub enum Command {
     /// Check an etcd snapshot without etcd: its trailing SHA-256, its bbolt
     /// structure, and what it holds (revision, keys per resource).
+    #[command(after_help = "Example:\n  hcp-dr snapshot verify s3://bucket/prefix/clusters/demo/latest/etcd/etcd-0.db")]
     Verify(VerifyArgs),
 }
 
@@ -62,13 +63,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
     };
     match verify_source_with(&snapshot, s3, identities.as_ref()).await {
         Ok(report) => {
-            match output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                ),
-                Output::Text => print!("{}", render(&report)),
-            }
+            super::report::print(output, &report, || render(&report));
             if report.is_ok() {
                 Exit::Success
             } else {
