@@ -236,3 +236,82 @@ fn every_command_help_has_an_example_that_parses() {
     let help = stdout_ok(&["etcd", "restore", "--help"]);
     assert!(help.contains("Example:\n  hcp-dr etcd restore "), "{help}");
 }
+
+const ESC: char = '\u{1b}';
+
+/// `hcp-dr ARGS` in a pseudo-terminal (util-linux `script`), where clap
+/// colours its help and tracing its log lines unless told not to; stdout and
+/// stderr together. None without `script`.
+fn in_terminal(args: &[&str], env: &[(&str, &str)]) -> Option<String> {
+    let quote = |w: &str| format!("'{}'", w.replace('\'', "'\\''"));
+    let line = std::iter::once(env!("CARGO_BIN_EXE_hcp-dr")).chain(args.iter().copied()).map(quote).collect::<Vec<_>>().join(" ");
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"]);
+    for var in ["HCP_DR_STORE", "HCP_DR_LOG_FORMAT", "HCP_DR_LOG", "NO_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "AWS_PROFILE", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        cmd.env_remove(var);
+    }
+    // no AWS configuration, and an instance metadata endpoint that refuses at once:
+    // the SDK logs a WARN per attempt without waiting on the network
+    cmd.env("HOME", home.path()).env("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9").env("TERM", "xterm-256color");
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// NO_COLOR (and --no-color) leave no escape sequence in help, errors or
+/// log lines, on a terminal and when colour is forced.
+#[test]
+fn no_color_means_no_escape_sequences() {
+    let help = ["backup", "--help"];
+    let bad_flag = ["backup", "--no-such-flag"];
+    // logs a WARN from the AWS SDK, then fails to reach the store
+    let logs = ["backups", "list", "--store", "s3://bucket/prefix", "--s3-endpoint", "http://127.0.0.1:9"];
+
+    // forced colour, no terminal: clap colours unless NO_COLOR says otherwise
+    let forced = hcp_dr_env(&help, &[("CLICOLOR_FORCE", "1")]);
+    assert!(String::from_utf8_lossy(&forced.stdout).contains(ESC), "CLICOLOR_FORCE=1 gave no colour: the check below would prove nothing");
+    for (args, env) in [(&help[..], &[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")][..]), (&bad_flag[..], &[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")][..])] {
+        let out = hcp_dr_env(args, env);
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!all.contains(ESC), "hcp-dr {} with NO_COLOR=1: {all:?}", args.join(" "));
+    }
+
+    let Some(coloured) = in_terminal(&help, &[]) else {
+        println!("SKIP: no `script` (util-linux) to run hcp-dr in a terminal");
+        return;
+    };
+    assert!(coloured.contains(ESC), "--help on a terminal has no colour: the checks below would prove nothing\n{coloured:?}");
+    let coloured_logs = in_terminal(&logs, &[]).unwrap();
+    assert!(coloured_logs.contains("WARN") && coloured_logs.contains(ESC), "no coloured WARN on a terminal: {coloured_logs:?}");
+    for (how, env, flag) in [("NO_COLOR=1", &[("NO_COLOR", "1")][..], None), ("--no-color", &[][..], Some("--no-color"))] {
+        for args in [&help[..], &bad_flag[..], &logs[..]] {
+            let mut args = args.to_vec();
+            args.extend(flag);
+            let out = in_terminal(&args, env).unwrap();
+            assert!(!out.contains(ESC), "hcp-dr {} on a terminal with {how}: {out:?}", args.join(" "));
+            if args[0] == "backups" {
+                assert!(out.contains("WARN") && out.contains("error: S3"), "hcp-dr {}: {out:?}", args.join(" "));
+            }
+        }
+    }
+}
+
+/// A stage's description on the progress line: one line, cut with `…` to
+/// what the terminal has left after the spinner, the name and the time.
+#[test]
+fn stage_descriptions_fit_the_terminal_width() {
+    use hcp_dr::cli::progress::fit;
+    let long = "scale the etcd writers to zero and wait until their pods are gone (API downtime starts)";
+    let width = |s: &str| s.chars().count();
+    // 2 + 14 + 1 + 4 + 1 = 22 columns before the description
+    let cut = fit("scale-down", long, Some(60));
+    assert_eq!(width(&cut), 60 - 22, "{cut:?}");
+    assert!(cut.ends_with('…') && long.starts_with(cut.trim_end_matches('…')), "{cut:?}");
+    // a name longer than the column takes its own width
+    assert_eq!(width(&fit("restore-members-and-more", long, Some(60))), 60 - 2 - 24 - 6);
+    assert_eq!(fit("lock", "take a Lease", Some(60)), "take a Lease");
+    assert_eq!(fit("lock", long, None), long, "no width known: wide_msg still cuts at draw time");
+    assert_eq!(fit("lock", "first line\nsecond line", Some(200)), "first line …");
+    assert_eq!(fit("lock", long, Some(10)), "", "no room: nothing rather than a wrapped line");
+}

@@ -65,8 +65,18 @@ pub struct Cli {
     /// to stdout, never mixed with the logs.
     #[arg(long, global = true, value_enum, env = "HCP_DR_LOG_FORMAT", default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
+    /// No colour in help, errors, logs or progress (as NO_COLOR=1 does).
+    #[arg(long, global = true)]
+    pub no_color: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Whether colour may be used: not with `--no-color`, nor with `NO_COLOR`
+/// set to anything but the empty string (<https://no-color.org>; clap's own
+/// help and errors read it the same way).
+pub fn color_allowed(no_color_flag: bool) -> bool {
+    !no_color_flag && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -683,8 +683,15 @@ impl Store for S3Store {
                     }
                 }
             }
-            // not every S3-compatible service lists uploads; say so, do not fail the delete
-            Err(e) => tracing::warn!(key = %full, "could not list unfinished uploads to abort: {}", sdk_message(&e)),
+            // not every S3-compatible service lists uploads; say so, do not fail the delete.
+            // Said once a process: such an endpoint refuses it for every object deleted
+            // (a WARN per snapshot, in the middle of the progress display)
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(key = %full, "could not list unfinished uploads to abort: {} (not said again for other objects)", sdk_message(&e))
+                });
+            }
         }
         Ok(())
     }
