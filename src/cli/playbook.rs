@@ -39,11 +39,21 @@ pub fn exec(command: Command, output: Output) -> Exit {
     };
     match result {
         Ok(stages) => {
-            let value = json!({"operation": name, "stages": stages.iter().map(|(n, s, u)| json!({"name": n, "summary": s, "undoable": u})).collect::<Vec<_>>()});
+            let value = json!({"operation": name, "stages": stages.iter().map(|s| json!({
+                "name": s.name,
+                "summary": s.summary,
+                "undoable": s.undoable,
+                "params": s.params.iter().map(|(key, what)| json!({"key": key, "what": what})).collect::<Vec<_>>(),
+                "with": s.with,
+            })).collect::<Vec<_>>()});
             super::report::print(output, &value, || {
                 let mut out = format!("{name} ({})\n", playbook.map(|p| p.display().to_string()).unwrap_or_else(|| format!("builtin:{name}")));
-                for (index, (stage, summary, undoable)) in stages.iter().enumerate() {
-                    out.push_str(&format!("  {:>2}. {stage:<21} {summary}{}\n", index + 1, if *undoable { "  [undoable]" } else { "" }));
+                for (index, s) in stages.iter().enumerate() {
+                    out.push_str(&format!("  {:>2}. {:<21} {}{}\n", index + 1, s.name, s.summary, if s.undoable { "  [undoable]" } else { "" }));
+                    for (key, what) in &s.params {
+                        let set = s.with.get(key).map(|v| format!(" = {}", v.as_str().map_or_else(|| v.to_string(), str::to_string))).unwrap_or_default();
+                        out.push_str(&format!("        with: {key}{set}: {what}\n"));
+                    }
                 }
                 out
             });

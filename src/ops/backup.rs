@@ -251,7 +251,7 @@ pub fn operation() -> super::Operation<BackupContext> {
 }
 
 /// For `playbook show`: the stages and what each does.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     operation().describe(file)
 }
 

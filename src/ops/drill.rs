@@ -337,7 +337,7 @@ pub fn operation() -> super::Operation<DrillContext> {
 }
 
 /// For `playbook show drill`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     operation().describe(file)
 }
 

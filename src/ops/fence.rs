@@ -296,6 +296,6 @@ pub fn release_operation() -> super::Operation<FenceContext> {
 }
 
 /// For `playbook show fence` / `fence-release`.
-pub fn describe_playbook(operation: &str, file: Option<&std::path::Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(operation: &str, file: Option<&std::path::Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     if operation == FENCE { fence_operation().describe(file) } else { release_operation().describe(file) }
 }

@@ -284,6 +284,6 @@ pub fn operation() -> super::Operation<MigrateContext> {
 }
 
 /// For `playbook show migrate`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     operation().describe(file)
 }

@@ -180,7 +180,7 @@ pub fn operation() -> super::Operation<ReconcileContext> {
 }
 
 /// For `playbook show cluster-reconcile`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     operation().describe(file)
 }
 

@@ -385,7 +385,7 @@ pub fn operation() -> super::Operation<RestoreContext> {
 }
 
 /// For `playbook show restore`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
+pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
     operation().describe(file)
 }
 

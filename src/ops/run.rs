@@ -198,20 +198,34 @@ impl<C: Send + Sync> Operation<C> {
                 )));
             }
         }
-        let playbook = builtin::load(self.playbook, flags.playbook.as_deref())?;
+        self.playbook_from(flags.playbook.as_deref())
+    }
+
+    /// The playbook in `file` (or the embedded one), its stages and their
+    /// `with:` parameters checked.
+    fn playbook_from(&self, file: Option<&Path>) -> Result<Playbook, OpsError> {
+        let playbook = builtin::load(self.playbook, file)?;
         playbook.check(self.rules)?;
+        playbook.check_params(|name| self.catalog.get(name).map(|stage| stage.params()))?;
         Ok(playbook)
     }
 
     /// For `playbook show`: each stage of the (embedded or given) playbook
     /// with its summary and whether it is undoable.
-    pub fn describe(&self, file: Option<&Path>) -> Result<Vec<(String, String, bool)>, OpsError> {
-        let playbook = builtin::load(self.playbook, file)?;
-        playbook.check(self.rules)?;
+    pub fn describe(&self, file: Option<&Path>) -> Result<Vec<StageInfo>, OpsError> {
+        let playbook = self.playbook_from(file)?;
         Ok(playbook
             .stages
             .iter()
-            .filter_map(|s| self.catalog.get(&s.name).map(|stage| (s.name.clone(), stage.summary().to_string(), stage.undoable())))
+            .filter_map(|s| {
+                self.catalog.get(&s.name).map(|stage| StageInfo {
+                    name: s.name.clone(),
+                    summary: stage.summary().to_string(),
+                    undoable: stage.undoable(),
+                    params: stage.params().keys.iter().map(|(key, what)| (key.to_string(), what.to_string())).collect(),
+                    with: s.params.clone(),
+                })
+            })
             .collect())
     }
 
@@ -222,6 +236,18 @@ impl<C: Send + Sync> Operation<C> {
             abort: self.abort,
         }
     }
+}
+
+/// One stage of a playbook, for `hcp-dr playbook show`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageInfo {
+    pub name: String,
+    pub summary: String,
+    pub undoable: bool,
+    /// The `with:` keys the stage takes and what each sets.
+    pub params: Vec<(String, String)>,
+    /// What this playbook sets (Null: nothing).
+    pub with: serde_json::Value,
 }
 
 /// What a fresh run journals, and whom its journal is named after.

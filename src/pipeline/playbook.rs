@@ -51,6 +51,14 @@ pub enum PlaybookError {
     /// A playbook with no stage.
     #[error("playbook {origin}: it lists no stages")]
     Empty { origin: String },
+    /// A stage's `with:` parameters do not fit the stage.
+    #[error("playbook {origin}, line {line}: stage `{stage}`: with: {message}")]
+    Params {
+        origin: String,
+        line: u32,
+        stage: String,
+        message: String,
+    },
     /// A stage that must come before another is missing or after it.
     #[error("playbook {origin}, line {line}: stage `{stage}` needs `{needs}` before it")]
     Order {
@@ -75,7 +83,7 @@ struct RawPlaybook {
 struct RawStage {
     name: Spanned<String>,
     #[serde(default, rename = "with")]
-    params: Option<Value>,
+    params: Option<Spanned<Value>>,
 }
 
 /// One entry of a playbook.
@@ -86,6 +94,8 @@ pub struct StageRef {
     pub line: u32,
     /// The stage's `with:` parameters (an object, or Null).
     pub params: Value,
+    /// Line of the parameters (of the name when there are none).
+    pub params_line: u32,
 }
 
 /// A parsed playbook.
@@ -131,8 +141,9 @@ impl Playbook {
                 .into_iter()
                 .map(|stage| StageRef {
                     line: stage.name.referenced.line() as u32,
+                    params_line: stage.params.as_ref().map_or(stage.name.referenced.line() as u32, |p| p.referenced.line() as u32),
                     name: stage.name.value,
-                    params: stage.params.unwrap_or(Value::Null),
+                    params: stage.params.map_or(Value::Null, |p| p.value),
                 })
                 .collect(),
         })
@@ -179,6 +190,23 @@ impl Playbook {
                         needs: needs.to_string(),
                     });
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check each stage's `with:` against the parameters `params_of` says
+    /// it takes (`None`: a stage the operation does not know, which
+    /// [`Playbook::check`] refuses).
+    pub fn check_params(&self, params_of: impl Fn(&str) -> Option<super::stage::Params>) -> Result<(), PlaybookError> {
+        for stage in &self.stages {
+            if let Some(params) = params_of(&stage.name) {
+                params.check(&stage.params).map_err(|message| PlaybookError::Params {
+                    origin: self.origin.clone(),
+                    line: stage.params_line,
+                    stage: stage.name.clone(),
+                    message,
+                })?;
             }
         }
         Ok(())

@@ -2,6 +2,7 @@
 //! hands a stage while it runs.
 
 use async_trait::async_trait;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -9,6 +10,56 @@ use super::journal::{Event, Journal, JournalError};
 
 /// A stage's error: whatever the stage's own module returns, with its causes.
 pub type StageFailure = Box<dyn std::error::Error + Send + Sync>;
+
+/// A stage's `with:` parameters as a type: unknown keys refused
+/// (`#[serde(deny_unknown_fields)]`), every key optional (`Default` is
+/// what the stage does without them).
+pub trait StageParams: DeserializeOwned + Default {
+    /// `(key, what it sets and its default)`, for `hcp-dr playbook show`.
+    const KEYS: &'static [(&'static str, &'static str)];
+    /// What the types cannot say (ranges).
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The parameters a stage takes, for checking a playbook when it loads and
+/// for `playbook show`.
+#[derive(Clone, Copy)]
+pub struct Params {
+    pub keys: &'static [(&'static str, &'static str)],
+    check: fn(&Value) -> Result<(), String>,
+}
+
+impl Params {
+    /// A stage without parameters: any `with:` is refused.
+    pub const NONE: Params = Params { keys: &[], check: no_params };
+
+    /// The parameters of type `T`.
+    pub fn of<T: StageParams>() -> Params {
+        Params { keys: T::KEYS, check: |value| read_params::<T>(value).map(|_| ()) }
+    }
+
+    /// Whether `value` (a playbook's `with:`, Null when absent) is valid.
+    pub fn check(&self, value: &Value) -> Result<(), String> {
+        (self.check)(value)
+    }
+}
+
+fn no_params(value: &Value) -> Result<(), String> {
+    match value {
+        Value::Null => Ok(()),
+        Value::Object(map) if map.is_empty() => Ok(()),
+        _ => Err("this stage takes no parameters (`hcp-dr playbook show OPERATION` lists the ones that do)".into()),
+    }
+}
+
+/// `value` read as `T`: Null is `T::default()`.
+pub fn read_params<T: StageParams>(value: &Value) -> Result<T, String> {
+    let params: T = if value.is_null() { T::default() } else { serde_json::from_value(value.clone()).map_err(|e| e.to_string())? };
+    params.check()?;
+    Ok(params)
+}
 
 /// One step of an operation. `C` is the operation's context (clients,
 /// options, what earlier stages found).
@@ -31,6 +82,10 @@ pub trait Stage<C>: Send + Sync {
     /// Resume: put a succeeded stage's output back into the context.
     fn restore(&self, _ctx: &mut C, _output: &Value) -> Result<(), StageFailure> {
         Ok(())
+    }
+    /// Its `with:` parameters ([`Params::NONE`] unless it takes some).
+    fn params(&self) -> Params {
+        Params::NONE
     }
     /// Whether [`Stage::undo`] does anything (stages that change a cluster).
     fn undoable(&self) -> bool {
@@ -85,6 +140,11 @@ impl<'a> Step<'a> {
     /// The stage's `with:` parameters from the playbook (Null when none).
     pub fn params(&self) -> &Value {
         self.params
+    }
+
+    /// The stage's parameters as `T` (checked when the playbook loaded).
+    pub fn read_params<T: StageParams>(&self) -> Result<T, StageFailure> {
+        read_params(self.params).map_err(|e| format!("with: {e}").into())
     }
 
     /// Journal `data` (fsynced) before changing something, so that a crash or an

@@ -15,6 +15,7 @@ pub mod fence;
 pub mod lock;
 pub mod migrate;
 pub mod package;
+pub mod params;
 pub mod pause;
 pub mod preflight;
 pub mod reconcile;

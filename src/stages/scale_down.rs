@@ -13,7 +13,8 @@ use serde_json::Value;
 use super::context::{BackupContext, ScaledDeployment};
 use super::{earlier_progress, from_output, undo_record};
 use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if, wait_for};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use super::params::ScaleDownParams;
+use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
@@ -23,6 +24,18 @@ struct Record {
 }
 
 pub struct ScaleDown;
+
+/// The etcd writers, the `--extra-scale-down` ones and the playbook's
+/// `extra-deployments`, each once.
+fn writers(ctx: &BackupContext, params: &ScaleDownParams) -> Vec<String> {
+    let mut writers = ctx.writers();
+    for extra in &params.extra_deployments {
+        if !writers.contains(extra) {
+            writers.push(extra.clone());
+        }
+    }
+    writers
+}
 
 /// Scale the recorded Deployments back to their replicas.
 pub async fn scale_back(ctx: &BackupContext, scaled: &[ScaledDeployment]) -> Result<(), StageFailure> {
@@ -49,16 +62,22 @@ impl Stage<BackupContext> for ScaleDown {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
-        ctx.writers()
+    fn plan(&self, ctx: &BackupContext, params: &Value) -> Vec<String> {
+        let params: ScaleDownParams = read_params(params).unwrap_or_default();
+        let timeout = params.timeout().ok().flatten().unwrap_or(ctx.inputs.wait_timeout());
+        writers(ctx, &params)
             .iter()
-            .map(|w| format!("scale Deployment {}/{w} to 0 and wait until its pods are gone", ctx.hcp_namespace()))
+            .map(|w| format!("scale Deployment {}/{w} to 0 and wait up to {} until its pods are gone", ctx.hcp_namespace(), crate::duration::show(timeout)))
             .collect()
     }
+    fn params(&self) -> Params {
+        Params::of::<ScaleDownParams>()
+    }
     async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let params: ScaleDownParams = step.read_params()?;
         let ns = ctx.hcp_namespace();
         let mut scaled = Vec::new();
-        for name in ctx.writers() {
+        for name in writers(ctx, &params) {
             match deployment_uid_and_replicas(&ctx.client, &ns, &name).await? {
                 Some((uid, replicas)) => scaled.push(ScaledDeployment { name, replicas, uid }),
                 None => ctx.warnings.push(format!("Deployment {ns}/{name} does not exist; not scaled")),
@@ -78,7 +97,7 @@ impl Stage<BackupContext> for ScaleDown {
         for d in &scaled {
             scale_deployment(&ctx.client, &ns, &d.name, 0).await?;
         }
-        let timeout = ctx.inputs.wait_timeout();
+        let timeout = params.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
         for d in &scaled {
             let what = format!("the pods of Deployment {ns}/{} to terminate", d.name);
             wait_for(&what, timeout, Duration::from_millis(250), || async {

@@ -21,7 +21,8 @@ use super::RecoverContext;
 use super::replace::Replaced;
 use crate::kube::request;
 use crate::pipeline::stage::error_chain;
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Params, Stage, StageFailure, Step, read_params};
+use crate::stages::params::MemberWait;
 use crate::stages::StageError;
 
 pub struct Rejoin;
@@ -172,12 +173,11 @@ async fn look(
     }))
 }
 
-async fn run(ctx: &mut RecoverContext) -> Result<Rejoined, StageFailure> {
+async fn run(ctx: &mut RecoverContext, timeout: Duration) -> Result<Rejoined, StageFailure> {
     let replaced = ctx
         .replaced
         .clone()
         .ok_or(StageError::Missing("what replace deleted (replace)"))?;
-    let timeout = ctx.inputs.wait_timeout();
     let started = Instant::now();
     let mut previous_leader_revision = None;
     let mut last = String::new();
@@ -226,7 +226,11 @@ impl Stage<RecoverContext> for Rejoin {
         // It only waits, but on what `replace` did: a dry-run has nothing to wait for.
         true
     }
-    fn plan(&self, ctx: &RecoverContext, _params: &Value) -> Vec<String> {
+    fn params(&self) -> Params {
+        Params::of::<MemberWait>()
+    }
+    fn plan(&self, ctx: &RecoverContext, params: &Value) -> Vec<String> {
+        let timeout = read_params::<MemberWait>(params).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
         let member = ctx
             .assessment
             .as_ref()
@@ -238,14 +242,15 @@ impl Stage<RecoverContext> for Rejoin {
             .map_or(String::new(), |r| format!(" (now {r})"));
         vec![format!(
             "wait up to {}s for {member} to come back on a new volume, healthy and at the leader's revision{revision}",
-            ctx.inputs.wait_timeout_seconds
+            timeout.as_secs()
         )]
     }
     async fn run(
         &self,
         ctx: &mut RecoverContext,
-        _step: &mut Step<'_>,
+        step: &mut Step<'_>,
     ) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx).await?)?)
+        let timeout = step.read_params::<MemberWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
+        Ok(serde_json::to_value(run(ctx, timeout).await?)?)
     }
 }

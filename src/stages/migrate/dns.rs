@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use super::MigrateContext;
 use crate::kube::{is_conflict, is_not_found, request};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
+use crate::stages::params::DnsParams;
 use crate::stages::{StageError, earlier_progress, undo_record};
 
 pub struct DnsWithdraw;
@@ -63,6 +64,7 @@ fn routes_api(ctx: &MigrateContext) -> Api<DynamicObject> {
 }
 
 async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn, StageFailure> {
+    let wait = step.read_params::<DnsParams>()?.wait()?.unwrap_or(Duration::from_secs(ctx.inputs.dns_wait_seconds));
     let hcp_ns = ctx.source.hcp_namespace();
     let routes = routes_api(ctx);
     let mut out = Withdrawn::default();
@@ -120,7 +122,7 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn,
         }
     }
     let started = std::time::Instant::now();
-    zone.wait_gone(&hosts, Duration::from_secs(ctx.inputs.dns_wait_seconds), Duration::from_secs(1))
+    zone.wait_gone(&hosts, wait, Duration::from_secs(1))
         .await
         .map_err(|e| StageError::Precondition(e.to_string()))?;
     out.waited_seconds = started.elapsed().as_secs_f64();
@@ -138,14 +140,18 @@ impl Stage<MigrateContext> for DnsWithdraw {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &MigrateContext, _params: &Value) -> Vec<String> {
+    fn params(&self) -> Params {
+        Params::of::<DnsParams>()
+    }
+    fn plan(&self, ctx: &MigrateContext, params: &Value) -> Vec<String> {
+        let wait = read_params::<DnsParams>(params).ok().and_then(|p| p.wait().ok().flatten()).unwrap_or(Duration::from_secs(ctx.inputs.dns_wait_seconds));
         let mut lines = vec![format!("delete the Routes in {} on the source", ctx.source.hcp_namespace())];
         if ctx.inputs.dns_direct {
             lines.push(format!("delete the records of {} from the zone directly", ctx.hosts.join(", ")));
         }
         lines.push(format!(
             "wait up to {}s until the zone holds no record for {}",
-            ctx.inputs.dns_wait_seconds,
+            wait.as_secs(),
             ctx.hosts.join(", ")
         ));
         lines

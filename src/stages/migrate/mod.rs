@@ -134,6 +134,9 @@ impl<S: Stage<BackupContext>, C: HasSource> Stage<C> for OnSource<S> {
     fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure> {
         self.inner.restore(ctx.source_mut(), output)
     }
+    fn params(&self) -> crate::pipeline::Params {
+        self.inner.params()
+    }
     fn undoable(&self) -> bool {
         self.undo && self.inner.undoable()
     }
@@ -162,6 +165,9 @@ impl<S: Stage<RestoreContext>, C: HasDestination> Stage<C> for OnDestination<S> 
     }
     fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure> {
         self.inner.restore(ctx.destination_mut(), output)
+    }
+    fn params(&self) -> crate::pipeline::Params {
+        self.inner.params()
     }
     fn undoable(&self) -> bool {
         self.inner.undoable()

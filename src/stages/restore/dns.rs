@@ -32,7 +32,8 @@ use super::verify::manifest;
 use crate::dns::{DnsZone, Record, normalize_names};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
+use crate::stages::params::DnsParams;
 use crate::stages::{StageError, earlier_progress, from_output};
 
 pub struct DnsTakeover;
@@ -190,7 +191,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
         }
     }
     let started = Instant::now();
-    let timeout = Duration::from_secs(inputs.wait_seconds);
+    let timeout = step.read_params::<DnsParams>()?.wait()?.unwrap_or(Duration::from_secs(inputs.wait_seconds));
     loop {
         let now = zone.cluster_records(&hosts).await?;
         let state = moves(&hosts, &out.deleted, &now, &owner);
@@ -202,7 +203,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
             let waiting: Vec<String> = state.iter().filter(|(_, taken)| !taken).map(|(m, _)| m.host.clone()).collect();
             return Err(StageError::Precondition(format!(
                 "the old owner's records are deleted, but after {}s the destination's external-dns has not published {} in zone {}: check external-dns on the destination management cluster (its logs, the Routes of {}); then resume this restore (--resume with its journal) to wait again, or --abort to put the old records back",
-                inputs.wait_seconds,
+                timeout.as_secs(),
                 waiting.join(", "),
                 zone.zone_id(),
                 ctx.inputs.hcp_namespace()
@@ -249,13 +250,17 @@ impl Stage<RestoreContext> for DnsTakeover {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn params(&self) -> Params {
+        Params::of::<DnsParams>()
+    }
+    fn plan(&self, ctx: &RestoreContext, params: &Value) -> Vec<String> {
+        let wait = read_params::<DnsParams>(params).ok().and_then(|p| p.wait().ok().flatten());
         match &ctx.inputs.dns {
             Some(dns) if dns.take_over => vec![format!(
                 "delete the records of the cluster's hostnames owned by {} in zone {}, then wait up to {}s for the destination's external-dns to publish them",
                 dns.owner.as_deref().unwrap_or("the owner the backup recorded"),
                 dns.zone_id,
-                dns.wait_seconds
+                wait.map_or(dns.wait_seconds, |w| w.as_secs())
             )],
             Some(dns) => vec![format!("read zone {}: which records still point at the old management cluster", dns.zone_id)],
             None => vec!["nothing (no --route53-zone)".into()],

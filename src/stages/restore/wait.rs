@@ -18,7 +18,8 @@ use super::snapshot_url::UrlRecord;
 use super::verify::ensure_loaded;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{KubeError, api, get_json, request, wait_for};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Params, Stage, StageFailure, Step, read_params};
+use crate::stages::params::AvailableWait;
 use crate::stages::context::{MemberTarget, TlsOverride};
 use crate::stages::{StageError, etcd_access};
 
@@ -73,10 +74,9 @@ pub async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kub
         .count())
 }
 
-async fn run(ctx: &mut RestoreContext) -> Result<Healthy, StageFailure> {
+async fn run(ctx: &mut RestoreContext, timeout: Duration) -> Result<Healthy, StageFailure> {
     ensure_loaded(ctx).await?;
     let started = Instant::now();
-    let timeout = ctx.inputs.wait_timeout();
     let (ns, name, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone(), ctx.inputs.hcp_namespace());
     let hc_api = api(&ctx.client, &HOSTED_CLUSTER, &ns);
     let label = ctx.inputs.hc_label();
@@ -205,14 +205,19 @@ impl Stage<RestoreContext> for Wait {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, params: &Value) -> Vec<String> {
+        let timeout = read_params::<AvailableWait>(params).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
         vec![format!(
             "wait up to {}s for {} to be Available, its NodePools' nodes Ready and etcd at the backup's revision or above",
-            ctx.inputs.wait_timeout_seconds,
+            timeout.as_secs(),
             ctx.inputs.hc_label()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx).await?)?)
+    fn params(&self) -> Params {
+        Params::of::<AvailableWait>()
+    }
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let timeout = step.read_params::<AvailableWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
+        Ok(serde_json::to_value(run(ctx, timeout).await?)?)
     }
 }
