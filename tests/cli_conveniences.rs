@@ -315,3 +315,71 @@ fn stage_descriptions_fit_the_terminal_width() {
     assert_eq!(fit("lock", "first line\nsecond line", Some(200)), "first line …");
     assert_eq!(fit("lock", long, Some(10)), "", "no room: nothing rather than a wrapped line");
 }
+
+/// The commands that name their hosted cluster with a positional NAME
+/// rather than --hosted-cluster. Renaming them would break the runbooks
+/// and every script that calls them; a new command takes --hosted-cluster.
+const POSITIONAL_NAME: [&str; 4] = ["cluster pause", "cluster resume", "cluster scale", "cluster destroy"];
+
+/// The same thing has the same flag everywhere: -n is --namespace (or, in
+/// `schedule render`, whose --namespace is the CronJob's, --cluster-namespace),
+/// a kubeconfig comes with its context, a hosted cluster is --hosted-cluster
+/// or a positional NAME but never both, and each of them says what it is.
+#[test]
+fn flag_names_are_consistent_across_commands() {
+    let mut problems = Vec::new();
+    for (words, cmd) in leaves_of_tree() {
+        let path = words.join(" ");
+        let args: Vec<&clap::Arg> = cmd.get_arguments().collect();
+        let long = |name: &str| args.iter().find(|a| a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name)));
+        for arg in &args {
+            let (id, l, short) = (arg.get_id().as_str(), arg.get_long(), arg.get_short());
+            if l == Some("namespace") && short != Some('n') && long("cluster-namespace").is_none() {
+                problems.push(format!("{path}: --namespace has no -n"));
+            }
+            if short == Some('n') && !matches!(l, Some("namespace" | "cluster-namespace")) {
+                problems.push(format!("{path}: -n is --{}", l.unwrap_or(id)));
+            }
+            let named = matches!(l, Some("kubeconfig" | "context" | "namespace" | "cluster-namespace" | "hosted-cluster")) || (arg.is_positional() && id == "name");
+            if named && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                problems.push(format!("{path}: {} says nothing about itself in --help", l.map(|l| format!("--{l}")).unwrap_or_else(|| id.to_uppercase())));
+            }
+        }
+        for (config, context) in [("kubeconfig", "context"), ("from-kubeconfig", "from-context"), ("to-kubeconfig", "to-context")] {
+            if long(config).is_some() && long(context).is_none() {
+                problems.push(format!("{path}: --{config} without --{context}"));
+            }
+        }
+        // (playbook show's NAME is an operation's, not a cluster's)
+        let positional_name = path != "playbook show" && args.iter().any(|a| a.is_positional() && a.get_id() == "name");
+        if positional_name && long("hosted-cluster").is_some() {
+            problems.push(format!("{path}: both a NAME and --hosted-cluster"));
+        }
+        if positional_name != POSITIONAL_NAME.contains(&path.as_str()) {
+            problems.push(format!("{path}: a positional NAME {}", if positional_name { "where --hosted-cluster is the rule" } else { "expected (POSITIONAL_NAME)" }));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // cluster create's --name answers to --hosted-cluster as well
+    assert!(Cli::try_parse_from(["hcp-dr", "cluster", "create", "--hosted-cluster", "demo", "--release-image", "img", "--pull-secret", "ps.json"]).is_ok());
+}
+
+/// The runnable commands of the built tree (global flags propagated).
+fn leaves_of_tree() -> Vec<(Vec<String>, clap::Command)> {
+    fn walk(path: &[String], cmd: &clap::Command, out: &mut Vec<(Vec<String>, clap::Command)>) {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut words = path.to_vec();
+            words.push(sub.get_name().to_string());
+            if sub.has_subcommands() {
+                walk(&words, sub, out);
+            } else {
+                out.push((words, sub.clone()));
+            }
+        }
+    }
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut out = Vec::new();
+    walk(&[], &cmd, &mut out);
+    out
+}

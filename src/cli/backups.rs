@@ -76,11 +76,13 @@ pub enum Command {
     /// Delete backups a retention policy does not keep (their bytes, all of them).
     #[command(after_help = "Example:\n  hcp-dr backups prune --store s3://bucket/prefix --keep-daily 7 --keep-weekly 4 --dry-run")]
     Prune {
+        /// The store: a directory, file:///path or s3://bucket/prefix.
         #[arg(long, env = "HCP_DR_STORE")]
         store: String,
         /// Only this hosted cluster's backups.
         #[arg(long)]
         hosted_cluster: Option<String>,
+        /// Its namespace.
         #[arg(short = 'n', long, default_value = "clusters")]
         namespace: String,
         /// Keep the N newest complete backups [range: 1 to 10000].

@@ -19,8 +19,10 @@ pub enum Command {
     /// Pause reconciliation of a cluster and its NodePools until a deadline.
     #[command(after_help = "Example:\n  hcp-dr cluster pause demo -n clusters --for 2h")]
     Pause {
+        /// The HostedCluster.
         #[arg(value_parser = super::k8s_name)]
         name: String,
+        /// Its namespace.
         #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         /// An RFC3339 time; default: now + --for.
@@ -35,8 +37,10 @@ pub enum Command {
     /// Lift the pause of a cluster and its NodePools.
     #[command(after_help = "Example:\n  hcp-dr cluster resume demo -n clusters")]
     Resume {
+        /// The HostedCluster.
         #[arg(value_parser = super::k8s_name)]
         name: String,
+        /// Its namespace.
         #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[command(flatten)]
@@ -45,8 +49,10 @@ pub enum Command {
     /// Set the replicas of one of a cluster's NodePools.
     #[command(after_help = "Example:\n  hcp-dr cluster scale demo -n clusters --node-pool demo --replicas 3")]
     Scale {
+        /// The HostedCluster.
         #[arg(value_parser = super::k8s_name)]
         name: String,
+        /// Its namespace.
         #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[arg(long, value_parser = super::k8s_name)]
@@ -70,6 +76,7 @@ pub enum Command {
         /// The HostedCluster (not with --resume/--abort).
         #[arg(required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"], value_parser = super::k8s_name)]
         name: Option<String>,
+        /// Its namespace.
         #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
         namespace: String,
         #[command(flatten)]
@@ -156,16 +163,22 @@ pub fn render_reconcile(result: &crate::ops::reconcile::ReconcileResult) -> Stri
 
 #[derive(Debug, ClapArgs)]
 pub struct Access {
+    /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
+    /// several files, then ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
     #[arg(long)]
     pub context: Option<String>,
 }
 
 #[derive(Debug, ClapArgs)]
 pub struct CreateArgs {
-    #[arg(long, value_parser = super::k8s_name)]
+    /// The new HostedCluster's name (--hosted-cluster, as the other commands
+    /// call it, is the same flag).
+    #[arg(long, visible_alias = "hosted-cluster", value_parser = super::k8s_name)]
     pub name: String,
+    /// Its namespace.
     #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
     pub namespace: String,
     #[arg(long, value_enum, default_value_t = Platform::None)]
@@ -199,8 +212,11 @@ pub struct CreateArgs {
     /// Print the objects as YAML; create nothing.
     #[arg(long)]
     pub render: bool,
+    /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
+    /// several files, then ~/.kube/config, then in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
     #[arg(long)]
     pub context: Option<String>,
     /// How long to wait for Available [range: 10s to 1d].

@@ -15,11 +15,13 @@ pub struct Args {
     /// The HostedCluster whose copy on this management cluster is stale.
     #[arg(long, required_unless_present_any = ["resume", "abort"], conflicts_with_all = ["resume", "abort"])]
     pub hosted_cluster: Option<String>,
+    /// Its namespace.
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
     /// The management cluster holding the copy (the one that came back).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
     #[arg(long)]
     pub context: Option<String>,
     /// The backup store: its fence (written by the restore elsewhere) says
