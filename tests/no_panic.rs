@@ -873,16 +873,16 @@ fn yaml_soup() -> impl Strategy<Value = String> {
 }
 
 fn check_playbook(text: &str) -> Result<(), TestCaseError> {
-    let rules: [&StageRules<'_>; 3] = [
-        &hcp_dr::stages::BACKUP_RULES,
-        &hcp_dr::stages::restore::RESTORE_RULES,
-        &hcp_dr::stages::migrate::MIGRATE_RULES,
+    let rules: [StageRules; 3] = [
+        hcp_dr::stages::backup_catalog().rules(),
+        hcp_dr::stages::restore::restore_catalog().rules(),
+        hcp_dr::stages::migrate::migrate_catalog().rules(),
     ];
     match Playbook::parse(text, "fuzzed.yaml") {
         Ok(playbook) => {
             prop_assert!(!playbook.stages.is_empty());
             for rules in rules {
-                if let Err(err) = playbook.check(rules) {
+                if let Err(err) = playbook.check(&rules) {
                     let _ = err.to_string();
                 }
             }

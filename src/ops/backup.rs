@@ -11,7 +11,7 @@ use crate::archive::encryption::Recipients;
 use crate::archive::new_backup_id;
 use crate::pipeline::{Interrupt, RunReport};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
-use crate::stages::{BACKUP_RULES, backup_catalog};
+use crate::stages::{backup_catalog};
 use crate::store::{self, S3Options};
 
 /// Everything `hcp-dr backup` was asked.
@@ -168,13 +168,13 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let package = run.output("package").cloned();
+    let package = run.output(<crate::stages::package::Package as crate::pipeline::StageId>::NAME).cloned();
     let package = package.as_ref();
     let mut result = BackupResult {
         backup: package.and_then(|p| p["backup"].as_str()).map(str::to_string),
         etcd_revision: package.and_then(|p| p["revision"].as_i64()),
         api_downtime_seconds: run
-            .output("resume")
+            .output(<crate::stages::resume::Resume as crate::pipeline::StageId>::NAME)
             .and_then(|r| r["api_downtime_seconds"].as_f64())
             .or(ctx.downtime_seconds),
         warnings: ctx.warnings.clone(),
@@ -240,7 +240,6 @@ pub fn operation() -> super::Operation<BackupContext> {
         name: "backup",
         command: "hcp-dr backup",
         playbook: "backup",
-        rules: &BACKUP_RULES,
         catalog: backup_catalog(),
         on_failure: crate::pipeline::OnFailure::Undo,
         resume: Some("finishes the backup, or its undo"),

@@ -187,7 +187,7 @@ pub async fn destroy_journaled(
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
-        torn_down: run.output("teardown").cloned(),
+        torn_down: run.output(<crate::stages::cluster_destroy::Teardown as crate::pipeline::StageId>::NAME).cloned(),
         fenced_copy_of: inputs.fenced.clone(),
         run,
     })
@@ -196,18 +196,17 @@ pub async fn destroy_journaled(
 /// The cluster-destroy operation: a failure stops it for `--resume`;
 /// `--abort` only lifts the pause, before the teardown began.
 pub fn destroy_operation() -> super::Operation<crate::stages::cluster_destroy::DestroyContext> {
-    use crate::stages::cluster_destroy::{DESTROY_RULES, destroy_catalog};
+    use crate::stages::cluster_destroy::{destroy_catalog};
     super::Operation {
         name: DESTROY,
         command: "hcp-dr cluster destroy",
         playbook: DESTROY,
-        rules: &DESTROY_RULES,
         catalog: destroy_catalog(),
         on_failure: crate::pipeline::OnFailure::Stop,
         resume: Some("finishes it"),
         abort: Some("lifts the pause if the teardown has not begun"),
         no_abort_after: Some(super::run::NoReturn {
-            stage: "teardown",
+            stage: <crate::stages::cluster_destroy::Teardown as crate::pipeline::StageId>::NAME,
             from_start: false,
             why: "the teardown has begun and deleted objects cannot come back",
         }),

@@ -22,7 +22,7 @@ use crate::pipeline::{Interrupt, OnFailure, RunOutcome, RunReport, StageStatus};
 use crate::stages::context::EtcdAccess;
 use crate::stages::drill::checks::CheckResult;
 use crate::stages::drill::rewrite::{ClusterRef, DrillIdentity, RewriteReport};
-use crate::stages::drill::{DRILL_RULES, DrillContext, DrillInputs, drill_catalog};
+use crate::stages::drill::{DrillContext, DrillInputs, drill_catalog};
 use crate::stages::restore::{BackupOf, RestoreContext};
 use crate::store::{self, S3Options};
 
@@ -208,7 +208,7 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
     let apply_ran = run
         .stages
         .iter()
-        .any(|s| s.name == "apply" && !matches!(s.status, StageStatus::Skipped | StageStatus::Planned { .. }));
+        .any(|s| s.name == <crate::stages::restore::apply::Apply as crate::pipeline::StageId>::NAME && !matches!(s.status, StageStatus::Skipped | StageStatus::Planned { .. }));
     match &run.outcome {
         _ if !apply_ran => DrillCluster::NeverCreated,
         RunOutcome::UndoFailed { .. } => DrillCluster::LeftAfterFailedUndo,
@@ -225,7 +225,7 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
 /// Drill start to Available: the stages before `wait`, then as long as
 /// `wait` took to see the cluster Available.
 pub fn rto_seconds(run: &RunReport) -> Option<f64> {
-    let wait = run.stages.iter().position(|s| s.name == "wait")?;
+    let wait = run.stages.iter().position(|s| s.name == <crate::stages::restore::wait::Wait as crate::pipeline::StageId>::NAME)?;
     let available = run.stages[wait].output.as_ref()?["available_after_seconds"].as_f64()?;
     Some(run.stages[..wait].iter().map(|s| s.duration.as_secs_f64()).sum::<f64>() + available)
 }
@@ -307,7 +307,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         // its journal names: no kubeconfig to fill in
         result.remove_with = match &result.run.journal {
             Some(journal) => Some(format!("hcp-dr drill --abort {}", super::shell_word(journal))),
-            None => result.run.output("teardown").and_then(|t| t["remove_with"].as_str()).map(str::to_string),
+            None => result.run.output(<crate::stages::drill::teardown::Teardown as crate::pipeline::StageId>::NAME).and_then(|t| t["remove_with"].as_str()).map(str::to_string),
         };
     }
     if let (Some(path), false, None) = (&options.report, options.run.dry_run, &options.run.abort) {
@@ -326,7 +326,6 @@ pub fn operation() -> super::Operation<DrillContext> {
         name: "drill",
         command: "hcp-dr drill",
         playbook: "drill",
-        rules: &DRILL_RULES,
         catalog: drill_catalog(),
         on_failure: OnFailure::Undo,
         resume: None,

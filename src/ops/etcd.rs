@@ -13,7 +13,7 @@ use crate::pipeline::runner::Observer;
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::stages::etcd_ops::health::{self, ClusterHealth, EtcdCluster, HealthError};
-use crate::stages::etcd_ops::{RECOVER_RULES, RecoverContext, RecoverInputs, recover_catalog};
+use crate::stages::etcd_ops::{RecoverContext, RecoverInputs, recover_catalog};
 
 /// The operation's name in playbooks and journals.
 pub const RECOVER: &str = "etcd-recover";
@@ -152,9 +152,9 @@ pub async fn recover(
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
-    let assess = run.output("assess");
-    let replace = run.output("replace");
-    let rejoin = run.output("rejoin");
+    let assess = run.output(<crate::stages::etcd_ops::assess::Assess as crate::pipeline::StageId>::NAME);
+    let replace = run.output(<crate::stages::etcd_ops::replace::Replace as crate::pipeline::StageId>::NAME);
+    let rejoin = run.output(<crate::stages::etcd_ops::rejoin::Rejoin as crate::pipeline::StageId>::NAME);
     let text = |value: Option<&serde_json::Value>, key: &str| {
         value.and_then(|v| v[key].as_str()).map(str::to_string)
     };
@@ -182,14 +182,13 @@ pub fn operation() -> super::Operation<RecoverContext> {
         name: RECOVER,
         command: "hcp-dr etcd recover",
         playbook: RECOVER,
-        rules: &RECOVER_RULES,
         catalog: recover_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("goes on"),
         abort: Some("releases its Lease"),
         no_abort_after: None,
         // before the member is replaced, a stop is undone at once
-        undo_stops_before: Some("replace"),
+        undo_stops_before: Some(<crate::stages::etcd_ops::replace::Replace as crate::pipeline::StageId>::NAME),
     }
 }
 

@@ -16,7 +16,7 @@ use crate::pipeline::runner::Observer;
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
 use crate::stages::etcd_restore::{
-    BackupRef, ETCD_RESTORE_RULES, EtcdRestoreContext, EtcdRestoreInputs, SnapshotRef, etcd_restore_catalog,
+    BackupRef, EtcdRestoreContext, EtcdRestoreInputs, SnapshotRef, etcd_restore_catalog,
 };
 use crate::store::{self, S3Options, StoreUrl};
 
@@ -256,10 +256,10 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let fetch = run.output("fetch-snapshot").cloned();
-    let stop = run.output("stop-etcd").cloned();
-    let start = run.output("start-etcd").cloned();
-    let resume = run.output("resume").cloned();
+    let fetch = run.output(<crate::stages::etcd_restore::fetch::FetchSnapshot as crate::pipeline::StageId>::NAME).cloned();
+    let stop = run.output(<crate::stages::etcd_restore::stop::StopEtcd as crate::pipeline::StageId>::NAME).cloned();
+    let start = run.output(<crate::stages::etcd_restore::start::StartEtcd as crate::pipeline::StageId>::NAME).cloned();
+    let resume = run.output(<crate::stages::resume::Resume as crate::pipeline::StageId>::NAME).cloned();
     Ok(EtcdRestoreResult {
         hosted_cluster: format!("{}/{}", inputs.cluster.namespace, inputs.cluster.hosted_cluster),
         snapshot: fetch.as_ref().and_then(|f| f["source"].as_str().map(str::to_string)),
@@ -282,7 +282,6 @@ pub fn operation() -> super::Operation<EtcdRestoreContext> {
         name: ETCD_RESTORE,
         command: "hcp-dr etcd restore",
         playbook: ETCD_RESTORE,
-        rules: &ETCD_RESTORE_RULES,
         catalog: etcd_restore_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("goes on"),
@@ -292,7 +291,7 @@ pub fn operation() -> super::Operation<EtcdRestoreContext> {
             from_start: false,
             why: "restore-members has started, so the members' old data is gone and there is nothing to go back to",
         }),
-        undo_stops_before: Some("restore-members"),
+        undo_stops_before: Some(<crate::stages::etcd_restore::members::RestoreMembers as crate::pipeline::StageId>::NAME),
     }
 }
 

@@ -21,7 +21,7 @@ use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{OnFailure, RunReport};
 use crate::stages::fence::{
-    FENCE_PAUSE_SECONDS, FENCE_RULES, FenceContext, FenceInputs, RELEASE_RULES, RemovedRoutes, Stopped, fence_catalog, release_catalog,
+    FENCE_PAUSE_SECONDS, FenceContext, FenceInputs, RemovedRoutes, Stopped, fence_catalog, release_catalog,
 };
 use crate::store::{self, S3Options};
 
@@ -115,8 +115,8 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let stopped: Stopped = run.output("scale-to-zero").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
-    let removed: RemovedRoutes = run.output("remove-routes").and_then(|o| serde_json::from_value(o.clone()).ok()).unwrap_or_default();
+    let stopped: Stopped = run.output_of::<crate::stages::fence::ScaleToZero>().unwrap_or_default();
+    let removed: RemovedRoutes = run.output_of::<crate::stages::fence::RemoveRoutes>().unwrap_or_default();
     Ok(FenceResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         release: operation_name == RELEASE,
@@ -269,7 +269,6 @@ pub fn fence_operation() -> super::Operation<FenceContext> {
         name: FENCE,
         command: "hcp-dr fence",
         playbook: FENCE,
-        rules: &FENCE_RULES,
         catalog: fence_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("finishes the fence"),
@@ -285,7 +284,6 @@ pub fn release_operation() -> super::Operation<FenceContext> {
         name: RELEASE,
         command: "hcp-dr fence",
         playbook: RELEASE,
-        rules: &RELEASE_RULES,
         catalog: release_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("finishes the release"),

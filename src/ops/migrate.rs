@@ -16,7 +16,7 @@ use crate::archive::new_backup_id;
 use crate::dns::DnsZone;
 use crate::pipeline::{Interrupt, Journal, JournalState, OnFailure, RunReport, StageState};
 use crate::stages::context::{BackupContext, BackupInputs, EtcdAccess, TlsOverride};
-use crate::stages::migrate::{MIGRATE_RULES, MigrateContext, MigrateInputs, migrate_catalog};
+use crate::stages::migrate::{MigrateContext, MigrateInputs, migrate_catalog};
 use crate::stages::restore::{RestoreContext, RestoreInputs};
 use crate::store::{self, S3Options};
 
@@ -164,8 +164,8 @@ fn timings(state: &JournalState) -> (BTreeMap<String, f64>, Option<f64>) {
             stages.insert(name.clone(), (end - start).num_milliseconds() as f64 / 1000.0);
         }
     }
-    let down = state.stage("scale-down").started_at;
-    let wait = state.stage("wait");
+    let down = state.stage(<crate::stages::scale_down::ScaleDown as crate::pipeline::StageId>::NAME).started_at;
+    let wait = state.stage(<crate::stages::restore::wait::Wait as crate::pipeline::StageId>::NAME);
     let available = wait.output.as_ref().and_then(|o| o["available_after_seconds"].as_f64());
     let rto = match (down, wait.started_at, available) {
         (Some(down), Some(wait_start), Some(after)) => {
@@ -269,13 +269,12 @@ pub fn operation() -> super::Operation<MigrateContext> {
         name: "migrate",
         command: "hcp-dr migrate",
         playbook: "migrate",
-        rules: &MIGRATE_RULES,
         catalog: migrate_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("goes on"),
         abort: Some("brings the source back (before teardown)"),
         no_abort_after: Some(super::run::NoReturn {
-            stage: "teardown",
+            stage: <crate::stages::migrate::teardown::Teardown as crate::pipeline::StageId>::NAME,
             from_start: true,
             why: "the source's teardown has started, so the source cannot be brought back (the destination was verified healthy before it began)",
         }),

@@ -13,7 +13,7 @@ use super::OpsError;
 use super::backup::check_name;
 use crate::pipeline::runner::Observer;
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
-use crate::stages::reconcile::{ObjectDiff, RECONCILE_RULES, ReconcileContext, ReconcileInputs, reconcile_catalog};
+use crate::stages::reconcile::{ObjectDiff, ReconcileContext, ReconcileInputs, reconcile_catalog};
 
 pub const RECONCILE: &str = "cluster-reconcile";
 
@@ -169,7 +169,6 @@ pub fn operation() -> super::Operation<ReconcileContext> {
         name: RECONCILE,
         command: "hcp-dr cluster reconcile",
         playbook: RECONCILE,
-        rules: &RECONCILE_RULES,
         catalog: reconcile_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("goes on"),

@@ -13,7 +13,7 @@ use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::dns::TakenOver;
-use crate::stages::restore::{DnsInputs, RESTORE_RULES, RestoreContext, RestoreInputs, restore_catalog};
+use crate::stages::restore::{DnsInputs, RestoreContext, RestoreInputs, restore_catalog};
 use crate::archive::check::{CheckError, read_manifest};
 use crate::archive::encryption::{EncryptionError, Identities};
 use crate::store::{self, S3Options, Store};
@@ -72,7 +72,7 @@ impl RestoreResult {
 }
 
 fn dns_takeover(run: &RunReport) -> Option<TakenOver> {
-    run.output("dns-takeover").and_then(|o| serde_json::from_value(o.clone()).ok())
+    run.output_of::<crate::stages::restore::dns::DnsTakeover>()
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
@@ -374,7 +374,6 @@ pub fn operation() -> super::Operation<RestoreContext> {
         name: "restore",
         command: "hcp-dr restore",
         playbook: "restore",
-        rules: &RESTORE_RULES,
         catalog: restore_catalog(),
         on_failure: OnFailure::Stop,
         resume: Some("goes on"),

@@ -15,7 +15,7 @@ use super::OpsError;
 use crate::pipeline::journal::ClusterBinding;
 use crate::pipeline::runner::Observer;
 use crate::pipeline::{
-    Catalog, Interrupt, Journal, Mode, OnFailure, Playbook, RunOutcome, RunReport, Runner, StageReport, StageRules, StageState, StageStatus,
+    Catalog, Interrupt, Journal, Mode, OnFailure, Playbook, RunOutcome, RunReport, Runner, StageReport, StageState, StageStatus,
     builtin,
 };
 
@@ -106,8 +106,7 @@ pub struct Operation<C> {
     pub command: &'static str,
     /// The embedded playbook used without `--playbook`.
     pub playbook: &'static str,
-    /// The stage names a playbook may list, and their order.
-    pub rules: &'static StageRules<'static>,
+    /// Its stages: the names a playbook may list and their order.
     pub catalog: Catalog<C>,
     pub on_failure: OnFailure,
     /// What `--resume` does, for the log line a fresh run prints and for
@@ -205,7 +204,7 @@ impl<C: Send + Sync> Operation<C> {
     /// `with:` parameters checked.
     fn playbook_from(&self, file: Option<&Path>) -> Result<Playbook, OpsError> {
         let playbook = builtin::load(self.playbook, file)?;
-        playbook.check(self.rules)?;
+        playbook.check(&self.catalog.rules())?;
         playbook.check_params(|name| self.catalog.get(name).map(|stage| stage.params()))?;
         Ok(playbook)
     }
@@ -347,13 +346,11 @@ mod tests {
 
     #[test]
     fn an_operation_refuses_the_modes_it_does_not_offer() {
-        static RULES: StageRules<'static> = StageRules { operation: "x", known: &[], requires_before: &[] };
         let op: Operation<()> = Operation {
             name: "x",
             command: "hcp-dr x",
             playbook: "x",
-            rules: &RULES,
-            catalog: Catalog::default(),
+            catalog: Catalog::new("x"),
             on_failure: OnFailure::Undo,
             resume: None,
             abort: Some("undoes it"),

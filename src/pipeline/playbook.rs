@@ -111,11 +111,11 @@ pub struct Playbook {
 
 /// What an operation accepts: its stage names and which must precede which.
 #[derive(Debug, Clone)]
-pub struct StageRules<'a> {
-    pub operation: &'a str,
-    pub known: &'a [&'a str],
+pub struct StageRules {
+    pub operation: &'static str,
+    pub known: Vec<&'static str>,
     /// `(stage, needs)`: when `stage` is listed, `needs` must be listed before it.
-    pub requires_before: &'a [(&'a str, &'a str)],
+    pub requires_before: Vec<(&'static str, &'static str)>,
 }
 
 impl Playbook {
@@ -150,7 +150,7 @@ impl Playbook {
     }
 
     /// Check the playbook against what `rules.operation` can run.
-    pub fn check(&self, rules: &StageRules<'_>) -> Result<(), PlaybookError> {
+    pub fn check(&self, rules: &StageRules) -> Result<(), PlaybookError> {
         if self.operation != rules.operation {
             return Err(PlaybookError::WrongOperation {
                 origin: self.origin.clone(),
@@ -222,17 +222,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const RULES: StageRules<'static> = StageRules {
-        operation: "backup",
-        known: &["lock", "pause", "scale-down", "snapshot", "resume"],
-        requires_before: &[("scale-down", "pause"), ("resume", "scale-down")],
-    };
+    fn rules() -> StageRules {
+        StageRules {
+            operation: "backup",
+            known: vec!["lock", "pause", "scale-down", "snapshot", "resume"],
+            requires_before: vec![("scale-down", "pause"), ("resume", "scale-down")],
+        }
+    }
 
     #[test]
     fn parses_stages_with_lines_and_params() {
         let text = "operation: backup\ndescription: test\nstages:\n  - name: lock\n  - name: pause\n    with:\n      ttl: 30m\n";
         let playbook = Playbook::parse(text, "t.yaml").unwrap();
-        playbook.check(&RULES).unwrap();
+        playbook.check(&rules()).unwrap();
         assert_eq!(playbook.stage_names(), vec!["lock", "pause"]);
         assert_eq!(playbook.stages[0].line, 4);
         assert_eq!(playbook.stages[1].line, 5);
@@ -243,7 +245,7 @@ mod tests {
     #[test]
     fn unknown_stage_names_the_line() {
         let text = "operation: backup\nstages:\n  - name: lock\n  - name: snapshop\n";
-        let err = Playbook::parse(text, "my.yaml").unwrap().check(&RULES).unwrap_err();
+        let err = Playbook::parse(text, "my.yaml").unwrap().check(&rules()).unwrap_err();
         let message = err.to_string();
         assert!(matches!(err, PlaybookError::UnknownStage { line: 4, .. }), "{message}");
         assert!(message.contains("my.yaml, line 4: unknown stage `snapshop`"), "{message}");
@@ -254,15 +256,15 @@ mod tests {
     fn duplicates_order_and_operation_are_checked() {
         let dup = "operation: backup\nstages:\n  - name: pause\n  - name: pause\n";
         assert!(matches!(
-            Playbook::parse(dup, "d").unwrap().check(&RULES),
+            Playbook::parse(dup, "d").unwrap().check(&rules()),
             Err(PlaybookError::DuplicateStage { line: 4, first_line: 3, .. })
         ));
         let order = "operation: backup\nstages:\n  - name: scale-down\n  - name: pause\n";
-        let err = Playbook::parse(order, "o").unwrap().check(&RULES).unwrap_err();
+        let err = Playbook::parse(order, "o").unwrap().check(&rules()).unwrap_err();
         assert!(err.to_string().contains("`scale-down` needs `pause` before it"), "{err}");
         let other = "operation: restore\nstages:\n  - name: lock\n";
         assert!(matches!(
-            Playbook::parse(other, "r").unwrap().check(&RULES),
+            Playbook::parse(other, "r").unwrap().check(&rules()),
             Err(PlaybookError::WrongOperation { line: 1, .. })
         ));
     }

@@ -6,15 +6,16 @@
 //! (so the plan is built from the live cluster), stages that change anything
 //! print what they would do instead, and no journal is written.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::journal::{ClusterBinding, Event, Header, Journal, JournalError, JournalState, StageState};
 use super::playbook::Playbook;
-use super::stage::{Interrupt, Stage, Step, UndoInput, error_chain};
+
+use super::playbook::StageRules;
+use super::stage::{DynStage, Interrupt, Step, UndoInput, error_chain};
 
 /// Hooks for tests of undo and resume, driven by environment variables so
 /// they work on the real binary. They only ever make a run fail or wait;
@@ -175,33 +176,72 @@ impl RunReport {
             .find(|s| s.name == stage)
             .and_then(|s| s.output.as_ref())
     }
-}
 
-/// The stages an operation implements, by name.
-pub struct Catalog<C> {
-    stages: BTreeMap<&'static str, Box<dyn Stage<C>>>,
-}
-
-impl<C> Default for Catalog<C> {
-    fn default() -> Self {
-        Catalog {
-            stages: BTreeMap::new(),
-        }
+    /// The output of stage `S`, typed (`None`: it did not run, or its
+    /// output is not an `S::Output`).
+    pub fn output_of<S: super::StageId>(&self) -> Option<S::Output> {
+        self.output(S::NAME).and_then(|value| S::Output::deserialize(value).ok())
     }
+}
+
+/// The stages an operation implements: the one registry of its stage names
+/// (each stage's [`super::StageId::NAME`]) and of which must come before
+/// which, from which the playbook rules derive ([`Catalog::rules`]).
+pub struct Catalog<C> {
+    operation: &'static str,
+    stages: Vec<(Box<dyn DynStage<C>>, Vec<&'static str>)>,
 }
 
 impl<C> Catalog<C> {
-    pub fn with(mut self, stage: impl Stage<C> + 'static) -> Self {
-        self.stages.insert(stage.name(), Box::new(stage));
+    /// An empty catalog for `operation` (the playbooks' `operation:`).
+    pub fn new(operation: &'static str) -> Self {
+        Catalog { operation, stages: Vec::new() }
+    }
+
+    /// Add a stage. Two stages of one operation cannot share a name.
+    pub fn with(mut self, stage: impl DynStage<C> + 'static) -> Self {
+        assert!(
+            self.get(stage.name()).is_none(),
+            "{}: two stages named `{}`",
+            self.operation,
+            stage.name()
+        );
+        self.stages.push((Box::new(stage), Vec::new()));
         self
     }
 
-    pub fn names(&self) -> Vec<&'static str> {
-        self.stages.keys().copied().collect()
+    /// The stage added last needs `stages` listed before it in a playbook
+    /// (it reads what they produce, or must not run without them).
+    pub fn after(mut self, stages: &[&'static str]) -> Self {
+        let (_, after) = self.stages.last_mut().expect("Catalog::after follows Catalog::with");
+        after.extend_from_slice(stages);
+        self
     }
 
-    pub fn get(&self, name: &str) -> Option<&dyn Stage<C>> {
-        self.stages.get(name).map(|s| s.as_ref())
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// The stage names, in the order they were added.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.stages.iter().map(|(stage, _)| stage.name()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&dyn DynStage<C>> {
+        self.stages.iter().find(|(stage, _)| stage.name() == name).map(|(stage, _)| stage.as_ref())
+    }
+
+    /// What a playbook of this operation may name, and in which order.
+    pub fn rules(&self) -> StageRules {
+        StageRules {
+            operation: self.operation,
+            known: self.names(),
+            requires_before: self
+                .stages
+                .iter()
+                .flat_map(|(stage, after)| after.iter().map(move |needs| (stage.name(), *needs)))
+                .collect(),
+        }
     }
 }
 
@@ -253,12 +293,12 @@ pub struct Runner<'a, C> {
 }
 
 struct Planned<'a, C> {
-    stage: &'a dyn Stage<C>,
+    stage: &'a dyn DynStage<C>,
     params: &'a Value,
 }
 
 impl<'a, C: Send + Sync> Runner<'a, C> {
-    fn notify_started(&self, stage: &dyn Stage<C>) {
+    fn notify_started(&self, stage: &dyn DynStage<C>) {
         if let Some(observer) = self.observer {
             observer.started(stage.name(), stage.summary());
         }
@@ -387,7 +427,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 self.notify_started(planned.stage);
                 let started = Instant::now();
                 let result = {
-                    let mut step = Step::new(&mut journal, &name, planned.params);
+                    let mut step = Step::new(&mut journal, planned.stage.name(), planned.params);
                     tokio::select! {
                         result = async {
                             test_hooks::hold_in(&name).await;
@@ -524,6 +564,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 observer.started(&name, "undo");
             }
             let input = UndoInput {
+                stage: planned.stage.name(),
                 output: record.output.as_ref(),
                 progress: record.progress.as_ref(),
                 params: planned.params,
@@ -560,7 +601,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     actions: planned.stage.plan(ctx, planned.params),
                 }
             } else {
-                let mut step = Step::detached(&name, planned.params);
+                let mut step = Step::detached(planned.stage.name(), planned.params);
                 match planned.stage.run(ctx, &mut step).await {
                     Ok(output) => {
                         reports.push(StageReport {
@@ -682,9 +723,12 @@ mod tests {
     }
 
     #[async_trait]
-    impl Stage<Ctx> for Fake {
+    impl DynStage<Ctx> for Fake {
         fn name(&self) -> &'static str {
             self.name
+        }
+        fn params(&self) -> crate::pipeline::Params {
+            crate::pipeline::Params::NONE
         }
         fn summary(&self) -> &'static str {
             "fake"
@@ -735,7 +779,7 @@ mod tests {
     }
 
     fn catalog() -> Catalog<Ctx> {
-        Catalog::default()
+        Catalog::new("test")
             .with(Fake { name: "check", mutates: false })
             .with(Fake { name: "pause", mutates: true })
             .with(Fake { name: "scale", mutates: true })

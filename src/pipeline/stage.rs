@@ -2,6 +2,7 @@
 //! hands a stage while it runs.
 
 use async_trait::async_trait;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
@@ -61,12 +62,22 @@ pub fn read_params<T: StageParams>(value: &Value) -> Result<T, String> {
     Ok(params)
 }
 
+/// What names a stage and what it produces, whatever the context it runs
+/// in: the runner journals the output and hands it back, typed, to
+/// [`Stage::restore`] on resume and to later stages through
+/// [`Step::output_of`].
+pub trait StageId {
+    /// The name used in playbooks and journals, e.g. `scale-down`: the one
+    /// place it is written.
+    const NAME: &'static str;
+    /// What the stage produces (journaled as JSON).
+    type Output: Serialize + DeserializeOwned + Send + Sync;
+}
+
 /// One step of an operation. `C` is the operation's context (clients,
 /// options, what earlier stages found).
 #[async_trait]
-pub trait Stage<C>: Send + Sync {
-    /// The name used in playbooks and journals, e.g. `scale-down`.
-    fn name(&self) -> &'static str;
+pub trait Stage<C>: StageId + Send + Sync {
     /// One line for `hcp-dr playbook show`.
     fn summary(&self) -> &'static str;
     /// Whether the stage changes a cluster or a store. Dry-run runs the
@@ -75,12 +86,12 @@ pub trait Stage<C>: Send + Sync {
     /// Dry-run: what the stage would do, one line per action, from the context
     /// built so far by the read-only stages.
     fn plan(&self, ctx: &C, params: &Value) -> Vec<String>;
-    /// Do the work; the returned output is journaled and, on resume, handed
-    /// back through [`Stage::restore`]. A stage that changes something calls
+    /// Do the work; the output is journaled and, on resume, handed back
+    /// through [`Stage::restore`]. A stage that changes something calls
     /// [`Step::record`] with what it needs to undo *before* changing it.
-    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure>;
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Self::Output, StageFailure>;
     /// Resume: put a succeeded stage's output back into the context.
-    fn restore(&self, _ctx: &mut C, _output: &Value) -> Result<(), StageFailure> {
+    fn restore(&self, _ctx: &mut C, _output: Self::Output) -> Result<(), StageFailure> {
         Ok(())
     }
     /// Its `with:` parameters ([`Params::NONE`] unless it takes some).
@@ -99,23 +110,105 @@ pub trait Stage<C>: Send + Sync {
     }
 }
 
+/// A stage as the runner drives it: outputs as JSON, the name a value.
+/// Every [`Stage`] is one; a wrapper that runs another stage on part of its
+/// context (migrate's source and destination stages) implements it directly.
+#[async_trait]
+pub trait DynStage<C>: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn summary(&self) -> &'static str;
+    fn mutates(&self) -> bool;
+    fn plan(&self, ctx: &C, params: &Value) -> Vec<String>;
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure>;
+    fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure>;
+    fn params(&self) -> Params;
+    fn undoable(&self) -> bool;
+    async fn undo(&self, ctx: &mut C, input: UndoInput<'_>) -> Result<(), StageFailure>;
+}
+
+#[async_trait]
+impl<C: Send, S: Stage<C>> DynStage<C> for S {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+    fn summary(&self) -> &'static str {
+        Stage::summary(self)
+    }
+    fn mutates(&self) -> bool {
+        Stage::mutates(self)
+    }
+    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
+        Stage::plan(self, ctx, params)
+    }
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+        let output = Stage::run(self, ctx, step).await?;
+        serde_json::to_value(output).map_err(|e| OutputError { stage: S::NAME, message: e.to_string() }.into())
+    }
+    fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure> {
+        Stage::restore(self, ctx, parse_output(S::NAME, output)?)
+    }
+    fn params(&self) -> Params {
+        Stage::params(self)
+    }
+    fn undoable(&self) -> bool {
+        Stage::undoable(self)
+    }
+    async fn undo(&self, ctx: &mut C, input: UndoInput<'_>) -> Result<(), StageFailure> {
+        Stage::undo(self, ctx, input).await
+    }
+}
+
+/// A journaled output or progress record that cannot be read back as the
+/// type its stage declares (a journal from another version, or edited).
+#[derive(Debug, thiserror::Error)]
+#[error("journaled output of `{stage}`: {message}")]
+pub struct OutputError {
+    pub stage: &'static str,
+    pub message: String,
+}
+
+fn parse_output<T: DeserializeOwned>(stage: &'static str, value: &Value) -> Result<T, OutputError> {
+    T::deserialize(value).map_err(|e| OutputError { stage, message: e.to_string() })
+}
+
 /// What an undo is given.
 #[derive(Debug, Clone, Copy)]
 pub struct UndoInput<'a> {
+    /// The stage being undone (its name, for messages).
+    pub stage: &'static str,
     pub output: Option<&'a Value>,
     pub progress: Option<&'a Value>,
     pub params: &'a Value,
 }
 
+impl UndoInput<'_> {
+    /// What the undo works from, as `T`: the stage's output, or, when it
+    /// stopped part-way, its last progress record. `None` when it changed
+    /// nothing yet.
+    pub fn record<T: DeserializeOwned>(&self) -> Result<Option<T>, OutputError> {
+        self.output.or(self.progress).map(|value| parse_output(self.stage, value)).transpose()
+    }
+
+    /// The stage's output, as `T` (`None`: it did not finish).
+    pub fn output<T: DeserializeOwned>(&self) -> Result<Option<T>, OutputError> {
+        self.output.map(|value| parse_output(self.stage, value)).transpose()
+    }
+
+    /// The stage's last progress record, as `T` (`None`: none journaled).
+    pub fn progress<T: DeserializeOwned>(&self) -> Result<Option<T>, OutputError> {
+        self.progress.map(|value| parse_output(self.stage, value)).transpose()
+    }
+}
+
 /// A running stage's handle: its parameters and its journal.
 pub struct Step<'a> {
     journal: Option<&'a mut Journal>,
-    stage: &'a str,
+    stage: &'static str,
     params: &'a Value,
 }
 
 impl<'a> Step<'a> {
-    pub(crate) fn new(journal: &'a mut Journal, stage: &'a str, params: &'a Value) -> Self {
+    pub(crate) fn new(journal: &'a mut Journal, stage: &'static str, params: &'a Value) -> Self {
         Step {
             journal: Some(journal),
             stage,
@@ -124,7 +217,7 @@ impl<'a> Step<'a> {
     }
 
     /// A step with no journal (dry-run, tests).
-    pub fn detached(stage: &'a str, params: &'a Value) -> Self {
+    pub fn detached(stage: &'static str, params: &'a Value) -> Self {
         Step {
             journal: None,
             stage,
@@ -135,6 +228,46 @@ impl<'a> Step<'a> {
     /// What the journal says so far (None in dry-run): stage times, outputs.
     pub fn history(&self) -> Option<&super::journal::JournalState> {
         self.journal.as_deref().map(|j| j.state())
+    }
+
+    /// The progress an earlier, interrupted attempt of this stage journaled
+    /// (a rerun must keep what was there before the first attempt changed
+    /// anything). `None` in dry-run, on a first attempt, or when the record
+    /// is not a `T`.
+    pub fn earlier_progress<T: DeserializeOwned>(&self) -> Option<T> {
+        self.history()
+            .and_then(|history| history.stage(self.stage).progress)
+            .and_then(|progress| T::deserialize(&progress).ok())
+    }
+
+    /// The output of the earlier stage `S` in this run (or the run resumed):
+    /// the typed handle a later stage reads an earlier one's result through.
+    /// The playbook rules, checked when the playbook loads, make sure `S`
+    /// ran first where a stage needs it; `None` when it did not run (dry-run,
+    /// or a playbook that left it out).
+    pub fn output_of<S: StageId>(&self) -> Result<Option<S::Output>, OutputError> {
+        self.history()
+            .and_then(|history| history.stage(S::NAME).output)
+            .map(|output| parse_output(S::NAME, &output))
+            .transpose()
+    }
+
+    /// The output of `S`, an earlier stage this one needs: the catalog
+    /// declares it ([`super::Catalog::after`]), so the playbook rules,
+    /// checked when the playbook loads, put `S` before this stage. An error
+    /// only for a journal that does not hold it (written by another version,
+    /// or edited).
+    pub fn needs<S: StageId>(&self) -> Result<S::Output, OutputError> {
+        self.output_of::<S>()?.ok_or_else(|| OutputError {
+            stage: S::NAME,
+            message: format!("`{}` needs its output and the journal has none (resume with the playbook the run started with)", self.stage),
+        })
+    }
+
+    /// Whether the earlier stage `S` succeeded in this run (or the run
+    /// resumed). False in dry-run.
+    pub fn succeeded<S: StageId>(&self) -> bool {
+        self.history().is_some_and(|history| history.stage(S::NAME).state == super::StageState::Succeeded)
     }
 
     /// The stage's `with:` parameters from the playbook (Null when none).

@@ -11,9 +11,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step};
+use crate::pipeline::{Catalog, Stage, StageId, StageFailure, Step};
 use crate::stages::deadline_pause::{DeadlinePause, PauseScope};
-use crate::stages::earlier_progress;
 use crate::teardown::{self, TornDown};
 
 /// The inputs of a destroy (journaled).
@@ -46,11 +45,13 @@ impl PauseScope for DestroyContext {
 
 pub struct Teardown;
 
+impl StageId for Teardown {
+    const NAME: &'static str = "teardown";
+    type Output = TornDown;
+}
+
 #[async_trait]
 impl Stage<DestroyContext> for Teardown {
-    fn name(&self) -> &'static str {
-        "teardown"
-    }
     fn summary(&self) -> &'static str {
         "scale the HCP namespace to zero, then remove finalizers and delete NodePools, Machines, MachineSets, the Cluster, platform objects, the HostedControlPlane, the HCP namespace and the HostedCluster, in order (not undoable)"
     }
@@ -63,26 +64,20 @@ impl Stage<DestroyContext> for Teardown {
             ctx.inputs.namespace, ctx.inputs.hosted_cluster
         )]
     }
-    async fn run(&self, ctx: &mut DestroyContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        let mut out: TornDown = earlier_progress(step, "teardown").unwrap_or_default();
+    async fn run(&self, ctx: &mut DestroyContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        let mut out: TornDown = step.earlier_progress().unwrap_or_default();
         step.record(serde_json::to_value(&out)?)?;
         let mut record = |t: &TornDown| -> Result<(), StageFailure> {
             step.record(serde_json::to_value(t)?)?;
             Ok(())
         };
         teardown::destroy(&ctx.client, &ctx.inputs.namespace, &ctx.inputs.hosted_cluster, &mut out, &mut record).await?;
-        Ok(serde_json::to_value(out)?)
+        Ok(out)
     }
 }
 
 /// Every cluster-destroy stage, by name.
 pub fn destroy_catalog() -> Catalog<DestroyContext> {
-    Catalog::default().with(DeadlinePause).with(Teardown)
+    Catalog::new("cluster-destroy").with(DeadlinePause).with(Teardown).after(&[DeadlinePause::NAME])
 }
 
-/// The teardown only ever runs on a paused cluster.
-pub const DESTROY_RULES: StageRules<'static> = StageRules {
-    operation: "cluster-destroy",
-    known: &["pause", "teardown"],
-    requires_before: &[("teardown", "pause")],
-};

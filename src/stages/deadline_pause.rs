@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::hosted::{HOSTED_CLUSTER, NODE_POOL, longest_pause};
 use crate::kube::{api, get_json, list_json, set_paused_until};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
-use crate::stages::{StageError, earlier_progress, undo_record};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
+use crate::stages::StageError;
 
 /// What a context gives the stage: the cluster and how long to pause it.
 pub trait PauseScope: Send + Sync {
@@ -36,11 +36,13 @@ pub struct Paused {
 
 pub struct DeadlinePause;
 
+impl StageId for DeadlinePause {
+    const NAME: &'static str = "pause";
+    type Output = Paused;
+}
+
 #[async_trait]
 impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
-    fn name(&self) -> &'static str {
-        "pause"
-    }
     fn summary(&self) -> &'static str {
         "pause the HostedCluster and its NodePools until a deadline (a longer pause in place is kept), so the operator recreates nothing meanwhile"
     }
@@ -54,7 +56,7 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
             ctx.pause_seconds()
         )]
     }
-    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (ns, name) = (ctx.cluster().0.to_string(), ctx.cluster().1.to_string());
         let client = ctx.client().clone();
         let label = format!("HostedCluster {ns}/{name}");
@@ -76,7 +78,7 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
                 record.previous.push(("NodePool".into(), np_name, np["spec"]["pausedUntil"].as_str().map(str::to_string)));
             }
         }
-        if let Some(first) = earlier_progress::<Paused>(step, "pause") {
+        if let Some(first) = step.earlier_progress::<Paused>() {
             record.previous = first.previous;
             record.uids = first.uids;
         }
@@ -86,13 +88,13 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
             let value = longest_pause(previous.as_deref(), &record.until);
             set_paused_until(&client, gvk, &ns, object, Some(&value)).await?;
         }
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut C, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<Paused>("pause", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<Paused>()? else { return Ok(()) };
         let ns = ctx.cluster().0.to_string();
         let client = ctx.client().clone();
         for (kind, object, previous) in &record.previous {

@@ -10,15 +10,16 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::context::{BackupContext, PendingSnapshot};
 use super::etcd_members;
 use super::preflight::{connect_member, member_status};
-use super::{StageError, from_output};
+use super::StageError;
 use crate::archive::{Layout, SkippedMember};
 use crate::etcd::SnapshotReport;
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 
 pub struct EtcdSnapshot;
 pub struct SnapshotFinish;
@@ -68,9 +69,7 @@ fn skip(ctx: &mut BackupContext, skipped: Vec<SkippedMember>) {
 /// lost with an earlier process (a crash, then `--resume`), start them again
 /// now, while the writers are still stopped.
 pub(crate) async fn ensure_started(ctx: &mut BackupContext, step: &Step<'_>) -> Result<(), StageFailure> {
-    let snapshotted = step
-        .history()
-        .is_some_and(|h| h.stage("etcd-snapshot").state == crate::pipeline::StageState::Succeeded);
+    let snapshotted = step.succeeded::<EtcdSnapshot>();
     if snapshotted && ctx.pending.is_empty() && ctx.snapshots.is_empty() {
         tracing::warn!("the snapshot streams of an earlier run were lost; taking them again before the writers come back");
         start_all(ctx).await?;
@@ -151,14 +150,28 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
     Ok(revision)
 }
 
-/// On resume: the members an earlier run skipped stay skipped (older
-/// journals have no `skipped`).
-fn restore_skipped(ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-    if !output["skipped"].is_null() {
-        let skipped: Vec<SkippedMember> = from_output("etcd-snapshot", &output["skipped"])?;
-        skip(ctx, skipped);
-    }
-    Ok(())
+/// What `etcd-snapshot` started: the agreed revision and the members whose
+/// streams hold it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Started {
+    pub revision: i64,
+    pub started: Vec<String>,
+    /// On resume the members an earlier run skipped stay skipped (older
+    /// journals have none).
+    #[serde(default)]
+    pub skipped: Vec<SkippedMember>,
+}
+
+/// What `snapshot-finish` stored: one report per member, and for an
+/// encrypted backup each snapshot's plaintext size and SHA-256.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshots {
+    pub revision: Option<i64>,
+    pub snapshots: Vec<SnapshotReport>,
+    #[serde(default)]
+    pub skipped: Vec<SkippedMember>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plaintext: Option<Vec<crate::archive::Artifact>>,
 }
 
 /// For an encrypted backup: each snapshot's plaintext size and SHA-256 (the
@@ -182,11 +195,13 @@ fn plaintext_digests(ctx: &BackupContext, reports: &[SnapshotReport]) -> Result<
         .collect()
 }
 
+impl StageId for EtcdSnapshot {
+    const NAME: &'static str = "etcd-snapshot";
+    type Output = Started;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for EtcdSnapshot {
-    fn name(&self) -> &'static str {
-        "etcd-snapshot"
-    }
     fn summary(&self) -> &'static str {
         "start every etcd member's snapshot in parallel; once each stream holds the agreed revision the content is fixed and the rest streams to the store in the background"
     }
@@ -212,17 +227,14 @@ impl Stage<BackupContext> for EtcdSnapshot {
             })
             .collect()
     }
-    async fn run(
-        &self,
-        ctx: &mut BackupContext,
-        _step: &mut Step<'_>,
-    ) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Started, StageFailure> {
         let revision = start_all(ctx).await?;
-        let members: Vec<&str> = ctx.pending.iter().map(|p| p.member.as_str()).collect();
-        Ok(json!({"revision": revision, "started": members, "skipped": ctx.etcd_health.skipped}))
+        let started = ctx.pending.iter().map(|p| p.member.clone()).collect();
+        Ok(Started { revision, started, skipped: ctx.etcd_health.skipped.clone() })
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        restore_skipped(ctx, output)
+    fn restore(&self, ctx: &mut BackupContext, output: Started) -> Result<(), StageFailure> {
+        skip(ctx, output.skipped);
+        Ok(())
     }
     fn undoable(&self) -> bool {
         true
@@ -237,11 +249,13 @@ impl Stage<BackupContext> for EtcdSnapshot {
     }
 }
 
+impl StageId for SnapshotFinish {
+    const NAME: &'static str = "snapshot-finish";
+    type Output = Snapshots;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for SnapshotFinish {
-    fn name(&self) -> &'static str {
-        "snapshot-finish"
-    }
     fn summary(&self) -> &'static str {
         "wait for the snapshot streams started by etcd-snapshot to be stored, each with its SHA-256 and etcd's trailing hash checked"
     }
@@ -251,24 +265,13 @@ impl Stage<BackupContext> for SnapshotFinish {
     fn plan(&self, _ctx: &BackupContext, _params: &Value) -> Vec<String> {
         vec!["wait for every snapshot stream to be stored and checked".into()]
     }
-    async fn run(
-        &self,
-        ctx: &mut BackupContext,
-        step: &mut Step<'_>,
-    ) -> Result<Value, StageFailure> {
-        let revision = step
-            .history()
-            .and_then(|h| h.stage("etcd-snapshot").output)
-            .and_then(|o| o["revision"].as_i64());
-        let mut revision = revision;
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Snapshots, StageFailure> {
+        let mut revision = step.output_of::<EtcdSnapshot>()?.map(|started| started.revision);
         if ctx.pending.is_empty() {
             // The process that started the streams is gone (a crash, then
             // --resume). With the writers still stopped (no `resume` ran:
             // migrate, or a crash before it) they are simply taken again.
-            let resumed = step
-                .history()
-                .is_some_and(|h| h.stage("resume").state == crate::pipeline::StageState::Succeeded);
-            if resumed {
+            if step.succeeded::<super::resume::Resume>() {
                 return Err(StageError::Precondition(
                     "the snapshot streams were lost with the process that started them, after the writers were resumed; they cannot be taken again at the same revision: take a new backup".into(),
                 )
@@ -305,17 +308,18 @@ impl Stage<BackupContext> for SnapshotFinish {
         reports.sort_by(|a, b| a.member.cmp(&b.member));
         ctx.snapshots = reports.clone();
         ctx.plaintext = plaintext_digests(ctx, &reports)?;
-        let mut output = json!({"revision": revision, "snapshots": reports, "skipped": ctx.etcd_health.skipped});
-        if ctx.sealing.is_some() {
-            output["plaintext"] = serde_json::to_value(&ctx.plaintext)?;
-        }
-        Ok(output)
+        Ok(Snapshots {
+            revision,
+            snapshots: reports,
+            skipped: ctx.etcd_health.skipped.clone(),
+            plaintext: ctx.sealing.is_some().then(|| ctx.plaintext.clone()),
+        })
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        restore_skipped(ctx, output)?;
-        ctx.snapshots = from_output("snapshot-finish", &output["snapshots"])?;
-        if !output["plaintext"].is_null() {
-            ctx.plaintext = from_output("snapshot-finish", &output["plaintext"])?;
+    fn restore(&self, ctx: &mut BackupContext, output: Snapshots) -> Result<(), StageFailure> {
+        skip(ctx, output.skipped);
+        ctx.snapshots = output.snapshots;
+        if let Some(plaintext) = output.plaintext {
+            ctx.plaintext = plaintext;
         }
         Ok(())
     }

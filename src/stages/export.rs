@@ -14,14 +14,15 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use kube::discovery::{Discovery, Scope, verbs};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::context::BackupContext;
-use super::{StageError, from_output};
+use super::StageError;
 use crate::archive::{self, OBJECTS, sanitize};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster, NODE_POOL, exported_group};
 use crate::kube::{api, api_for, get_json, list_json, request};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 
 pub struct Export;
 
@@ -118,11 +119,23 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
     Ok(objects.into_iter().map(clean).collect())
 }
 
+/// What export stored: the objects archive, how many objects of each kind,
+/// and for an encrypted backup the archive's plaintext size and SHA-256.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Exported {
+    pub artifact: archive::Artifact,
+    pub object_counts: BTreeMap<String, usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plaintext: Option<archive::Artifact>,
+}
+
+impl StageId for Export {
+    const NAME: &'static str = "export";
+    type Output = Exported;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for Export {
-    fn name(&self) -> &'static str {
-        "export"
-    }
     fn summary(&self) -> &'static str {
         "export HostedCluster, NodePools, their secrets, the HCP and CAPI/platform objects (found by discovery) to objects.tar.gz (encrypted with --encrypt-to)"
     }
@@ -143,7 +156,7 @@ impl Stage<BackupContext> for Export {
         }
         vec![line]
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let objects = collect(ctx).await?;
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for obj in &objects {
@@ -154,16 +167,15 @@ impl Stage<BackupContext> for Export {
         archive::objects::write_tar_gz(&objects, &mut tarball)?;
         let key = ctx.inputs.layout().objects();
         let put = ctx.artifact_store().put(&key, Box::new(&tarball[..])).await?;
-        let mut output = json!({"artifact": {"name": OBJECTS, "size": put.size, "sha256": put.sha256}, "object_counts": counts});
-        if let Some(sealing) = &ctx.sealing {
-            let plain = sealing.plaintext(&key).ok_or(StageError::Missing("the plaintext digest of the objects archive"))?;
-            output["plaintext"] = json!({"name": OBJECTS, "size": plain.size, "sha256": plain.sha256});
-        }
-        Ok(output)
-    }
-    fn restore(&self, _ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        let _: archive::Artifact = from_output("export", &output["artifact"])?;
-        Ok(())
+        let artifact = |size, sha256| archive::Artifact { name: OBJECTS.to_string(), size, sha256 };
+        let plaintext = match &ctx.sealing {
+            Some(sealing) => {
+                let plain = sealing.plaintext(&key).ok_or(StageError::Missing("the plaintext digest of the objects archive"))?;
+                Some(artifact(plain.size, plain.sha256))
+            }
+            None => None,
+        };
+        Ok(Exported { artifact: artifact(put.size, put.sha256), object_counts: counts, plaintext })
     }
     fn undoable(&self) -> bool {
         true

@@ -33,9 +33,9 @@ use crate::archive::ManagementCluster;
 use crate::archive::fence::{self as store_fence, Fence};
 use crate::hosted::{FENCED, HOSTED_CLUSTER, HostedCluster, NODE_POOL, ROUTE};
 use crate::kube::{api, get_json, is_not_found, list_json, merge_patch, request, set_paused_until};
-use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
+use crate::pipeline::{Catalog, Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::deadline_pause::{DeadlinePause, PauseScope};
-use crate::stages::{StageError, earlier_progress, undo_record};
+use crate::stages::StageError;
 use crate::store::Store;
 
 /// The annotation holding what the fence changed (JSON [`FenceState`]).
@@ -177,11 +177,13 @@ pub struct Marked {
 
 pub struct Mark;
 
+impl StageId for Mark {
+    const NAME: &'static str = "mark";
+    type Output = Marked;
+}
+
 #[async_trait]
 impl Stage<FenceContext> for Mark {
-    fn name(&self) -> &'static str {
-        "mark"
-    }
     fn summary(&self) -> &'static str {
         "annotate the HostedCluster with where the cluster runs now and with what the fence changes (pauses, replicas), so backup and resume refuse it and a release can put it back"
     }
@@ -191,11 +193,11 @@ impl Stage<FenceContext> for Mark {
     fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
         vec![format!("annotate {} with {FENCED}={} and {FENCE_STATE}", ctx.label(), ctx.inputs.runs_on.server)]
     }
-    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let hc = ctx.hosted_cluster().await?;
         let annotation = |key: &str| hc.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str).map(str::to_string);
         let mut record = Marked { fenced_before: annotation(FENCED), state_before: annotation(FENCE_STATE), state: None };
-        if let Some(first) = earlier_progress::<Marked>(step, "mark") {
+        if let Some(first) = step.earlier_progress::<Marked>() {
             record.fenced_before = first.fenced_before;
             record.state_before = first.state_before;
         }
@@ -228,13 +230,13 @@ impl Stage<FenceContext> for Mark {
             &format!("annotating {} as fenced", ctx.label()),
         )
         .await?;
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut FenceContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<Marked>("mark", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<Marked>()? else { return Ok(()) };
         let hcs = api(&ctx.client, &HOSTED_CLUSTER, &ctx.inputs.namespace);
         if get_json(&hcs, &ctx.inputs.hosted_cluster, &ctx.label()).await?.is_none() {
             return Ok(());
@@ -273,11 +275,13 @@ async fn running_pods(client: &kube::Client, ns: &str) -> Result<Vec<String>, cr
         .collect())
 }
 
+impl StageId for ScaleToZero {
+    const NAME: &'static str = "scale-to-zero";
+    type Output = Stopped;
+}
+
 #[async_trait]
 impl Stage<FenceContext> for ScaleToZero {
-    fn name(&self) -> &'static str {
-        "scale-to-zero"
-    }
     fn summary(&self) -> &'static str {
         "scale every Deployment and StatefulSet of the HCP namespace to 0 (etcd, API servers, control-plane operator, Cluster API manager and provider) and wait until their pods are gone"
     }
@@ -291,10 +295,10 @@ impl Stage<FenceContext> for ScaleToZero {
             ctx.inputs.wait_seconds
         )]
     }
-    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let ns = ctx.hcp_namespace();
         let mut record = Stopped { previous: workloads(&ctx.client, &ns).await? };
-        if let Some(first) = earlier_progress::<Stopped>(step, "scale-to-zero") {
+        if let Some(first) = step.earlier_progress::<Stopped>() {
             record.previous = first_then_new(first.previous, record.previous, kind_name);
         }
         step.record(serde_json::to_value(&record)?)?;
@@ -327,13 +331,13 @@ impl Stage<FenceContext> for ScaleToZero {
             ))
             .into());
         }
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut FenceContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<Stopped>("scale-to-zero", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<Stopped>()? else { return Ok(()) };
         let ns = ctx.hcp_namespace();
         for (kind, name, replicas) in &record.previous {
             scale(&ctx.client, &ns, kind, name, *replicas).await?;
@@ -373,11 +377,13 @@ fn recreatable(route: &Value) -> Value {
     })
 }
 
+impl StageId for RemoveRoutes {
+    const NAME: &'static str = "remove-routes";
+    type Output = RemovedRoutes;
+}
+
 #[async_trait]
 impl Stage<FenceContext> for RemoveRoutes {
-    fn name(&self) -> &'static str {
-        "remove-routes"
-    }
     fn summary(&self) -> &'static str {
         "delete the HCP namespace's Routes, so this management cluster's external-dns has nothing of the cluster to publish"
     }
@@ -387,7 +393,7 @@ impl Stage<FenceContext> for RemoveRoutes {
     fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
         vec![format!("delete every Route in {} (journaled, recreated by --abort)", ctx.hcp_namespace())]
     }
-    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let ns = ctx.hcp_namespace();
         let routes = api(&ctx.client, &ROUTE, &ns);
         let listed = match routes.list(&ListParams::default()).await {
@@ -397,7 +403,7 @@ impl Stage<FenceContext> for RemoveRoutes {
             Err(err) => return Err(request(format!("listing Routes in {ns}"))(err).into()),
         };
         let mut record = RemovedRoutes { routes: listed.iter().map(recreatable).collect() };
-        if let Some(first) = earlier_progress::<RemovedRoutes>(step, "remove-routes") {
+        if let Some(first) = step.earlier_progress::<RemovedRoutes>() {
             record.routes = first_then_new(first.routes, record.routes, |r| r["metadata"]["name"].as_str().map(str::to_string));
         }
         step.record(serde_json::to_value(&record)?)?;
@@ -408,13 +414,13 @@ impl Stage<FenceContext> for RemoveRoutes {
                 Err(err) => return Err(request(format!("deleting Route {ns}/{name}"))(err).into()),
             }
         }
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut FenceContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<RemovedRoutes>("remove-routes", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<RemovedRoutes>()? else { return Ok(()) };
         let ns = ctx.hcp_namespace();
         let routes = api(&ctx.client, &ROUTE, &ns);
         for route in &record.routes {
@@ -438,11 +444,13 @@ pub struct Claimed {
 
 pub struct ClaimStore;
 
+impl StageId for ClaimStore {
+    const NAME: &'static str = "claim-store";
+    type Output = Claimed;
+}
+
 #[async_trait]
 impl Stage<FenceContext> for ClaimStore {
-    fn name(&self) -> &'static str {
-        "claim-store"
-    }
     fn summary(&self) -> &'static str {
         "with --claim-store: rewrite the store fence to name this management cluster (the copy kept), so its backups are accepted again"
     }
@@ -456,14 +464,14 @@ impl Stage<FenceContext> for ClaimStore {
             vec!["nothing (no --claim-store)".into()]
         }
     }
-    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         if !ctx.inputs.claim_store {
-            return Ok(serde_json::to_value(Claimed::default())?);
+            return Ok(Claimed::default());
         }
         let store = ctx.store.as_deref().ok_or(StageError::Missing("the store (--claim-store needs --store)"))?;
         let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
         let mut previous = store_fence::read(store, ns, name).await.map_err(|e| StageError::Precondition(e.to_string()))?;
-        if let Some(first) = earlier_progress::<Claimed>(step, "claim-store") {
+        if let Some(first) = step.earlier_progress::<Claimed>() {
             previous = first.previous;
         }
         let hc = ctx.hosted_cluster().await?;
@@ -482,13 +490,13 @@ impl Stage<FenceContext> for ClaimStore {
         let record = Claimed { previous, written: Some(written.clone()) };
         step.record(serde_json::to_value(&record)?)?;
         store_fence::write(store, &written).await.map_err(|e| StageError::Precondition(format!("writing the store fence: {e}")))?;
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut FenceContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<Claimed>("claim-store", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<Claimed>()? else { return Ok(()) };
         let (Some(previous), Some(store)) = (record.previous, ctx.store.as_deref()) else { return Ok(()) };
         // only the fence this run wrote is replaced
         let now = store_fence::read(store, &ctx.inputs.namespace, &ctx.inputs.hosted_cluster).await.map_err(|e| StageError::Precondition(e.to_string()))?;
@@ -515,11 +523,13 @@ pub struct Unfenced {
 
 pub struct Unfence;
 
+impl StageId for Unfence {
+    const NAME: &'static str = "unfence";
+    type Output = Unfenced;
+}
+
 #[async_trait]
 impl Stage<FenceContext> for Unfence {
-    fn name(&self) -> &'static str {
-        "unfence"
-    }
     fn summary(&self) -> &'static str {
         "scale the HCP namespace's workloads back to what the fence recorded, put the pauses back, then remove the fence annotations (not undoable: fence again)"
     }
@@ -533,10 +543,10 @@ impl Stage<FenceContext> for Unfence {
             ctx.label()
         )]
     }
-    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let hc = ctx.hosted_cluster().await?;
         if HostedCluster(hc.clone()).fenced().is_none() {
-            return Ok(serde_json::to_value(Unfenced { was_not_fenced: true, ..Default::default() })?);
+            return Ok(Unfenced { was_not_fenced: true, ..Default::default() });
         }
         let state = FenceState::of(&hc).map_err(|e| StageError::Precondition(format!("{}: {e}", ctx.label())))?;
         let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.hcp_namespace());
@@ -573,33 +583,26 @@ impl Stage<FenceContext> for Unfence {
             &format!("removing the fence annotations of {}", ctx.label()),
         )
         .await?;
-        Ok(serde_json::to_value(out)?)
+        Ok(out)
     }
 }
 
 /// Every fence stage, by name.
 pub fn fence_catalog() -> Catalog<FenceContext> {
-    Catalog::default().with(Mark).with(DeadlinePause).with(ScaleToZero).with(RemoveRoutes)
+    Catalog::new("fence")
+        .with(Mark)
+        .with(DeadlinePause)
+        .after(&[Mark::NAME])
+        .with(ScaleToZero)
+        .after(&[DeadlinePause::NAME])
+        .with(RemoveRoutes)
+        .after(&[ScaleToZero::NAME])
 }
 
 /// Every release stage, by name.
 pub fn release_catalog() -> Catalog<FenceContext> {
-    Catalog::default().with(ClaimStore).with(Unfence)
+    Catalog::new("fence-release").with(ClaimStore).with(Unfence).after(&[ClaimStore::NAME])
 }
-
-/// The state is recorded before anything changes; the Routes go once
-/// nothing runs that would recreate them.
-pub const FENCE_RULES: StageRules<'static> = StageRules {
-    operation: "fence",
-    known: &["mark", "pause", "scale-to-zero", "remove-routes"],
-    requires_before: &[("pause", "mark"), ("scale-to-zero", "pause"), ("remove-routes", "scale-to-zero")],
-};
-
-pub const RELEASE_RULES: StageRules<'static> = StageRules {
-    operation: "fence-release",
-    known: &["claim-store", "unfence"],
-    requires_before: &[("unfence", "claim-store")],
-};
 
 #[cfg(test)]
 mod tests {

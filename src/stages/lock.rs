@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::StageError;
 use super::context::BackupContext;
 use crate::kube::{is_conflict, is_not_found, request};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 
 /// Which hosted cluster's Lease a run takes, as whom, and for how long.
 pub struct LeaseTarget<'a> {
@@ -96,11 +96,26 @@ fn expired(lease: &Value, now: DateTime<Utc>) -> bool {
 
 pub struct Lock;
 
+/// The Lease taken, and by whom.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Taken {
+    pub lease: String,
+    pub holder: String,
+}
+
+/// Why the Lease was left to expire.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct NotReleased {
+    pub warning: String,
+}
+
+impl StageId for Lock {
+    const NAME: &'static str = "lock";
+    type Output = Taken;
+}
+
 #[async_trait]
 impl<C: Lockable> Stage<C> for Lock {
-    fn name(&self) -> &'static str {
-        "lock"
-    }
     fn summary(&self) -> &'static str {
         "take a Lease on the hosted cluster so no other hcp-dr run changes it at the same time"
     }
@@ -117,7 +132,7 @@ impl<C: Lockable> Stage<C> for Lock {
             target.seconds
         )]
     }
-    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let target = ctx.lease_target();
         let api = leases(&target);
         let name = lease_name(target.hosted_cluster);
@@ -130,11 +145,11 @@ impl<C: Lockable> Stage<C> for Lock {
         });
         let what = format!("Lease {}/{name}", target.namespace);
         let existing = api.get_opt(&name).await.map_err(request(format!("reading {what}")))?;
-        let taking = json!({"lease": name, "holder": target.holder});
+        let taking = Taken { lease: name.clone(), holder: target.holder.to_string() };
         match existing {
             None => {
                 // journaled just before the change: a run refused here changed nothing
-                step.record(taking.clone())?;
+                step.record(serde_json::to_value(&taking)?)?;
                 let lease: DynamicObject = serde_json::from_value(json!({
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": name, "namespace": target.namespace,
@@ -166,7 +181,7 @@ impl<C: Lockable> Stage<C> for Lock {
                     ))
                     .into());
                 }
-                step.record(taking.clone())?;
+                step.record(serde_json::to_value(&taking)?)?;
                 let mut updated = value.clone();
                 updated["spec"] = spec;
                 let obj: DynamicObject = serde_json::from_value(updated)?;
@@ -220,11 +235,13 @@ async fn release(target: &LeaseTarget<'_>) -> Result<(), StageFailure> {
 
 pub struct Unlock;
 
+impl StageId for Unlock {
+    const NAME: &'static str = "unlock";
+    type Output = Option<NotReleased>;
+}
+
 #[async_trait]
 impl<C: Lockable> Stage<C> for Unlock {
-    fn name(&self) -> &'static str {
-        "unlock"
-    }
     fn summary(&self) -> &'static str {
         "release the Lease"
     }
@@ -237,10 +254,10 @@ impl<C: Lockable> Stage<C> for Unlock {
     }
     /// The operation is complete by now: failing to release the Lease must
     /// not undo it. The Lease expires by itself; the output says so.
-    async fn run(&self, ctx: &mut C, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut C, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let target = ctx.lease_target();
         let warning = match release(&target).await {
-            Ok(()) => return Ok(Value::Null),
+            Ok(()) => return Ok(None),
             Err(err) => format!(
                 "could not release Lease {}/{} ({}); it expires by itself",
                 target.namespace,
@@ -249,7 +266,7 @@ impl<C: Lockable> Stage<C> for Unlock {
             ),
         };
         ctx.lock_warning(warning.clone());
-        Ok(json!({"warning": warning}))
+        Ok(Some(NotReleased { warning }))
     }
 }
 

@@ -23,7 +23,7 @@ pub mod restore;
 pub mod resume;
 pub mod scale_down;
 
-use crate::pipeline::{Catalog, StageRules};
+use crate::pipeline::{Catalog, StageId};
 use context::BackupContext;
 
 /// Why a stage refused to go on (the adapters' errors pass through as they are).
@@ -38,76 +38,30 @@ pub enum StageError {
     /// A stage needed something an earlier stage should have produced.
     #[error("internal: {0} (an earlier stage did not run; resume with the same playbook)")]
     Missing(&'static str),
-    /// The journaled output of a stage cannot be read back.
-    #[error("journaled output of `{stage}`: {message}")]
-    Output { stage: &'static str, message: String },
 }
 
-/// Every backup stage, by name.
+/// Every backup stage, and what must come before what (the playbook rules).
 pub fn backup_catalog() -> Catalog<BackupContext> {
-    Catalog::default()
-        .with(lock::Lock)
-        .with(preflight::Preflight)
-        .with(pause::Pause)
-        .with(scale_down::ScaleDown)
-        .with(etcd_snapshot::EtcdSnapshot)
-        .with(etcd_snapshot::SnapshotFinish)
-        .with(resume::Resume)
-        .with(export::Export)
-        .with(package::Package)
-        .with(lock::Unlock)
-}
-
-/// The stage names a backup playbook may use, and which need which before them.
-pub const BACKUP_RULES: StageRules<'static> = StageRules {
-    operation: "backup",
-    known: &[
-        "lock",
-        "preflight",
-        "pause",
-        "scale-down",
-        "etcd-snapshot",
-        "resume",
-        "export",
-        "snapshot-finish",
-        "package",
-        "unlock",
-    ],
-    requires_before: &[
-        ("pause", "preflight"),
-        ("scale-down", "pause"),
-        ("scale-down", "preflight"),
-        ("etcd-snapshot", "preflight"),
-        ("resume", "scale-down"),
-        ("export", "preflight"),
-        ("snapshot-finish", "etcd-snapshot"),
-        ("package", "snapshot-finish"),
-        ("package", "export"),
-        ("unlock", "lock"),
-    ],
-};
-
-/// Parse a stage's journaled output back.
-pub fn from_output<T: serde::de::DeserializeOwned>(stage: &'static str, output: &serde_json::Value) -> Result<T, StageError> {
-    serde_json::from_value(output.clone()).map_err(|e| StageError::Output {
-        stage,
-        message: e.to_string(),
-    })
-}
-
-/// What an undo works from: the stage's output, or, when it stopped part-way,
-/// its last progress record. `None` when it changed nothing yet.
-pub fn undo_record<T: serde::de::DeserializeOwned>(
-    stage: &'static str,
-    input: &crate::pipeline::UndoInput<'_>,
-) -> Result<Option<T>, StageError> {
-    input.output.or(input.progress).map(|value| from_output(stage, value)).transpose()
-}
-
-/// The progress an earlier, interrupted attempt of `stage` journaled: a rerun
-/// must keep what was there before the first attempt changed anything.
-pub fn earlier_progress<T: serde::de::DeserializeOwned>(step: &crate::pipeline::Step<'_>, stage: &str) -> Option<T> {
-    step.history()
-        .and_then(|history| history.stage(stage).progress)
-        .and_then(|progress| serde_json::from_value(progress).ok())
+    use etcd_snapshot::{EtcdSnapshot, SnapshotFinish};
+    use lock::{Lock, Unlock};
+    use {export::Export, package::Package, pause::Pause, preflight::Preflight, resume::Resume, scale_down::ScaleDown};
+    Catalog::new("backup")
+        .with(Lock)
+        .with(Preflight)
+        .with(Pause)
+        .after(&[Preflight::NAME])
+        .with(ScaleDown)
+        .after(&[Pause::NAME, Preflight::NAME])
+        .with(EtcdSnapshot)
+        .after(&[Preflight::NAME])
+        .with(Resume)
+        .after(&[ScaleDown::NAME])
+        .with(Export)
+        .after(&[Preflight::NAME])
+        .with(SnapshotFinish)
+        .after(&[EtcdSnapshot::NAME])
+        .with(Package)
+        .after(&[SnapshotFinish::NAME, Export::NAME])
+        .with(Unlock)
+        .after(&[Lock::NAME])
 }

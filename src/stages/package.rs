@@ -3,18 +3,30 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::context::BackupContext;
-use super::{StageError, from_output};
+use super::StageError;
+use super::export::{Export, Exported};
 use crate::archive::{self, Artifact, ENCRYPTED_FORMAT_VERSION, Encryption, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
-use crate::pipeline::{Stage, StageFailure, StageState, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, StageState, Step, UndoInput};
 
 pub struct Package;
 
+/// Where the finished backup is.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Packaged {
+    /// The store URL and the backup's folder.
+    pub backup: String,
+    /// The manifest's key in the store.
+    pub manifest: String,
+    pub revision: Option<i64>,
+    pub bytes: u64,
+}
+
 /// The manifest's `encryption` for an encrypted backup: the recipients and
 /// the plaintext digests `snapshot-finish` and `export` journaled.
-fn encryption(ctx: &BackupContext, export_output: &Value) -> Result<Option<Encryption>, StageFailure> {
+fn encryption(ctx: &BackupContext, export: &Exported) -> Result<Option<Encryption>, StageFailure> {
     if ctx.inputs.encrypt_to.is_empty() {
         return Ok(None);
     }
@@ -22,10 +34,10 @@ fn encryption(ctx: &BackupContext, export_output: &Value) -> Result<Option<Encry
     if artifacts.len() != ctx.snapshots.len() {
         return Err(StageError::Missing("the plaintext digests of the encrypted snapshots").into());
     }
-    if export_output["plaintext"].is_null() {
+    let Some(objects) = export.plaintext.clone() else {
         return Err(StageError::Missing("the plaintext digest of the encrypted objects archive").into());
-    }
-    artifacts.push(from_output("export", &export_output["plaintext"])?);
+    };
+    artifacts.push(objects);
     Ok(Some(Encryption {
         scheme: archive::encryption::SCHEME.into(),
         recipients: ctx.inputs.encrypt_to.clone(),
@@ -33,11 +45,13 @@ fn encryption(ctx: &BackupContext, export_output: &Value) -> Result<Option<Encry
     }))
 }
 
+impl StageId for Package {
+    const NAME: &'static str = "package";
+    type Output = Packaged;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for Package {
-    fn name(&self) -> &'static str {
-        "package"
-    }
     fn summary(&self) -> &'static str {
         "write SHA256SUMS, then manifest.json last (a backup without its manifest is incomplete)"
     }
@@ -48,13 +62,12 @@ impl Stage<BackupContext> for Package {
         let layout = ctx.inputs.layout();
         vec![format!("write {} and then {} to {}", layout.sums(), layout.manifest(), ctx.store.url())]
     }
-    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let layout = ctx.inputs.layout();
         let history = step.history().ok_or(StageError::Missing("journal"))?;
-        let export = history.stage("export");
-        let export_output = export.output.ok_or(StageError::Missing("export output"))?;
-        let objects: Artifact = from_output("export", &export_output["artifact"])?;
-        let object_counts = from_output("export", &export_output["object_counts"])?;
+        let export = step.needs::<Export>()?;
+        let objects = export.artifact.clone();
+        let object_counts = export.object_counts.clone();
         let mut stages = std::collections::BTreeMap::new();
         for (name, record) in &history.stages {
             if let (StageState::Succeeded, Some(start), Some(end)) = (record.state, record.started_at, record.finished_at) {
@@ -83,7 +96,7 @@ impl Stage<BackupContext> for Package {
             size: put.size,
             sha256: put.sha256,
         });
-        let encryption = encryption(ctx, &export_output)?;
+        let encryption = encryption(ctx, &export)?;
         let manifest = Manifest {
             format_version: if encryption.is_some() { ENCRYPTED_FORMAT_VERSION } else { FORMAT_VERSION },
             tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -114,12 +127,12 @@ impl Stage<BackupContext> for Package {
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;
-        Ok(json!({
-            "backup": format!("{}/{}", ctx.store.url(), layout.dir()),
-            "manifest": layout.manifest(),
-            "revision": manifest.best_snapshot().map(|s| s.revision),
-            "bytes": manifest.artifacts.iter().map(|a| a.size).sum::<u64>(),
-        }))
+        Ok(Packaged {
+            backup: format!("{}/{}", ctx.store.url(), layout.dir()),
+            manifest: layout.manifest(),
+            revision: manifest.best_snapshot().map(|s| s.revision),
+            bytes: manifest.artifacts.iter().map(|a| a.size).sum::<u64>(),
+        })
     }
     fn undoable(&self) -> bool {
         true

@@ -9,10 +9,10 @@ use chrono::{SecondsFormat, Utc};
 use serde_json::{Value, json};
 
 use super::context::{BackupContext, OperatorStandIn, PauseRecord};
-use super::{StageError, earlier_progress, from_output, undo_record};
+use super::StageError;
 use crate::hosted::{CAPI_CLUSTER, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
 use crate::kube::{api, get_json, merge_patch, set_paused_until};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 
 pub struct Pause;
 
@@ -137,11 +137,13 @@ pub async fn put_back(ctx: &BackupContext, record: &PauseRecord) -> Result<(), S
     Ok(())
 }
 
+impl StageId for Pause {
+    const NAME: &'static str = "pause";
+    type Output = PauseRecord;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for Pause {
-    fn name(&self) -> &'static str {
-        "pause"
-    }
     fn summary(&self) -> &'static str {
         "pause reconciliation of the HostedCluster and its NodePools until a deadline (never \"true\")"
     }
@@ -159,7 +161,7 @@ impl Stage<BackupContext> for Pause {
             })
             .collect()
     }
-    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let until = (Utc::now() + chrono::Duration::seconds(ctx.inputs.pause_ttl_seconds as i64))
             .to_rfc3339_opts(SecondsFormat::Secs, true);
         let mut record = PauseRecord {
@@ -179,7 +181,7 @@ impl Stage<BackupContext> for Pause {
             record.previous.push((kind, name, live["spec"]["pausedUntil"].as_str().map(str::to_string)));
         }
         // A rerun after a crash part-way must keep the values from before the first try.
-        if let Some(first) = earlier_progress::<PauseRecord>(step, "pause") {
+        if let Some(first) = step.earlier_progress::<PauseRecord>() {
             record.previous = first.previous;
             record.uids = first.uids;
             record.operator_stand_in = first.operator_stand_in;
@@ -204,12 +206,10 @@ impl Stage<BackupContext> for Pause {
             tracing::warn!("{line}");
             ctx.warnings.push(line);
         }
-        let output = serde_json::to_value(&record)?;
-        ctx.paused = Some(record);
-        Ok(output)
+        ctx.paused = Some(record.clone());
+        Ok(record)
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        let record: PauseRecord = from_output("pause", output)?;
+    fn restore(&self, ctx: &mut BackupContext, record: PauseRecord) -> Result<(), StageFailure> {
         if let Some(stand_in) = &record.operator_stand_in {
             ctx.warnings.push(stand_in.describe(&ctx.hcp_namespace()));
         }
@@ -220,7 +220,7 @@ impl Stage<BackupContext> for Pause {
         true
     }
     async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        match undo_record::<PauseRecord>("pause", &input)? {
+        match input.record::<PauseRecord>()? {
             Some(record) => put_back(ctx, &record).await,
             None => Ok(()),
         }

@@ -12,14 +12,14 @@ use serde_json::Value;
 
 use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
 use super::etcd_members::{self, Seen};
-use super::{StageError, etcd_access, from_output};
+use super::{StageError, etcd_access};
 use crate::archive::fence::{self, FenceError};
 use crate::archive::{ClusterIdentity, DnsOrigin, ManagementCluster, Origin, OriginRecord, SkippedMember};
 use crate::etcd::Member;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
 use crate::kube::portforward::LocalForward;
 use crate::kube::{KubeError, api, get_json, list_json, request};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 
 /// What preflight found (journaled; nothing secret).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,11 +40,13 @@ pub struct Findings {
 
 pub struct Preflight;
 
+impl StageId for Preflight {
+    const NAME: &'static str = "preflight";
+    type Output = Findings;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for Preflight {
-    fn name(&self) -> &'static str {
-        "preflight"
-    }
     fn summary(&self) -> &'static str {
         "check the hosted cluster, its etcd (Managed, healthy members, PVC retention) and the TLS material"
     }
@@ -54,13 +56,12 @@ impl Stage<BackupContext> for Preflight {
     fn plan(&self, _ctx: &BackupContext, _params: &Value) -> Vec<String> {
         vec!["read-only checks".into()]
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let findings = check(ctx).await?;
-        self.restore(ctx, &serde_json::to_value(&findings)?)?;
-        Ok(serde_json::to_value(findings)?)
+        self.restore(ctx, findings.clone())?;
+        Ok(findings)
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        let findings: Findings = from_output("preflight", output)?;
+    fn restore(&self, ctx: &mut BackupContext, findings: Findings) -> Result<(), StageFailure> {
         ctx.identity = Some(findings.identity);
         ctx.node_pools = findings.node_pools;
         ctx.members = findings.members;

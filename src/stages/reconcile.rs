@@ -24,8 +24,8 @@ use serde_json::{Map, Value, json};
 use crate::hosted::{Gvk, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
 use crate::kube::{api, get_json, merge_patch, request, wait_for};
 use crate::pipeline::journal::RUN_ANNOTATION;
-use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
-use crate::stages::{StageError, from_output, undo_record};
+use crate::pipeline::{Catalog, Stage, StageId, StageFailure, Step, UndoInput};
+use crate::stages::StageError;
 use crate::teardown::{Owned, Removal, delete_created, ownership};
 
 /// The Secret kind, for [`api`].
@@ -184,11 +184,13 @@ pub async fn compare(client: &Client, ns: &str, desired: &[Value]) -> Result<Vec
 
 pub struct Diff;
 
+impl StageId for Diff {
+    const NAME: &'static str = "diff";
+    type Output = Vec<ObjectDiff>;
+}
+
 #[async_trait]
 impl Stage<ReconcileContext> for Diff {
-    fn name(&self) -> &'static str {
-        "diff"
-    }
     fn summary(&self) -> &'static str {
         "compare the desired objects with the live ones (only the fields the file sets): missing, drifted, unchanged"
     }
@@ -198,7 +200,7 @@ impl Stage<ReconcileContext> for Diff {
     fn plan(&self, _ctx: &ReconcileContext, _params: &Value) -> Vec<String> {
         Vec::new()
     }
-    async fn run(&self, ctx: &mut ReconcileContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut ReconcileContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let diff = compare(&ctx.client, &ctx.inputs.namespace, &ctx.desired).await?;
         for d in &diff {
             for drift in &d.drift {
@@ -206,10 +208,10 @@ impl Stage<ReconcileContext> for Diff {
             }
         }
         ctx.diff = Some(diff.clone());
-        Ok(serde_json::to_value(diff)?)
+        Ok(diff)
     }
-    fn restore(&self, ctx: &mut ReconcileContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.diff = Some(from_output("diff", output)?);
+    fn restore(&self, ctx: &mut ReconcileContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.diff = Some(output);
         Ok(())
     }
 }
@@ -236,11 +238,13 @@ pub struct Applied {
 
 pub struct Apply;
 
+impl StageId for Apply {
+    const NAME: &'static str = "apply";
+    type Output = Applied;
+}
+
 #[async_trait]
 impl Stage<ReconcileContext> for Apply {
-    fn name(&self) -> &'static str {
-        "apply"
-    }
     fn summary(&self) -> &'static str {
         "create the missing objects and merge-patch the drifted fields (live values journaled first)"
     }
@@ -268,11 +272,11 @@ impl Stage<ReconcileContext> for Apply {
         }
         lines
     }
-    async fn run(&self, ctx: &mut ReconcileContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut ReconcileContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let ns = ctx.inputs.namespace.clone();
         // Compared again: a resumed run must not patch from a stale diff.
         let diff = compare(&ctx.client, &ns, &ctx.desired).await?;
-        let mut applied = crate::stages::earlier_progress::<Applied>(step, "apply").unwrap_or_default();
+        let mut applied = step.earlier_progress::<Applied>().unwrap_or_default();
         if applied.run_id.is_empty() {
             applied.run_id = step.history().map(|h| h.header.run_id.clone()).unwrap_or_default();
         }
@@ -327,13 +331,13 @@ impl Stage<ReconcileContext> for Apply {
                 }
             }
         }
-        Ok(serde_json::to_value(applied)?)
+        Ok(applied)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut ReconcileContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(applied) = undo_record::<Applied>("apply", &input)? else { return Ok(()) };
+        let Some(applied) = input.record::<Applied>()? else { return Ok(()) };
         let ns = ctx.inputs.namespace.clone();
         for (kind, name, back) in applied.patched.iter().rev() {
             let what = format!("{kind} {ns}/{name}");
@@ -388,11 +392,24 @@ fn immutable_hint(err: crate::kube::KubeError) -> crate::kube::KubeError {
 
 pub struct Wait;
 
+/// Whether `wait` waited, and for how long.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Waited {
+    pub waited: bool,
+    /// The cluster was paused until then: the operator applies the changes later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+}
+
+impl StageId for Wait {
+    const NAME: &'static str = "wait";
+    type Output = Waited;
+}
+
 #[async_trait]
 impl Stage<ReconcileContext> for Wait {
-    fn name(&self) -> &'static str {
-        "wait"
-    }
     fn summary(&self) -> &'static str {
         "wait until the HostedCluster is Available and every desired NodePool Ready (skipped while the cluster is paused)"
     }
@@ -405,10 +422,10 @@ impl Stage<ReconcileContext> for Wait {
             ctx.inputs.wait_timeout_seconds, ctx.inputs.namespace, ctx.inputs.hosted_cluster
         )]
     }
-    async fn run(&self, ctx: &mut ReconcileContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut ReconcileContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (ns, name) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone());
         if !ctx.inputs.wait {
-            return Ok(json!({"waited": false}));
+            return Ok(Waited::default());
         }
         let label = format!("HostedCluster {ns}/{name}");
         let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ns), &name, &label)
@@ -420,7 +437,7 @@ impl Stage<ReconcileContext> for Wait {
             ctx.warnings.push(format!(
                 "{label} is paused (pausedUntil={until}): the operator applies the changes when the pause ends; not waiting (hcp-dr cluster resume {name})"
             ));
-            return Ok(json!({"waited": false, "paused_until": until}));
+            return Ok(Waited { paused_until: Some(until.to_string()), ..Waited::default() });
         }
         let pools: Vec<String> = ctx.desired.iter().filter(|o| o["kind"] == "NodePool").map(|o| name_of(o).to_string()).collect();
         let started = std::time::Instant::now();
@@ -444,21 +461,14 @@ impl Stage<ReconcileContext> for Wait {
             },
         )
         .await?;
-        Ok(json!({"waited": true, "seconds": started.elapsed().as_secs_f64()}))
+        Ok(Waited { waited: true, seconds: Some(started.elapsed().as_secs_f64()), paused_until: None })
     }
 }
 
 /// Every cluster-reconcile stage, by name.
 pub fn reconcile_catalog() -> Catalog<ReconcileContext> {
-    Catalog::default().with(Diff).with(Apply).with(Wait)
+    Catalog::new("cluster-reconcile").with(Diff).with(Apply).after(&[Diff::NAME]).with(Wait).after(&[Apply::NAME])
 }
-
-/// The stage names a cluster-reconcile playbook may use, and their order.
-pub const RECONCILE_RULES: StageRules<'static> = StageRules {
-    operation: "cluster-reconcile",
-    known: &["diff", "apply", "wait"],
-    requires_before: &[("apply", "diff"), ("wait", "apply")],
-};
 
 #[cfg(test)]
 mod tests {

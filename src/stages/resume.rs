@@ -9,20 +9,30 @@ use async_trait::async_trait;
 use chrono::Utc;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::context::BackupContext;
-use super::{StageError, from_output, pause, scale_down};
+use super::{StageError, pause, scale_down};
 use crate::kube::{request, wait_for};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 
 pub struct Resume;
 
+/// What resume reports: the API downtime and what did not come back in time.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Resumed {
+    pub api_downtime_seconds: Option<f64>,
+    pub warnings: Vec<String>,
+}
+
+impl StageId for Resume {
+    const NAME: &'static str = "resume";
+    type Output = Resumed;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for Resume {
-    fn name(&self) -> &'static str {
-        "resume"
-    }
     fn summary(&self) -> &'static str {
         "scale the writers back, wait until they are available, lift the pause; report the API downtime"
     }
@@ -35,7 +45,7 @@ impl Stage<BackupContext> for Resume {
             "put spec.pausedUntil back to its previous value".into(),
         ]
     }
-    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         super::etcd_snapshot::ensure_started(ctx, step).await?;
         let ns = ctx.hcp_namespace();
         scale_down::scale_back(ctx, &ctx.scaled).await?;
@@ -61,10 +71,10 @@ impl Stage<BackupContext> for Resume {
         pause::put_back(ctx, &record).await?;
         ctx.downtime_seconds = downtime;
         ctx.warnings.extend(warnings.iter().cloned());
-        Ok(json!({"api_downtime_seconds": downtime, "warnings": warnings}))
+        Ok(Resumed { api_downtime_seconds: downtime, warnings })
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.downtime_seconds = from_output("resume", &output["api_downtime_seconds"])?;
+    fn restore(&self, ctx: &mut BackupContext, output: Resumed) -> Result<(), StageFailure> {
+        ctx.downtime_seconds = output.api_downtime_seconds;
         Ok(())
     }
 }

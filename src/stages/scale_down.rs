@@ -11,13 +11,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::context::{BackupContext, ScaledDeployment};
-use super::{earlier_progress, from_output, undo_record};
 use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if, wait_for};
 use super::params::ScaleDownParams;
-use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Record {
+pub struct Record {
     scaled: Vec<ScaledDeployment>,
     /// When the first writer was scaled down (API downtime starts).
     started: chrono::DateTime<Utc>,
@@ -51,11 +50,13 @@ pub async fn scale_back(ctx: &BackupContext, scaled: &[ScaledDeployment]) -> Res
     Ok(())
 }
 
+impl StageId for ScaleDown {
+    const NAME: &'static str = "scale-down";
+    type Output = Record;
+}
+
 #[async_trait]
 impl Stage<BackupContext> for ScaleDown {
-    fn name(&self) -> &'static str {
-        "scale-down"
-    }
     fn summary(&self) -> &'static str {
         "scale the etcd writers to zero and wait until their pods are gone (API downtime starts)"
     }
@@ -73,7 +74,7 @@ impl Stage<BackupContext> for ScaleDown {
     fn params(&self) -> Params {
         Params::of::<ScaleDownParams>()
     }
-    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let params: ScaleDownParams = step.read_params()?;
         let ns = ctx.hcp_namespace();
         let mut scaled = Vec::new();
@@ -84,7 +85,7 @@ impl Stage<BackupContext> for ScaleDown {
             }
         }
         // A resumed run finds writers already at 0: keep the counts journaled first.
-        if let Some(previous) = earlier_progress::<Record>(step, "scale-down") {
+        if let Some(previous) = step.earlier_progress::<Record>() {
             scaled = previous.scaled;
         }
         let record = Record {
@@ -114,10 +115,9 @@ impl Stage<BackupContext> for ScaleDown {
             })
             .await?;
         }
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
-    fn restore(&self, ctx: &mut BackupContext, output: &Value) -> Result<(), StageFailure> {
-        let record: Record = from_output("scale-down", output)?;
+    fn restore(&self, ctx: &mut BackupContext, record: Record) -> Result<(), StageFailure> {
         ctx.scaled = record.scaled;
         ctx.downtime_started = Some(record.started);
         Ok(())
@@ -126,7 +126,7 @@ impl Stage<BackupContext> for ScaleDown {
         true
     }
     async fn undo(&self, ctx: &mut BackupContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        match undo_record::<Record>("scale-down", &input)? {
+        match input.record::<Record>()? {
             Some(record) => scale_back(ctx, &record.scaled).await,
             None => Ok(()),
         }

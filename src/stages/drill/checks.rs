@@ -31,7 +31,7 @@ use serde_json::Value;
 use super::DrillContext;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
-use crate::pipeline::{Stage, StageFailure, Step, stage::error_chain};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, stage::error_chain};
 use crate::stages::context::{MemberTarget, TlsOverride};
 use crate::stages::restore::wait::{hosted_client, ready_nodes};
 use crate::stages::{StageError, etcd_access};
@@ -328,10 +328,8 @@ fn dns_check(hc: &HostedCluster, ctx: &DrillContext) -> CheckResult {
 
 async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, StageFailure> {
     let mut out = Vec::new();
-    let snapshot: Option<BTreeMap<String, u64>> = step
-        .history()
-        .and_then(|h| h.stage("verify").output)
-        .and_then(|o| serde_json::from_value(o["snapshot"]["keys_by_prefix"].clone()).ok());
+    let snapshot: Option<BTreeMap<String, u64>> =
+        step.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.snapshot.keys_by_prefix);
     let samples = etcd_checks(ctx, snapshot.as_ref(), &mut out).await?;
 
     let (ns, name) = (&ctx.inputs.identity.drill.namespace, &ctx.inputs.identity.drill.name);
@@ -352,11 +350,13 @@ async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, St
     Ok(out)
 }
 
+impl StageId for Checks {
+    const NAME: &'static str = "checks";
+    type Output = Vec<CheckResult>;
+}
+
 #[async_trait]
 impl Stage<DrillContext> for Checks {
-    fn name(&self) -> &'static str {
-        "checks"
-    }
     fn summary(&self) -> &'static str {
         "compare the restored cluster with the backup: etcd revision and keys per prefix on every member, sample objects through the hosted API, NodePool nodes Ready, no source hostname"
     }
@@ -370,16 +370,16 @@ impl Stage<DrillContext> for Checks {
             ctx.inputs.identity.drill.path()
         )]
     }
-    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let results = run(ctx, step).await?;
         for check in results.iter().filter(|c| !c.passed) {
             tracing::warn!(check = %check.name, "check failed: {}", check.detail);
         }
         ctx.checks = results.clone();
-        Ok(serde_json::to_value(results)?)
+        Ok(results)
     }
-    fn restore(&self, ctx: &mut DrillContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.checks = crate::stages::from_output("checks", output)?;
+    fn restore(&self, ctx: &mut DrillContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.checks = output;
         Ok(())
     }
 }

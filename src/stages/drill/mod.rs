@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::migrate::{HasDestination, OnDestination};
 use super::restore::{RestoreContext, RestoreInputs};
-use crate::pipeline::{Catalog, StageRules};
+use crate::pipeline::{Catalog, StageId};
 use rewrite::{DrillIdentity, RewriteReport};
 
 /// The inputs of a drill (journaled on start; nothing secret).
@@ -76,35 +76,28 @@ impl HasDestination for DrillContext {
     }
 }
 
-/// Every drill stage, by name.
+/// Every drill stage, and what must come before what (the playbook rules).
+/// `rewrite` comes before anything looks at or creates the drill cluster's
+/// objects, so no playbook can replay the backup under the source's own
+/// names.
 pub fn drill_catalog() -> Catalog<DrillContext> {
-    use super::restore::{apply, preflight, snapshot_url, verify, wait};
-    Catalog::default()
-        .with(OnDestination { name: "verify", inner: verify::Verify, reads_this_run: false })
-        .with(rewrite::Rewrite)
-        .with(OnDestination { name: "preflight", inner: preflight::Preflight, reads_this_run: false })
-        .with(OnDestination { name: "snapshot-url", inner: snapshot_url::SnapshotUrl, reads_this_run: false })
-        .with(OnDestination { name: "apply", inner: apply::Apply, reads_this_run: false })
-        .with(OnDestination { name: "wait", inner: wait::Wait, reads_this_run: false })
-        .with(checks::Checks)
-        .with(teardown::Teardown)
+    use super::restore::{apply::Apply, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use {checks::Checks, rewrite::Rewrite, teardown::Teardown};
+    Catalog::new("drill")
+        .with(OnDestination::new(Verify, false))
+        .with(Rewrite)
+        .after(&[Verify::NAME])
+        .with(OnDestination::new(Preflight, false))
+        .after(&[Rewrite::NAME])
+        .with(OnDestination::new(SnapshotUrl, false))
+        .after(&[Rewrite::NAME])
+        .with(OnDestination::new(Apply, false))
+        .after(&[Preflight::NAME, SnapshotUrl::NAME])
+        .with(OnDestination::new(Wait, false))
+        .after(&[Apply::NAME])
+        .with(Checks)
+        .after(&[Wait::NAME])
+        .with(Teardown)
+        .after(&[Apply::NAME, Checks::NAME])
 }
 
-/// The stage names a drill playbook may use. `rewrite` comes before
-/// anything looks at or creates the drill cluster's objects, so no playbook
-/// can replay the backup under the source's own names.
-pub const DRILL_RULES: StageRules<'static> = StageRules {
-    operation: "drill",
-    known: &["verify", "rewrite", "preflight", "snapshot-url", "apply", "wait", "checks", "teardown"],
-    requires_before: &[
-        ("rewrite", "verify"),
-        ("preflight", "rewrite"),
-        ("snapshot-url", "rewrite"),
-        ("apply", "preflight"),
-        ("apply", "snapshot-url"),
-        ("wait", "apply"),
-        ("checks", "wait"),
-        ("teardown", "apply"),
-        ("teardown", "checks"),
-    ],
-};

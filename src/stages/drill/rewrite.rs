@@ -44,7 +44,7 @@ use serde_json::{Map, Value, json};
 
 use super::DrillContext;
 use crate::archive::sanitize;
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 use crate::stages::restore::preflight::{describe, gvk_of};
 
@@ -630,11 +630,13 @@ fn check_lengths(obj: &Value, too_long: &mut Vec<String>) {
     }
 }
 
+impl StageId for Rewrite {
+    const NAME: &'static str = "rewrite";
+    type Output = RewriteReport;
+}
+
 #[async_trait]
 impl Stage<DrillContext> for Rewrite {
-    fn name(&self) -> &'static str {
-        "rewrite"
-    }
     fn summary(&self) -> &'static str {
         "make the backup's objects a new cluster: names, namespaces and references renamed, fresh clusterID and infraID, different hostnames; unknown references to the source fail the drill"
     }
@@ -652,7 +654,7 @@ impl Stage<DrillContext> for Rewrite {
             id.infra_id
         )]
     }
-    async fn run(&self, ctx: &mut DrillContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut DrillContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let objects = ctx.restore.objects.as_deref().ok_or(StageError::Missing("the backup's objects (verify)"))?;
         let (rewritten, report) = rewrite(objects, &ctx.inputs.identity)?;
         tracing::info!(
@@ -664,10 +666,10 @@ impl Stage<DrillContext> for Rewrite {
         );
         ctx.restore.objects = Some(rewritten);
         ctx.rewrite = Some(report.clone());
-        Ok(serde_json::to_value(report)?)
+        Ok(report)
     }
-    fn restore(&self, ctx: &mut DrillContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.rewrite = Some(crate::stages::from_output("rewrite", output)?);
+    fn restore(&self, ctx: &mut DrillContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.rewrite = Some(output);
         Ok(())
     }
 }

@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::DrillContext;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::restore::apply::Applied;
 use crate::teardown::{Removal, delete_if_uid, destroy_paused, wait_gone};
 
@@ -64,12 +64,7 @@ pub fn remove_command(ctx: &DrillContext, applied: &Applied) -> String {
 
 /// What `apply` created (from the journal).
 fn applied(step: &Step<'_>) -> Result<Applied, StageFailure> {
-    Ok(step
-        .history()
-        .and_then(|h| h.stage("apply").output)
-        .map(|o| crate::stages::from_output("apply", &o))
-        .transpose()?
-        .unwrap_or_default())
+    Ok(step.output_of::<crate::stages::restore::apply::Apply>()?.unwrap_or_default())
 }
 
 /// Note what a conditional deletion did.
@@ -136,11 +131,13 @@ async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, Sta
     Ok(out)
 }
 
+impl StageId for Teardown {
+    const NAME: &'static str = "teardown";
+    type Output = Removed;
+}
+
 #[async_trait]
 impl Stage<DrillContext> for Teardown {
-    fn name(&self) -> &'static str {
-        "teardown"
-    }
     fn summary(&self) -> &'static str {
         "remove the drill cluster (as `hcp-dr cluster destroy`), the secrets and namespaces the drill created; nothing with --keep"
     }
@@ -158,12 +155,12 @@ impl Stage<DrillContext> for Teardown {
             drill.hcp_namespace()
         )]
     }
-    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         if ctx.inputs.keep {
             tracing::info!(cluster = %ctx.inputs.identity.drill.path(), "kept (--keep)");
             let kept = Removed { kept: true, deleted: Vec::new(), left_alone: Vec::new(), remove_with: Some(remove_command(ctx, &applied(step)?)) };
-            return Ok(serde_json::to_value(kept)?);
+            return Ok(kept);
         }
-        Ok(serde_json::to_value(run(ctx, step).await?)?)
+        Ok(run(ctx, step).await?)
     }
 }

@@ -17,8 +17,8 @@ use super::RecoverContext;
 use super::health::{ClusterHealth, MemberHealth};
 use crate::hosted;
 use crate::kube::{KubeError, request};
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::{StageError, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
+use crate::stages::StageError;
 
 pub struct Assess;
 
@@ -351,11 +351,13 @@ async fn run(ctx: &mut RecoverContext) -> Result<Assessment, StageFailure> {
     })
 }
 
+impl StageId for Assess {
+    const NAME: &'static str = "assess";
+    type Output = Assessment;
+}
+
 #[async_trait]
 impl Stage<RecoverContext> for Assess {
-    fn name(&self) -> &'static str {
-        "assess"
-    }
     fn summary(&self) -> &'static str {
         "read every member's health; pick the one failing member (or --member); refuse when quorum would be lost, several members fail or the cluster has one"
     }
@@ -369,15 +371,14 @@ impl Stage<RecoverContext> for Assess {
         &self,
         ctx: &mut RecoverContext,
         _step: &mut Step<'_>,
-    ) -> Result<Value, StageFailure> {
+    ) -> Result<Self::Output, StageFailure> {
         let assessment = run(ctx).await?;
         tracing::info!(member = %assessment.member, reason = %assessment.reason, "recovering");
-        let output = serde_json::to_value(&assessment)?;
-        ctx.assessment = Some(assessment);
-        Ok(output)
+        ctx.assessment = Some(assessment.clone());
+        Ok(assessment)
     }
-    fn restore(&self, ctx: &mut RecoverContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.assessment = Some(from_output("assess", output)?);
+    fn restore(&self, ctx: &mut RecoverContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.assessment = Some(output);
         Ok(())
     }
 }

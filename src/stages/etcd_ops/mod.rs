@@ -20,9 +20,9 @@ use kube::Client;
 use serde::{Deserialize, Serialize};
 
 use crate::hosted::HostedCluster;
-use crate::pipeline::{Catalog, StageRules};
+use crate::pipeline::{Catalog, StageId};
 use crate::stages::context::{EtcdAccess, EtcdTlsMaterial, TlsOverride};
-use crate::stages::lock::{self, LeaseTarget, Lockable};
+use crate::stages::lock::{LeaseTarget, Lockable};
 use health::{EtcdCluster, HealthError};
 
 /// The inputs of an etcd recovery (journaled on start; nothing secret).
@@ -136,23 +136,16 @@ impl Lockable for RecoverContext {
 
 /// Every etcd-recover stage, by name.
 pub fn recover_catalog() -> Catalog<RecoverContext> {
-    Catalog::default()
-        .with(lock::Lock)
-        .with(assess::Assess)
-        .with(replace::Replace)
-        .with(rejoin::Rejoin)
-        .with(lock::Unlock)
+    use super::lock::{Lock, Unlock};
+    use {assess::Assess, rejoin::Rejoin, replace::Replace};
+    Catalog::new("etcd-recover")
+        .with(Lock)
+        .with(Assess)
+        .with(Replace)
+        .after(&[Lock::NAME, Assess::NAME])
+        .with(Rejoin)
+        .after(&[Replace::NAME])
+        .with(Unlock)
+        .after(&[Lock::NAME])
 }
 
-/// The stage names an etcd-recover playbook may use, and their order: the
-/// volume is deleted only under the Lease and after `assess` decided.
-pub const RECOVER_RULES: StageRules<'static> = StageRules {
-    operation: "etcd-recover",
-    known: &["lock", "assess", "replace", "rejoin", "unlock"],
-    requires_before: &[
-        ("replace", "lock"),
-        ("replace", "assess"),
-        ("rejoin", "replace"),
-        ("unlock", "lock"),
-    ],
-};

@@ -21,7 +21,7 @@ use super::RecoverContext;
 use super::replace::Replaced;
 use crate::kube::request;
 use crate::pipeline::stage::error_chain;
-use crate::pipeline::{Params, Stage, StageFailure, Step, read_params};
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
 use crate::stages::params::MemberWait;
 use crate::stages::StageError;
 
@@ -214,11 +214,13 @@ async fn run(ctx: &mut RecoverContext, timeout: Duration) -> Result<Rejoined, St
     }
 }
 
+impl StageId for Rejoin {
+    const NAME: &'static str = "rejoin";
+    type Output = Rejoined;
+}
+
 #[async_trait]
 impl Stage<RecoverContext> for Rejoin {
-    fn name(&self) -> &'static str {
-        "rejoin"
-    }
     fn summary(&self) -> &'static str {
         "wait until the member is back with a new pod and volume, healthy and at the leader's revision (--wait-timeout)"
     }
@@ -249,8 +251,8 @@ impl Stage<RecoverContext> for Rejoin {
         &self,
         ctx: &mut RecoverContext,
         step: &mut Step<'_>,
-    ) -> Result<Value, StageFailure> {
+    ) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<MemberWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
-        Ok(serde_json::to_value(run(ctx, timeout).await?)?)
+        Ok(run(ctx, timeout).await?)
     }
 }

@@ -20,8 +20,8 @@ use serde_json::Value;
 use super::RecoverContext;
 use super::assess::quorum_without;
 use crate::kube::{is_conflict, is_not_found, request};
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::{StageError, earlier_progress, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
+use crate::stages::StageError;
 
 pub struct Replace;
 
@@ -80,7 +80,7 @@ async fn run(ctx: &mut RecoverContext, step: &mut Step<'_>) -> Result<Replaced, 
     let hcp_ns = ctx.inputs.hcp_namespace();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    let earlier: Option<Replaced> = earlier_progress(step, "replace");
+    let earlier: Option<Replaced> = step.earlier_progress();
 
     // The last look before the point of no return.
     let health = ctx.probe().await?;
@@ -123,11 +123,13 @@ async fn run(ctx: &mut RecoverContext, step: &mut Step<'_>) -> Result<Replaced, 
     Ok(record)
 }
 
+impl StageId for Replace {
+    const NAME: &'static str = "replace";
+    type Output = Replaced;
+}
+
 #[async_trait]
 impl Stage<RecoverContext> for Replace {
-    fn name(&self) -> &'static str {
-        "replace"
-    }
     fn summary(&self) -> &'static str {
         "delete the member's volume claim and pod together (by uid, after checking the others keep quorum); not undoable"
     }
@@ -158,14 +160,13 @@ impl Stage<RecoverContext> for Replace {
         &self,
         ctx: &mut RecoverContext,
         step: &mut Step<'_>,
-    ) -> Result<Value, StageFailure> {
+    ) -> Result<Self::Output, StageFailure> {
         let replaced = run(ctx, step).await?;
-        let output = serde_json::to_value(&replaced)?;
-        ctx.replaced = Some(replaced);
-        Ok(output)
+        ctx.replaced = Some(replaced.clone());
+        Ok(replaced)
     }
-    fn restore(&self, ctx: &mut RecoverContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.replaced = Some(from_output("replace", output)?);
+    fn restore(&self, ctx: &mut RecoverContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.replaced = Some(output);
         Ok(())
     }
 }

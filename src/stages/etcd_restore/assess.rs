@@ -18,9 +18,9 @@ use serde_json::Value;
 use super::EtcdRestoreContext;
 use crate::hosted::{self, NODE_POOL};
 use crate::kube::{KubeError, api, list_json, request};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::etcd_ops::health;
-use crate::stages::{StageError, from_output};
+use crate::stages::StageError;
 
 pub struct Assess;
 
@@ -186,11 +186,13 @@ pub async fn revisions(ctx: &mut EtcdRestoreContext) -> Result<BTreeMap<String, 
     Ok(probe(ctx).await?.members.into_iter().map(|m| (m.name, m.revision)).collect())
 }
 
+impl StageId for Assess {
+    const NAME: &'static str = "assess";
+    type Output = RestorePlan;
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for Assess {
-    fn name(&self) -> &'static str {
-        "assess"
-    }
     fn summary(&self) -> &'static str {
         "read the etcd StatefulSet (members, peer URLs, image, volumes; refuse whenScaled: Delete) and the revision the members reached"
     }
@@ -200,7 +202,7 @@ impl Stage<EtcdRestoreContext> for Assess {
     fn plan(&self, _ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
         Vec::new()
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let client = ctx.cluster.client.clone();
         let (ns, name) = (ctx.cluster.inputs.namespace.clone(), ctx.cluster.inputs.hosted_cluster.clone());
         let hc = health::hosted_cluster(&client, &ns, &name).await?;
@@ -264,10 +266,10 @@ impl Stage<EtcdRestoreContext> for Assess {
         }
         ctx.cluster.node_pools = plan.node_pools.clone();
         ctx.plan = Some(plan.clone());
-        Ok(serde_json::to_value(plan)?)
+        Ok(plan)
     }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
-        let plan: RestorePlan = from_output("assess", output)?;
+    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        let plan: RestorePlan = output;
         ctx.cluster.node_pools = plan.node_pools.clone();
         ctx.plan = Some(plan);
         Ok(())

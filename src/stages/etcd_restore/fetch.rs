@@ -20,8 +20,8 @@ use crate::archive::Layout;
 use crate::archive::check::read_manifest;
 use crate::hosted::HOSTED_CLUSTER;
 use crate::kube::{api, get_json};
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::{StageError, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
+use crate::stages::StageError;
 
 pub struct FetchSnapshot;
 
@@ -209,11 +209,13 @@ pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext) -> Result<tempfile
     Ok(path)
 }
 
+impl StageId for FetchSnapshot {
+    const NAME: &'static str = "fetch-snapshot";
+    type Output = CheckedSnapshot;
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for FetchSnapshot {
-    fn name(&self) -> &'static str {
-        "fetch-snapshot"
-    }
     fn summary(&self) -> &'static str {
         "copy the snapshot locally and verify it offline (hash, structure, the backup's manifest and cluster); refuse one that fails"
     }
@@ -223,7 +225,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
     fn plan(&self, _ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
         Vec::new()
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (key, expected) = locate(ctx).await?;
         let source = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
         if let Some(expected) = &expected {
@@ -282,10 +284,10 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
         tracing::info!(source = %checked.source, revision = checked.revision, keys = checked.live_keys, "snapshot verified");
         ctx.snapshot = Some(checked.clone());
         ctx.local_copy = Some(path);
-        Ok(serde_json::to_value(checked)?)
+        Ok(checked)
     }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.snapshot = Some(from_output("fetch-snapshot", output)?);
+    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.snapshot = Some(output);
         Ok(())
     }
 }

@@ -26,8 +26,8 @@ use super::EtcdRestoreContext;
 use super::assess::{PlannedMember, RestorePlan};
 use crate::kube::{request, wait_for};
 use crate::stages::etcd_ops::replace::delete_exact;
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::{StageError, earlier_progress, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
+use crate::stages::StageError;
 
 pub struct RestoreMembers;
 
@@ -274,11 +274,13 @@ async fn clean_up(ctx: &EtcdRestoreContext, done: &Restored) -> Result<(), Stage
     Ok(())
 }
 
+impl StageId for RestoreMembers {
+    const NAME: &'static str = "restore-members";
+    type Output = Restored;
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for RestoreMembers {
-    fn name(&self) -> &'static str {
-        "restore-members"
-    }
     fn summary(&self) -> &'static str {
         "replace the other members' volume claims with fresh ones, then restore the snapshot into every member's volume through a short-lived pod with the etcd image (not undoable)"
     }
@@ -312,11 +314,11 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         }
         lines
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
         let stopped = ctx.stopped.clone().ok_or(StageError::Missing("the revision bump (stop-etcd)"))?;
         let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
-        let mut done = earlier_progress::<Restored>(step, "restore-members").unwrap_or_default();
+        let mut done = step.earlier_progress::<Restored>().unwrap_or_default();
         // Journaled first: from here on the run is past the point of no return.
         step.record(serde_json::to_value(&done)?)?;
         presign(ctx, &mut done, step).await?;
@@ -339,10 +341,10 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         let cleaned = clean_up(ctx, &done).await;
         result?;
         cleaned?;
-        Ok(serde_json::to_value(done)?)
+        Ok(done)
     }
-    fn restore(&self, _ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
-        from_output::<Restored>("restore-members", output)?;
+    fn restore(&self, _ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        drop(output);
         Ok(())
     }
 }

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::context::{BackupContext, BackupInputs};
 use super::migrate::{HasSource, OnSource};
-use crate::pipeline::{Catalog, StageRules};
+use crate::pipeline::{Catalog, StageId};
 use crate::store::Store;
 
 /// Where the snapshot comes from (journaled; nothing secret).
@@ -133,50 +133,30 @@ impl HasSource for EtcdRestoreContext {
 
 /// Every etcd-restore stage, by name.
 pub fn etcd_restore_catalog() -> Catalog<EtcdRestoreContext> {
-    use super::{lock, pause, resume, scale_down};
-    Catalog::default()
-        .with(OnSource { name: "lock", inner: lock::Lock, undo: true })
-        .with(fetch::FetchSnapshot)
-        .with(assess::Assess)
-        .with(OnSource { name: "pause", inner: pause::Pause, undo: true })
-        .with(OnSource { name: "scale-down", inner: scale_down::ScaleDown, undo: true })
-        .with(stop::StopEtcd)
-        .with(members::RestoreMembers)
-        .with(start::StartEtcd)
-        .with(OnSource { name: "resume", inner: resume::Resume, undo: false })
-        .with(OnSource { name: "unlock", inner: lock::Unlock, undo: true })
+    use super::lock::{Lock, Unlock};
+    use super::{pause::Pause, resume::Resume, scale_down::ScaleDown};
+    use {assess::Assess, fetch::FetchSnapshot, members::RestoreMembers, start::StartEtcd, stop::StopEtcd};
+    Catalog::new("etcd-restore")
+        .with(OnSource::new(Lock, true))
+        .with(FetchSnapshot)
+        .after(&[Lock::NAME])
+        .with(Assess)
+        .after(&[Lock::NAME])
+        .with(OnSource::new(Pause, true))
+        .after(&[Assess::NAME])
+        .with(OnSource::new(ScaleDown, true))
+        .after(&[Pause::NAME])
+        .with(StopEtcd)
+        .after(&[ScaleDown::NAME, FetchSnapshot::NAME])
+        .with(RestoreMembers)
+        .after(&[StopEtcd::NAME])
+        .with(StartEtcd)
+        .after(&[RestoreMembers::NAME])
+        .with(OnSource::new(Resume, false))
+        .after(&[StartEtcd::NAME])
+        .with(OnSource::new(Unlock, true))
+        .after(&[Lock::NAME])
 }
-
-/// The stage names an etcd-restore playbook may use, and their order: etcd
-/// is stopped only with its writers stopped, and its data replaced only
-/// once the snapshot was verified and etcd stopped.
-pub const ETCD_RESTORE_RULES: StageRules<'static> = StageRules {
-    operation: "etcd-restore",
-    known: &[
-        "lock",
-        "fetch-snapshot",
-        "assess",
-        "pause",
-        "scale-down",
-        "stop-etcd",
-        "restore-members",
-        "start-etcd",
-        "resume",
-        "unlock",
-    ],
-    requires_before: &[
-        ("fetch-snapshot", "lock"),
-        ("assess", "lock"),
-        ("pause", "assess"),
-        ("scale-down", "pause"),
-        ("stop-etcd", "scale-down"),
-        ("stop-etcd", "fetch-snapshot"),
-        ("restore-members", "stop-etcd"),
-        ("start-etcd", "restore-members"),
-        ("resume", "start-etcd"),
-        ("unlock", "lock"),
-    ],
-};
 
 /// The margin added to a measured bump: revisions the measurement may have
 /// missed (a write racing the scale-down of the last writer).

@@ -15,7 +15,7 @@ use super::EtcdRestoreContext;
 use super::assess::probe;
 use super::stop::scale_etcd;
 use crate::pipeline::stage::error_chain;
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 
 pub struct StartEtcd;
@@ -82,11 +82,13 @@ pub async fn wait_healthy(ctx: &mut EtcdRestoreContext, min_revision: Option<i64
     )))
 }
 
+impl StageId for StartEtcd {
+    const NAME: &'static str = "start-etcd";
+    type Output = Started;
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for StartEtcd {
-    fn name(&self) -> &'static str {
-        "start-etcd"
-    }
     fn summary(&self) -> &'static str {
         "scale etcd back and wait until every member is healthy at a revision above the one before the restore"
     }
@@ -100,7 +102,7 @@ impl Stage<EtcdRestoreContext> for StartEtcd {
             ctx.hcp_namespace()
         )]
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         ctx.plan.as_ref().ok_or(StageError::Missing("the restore plan (assess)"))?;
         let stopped = ctx.stopped.clone().ok_or(StageError::Missing("the revision bump (stop-etcd)"))?;
         let started = Instant::now();
@@ -113,6 +115,6 @@ impl Stage<EtcdRestoreContext> for StartEtcd {
             expected_min_revision: stopped.expected_min_revision,
             seconds: started.elapsed().as_secs_f64(),
         };
-        Ok(serde_json::to_value(done)?)
+        Ok(done)
     }
 }

@@ -23,9 +23,9 @@ use super::assess::revisions;
 use super::{BUMP_MARGIN, BUMP_UNMEASURED, EtcdRestoreContext};
 use crate::hosted;
 use crate::kube::{KubeError, request, wait_for};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::etcd_ops::assess::quorum;
-use crate::stages::{StageError, earlier_progress, from_output, undo_record};
+use crate::stages::StageError;
 
 pub struct StopEtcd;
 
@@ -102,11 +102,13 @@ async fn wait_no_etcd_pods(ctx: &EtcdRestoreContext) -> Result<(), KubeError> {
     .await
 }
 
+impl StageId for StopEtcd {
+    const NAME: &'static str = "stop-etcd";
+    type Output = Stopped;
+}
+
 #[async_trait]
 impl Stage<EtcdRestoreContext> for StopEtcd {
-    fn name(&self) -> &'static str {
-        "stop-etcd"
-    }
     fn summary(&self) -> &'static str {
         "read the revision the members reached, choose the revision bump, scale etcd to zero and wait until its pods are gone"
     }
@@ -124,10 +126,10 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
         }
         lines
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
         let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
-        let stopped = match earlier_progress::<Stopped>(step, "stop-etcd") {
+        let stopped = match step.earlier_progress::<Stopped>() {
             // A rerun after a crash: etcd may be down already; keep the first measurement.
             Some(first) => first,
             None => {
@@ -157,17 +159,17 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
         scale_etcd(ctx, 0).await?;
         wait_no_etcd_pods(ctx).await?;
         ctx.stopped = Some(stopped.clone());
-        Ok(serde_json::to_value(stopped)?)
+        Ok(stopped)
     }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.stopped = Some(from_output("stop-etcd", output)?);
+    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.stopped = Some(output);
         Ok(())
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut EtcdRestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        match undo_record::<Stopped>("stop-etcd", &input)? {
+        match input.record::<Stopped>()? {
             Some(stopped) => {
                 if !scale_etcd_if(ctx, stopped.replicas, stopped.uid.as_deref()).await? {
                     ctx.warn(format!(

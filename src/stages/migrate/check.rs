@@ -15,8 +15,8 @@ use serde_json::Value;
 use super::MigrateContext;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
-use crate::pipeline::{Stage, StageFailure, Step};
-use crate::stages::{StageError, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
+use crate::stages::StageError;
 
 pub struct DestinationCheck;
 
@@ -94,11 +94,13 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
     })
 }
 
+impl StageId for DestinationCheck {
+    const NAME: &'static str = "destination-check";
+    type Output = Checked;
+}
+
 #[async_trait]
 impl Stage<MigrateContext> for DestinationCheck {
-    fn name(&self) -> &'static str {
-        "destination-check"
-    }
     fn summary(&self) -> &'static str {
         "check the API hostname is stable across clusters, the destination is ready (CRDs, name unused, no leftovers) and the DNS zone answers"
     }
@@ -108,13 +110,13 @@ impl Stage<MigrateContext> for DestinationCheck {
     fn plan(&self, _ctx: &MigrateContext, _params: &Value) -> Vec<String> {
         vec!["read-only checks".into()]
     }
-    async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let checked = check(ctx).await?;
         ctx.hosts = checked.hosts.clone();
-        Ok(serde_json::to_value(checked)?)
+        Ok(checked)
     }
-    fn restore(&self, ctx: &mut MigrateContext, output: &Value) -> Result<(), StageFailure> {
-        let checked: Checked = from_output("destination-check", output)?;
+    fn restore(&self, ctx: &mut MigrateContext, output: Self::Output) -> Result<(), StageFailure> {
+        let checked: Checked = output;
         ctx.hosts = checked.hosts;
         Ok(())
     }

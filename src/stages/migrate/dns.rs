@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use super::MigrateContext;
 use crate::kube::{is_conflict, is_not_found, request};
-use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 use crate::stages::params::DnsParams;
-use crate::stages::{StageError, earlier_progress, undo_record};
+use crate::stages::StageError;
 
 pub struct DnsWithdraw;
 
@@ -74,7 +74,7 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn,
         Err(err) => return Err(request(format!("listing Routes in {hcp_ns}"))(err).into()),
     };
     // An attempt killed part-way deleted some: keep what it journaled of them.
-    let earlier: Withdrawn = earlier_progress(step, "dns-withdraw").unwrap_or_default();
+    let earlier: Withdrawn = step.earlier_progress().unwrap_or_default();
     out.deleted_routes = earlier.deleted_routes;
     for route in &listed {
         let name = route.metadata.name.clone().unwrap_or_default();
@@ -129,11 +129,13 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn,
     Ok(out)
 }
 
+impl StageId for DnsWithdraw {
+    const NAME: &'static str = "dns-withdraw";
+    type Output = Withdrawn;
+}
+
 #[async_trait]
 impl Stage<MigrateContext> for DnsWithdraw {
-    fn name(&self) -> &'static str {
-        "dns-withdraw"
-    }
     fn summary(&self) -> &'static str {
         "delete the source's Routes so external-dns withdraws its records (or, with --dns-direct, delete them), and wait until the zone holds none"
     }
@@ -156,8 +158,8 @@ impl Stage<MigrateContext> for DnsWithdraw {
         ));
         lines
     }
-    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        Ok(run(ctx, step).await?)
     }
     fn undoable(&self) -> bool {
         true
@@ -165,7 +167,7 @@ impl Stage<MigrateContext> for DnsWithdraw {
     /// Create again the journaled Routes that are still missing (an existing
     /// one, recreated by its controller since, is left alone).
     async fn undo(&self, ctx: &mut MigrateContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(withdrawn) = undo_record::<Withdrawn>("dns-withdraw", &input)? else { return Ok(()) };
+        let Some(withdrawn) = input.record::<Withdrawn>()? else { return Ok(()) };
         let routes = routes_api(ctx);
         let hcp_ns = ctx.source.hcp_namespace();
         for route in &withdrawn.deleted_routes {

@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::context::{BackupContext, BackupInputs};
 use super::restore::{RestoreContext, RestoreInputs};
 use crate::dns::DnsZone;
-use crate::pipeline::{Catalog, Stage, StageFailure, StageRules, Step, UndoInput};
+use crate::pipeline::{Catalog, DynStage, StageId, StageFailure, Step, UndoInput};
 
 /// The inputs of a migration (journaled on start; nothing secret).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -97,27 +97,47 @@ impl HasDestination for MigrateContext {
     }
 }
 
-/// A backup stage run on the source, under its own name or another.
+/// A backup stage run on the source, under its own name.
 pub struct OnSource<S> {
-    pub name: &'static str,
-    pub inner: S,
+    inner: S,
     /// Whether `--abort` undoes it (the backup's artifacts are kept).
-    pub undo: bool,
+    undo: bool,
 }
 
-/// A restore stage run on the destination.
+impl<S: StageId> OnSource<S> {
+    /// `inner` on the source; `--abort` undoes it when `undo`.
+    pub fn new(inner: S, undo: bool) -> Self {
+        OnSource { inner, undo }
+    }
+}
+
+/// A restore stage run on the destination, under its own name or another.
 pub struct OnDestination<S> {
-    pub name: &'static str,
-    pub inner: S,
+    name: &'static str,
+    inner: S,
     /// Planned rather than run in a dry-run although it only reads: what it
     /// reads (the backup) is written by this run, so it does not exist yet.
-    pub reads_this_run: bool,
+    reads_this_run: bool,
+}
+
+impl<S: StageId> OnDestination<S> {
+    /// `inner` on the destination, under its own name.
+    pub fn new(inner: S, reads_this_run: bool) -> Self {
+        OnDestination { name: S::NAME, inner, reads_this_run }
+    }
+
+    /// Under another name (a migration's `destination-preflight`, beside
+    /// the source's `preflight`).
+    pub fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
 }
 
 #[async_trait]
-impl<S: Stage<BackupContext>, C: HasSource> Stage<C> for OnSource<S> {
+impl<S: DynStage<BackupContext>, C: HasSource> DynStage<C> for OnSource<S> {
     fn name(&self) -> &'static str {
-        self.name
+        self.inner.name()
     }
     fn summary(&self) -> &'static str {
         self.inner.summary()
@@ -146,7 +166,7 @@ impl<S: Stage<BackupContext>, C: HasSource> Stage<C> for OnSource<S> {
 }
 
 #[async_trait]
-impl<S: Stage<RestoreContext>, C: HasDestination> Stage<C> for OnDestination<S> {
+impl<S: DynStage<RestoreContext>, C: HasDestination> DynStage<C> for OnDestination<S> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -177,79 +197,54 @@ impl<S: Stage<RestoreContext>, C: HasDestination> Stage<C> for OnDestination<S> 
     }
 }
 
-/// Every migrate stage, by name.
+/// The destination's preflight in a migration, beside the source's `preflight`.
+pub const DESTINATION_PREFLIGHT: &str = "destination-preflight";
+
+/// Every migrate stage, and what must come before what (the playbook
+/// rules). The last rules are the point of the operation: the source is
+/// torn down only after the destination was verified healthy.
 pub fn migrate_catalog() -> Catalog<MigrateContext> {
-    use super::{etcd_snapshot, export, lock, package, pause, preflight, restore, scale_down};
-    Catalog::default()
-        .with(OnSource { name: "lock", inner: lock::Lock, undo: true })
-        .with(OnSource { name: "preflight", inner: preflight::Preflight, undo: true })
-        .with(check::DestinationCheck)
-        .with(OnSource { name: "pause", inner: pause::Pause, undo: true })
-        .with(OnSource { name: "scale-down", inner: scale_down::ScaleDown, undo: true })
-        .with(OnSource { name: "etcd-snapshot", inner: etcd_snapshot::EtcdSnapshot, undo: false })
-        .with(OnSource { name: "export", inner: export::Export, undo: false })
-        .with(OnSource { name: "snapshot-finish", inner: etcd_snapshot::SnapshotFinish, undo: false })
-        .with(OnSource { name: "package", inner: package::Package, undo: false })
-        .with(dns::DnsWithdraw)
-        .with(OnDestination { name: "verify", inner: restore::verify::Verify, reads_this_run: true })
-        .with(OnDestination { name: "destination-preflight", inner: restore::preflight::Preflight, reads_this_run: true })
-        .with(OnDestination { name: "snapshot-url", inner: restore::snapshot_url::SnapshotUrl, reads_this_run: true })
-        .with(OnDestination { name: "apply", inner: restore::apply::Apply, reads_this_run: true })
-        .with(OnDestination { name: "wait", inner: restore::wait::Wait, reads_this_run: true })
-        .with(OnDestination { name: "fence", inner: restore::fence::WriteFence { by: "migrate" }, reads_this_run: true })
-        .with(teardown::Teardown)
-        .with(ovn::OvnRestart)
-        .with(OnSource { name: "unlock", inner: lock::Unlock, undo: true })
+    use super::etcd_snapshot::{EtcdSnapshot, SnapshotFinish};
+    use super::lock::{Lock, Unlock};
+    use super::restore::{apply::Apply, fence::WriteFence, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use super::{export::Export, package::Package, pause::Pause, preflight::Preflight, scale_down::ScaleDown};
+    use {check::DestinationCheck, dns::DnsWithdraw, ovn::OvnRestart, teardown::Teardown};
+    Catalog::new("migrate")
+        .with(OnSource::new(Lock, true))
+        .with(OnSource::new(Preflight, true))
+        .with(DestinationCheck)
+        .after(&[Preflight::NAME])
+        .with(OnSource::new(Pause, true))
+        .after(&[Preflight::NAME, DestinationCheck::NAME])
+        .with(OnSource::new(ScaleDown, true))
+        .after(&[Pause::NAME])
+        .with(OnSource::new(EtcdSnapshot, false))
+        .after(&[ScaleDown::NAME])
+        .with(OnSource::new(Export, false))
+        .after(&[Preflight::NAME])
+        .with(OnSource::new(SnapshotFinish, false))
+        .after(&[EtcdSnapshot::NAME])
+        .with(OnSource::new(Package, false))
+        .after(&[SnapshotFinish::NAME, Export::NAME])
+        .with(DnsWithdraw)
+        .after(&[Package::NAME, DestinationCheck::NAME])
+        .with(OnDestination::new(Verify, true))
+        .after(&[Package::NAME])
+        .with(OnDestination::new(super::restore::preflight::Preflight, true).named(DESTINATION_PREFLIGHT))
+        .after(&[Verify::NAME])
+        .with(OnDestination::new(SnapshotUrl, true))
+        .after(&[Verify::NAME])
+        .with(OnDestination::new(Apply, true))
+        .after(&[DnsWithdraw::NAME, DESTINATION_PREFLIGHT, SnapshotUrl::NAME])
+        .with(OnDestination::new(Wait, true))
+        .after(&[Apply::NAME])
+        .with(OnDestination::new(WriteFence { by: "migrate" }, true))
+        .after(&[Wait::NAME])
+        .with(Teardown)
+        .after(&[Wait::NAME])
+        .with(OvnRestart)
+        .after(&[Wait::NAME])
+        .with(OnSource::new(Unlock, true))
+        .after(&[Lock::NAME])
 }
 
-/// The stage names a migrate playbook may use, and what must come before what.
-/// The last rules are the point of the operation: the source is torn down
-/// only after the destination was verified healthy.
-pub const MIGRATE_RULES: StageRules<'static> = StageRules {
-    operation: "migrate",
-    known: &[
-        "lock",
-        "preflight",
-        "destination-check",
-        "pause",
-        "scale-down",
-        "etcd-snapshot",
-        "export",
-        "snapshot-finish",
-        "package",
-        "dns-withdraw",
-        "verify",
-        "destination-preflight",
-        "snapshot-url",
-        "apply",
-        "wait",
-        "fence",
-        "teardown",
-        "ovn-restart",
-        "unlock",
-    ],
-    requires_before: &[
-        ("destination-check", "preflight"),
-        ("pause", "preflight"),
-        ("pause", "destination-check"),
-        ("scale-down", "pause"),
-        ("etcd-snapshot", "scale-down"),
-        ("export", "preflight"),
-        ("snapshot-finish", "etcd-snapshot"),
-        ("package", "snapshot-finish"),
-        ("package", "export"),
-        ("dns-withdraw", "package"),
-        ("dns-withdraw", "destination-check"),
-        ("verify", "package"),
-        ("destination-preflight", "verify"),
-        ("snapshot-url", "verify"),
-        ("apply", "dns-withdraw"),
-        ("apply", "destination-preflight"),
-        ("apply", "snapshot-url"),
-        ("wait", "apply"),
-        ("fence", "wait"),
-        ("teardown", "wait"),
-        ("ovn-restart", "wait"),
-        ("unlock", "lock"),
-    ],
-};

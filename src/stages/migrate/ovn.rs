@@ -8,12 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::MigrateContext;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request, wait_for};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 use crate::stages::restore::wait::hosted_client;
 
@@ -30,11 +30,19 @@ fn running(pods: &[Pod]) -> usize {
         .count()
 }
 
+/// The OVN pods restarted in the hosted cluster.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Restarted {
+    pub restarted: Vec<String>,
+}
+
+impl StageId for OvnRestart {
+    const NAME: &'static str = "ovn-restart";
+    type Output = Restarted;
+}
+
 #[async_trait]
 impl Stage<MigrateContext> for OvnRestart {
-    fn name(&self) -> &'static str {
-        "ovn-restart"
-    }
     fn summary(&self) -> &'static str {
         "restart the OVN pods in the hosted cluster so they reconnect to the moved control plane"
     }
@@ -44,7 +52,7 @@ impl Stage<MigrateContext> for OvnRestart {
     fn plan(&self, _ctx: &MigrateContext, _params: &Value) -> Vec<String> {
         vec![format!("hosted cluster: delete the pods {OVN_SELECTOR} in {OVN_NAMESPACE} and wait until they run again")]
     }
-    async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (ns, name) = (ctx.inputs.destination.namespace.clone(), ctx.inputs.destination.hosted_cluster.clone());
         let label = format!("HostedCluster {ns}/{name}");
         let hc = get_json(&api(&ctx.destination.client, &HOSTED_CLUSTER, &ns), &name, &label)
@@ -72,6 +80,6 @@ impl Stage<MigrateContext> for OvnRestart {
             Ok((running(&fresh) >= want).then_some(()))
         })
         .await?;
-        Ok(json!({"restarted": names}))
+        Ok(Restarted { restarted: names })
     }
 }

@@ -23,24 +23,26 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::MigrateContext;
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::teardown::{TornDown, destroy};
 
 pub struct Teardown;
 
 async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<TornDown, StageFailure> {
     let (ns, name) = (ctx.inputs.source.namespace.clone(), ctx.inputs.source.hosted_cluster.clone());
-    let mut out: TornDown = crate::stages::earlier_progress(step, "teardown").unwrap_or_default();
+    let mut out: TornDown = step.earlier_progress().unwrap_or_default();
     let mut record = |t: &TornDown| -> Result<(), StageFailure> { Ok(step.record(serde_json::to_value(t)?)?) };
     destroy(&ctx.source.client, &ns, &name, &mut out, &mut record).await?;
     Ok(out)
 }
 
+impl StageId for Teardown {
+    const NAME: &'static str = "teardown";
+    type Output = TornDown;
+}
+
 #[async_trait]
 impl Stage<MigrateContext> for Teardown {
-    fn name(&self) -> &'static str {
-        "teardown"
-    }
     fn summary(&self) -> &'static str {
         "on the source: scale the HCP namespace to zero, then remove finalizers and delete NodePools, CAPI and platform objects, HostedControlPlane, the HCP namespace and the HostedCluster"
     }
@@ -57,7 +59,7 @@ impl Stage<MigrateContext> for Teardown {
             ),
         ]
     }
-    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    async fn run(&self, ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        Ok(run(ctx, step).await?)
     }
 }

@@ -25,8 +25,8 @@ use super::{RestoreContext, order};
 use crate::archive::{LINEAGE, sanitize};
 use crate::kube::{KubeError, api_for, is_not_found, request};
 use crate::pipeline::journal::RUN_ANNOTATION;
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
-use crate::stages::{StageError, earlier_progress, undo_record};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
+use crate::stages::StageError;
 use crate::teardown::{Removal, created_by_run, delete_created};
 
 pub struct Apply;
@@ -195,7 +195,7 @@ async fn get_value(api: &Api<DynamicObject>, name: &str, what: &str) -> Result<O
 async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, StageFailure> {
     ensure_loaded(ctx).await?;
     let findings: Findings = ctx.findings.clone().unwrap_or_default();
-    let mut applied: Applied = earlier_progress(step, "apply").unwrap_or_default();
+    let mut applied: Applied = step.earlier_progress().unwrap_or_default();
     if applied.run_id.is_empty() {
         applied.run_id = step.history().map(|h| h.header.run_id.clone()).unwrap_or_default();
     }
@@ -330,11 +330,13 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
     Ok(applied)
 }
 
+impl StageId for Apply {
+    const NAME: &'static str = "apply";
+    type Output = Applied;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for Apply {
-    fn name(&self) -> &'static str {
-        "apply"
-    }
     fn summary(&self) -> &'static str {
         "create the namespaces, then secrets, HostedControlPlane, CAPI and platform objects, HostedCluster (with restoreSnapshotURL) and NodePools, in that order"
     }
@@ -363,15 +365,15 @@ impl Stage<RestoreContext> for Apply {
         }
         lines
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let applied = run(ctx, step).await?;
-        Ok(serde_json::to_value(applied)?)
+        Ok(applied)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(applied) = undo_record::<Applied>("apply", &input)? else { return Ok(()) };
+        let Some(applied) = input.record::<Applied>()? else { return Ok(()) };
         let discovery = Discovery::new(ctx.client.clone())
             .run()
             .await

@@ -32,9 +32,9 @@ use super::verify::manifest;
 use crate::dns::{DnsZone, Record, normalize_names};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
-use crate::pipeline::{Params, Stage, StageFailure, Step, UndoInput, read_params};
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 use crate::stages::params::DnsParams;
-use crate::stages::{StageError, earlier_progress, from_output};
+use crate::stages::StageError;
 
 pub struct DnsTakeover;
 
@@ -155,7 +155,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
         ))
     })?;
     out.old_owner = Some(owner.clone());
-    let earlier: Option<Deleting> = earlier_progress(step, "dns-takeover");
+    let earlier: Option<Deleting> = step.earlier_progress();
     let present = zone.cluster_records(&hosts).await?;
     let held: Vec<Record> = present.iter().filter(|r| r.owner.as_deref() == Some(owner.as_str())).cloned().collect();
     match &earlier {
@@ -239,11 +239,13 @@ async fn put_back(zone: &dyn DnsZone, deleted: &[Record], warnings: &mut Vec<Str
     Ok(())
 }
 
+impl StageId for DnsTakeover {
+    const NAME: &'static str = "dns-takeover";
+    type Output = TakenOver;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for DnsTakeover {
-    fn name(&self) -> &'static str {
-        "dns-takeover"
-    }
     fn summary(&self) -> &'static str {
         "with --take-over-dns: delete the lost management cluster's DNS records of the cluster's hostnames (owner-checked, all or nothing) and wait for the destination's external-dns to publish them; else report the records still pointing at the old cluster"
     }
@@ -266,16 +268,16 @@ impl Stage<RestoreContext> for DnsTakeover {
             None => vec!["nothing (no --route53-zone)".into()],
         }
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(ctx, step).await?)?)
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        Ok(run(ctx, step).await?)
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let deleted: Vec<Record> = match (input.output, input.progress) {
-            (Some(output), _) => from_output::<TakenOver>("dns-takeover", output)?.deleted,
-            (None, Some(progress)) => from_output::<Deleting>("dns-takeover", progress)?.records,
+        let deleted: Vec<Record> = match (input.output::<TakenOver>()?, input.progress::<Deleting>()?) {
+            (Some(output), _) => output.deleted,
+            (None, Some(progress)) => progress.records,
             (None, None) => return Ok(()),
         };
         if deleted.is_empty() {

@@ -20,8 +20,8 @@ use crate::archive::fence::{self, FenceError};
 use crate::archive;
 use crate::hosted::HOSTED_CLUSTER;
 use crate::kube::{api, get_json};
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
-use crate::stages::{StageError, from_output};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
+use crate::stages::StageError;
 
 /// The stage; `by` is the operation recorded in the fence.
 pub struct WriteFence {
@@ -88,11 +88,13 @@ async fn run(stage: &WriteFence, ctx: &mut RestoreContext, step: &mut Step<'_>) 
     Ok(record)
 }
 
+impl StageId for WriteFence {
+    const NAME: &'static str = "fence";
+    type Output = Fenced;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for WriteFence {
-    fn name(&self) -> &'static str {
-        "fence"
-    }
     fn summary(&self) -> &'static str {
         "write the store fence: the cluster runs on the destination now, and backups taken anywhere else are refused"
     }
@@ -109,8 +111,8 @@ impl Stage<RestoreContext> for WriteFence {
             ctx.inputs.hosted_cluster
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
-        Ok(serde_json::to_value(run(self, ctx, step).await?)?)
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        Ok(run(self, ctx, step).await?)
     }
     fn undoable(&self) -> bool {
         true
@@ -118,8 +120,7 @@ impl Stage<RestoreContext> for WriteFence {
     /// Put the previous fence back, only while the store still holds the
     /// one this run wrote.
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(recorded) = input.output.or(input.progress) else { return Ok(()) };
-        let record: Fenced = from_output("fence", recorded)?;
+        let Some(record) = input.record::<Fenced>()? else { return Ok(()) };
         let (ns, name) = (&record.fence.namespace, &record.fence.hosted_cluster);
         match fence::read(ctx.store.as_ref(), ns, name).await {
             Ok(Some(current)) if current == record.fence => {}

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::archive::{Layout, Manifest};
-use crate::pipeline::{Catalog, StageRules};
+use crate::pipeline::{Catalog, StageId};
 use crate::stages::context::EtcdAccess;
 use crate::store::Store;
 
@@ -155,31 +155,23 @@ impl RestoreContext {
     }
 }
 
-/// Every restore stage, by name.
+/// Every restore stage, and what must come before what (the playbook rules).
 pub fn restore_catalog() -> Catalog<RestoreContext> {
-    Catalog::default()
-        .with(verify::Verify)
-        .with(preflight::Preflight)
-        .with(snapshot_url::SnapshotUrl)
-        .with(apply::Apply)
-        .with(wait::Wait)
-        .with(fence::WriteFence { by: "restore" })
-        .with(dns::DnsTakeover)
+    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    Catalog::new("restore")
+        .with(Verify)
+        .with(Preflight)
+        .after(&[Verify::NAME])
+        .with(SnapshotUrl)
+        .after(&[Verify::NAME])
+        .with(Apply)
+        .after(&[Preflight::NAME, SnapshotUrl::NAME])
+        .with(Wait)
+        .after(&[Apply::NAME])
+        .with(WriteFence { by: "restore" })
+        .after(&[Wait::NAME])
+        .with(DnsTakeover)
 }
-
-/// The stage names a restore playbook may use, and their order constraints.
-pub const RESTORE_RULES: StageRules<'static> = StageRules {
-    operation: "restore",
-    known: &["verify", "preflight", "snapshot-url", "apply", "wait", "fence", "dns-takeover"],
-    requires_before: &[
-        ("preflight", "verify"),
-        ("snapshot-url", "verify"),
-        ("apply", "preflight"),
-        ("apply", "snapshot-url"),
-        ("wait", "apply"),
-        ("fence", "wait"),
-    ],
-};
 
 /// A URL without its query string (a presigned URL's signature lives there).
 pub fn redact_url(url: &str) -> String {

@@ -18,7 +18,7 @@ use super::RestoreContext;
 use super::verify::ensure_loaded;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 use crate::store::StoreUrl;
 
@@ -185,11 +185,13 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
     })
 }
 
+impl StageId for Preflight {
+    const NAME: &'static str = "preflight";
+    type Output = Findings;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for Preflight {
-    fn name(&self) -> &'static str {
-        "preflight"
-    }
     fn summary(&self) -> &'static str {
         "check the destination: CRDs served, names unused, HCP namespace empty, no leftover etcd PVCs, encryption key in the backup"
     }
@@ -203,13 +205,13 @@ impl Stage<RestoreContext> for Preflight {
             ctx.inputs.hcp_namespace()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let findings = check(ctx).await?;
         ctx.findings = Some(findings.clone());
-        Ok(serde_json::to_value(findings)?)
+        Ok(findings)
     }
-    fn restore(&self, ctx: &mut RestoreContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.findings = Some(crate::stages::from_output("preflight", output)?);
+    fn restore(&self, ctx: &mut RestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.findings = Some(output);
         Ok(())
     }
 }

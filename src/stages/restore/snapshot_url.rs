@@ -21,8 +21,8 @@ use serde_json::Value;
 use super::RestoreContext;
 use super::verify::ensure_loaded;
 use crate::archive::Layout;
-use crate::pipeline::{Stage, StageFailure, Step, UndoInput};
-use crate::stages::{StageError, undo_record};
+use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
+use crate::stages::StageError;
 
 pub struct SnapshotUrl;
 
@@ -81,11 +81,13 @@ pub async fn ensure_url(ctx: &mut RestoreContext) -> Result<(), StageFailure> {
     Ok(())
 }
 
+impl StageId for SnapshotUrl {
+    const NAME: &'static str = "snapshot-url";
+    type Output = UrlRecord;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for SnapshotUrl {
-    fn name(&self) -> &'static str {
-        "snapshot-url"
-    }
     fn summary(&self) -> &'static str {
         "presign a GET URL of the best member snapshot (a local backup's snapshot is first copied to the staging S3 store)"
     }
@@ -114,7 +116,7 @@ impl Stage<RestoreContext> for SnapshotUrl {
             Err(err) => vec![format!("(cannot plan: {err})")],
         }
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         ensure_loaded(ctx).await?;
         let (url, key, staged) = source_key(ctx)?;
         let record = UrlRecord {
@@ -166,17 +168,17 @@ impl Stage<RestoreContext> for SnapshotUrl {
         }
         tracing::info!(store = %url, key = %key, staged, "snapshot URL presigned (not shown: it grants read access)");
         ctx.url_record = Some(record.clone());
-        Ok(serde_json::to_value(record)?)
+        Ok(record)
     }
-    fn restore(&self, ctx: &mut RestoreContext, output: &Value) -> Result<(), StageFailure> {
-        ctx.url_record = Some(crate::stages::from_output("snapshot-url", output)?);
+    fn restore(&self, ctx: &mut RestoreContext, output: Self::Output) -> Result<(), StageFailure> {
+        ctx.url_record = Some(output);
         Ok(())
     }
     fn undoable(&self) -> bool {
         true
     }
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
-        let Some(record) = undo_record::<UrlRecord>("snapshot-url", &input)? else { return Ok(()) };
+        let Some(record) = input.record::<UrlRecord>()? else { return Ok(()) };
         if let (true, Some(staging)) = (record.staged, &ctx.staging) {
             staging.delete(&record.key).await?;
         }

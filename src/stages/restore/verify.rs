@@ -4,13 +4,14 @@
 //! and the best snapshot read offline as a bbolt database at its revision).
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::RestoreContext;
 use crate::archive::Manifest;
 use crate::archive::check::{CheckReport, check_backup_with, read_manifest};
 use crate::archive::encryption::EncryptionError;
-use crate::pipeline::{Stage, StageFailure, Step};
+use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 
 pub struct Verify;
@@ -51,11 +52,36 @@ pub async fn manifest(ctx: &mut RestoreContext) -> Result<Manifest, StageFailure
     Ok(m)
 }
 
+/// What verify checked: the backup's artifacts, and the snapshot a restore
+/// uses, read offline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Verified {
+    pub backup: String,
+    pub artifacts_checked: usize,
+    pub bytes_checked: u64,
+    pub objects: usize,
+    pub snapshot: VerifiedSnapshot,
+    pub backup_finished: Option<chrono::DateTime<chrono::Utc>>,
+    pub encrypted_to: Vec<String>,
+}
+
+/// The snapshot a restore uses: its member, revision and keys.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerifiedSnapshot {
+    pub member: String,
+    pub revision: i64,
+    pub size: u64,
+    pub keys: Option<u64>,
+    pub keys_by_prefix: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+impl StageId for Verify {
+    const NAME: &'static str = "verify";
+    type Output = Verified;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for Verify {
-    fn name(&self) -> &'static str {
-        "verify"
-    }
     fn summary(&self) -> &'static str {
         "re-read the backup: format version, every artifact's size and SHA-256, the objects archive, and the best snapshot read offline at its revision"
     }
@@ -69,7 +95,7 @@ impl Stage<RestoreContext> for Verify {
             ctx.inputs.layout().dir()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (manifest, objects, report) = load(ctx).await?;
         let best = manifest
             .best_snapshot()
@@ -93,17 +119,21 @@ impl Stage<RestoreContext> for Verify {
             ))
             .into());
         }
-        let output = json!({
-            "backup": report.backup,
-            "artifacts_checked": report.artifacts_checked,
-            "bytes_checked": report.bytes_checked,
-            "objects": report.objects,
-            "snapshot": {"member": best.member, "revision": best.revision, "size": best.size,
-                "keys": offline.summary.as_ref().map(|s| s.live_keys),
-                "keys_by_prefix": offline.summary.as_ref().map(|s| &s.live_keys_by_prefix)},
-            "backup_finished": manifest.timings.finished,
-            "encrypted_to": manifest.recipients(),
-        });
+        let output = Verified {
+            backup: report.backup,
+            artifacts_checked: report.artifacts_checked,
+            bytes_checked: report.bytes_checked,
+            objects: report.objects,
+            snapshot: VerifiedSnapshot {
+                member: best.member.clone(),
+                revision: best.revision,
+                size: best.size,
+                keys: offline.summary.as_ref().map(|s| s.live_keys),
+                keys_by_prefix: offline.summary.as_ref().map(|s| s.live_keys_by_prefix.clone()),
+            },
+            backup_finished: manifest.timings.finished,
+            encrypted_to: manifest.recipients().to_vec(),
+        };
         if manifest.etcd_health.no_quorum {
             ctx.warnings.push(format!(
                 "the backup was taken WITHOUT etcd quorum (--allow-no-quorum) from {}: the restored cluster may lack the last writes its lost majority acknowledged; prefer an earlier backup taken with quorum if those writes matter",

@@ -18,7 +18,7 @@ use super::snapshot_url::UrlRecord;
 use super::verify::ensure_loaded;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{KubeError, api, get_json, request, wait_for};
-use crate::pipeline::{Params, Stage, StageFailure, Step, read_params};
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
 use crate::stages::params::AvailableWait;
 use crate::stages::context::{MemberTarget, TlsOverride};
 use crate::stages::{StageError, etcd_access};
@@ -194,11 +194,13 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration) -> Result<Healthy, Sta
     })
 }
 
+impl StageId for Wait {
+    const NAME: &'static str = "wait";
+    type Output = Healthy;
+}
+
 #[async_trait]
 impl Stage<RestoreContext> for Wait {
-    fn name(&self) -> &'static str {
-        "wait"
-    }
     fn summary(&self) -> &'static str {
         "wait for the HostedCluster to be Available and its nodes Ready; check every etcd member is at or above the backup's revision"
     }
@@ -216,8 +218,8 @@ impl Stage<RestoreContext> for Wait {
     fn params(&self) -> Params {
         Params::of::<AvailableWait>()
     }
-    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Value, StageFailure> {
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<AvailableWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
-        Ok(serde_json::to_value(run(ctx, timeout).await?)?)
+        Ok(run(ctx, timeout).await?)
     }
 }
