@@ -301,7 +301,7 @@ pub fn render_restore(result: &EtcdRestoreResult) -> String {
             result.revision_before.map_or("an unknown revision".into(), |r| r.to_string())
         ));
     }
-    if let Some(after) = result.revisions_after.as_ref().and_then(|v| v.as_object()) {
+    if let Some(after) = &result.revisions_after {
         let members: Vec<String> = after.iter().map(|(m, r)| format!("{m} at {r}")).collect();
         out.push_str(&format!("members healthy: {}\n", members.join(", ")));
     }

@@ -153,7 +153,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
 
 /// What the report says of the cluster's DNS records.
 fn dns_lines(result: &RestoreResult) -> String {
-    let Some(taken) = result.dns_takeover() else {
+    let Some(taken) = &result.dns_takeover else {
         return String::new();
     };
     let mut out = String::new();
@@ -192,12 +192,12 @@ pub fn render(result: &RestoreResult) -> String {
     out.push('\n');
     out.push_str(&format!("backup: {}\nhosted cluster: {}\n", result.backup, result.hosted_cluster));
     out.push_str(&super::report::stage_lines(&result.run));
-    if let Some(wait) = result.run.output("wait") {
+    if let Some(healthy) = &result.healthy {
         out.push_str(&format!(
             "Available after {:.1}s; etcd revisions {} (backup {})\n",
-            wait["available_after_seconds"].as_f64().unwrap_or_default(),
-            wait["revisions"],
-            wait["backup_revision"]
+            healthy.available_after_seconds,
+            serde_json::json!(healthy.revisions),
+            healthy.backup_revision
         ));
     }
     if let (Some(taken), Some(age)) = (result.backup_taken, result.backup_age_seconds)
@@ -209,7 +209,7 @@ pub fn render(result: &RestoreResult) -> String {
             crate::ops::drill::report::human_seconds(age as f64)
         ));
     }
-    if let Some(fence) = result.run.output("fence").and_then(|f| serde_json::from_value::<crate::archive::fence::Fence>(f["fence"].clone()).ok()) {
+    if let Some(fence) = &result.fence {
         out.push_str(&format!("fenced in the store: {}; backups of any other copy are refused\n", fence.describe()));
     }
     out.push_str(&dns_lines(result));

@@ -168,15 +168,13 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let package = run.output(<crate::stages::package::Package as crate::pipeline::StageId>::NAME).cloned();
-    let package = package.as_ref();
+    let package = run.output_of::<crate::stages::package::Package>()?;
+    let snapshots = run.output_of::<crate::stages::etcd_snapshot::SnapshotFinish>()?;
+    let resumed = run.output_of::<crate::stages::resume::Resume>()?;
     let mut result = BackupResult {
-        backup: package.and_then(|p| p["backup"].as_str()).map(str::to_string),
-        etcd_revision: package.and_then(|p| p["revision"].as_i64()),
-        api_downtime_seconds: run
-            .output(<crate::stages::resume::Resume as crate::pipeline::StageId>::NAME)
-            .and_then(|r| r["api_downtime_seconds"].as_f64())
-            .or(ctx.downtime_seconds),
+        backup: package.as_ref().map(|p| p.backup.clone()),
+        etcd_revision: package.as_ref().and_then(|p| p.revision),
+        api_downtime_seconds: resumed.and_then(|r| r.api_downtime_seconds),
         warnings: ctx.warnings.clone(),
         run,
     };
@@ -187,7 +185,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 backup: backup.clone(),
                 revision: result.etcd_revision,
                 api_downtime_seconds: result.api_downtime_seconds,
-                bytes: package.and_then(|p| p["bytes"].as_u64()).unwrap_or_else(|| ctx.snapshots.iter().map(|s| s.size).sum()),
+                bytes: package.as_ref().map(|p| p.bytes).unwrap_or_else(|| snapshots.iter().flat_map(|s| &s.snapshots).map(|s| s.size).sum()),
                 seconds,
             },
             (crate::pipeline::RunOutcome::RolledBack { stage, error }, _)

@@ -141,7 +141,7 @@ pub struct DestroyResult {
     #[serde(flatten)]
     pub run: crate::pipeline::RunReport,
     pub hosted_cluster: String,
-    pub torn_down: Option<Value>,
+    pub torn_down: Option<crate::teardown::TornDown>,
     /// The copy was fenced: where the cluster runs.
     pub fenced_copy_of: Option<String>,
 }
@@ -187,7 +187,7 @@ pub async fn destroy_journaled(
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
-        torn_down: run.output(<crate::stages::cluster_destroy::Teardown as crate::pipeline::StageId>::NAME).cloned(),
+        torn_down: run.output_of::<crate::stages::cluster_destroy::Teardown>()?,
         fenced_copy_of: inputs.fenced.clone(),
         run,
     })

@@ -226,7 +226,7 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
 /// `wait` took to see the cluster Available.
 pub fn rto_seconds(run: &RunReport) -> Option<f64> {
     let wait = run.stages.iter().position(|s| s.name == <crate::stages::restore::wait::Wait as crate::pipeline::StageId>::NAME)?;
-    let available = run.stages[wait].output.as_ref()?["available_after_seconds"].as_f64()?;
+    let available = run.output_of::<crate::stages::restore::wait::Wait>().ok()??.available_after_seconds;
     Some(run.stages[..wait].iter().map(|s| s.duration.as_secs_f64()).sum::<f64>() + available)
 }
 
@@ -307,7 +307,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         // its journal names: no kubeconfig to fill in
         result.remove_with = match &result.run.journal {
             Some(journal) => Some(format!("hcp-dr drill --abort {}", super::shell_word(journal))),
-            None => result.run.output(<crate::stages::drill::teardown::Teardown as crate::pipeline::StageId>::NAME).and_then(|t| t["remove_with"].as_str()).map(str::to_string),
+            None => result.run.output_of::<crate::stages::drill::teardown::Teardown>()?.and_then(|t| t.remove_with),
         };
     }
     if let (Some(path), false, None) = (&options.report, options.run.dry_run, &options.run.abort) {
@@ -359,7 +359,7 @@ mod tests {
                 stage("verify", 2.0, StageStatus::Succeeded, None),
                 stage("rewrite", 0.5, StageStatus::Succeeded, None),
                 stage("apply", 1.5, StageStatus::Succeeded, None),
-                stage("wait", 30.0, StageStatus::Succeeded, Some(json!({"available_after_seconds": 20.0}))),
+                stage("wait", 30.0, StageStatus::Succeeded, Some(json!({"available_after_seconds": 20.0, "backup_revision": 7, "revisions": {}, "nodes_ready": {}}))),
                 stage("teardown", 9.0, StageStatus::Succeeded, None),
             ],
             journal: None,

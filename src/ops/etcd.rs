@@ -152,24 +152,21 @@ pub async fn recover(
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
-    let assess = run.output(<crate::stages::etcd_ops::assess::Assess as crate::pipeline::StageId>::NAME);
-    let replace = run.output(<crate::stages::etcd_ops::replace::Replace as crate::pipeline::StageId>::NAME);
-    let rejoin = run.output(<crate::stages::etcd_ops::rejoin::Rejoin as crate::pipeline::StageId>::NAME);
-    let text = |value: Option<&serde_json::Value>, key: &str| {
-        value.and_then(|v| v[key].as_str()).map(str::to_string)
-    };
+    let assess = run.output_of::<crate::stages::etcd_ops::assess::Assess>()?;
+    let replace = run.output_of::<crate::stages::etcd_ops::replace::Replace>()?;
+    let rejoin = run.output_of::<crate::stages::etcd_ops::rejoin::Rejoin>()?;
     Ok(RecoverResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
-        member: text(assess, "member"),
-        reason: text(assess, "reason"),
-        old_pod_uid: text(replace, "pod_uid").or(text(assess, "pod_uid")),
-        new_pod_uid: text(rejoin, "pod_uid"),
-        pvc: text(assess, "pvc"),
-        old_pvc_uid: text(replace, "pvc_uid").or(text(assess, "pvc_uid")),
-        new_pvc_uid: text(rejoin, "pvc_uid"),
-        revision_before: assess.and_then(|a| a["cluster_revision"].as_i64()),
-        revision_after: rejoin.and_then(|r| r["revision"].as_i64()),
-        seconds: rejoin.and_then(|r| r["seconds"].as_f64()),
+        member: assess.as_ref().map(|a| a.member.clone()),
+        reason: assess.as_ref().map(|a| a.reason.clone()),
+        old_pod_uid: replace.as_ref().map(|r| r.pod_uid.clone()).or(assess.as_ref().map(|a| a.pod_uid.clone())),
+        new_pod_uid: rejoin.as_ref().map(|r| r.pod_uid.clone()),
+        pvc: assess.as_ref().map(|a| a.pvc.clone()),
+        old_pvc_uid: replace.as_ref().map(|r| r.pvc_uid.clone()).or(assess.as_ref().map(|a| a.pvc_uid.clone())),
+        new_pvc_uid: rejoin.as_ref().map(|r| r.pvc_uid.clone()),
+        revision_before: assess.as_ref().and_then(|a| a.cluster_revision),
+        revision_after: rejoin.as_ref().map(|r| r.revision),
+        seconds: rejoin.as_ref().map(|r| r.seconds),
         warnings: ctx.warnings.clone(),
         run,
     })

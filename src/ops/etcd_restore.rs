@@ -65,7 +65,7 @@ pub struct EtcdRestoreResult {
     /// The revision the cluster had reached, the bump, and each member's after.
     pub revision_before: Option<i64>,
     pub bump_revision: Option<u64>,
-    pub revisions_after: Option<serde_json::Value>,
+    pub revisions_after: Option<std::collections::BTreeMap<String, i64>>,
     /// From the first writer scaled down to the writers back.
     pub api_downtime_seconds: Option<f64>,
     pub warnings: Vec<String>,
@@ -242,10 +242,7 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         cluster: BackupContext::new(client, store::open(&inputs.snapshot.store, s3).await?, inputs.cluster.clone(), options.tls.clone()),
         inputs: inputs.clone(),
         staging,
-        snapshot: None,
         local_copy: None,
-        plan: None,
-        stopped: None,
         url: None,
         identities,
     };
@@ -256,19 +253,19 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let fetch = run.output(<crate::stages::etcd_restore::fetch::FetchSnapshot as crate::pipeline::StageId>::NAME).cloned();
-    let stop = run.output(<crate::stages::etcd_restore::stop::StopEtcd as crate::pipeline::StageId>::NAME).cloned();
-    let start = run.output(<crate::stages::etcd_restore::start::StartEtcd as crate::pipeline::StageId>::NAME).cloned();
-    let resume = run.output(<crate::stages::resume::Resume as crate::pipeline::StageId>::NAME).cloned();
+    let fetch = run.output_of::<crate::stages::etcd_restore::fetch::FetchSnapshot>()?;
+    let stop = run.output_of::<crate::stages::etcd_restore::stop::StopEtcd>()?;
+    let start = run.output_of::<crate::stages::etcd_restore::start::StartEtcd>()?;
+    let resume = run.output_of::<crate::stages::resume::Resume>()?;
     Ok(EtcdRestoreResult {
         hosted_cluster: format!("{}/{}", inputs.cluster.namespace, inputs.cluster.hosted_cluster),
-        snapshot: fetch.as_ref().and_then(|f| f["source"].as_str().map(str::to_string)),
-        snapshot_revision: fetch.as_ref().and_then(|f| f["revision"].as_i64()),
-        snapshot_sha256: fetch.as_ref().and_then(|f| f["sha256"].as_str().map(str::to_string)),
-        revision_before: stop.as_ref().and_then(|s| s["revision_before"].as_i64()),
-        bump_revision: stop.as_ref().and_then(|s| s["bump"].as_u64()),
-        revisions_after: start.as_ref().map(|s| s["revisions"].clone()),
-        api_downtime_seconds: resume.as_ref().and_then(|r| r["api_downtime_seconds"].as_f64()),
+        snapshot: fetch.as_ref().map(|f| f.source.clone()),
+        snapshot_revision: fetch.as_ref().map(|f| f.revision),
+        snapshot_sha256: fetch.as_ref().map(|f| f.sha256.clone()),
+        revision_before: stop.as_ref().and_then(|s| s.revision_before),
+        bump_revision: stop.as_ref().map(|s| s.bump),
+        revisions_after: start.map(|s| s.revisions),
+        api_downtime_seconds: resume.and_then(|r| r.api_downtime_seconds),
         warnings: ctx.cluster.warnings.clone(),
         run,
     })

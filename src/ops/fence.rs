@@ -115,8 +115,8 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
         abort_finished: false,
     };
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let stopped: Stopped = run.output_of::<crate::stages::fence::ScaleToZero>().unwrap_or_default();
-    let removed: RemovedRoutes = run.output_of::<crate::stages::fence::RemoveRoutes>().unwrap_or_default();
+    let stopped: Stopped = run.output_of::<crate::stages::fence::ScaleToZero>()?.unwrap_or_default();
+    let removed: RemovedRoutes = run.output_of::<crate::stages::fence::RemoveRoutes>()?.unwrap_or_default();
     Ok(FenceResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         release: operation_name == RELEASE,

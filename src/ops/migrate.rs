@@ -166,7 +166,7 @@ fn timings(state: &JournalState) -> (BTreeMap<String, f64>, Option<f64>) {
     }
     let down = state.stage(<crate::stages::scale_down::ScaleDown as crate::pipeline::StageId>::NAME).started_at;
     let wait = state.stage(<crate::stages::restore::wait::Wait as crate::pipeline::StageId>::NAME);
-    let available = wait.output.as_ref().and_then(|o| o["available_after_seconds"].as_f64());
+    let available = wait.output.as_ref().and_then(|o| <crate::stages::restore::wait::Healthy as serde::Deserialize>::deserialize(o).ok()).map(|h| h.available_after_seconds);
     let rto = match (down, wait.started_at, available) {
         (Some(down), Some(wait_start), Some(after)) => {
             Some((wait_start - down).num_milliseconds() as f64 / 1000.0 + after)

@@ -47,6 +47,9 @@ pub enum OpsError {
     /// The DNS zone.
     #[error(transparent)]
     Dns(#[from] crate::dns::DnsError),
+    /// A stage's journaled output that this version cannot read.
+    #[error(transparent)]
+    Output(#[from] crate::pipeline::OutputError),
 }
 
 impl OpsError {

@@ -62,17 +62,15 @@ pub struct RestoreResult {
     /// point at the old management cluster: the command that does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub take_over_dns_command: Option<String>,
-}
-
-impl RestoreResult {
-    /// What `dns-takeover` did, when it ran.
-    pub fn dns_takeover(&self) -> Option<TakenOver> {
-        dns_takeover(&self.run)
-    }
-}
-
-fn dns_takeover(run: &RunReport) -> Option<TakenOver> {
-    run.output_of::<crate::stages::restore::dns::DnsTakeover>()
+    /// What `dns-takeover` did, when it ran (in `stages` of the JSON).
+    #[serde(skip)]
+    pub dns_takeover: Option<TakenOver>,
+    /// What `wait` saw, when it ran.
+    #[serde(skip)]
+    pub healthy: Option<crate::stages::restore::wait::Healthy>,
+    /// The fence `fence` wrote, when it ran.
+    #[serde(skip)]
+    pub fence: Option<crate::archive::fence::Fence>,
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
@@ -340,7 +338,9 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
     let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
-    let take_over_dns_command = dns_takeover(&run)
+    let dns_takeover = run.output_of::<crate::stages::restore::dns::DnsTakeover>()?;
+    let take_over_dns_command = dns_takeover
+        .as_ref()
         .filter(|t| t.skipped.is_some() && !t.hostnames.is_empty() && (t.zone_id.is_none() || !t.still_old.is_empty()))
         .map(|t| {
             let mut words = vec!["hcp-dr restore --dns-only --take-over-dns".to_string(), format!("--from {}", super::shell_word(&backup))];
@@ -358,6 +358,9 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         });
     Ok(RestoreResult {
         take_over_dns_command,
+        dns_takeover,
+        healthy: run.output_of::<crate::stages::restore::wait::Wait>()?,
+        fence: run.output_of::<crate::stages::restore::fence::WriteFence>()?.map(|fenced| fenced.fence),
         backup,
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         warnings: ctx.warnings.clone(),

@@ -10,4 +10,4 @@ pub mod stage;
 pub use journal::{Journal, JournalError, JournalState, StageState};
 pub use playbook::{Playbook, PlaybookError, StageRules};
 pub use runner::{Catalog, Mode, OnFailure, RunOutcome, RunReport, Runner, RunnerError, StageReport, StageStatus};
-pub use stage::{DynStage, Interrupt, OutputError, Params, Stage, StageFailure, StageId, StageParams, Step, UndoInput, read_params};
+pub use stage::{DynStage, Interrupt, OutputError, Params, Stage, StageFailure, StageId, StageIndex, StageParams, Step, UndoInput, read_params};

@@ -6,6 +6,7 @@
 //! (so the plan is built from the live cluster), stages that change anything
 //! print what they would do instead, and no journal is written.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,7 @@ use super::journal::{ClusterBinding, Event, Header, Journal, JournalError, Journ
 use super::playbook::Playbook;
 
 use super::playbook::StageRules;
-use super::stage::{DynStage, Interrupt, Step, UndoInput, error_chain};
+use super::stage::{DynStage, Interrupt, StageIndex, Step, UndoInput, error_chain};
 
 /// Hooks for tests of undo and resume, driven by environment variables so
 /// they work on the real binary. They only ever make a run fail or wait;
@@ -177,10 +178,13 @@ impl RunReport {
             .and_then(|s| s.output.as_ref())
     }
 
-    /// The output of stage `S`, typed (`None`: it did not run, or its
-    /// output is not an `S::Output`).
-    pub fn output_of<S: super::StageId>(&self) -> Option<S::Output> {
-        self.output(S::NAME).and_then(|value| S::Output::deserialize(value).ok())
+    /// The output of stage `S`, typed, found by its name (`None`: it did
+    /// not run); an error when the output is not an `S::Output` (a journal
+    /// resumed from another version, or edited).
+    pub fn output_of<S: super::StageId>(&self) -> Result<Option<S::Output>, super::OutputError> {
+        self.output(S::NAME)
+            .map(|value| S::Output::deserialize(value).map_err(|e| super::OutputError { stage: S::NAME, message: e.to_string() }))
+            .transpose()
     }
 }
 
@@ -203,6 +207,12 @@ impl<C> Catalog<C> {
         assert!(
             self.get(stage.name()).is_none(),
             "{}: two stages named `{}`",
+            self.operation,
+            stage.name()
+        );
+        assert!(
+            stage.stage_type().is_none() || self.stages.iter().all(|(s, _)| s.stage_type() != stage.stage_type()),
+            "{}: the stage type of `{}` is in the catalog twice (Step::needs finds a stage by its type)",
             self.operation,
             stage.name()
         );
@@ -229,6 +239,15 @@ impl<C> Catalog<C> {
 
     pub fn get(&self, name: &str) -> Option<&dyn DynStage<C>> {
         self.stages.iter().find(|(stage, _)| stage.name() == name).map(|(stage, _)| stage.as_ref())
+    }
+
+    /// What a running stage's [`Step`] finds earlier stages by.
+    fn index(&self) -> StageIndex {
+        let mut index = StageIndex::default();
+        for (stage, after) in &self.stages {
+            index.add(stage.stage_type(), stage.name(), after.clone());
+        }
+        index
     }
 
     /// What a playbook of this operation may name, and in which order.
@@ -339,10 +358,11 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         interrupt: &mut Interrupt,
     ) -> Result<RunReport, RunnerError> {
         let plan = self.resolve()?;
+        let stages = self.catalog.index();
         let aborting = matches!(mode, Mode::Abort { .. } | Mode::Remove { .. });
         let removing = matches!(mode, Mode::Remove { .. });
         let mut journal = match mode {
-            Mode::DryRun => return Ok(self.dry_run(ctx, &plan).await),
+            Mode::DryRun => return Ok(self.dry_run(ctx, &plan, &stages).await),
             Mode::Fresh { journal, inputs, clusters } => Journal::create(
                 journal,
                 Header {
@@ -427,7 +447,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 self.notify_started(planned.stage);
                 let started = Instant::now();
                 let result = {
-                    let mut step = Step::new(&mut journal, planned.stage.name(), planned.params);
+                    let mut step = Step::new(&mut journal, &stages, planned.stage.name(), planned.params);
                     tokio::select! {
                         result = async {
                             test_hooks::hold_in(&name).await;
@@ -481,7 +501,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             failure => {
                 // a run that changed nothing has nothing to undo
                 let undo_errors = if changed || aborting {
-                    self.undo_all(ctx, &plan, &mut journal, &mut reports).await?
+                    self.undo_all(ctx, &plan, &mut journal, &mut reports, &stages).await?
                 } else {
                     Vec::new()
                 };
@@ -542,6 +562,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         plan: &[Planned<'a, C>],
         journal: &mut Journal,
         reports: &mut [StageReport],
+        stages: &StageIndex,
     ) -> Result<Vec<String>, RunnerError> {
         let mut errors = Vec::new();
         for (index, planned) in plan.iter().enumerate().rev() {
@@ -563,11 +584,14 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             if let Some(observer) = self.observer {
                 observer.started(&name, "undo");
             }
+            let earlier = journal.state().clone();
             let input = UndoInput {
                 stage: planned.stage.name(),
                 output: record.output.as_ref(),
                 progress: record.progress.as_ref(),
                 params: planned.params,
+                earlier: Some(&earlier),
+                index: stages,
             };
             match planned.stage.undo(ctx, input).await {
                 Ok(()) => {
@@ -590,20 +614,25 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
         Ok(errors)
     }
 
-    async fn dry_run(&self, ctx: &mut C, plan: &[Planned<'a, C>]) -> RunReport {
+    async fn dry_run(&self, ctx: &mut C, plan: &[Planned<'a, C>], index: &StageIndex) -> RunReport {
         let mut reports = Vec::new();
+        let mut outputs = BTreeMap::new();
         let mut outcome = RunOutcome::Planned;
         for planned in plan {
             let name = planned.stage.name().to_string();
             let started = Instant::now();
             let status = if planned.stage.mutates() {
                 StageStatus::Planned {
-                    actions: planned.stage.plan(ctx, planned.params),
+                    actions: planned.stage.plan(ctx, &Step::planning(&outputs, index, planned.stage.name(), planned.params)),
                 }
             } else {
-                let mut step = Step::detached(planned.stage.name(), planned.params);
-                match planned.stage.run(ctx, &mut step).await {
+                let result = {
+                    let mut step = Step::planning(&outputs, index, planned.stage.name(), planned.params);
+                    planned.stage.run(ctx, &mut step).await
+                };
+                match result {
                     Ok(output) => {
+                        outputs.insert(planned.stage.name(), output.clone());
                         reports.push(StageReport {
                             name,
                             status: StageStatus::Succeeded,
@@ -727,6 +756,9 @@ mod tests {
         fn name(&self) -> &'static str {
             self.name
         }
+        fn stage_type(&self) -> Option<std::any::TypeId> {
+            None
+        }
         fn params(&self) -> crate::pipeline::Params {
             crate::pipeline::Params::NONE
         }
@@ -739,8 +771,8 @@ mod tests {
         fn undoable(&self) -> bool {
             self.mutates
         }
-        fn plan(&self, _ctx: &Ctx, params: &Value) -> Vec<String> {
-            vec![format!("would {} with {params}", self.name)]
+        fn plan(&self, _ctx: &Ctx, step: &Step<'_>) -> Vec<String> {
+            vec![format!("would {} with {}", self.name, step.params())]
         }
         async fn run(&self, ctx: &mut Ctx, step: &mut Step<'_>) -> Result<Value, StageFailure> {
             if ctx.refuse_at == Some(self.name) {

@@ -1,6 +1,9 @@
 //! The `Stage` trait every pipeline step implements, and what the runner
 //! hands a stage while it runs.
 
+use std::any::TypeId;
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -66,7 +69,7 @@ pub fn read_params<T: StageParams>(value: &Value) -> Result<T, String> {
 /// in: the runner journals the output and hands it back, typed, to
 /// [`Stage::restore`] on resume and to later stages through
 /// [`Step::output_of`].
-pub trait StageId {
+pub trait StageId: 'static {
     /// The name used in playbooks and journals, e.g. `scale-down`: the one
     /// place it is written.
     const NAME: &'static str;
@@ -84,8 +87,9 @@ pub trait Stage<C>: StageId + Send + Sync {
     /// stages that do not, and asks the others for their [`Stage::plan`].
     fn mutates(&self) -> bool;
     /// Dry-run: what the stage would do, one line per action, from the context
-    /// built so far by the read-only stages.
-    fn plan(&self, ctx: &C, params: &Value) -> Vec<String>;
+    /// and `step`: its parameters and what the read-only stages before it
+    /// produced ([`Step::output_of`]; a mutating stage's output is absent).
+    fn plan(&self, ctx: &C, step: &Step<'_>) -> Vec<String>;
     /// Do the work; the output is journaled and, on resume, handed back
     /// through [`Stage::restore`]. A stage that changes something calls
     /// [`Step::record`] with what it needs to undo *before* changing it.
@@ -116,9 +120,13 @@ pub trait Stage<C>: StageId + Send + Sync {
 #[async_trait]
 pub trait DynStage<C>: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The [`Stage`] type behind it (a wrapper gives its inner stage's):
+    /// how [`Step::needs`] finds a stage whatever its name in the operation
+    /// (`None`: one no other stage can read, like the runner's test fakes).
+    fn stage_type(&self) -> Option<TypeId>;
     fn summary(&self) -> &'static str;
     fn mutates(&self) -> bool;
-    fn plan(&self, ctx: &C, params: &Value) -> Vec<String>;
+    fn plan(&self, ctx: &C, step: &Step<'_>) -> Vec<String>;
     async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure>;
     fn restore(&self, ctx: &mut C, output: &Value) -> Result<(), StageFailure>;
     fn params(&self) -> Params;
@@ -131,14 +139,17 @@ impl<C: Send, S: Stage<C>> DynStage<C> for S {
     fn name(&self) -> &'static str {
         S::NAME
     }
+    fn stage_type(&self) -> Option<TypeId> {
+        Some(TypeId::of::<S>())
+    }
     fn summary(&self) -> &'static str {
         Stage::summary(self)
     }
     fn mutates(&self) -> bool {
         Stage::mutates(self)
     }
-    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
-        Stage::plan(self, ctx, params)
+    fn plan(&self, ctx: &C, step: &Step<'_>) -> Vec<String> {
+        Stage::plan(self, ctx, step)
     }
     async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
         let output = Stage::run(self, ctx, step).await?;
@@ -179,6 +190,9 @@ pub struct UndoInput<'a> {
     pub output: Option<&'a Value>,
     pub progress: Option<&'a Value>,
     pub params: &'a Value,
+    /// The run so far, for [`UndoInput::output_of`] (None in tests).
+    pub earlier: Option<&'a super::journal::JournalState>,
+    pub index: &'a StageIndex,
 }
 
 impl UndoInput<'_> {
@@ -198,36 +212,96 @@ impl UndoInput<'_> {
     pub fn progress<T: DeserializeOwned>(&self) -> Result<Option<T>, OutputError> {
         self.progress.map(|value| parse_output(self.stage, value)).transpose()
     }
+
+    /// The output of an earlier stage `S` of the run being undone, as
+    /// [`Step::output_of`] (`None`: it did not finish).
+    pub fn output_of<S: StageId>(&self) -> Result<Option<S::Output>, OutputError> {
+        let (Some(earlier), Some(name)) = (self.earlier, self.index.name_of::<S>()) else { return Ok(None) };
+        earlier.stage(name).output.map(|output| parse_output(name, &output)).transpose()
+    }
 }
 
-/// A running stage's handle: its parameters and its journal.
+/// The stages of one run, for [`Step`]: each one's [`Stage`] type, its
+/// name in this operation, and the stages it declared it needs
+/// ([`super::Catalog::after`]).
+#[derive(Debug, Default)]
+pub struct StageIndex {
+    stages: Vec<(Option<TypeId>, &'static str, Vec<&'static str>)>,
+}
+
+impl StageIndex {
+    pub(crate) fn add(&mut self, stage_type: Option<TypeId>, name: &'static str, after: Vec<&'static str>) {
+        self.stages.push((stage_type, name, after));
+    }
+
+    /// The name the stage of type `S` has in this operation (a migration
+    /// runs restore's `preflight` as `destination-preflight`).
+    fn name_of<S: StageId>(&self) -> Option<&'static str> {
+        self.stages.iter().find(|(t, _, _)| *t == Some(TypeId::of::<S>())).map(|(_, name, _)| *name)
+    }
+
+    fn declared(&self, stage: &str) -> &[&'static str] {
+        self.stages.iter().find(|(_, name, _)| *name == stage).map(|(_, _, after)| after.as_slice()).unwrap_or_default()
+    }
+}
+
+static NO_STAGES: StageIndex = StageIndex { stages: Vec::new() };
+
+/// Where a step reads earlier stages' outputs.
+enum Record<'a> {
+    /// A run: the journal (outputs of this run and of the run resumed).
+    Journal(&'a mut Journal),
+    /// A dry-run: what its read-only stages returned so far.
+    DryRun(&'a BTreeMap<&'static str, Value>),
+    None,
+}
+
+/// A running stage's handle: its parameters, its journal, and the outputs
+/// of the stages before it.
 pub struct Step<'a> {
-    journal: Option<&'a mut Journal>,
+    record: Record<'a>,
     stage: &'static str,
     params: &'a Value,
+    index: &'a StageIndex,
 }
 
 impl<'a> Step<'a> {
-    pub(crate) fn new(journal: &'a mut Journal, stage: &'static str, params: &'a Value) -> Self {
+    pub(crate) fn new(journal: &'a mut Journal, index: &'a StageIndex, stage: &'static str, params: &'a Value) -> Self {
         Step {
-            journal: Some(journal),
+            record: Record::Journal(journal),
             stage,
             params,
+            index,
         }
     }
 
-    /// A step with no journal (dry-run, tests).
-    pub fn detached(stage: &'static str, params: &'a Value) -> Self {
+    /// A dry-run's step: `outputs` are what the read-only stages before it
+    /// returned.
+    pub(crate) fn planning(outputs: &'a BTreeMap<&'static str, Value>, index: &'a StageIndex, stage: &'static str, params: &'a Value) -> Self {
         Step {
-            journal: None,
+            record: Record::DryRun(outputs),
             stage,
             params,
+            index,
+        }
+    }
+
+    /// A step with no journal and no earlier stages (tests).
+    pub fn detached(stage: &'static str, params: &'a Value) -> Self {
+        Step {
+            record: Record::None,
+            stage,
+            params,
+            index: &NO_STAGES,
         }
     }
 
     /// What the journal says so far (None in dry-run): stage times, outputs.
     pub fn history(&self) -> Option<&super::journal::JournalState> {
-        self.journal.as_deref().map(|j| j.state())
+        match &self.record {
+            Record::Journal(journal) => Some(journal.state()),
+            _ => None,
+        }
     }
 
     /// The progress an earlier, interrupted attempt of this stage journaled
@@ -240,34 +314,56 @@ impl<'a> Step<'a> {
             .and_then(|progress| T::deserialize(&progress).ok())
     }
 
-    /// The output of the earlier stage `S` in this run (or the run resumed):
-    /// the typed handle a later stage reads an earlier one's result through.
-    /// The playbook rules, checked when the playbook loads, make sure `S`
-    /// ran first where a stage needs it; `None` when it did not run (dry-run,
-    /// or a playbook that left it out).
+    /// The output of the earlier stage `S` in this run (or the run resumed,
+    /// or, in a dry-run, the read-only stages so far), found by its type
+    /// whatever its name in this operation: the typed handle a stage reads
+    /// an earlier one's result through, where that stage is optional.
+    /// `None` when it did not run (a playbook that left it out, or a
+    /// mutating stage in a dry-run) or the operation has no such stage.
     pub fn output_of<S: StageId>(&self) -> Result<Option<S::Output>, OutputError> {
-        self.history()
-            .and_then(|history| history.stage(S::NAME).output)
-            .map(|output| parse_output(S::NAME, &output))
-            .transpose()
+        let Some(name) = self.index.name_of::<S>() else { return Ok(None) };
+        let output = match &self.record {
+            Record::Journal(journal) => journal.state().stage(name).output,
+            Record::DryRun(outputs) => outputs.get(name).cloned(),
+            Record::None => None,
+        };
+        output.map(|output| parse_output(name, &output)).transpose()
     }
 
-    /// The output of `S`, an earlier stage this one needs: the catalog
+    /// The output of `S`, an earlier stage this one needs. The catalog
     /// declares it ([`super::Catalog::after`]), so the playbook rules,
-    /// checked when the playbook loads, put `S` before this stage. An error
-    /// only for a journal that does not hold it (written by another version,
-    /// or edited).
+    /// checked when the playbook loads, put `S` before this stage; reading
+    /// a stage not declared is refused, so a missing declaration shows in
+    /// the first test that runs the stage. An error otherwise only for a
+    /// journal that does not hold it (written by another version, or
+    /// edited), or in a dry-run when `S` mutates and so did not run.
     pub fn needs<S: StageId>(&self) -> Result<S::Output, OutputError> {
+        let Some(name) = self.index.name_of::<S>() else {
+            return Err(OutputError {
+                stage: S::NAME,
+                message: format!("`{}` needs `{}`, which this operation does not have", self.stage, S::NAME),
+            });
+        };
+        if !self.index.declared(self.stage).contains(&name) {
+            return Err(OutputError {
+                stage: S::NAME,
+                message: format!("`{}` reads `{name}` without declaring it (Catalog::after): a bug in hcp-dr", self.stage),
+            });
+        }
         self.output_of::<S>()?.ok_or_else(|| OutputError {
             stage: S::NAME,
-            message: format!("`{}` needs its output and the journal has none (resume with the playbook the run started with)", self.stage),
+            message: match self.record {
+                Record::Journal(_) => format!("`{}` needs its output and the journal has none (resume with the playbook the run started with)", self.stage),
+                _ => format!("`{}` needs its output, which a dry-run does not produce", self.stage),
+            },
         })
     }
 
     /// Whether the earlier stage `S` succeeded in this run (or the run
     /// resumed). False in dry-run.
     pub fn succeeded<S: StageId>(&self) -> bool {
-        self.history().is_some_and(|history| history.stage(S::NAME).state == super::StageState::Succeeded)
+        let (Some(history), Some(name)) = (self.history(), self.index.name_of::<S>()) else { return false };
+        history.stage(name).state == super::StageState::Succeeded
     }
 
     /// The stage's `with:` parameters from the playbook (Null when none).
@@ -283,12 +379,12 @@ impl<'a> Step<'a> {
     /// Journal `data` (fsynced) before changing something, so that a crash or an
     /// interrupt part-way through can still be undone from it.
     pub fn record(&mut self, data: Value) -> Result<(), JournalError> {
-        match &mut self.journal {
-            Some(journal) => journal.append(Event::Progress {
+        match &mut self.record {
+            Record::Journal(journal) => journal.append(Event::Progress {
                 stage: self.stage.to_string(),
                 data,
             }),
-            None => Ok(()),
+            _ => Ok(()),
         }
     }
 }

@@ -9,7 +9,6 @@
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::pipeline::{Catalog, Stage, StageId, StageFailure, Step};
 use crate::stages::deadline_pause::{DeadlinePause, PauseScope};
@@ -58,7 +57,7 @@ impl Stage<DestroyContext> for Teardown {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &DestroyContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &DestroyContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "delete HostedCluster {}/{} and everything it owns, in order, finalizers cleared",
             ctx.inputs.namespace, ctx.inputs.hosted_cluster

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use kube::Client;
 use serde::{Deserialize, Serialize};
 
-use crate::archive::{ClusterIdentity, Layout};
+use crate::archive::Layout;
 use crate::etcd::{ClientTls, SnapshotReport};
 use crate::store::Store;
 
@@ -169,29 +169,20 @@ pub struct BackupContext {
     pub store: std::sync::Arc<dyn Store>,
     pub inputs: BackupInputs,
     pub tls_override: TlsOverride,
-    /// Found by preflight.
-    pub identity: Option<ClusterIdentity>,
+    /// Found by preflight (its output, [`super::preflight::Findings`],
+    /// holds the rest: later stages read it with `step.needs`).
     pub node_pools: Vec<String>,
     pub members: Vec<MemberTarget>,
     /// Members preflight or the snapshot skipped, and whether etcd had quorum.
     pub etcd_health: crate::archive::EtcdHealth,
     pub etcd_tls: Option<EtcdTlsMaterial>,
     pub warnings: Vec<String>,
-    /// Done by the stages (restored from the journal on resume).
-    pub paused: Option<PauseRecord>,
-    pub scaled: Vec<ScaledDeployment>,
-    pub snapshots: Vec<SnapshotReport>,
     /// Snapshot streams started by `etcd-snapshot` (content fixed), still
     /// being written to the store; `snapshot-finish` collects them.
     pub pending: Vec<PendingSnapshot>,
-    pub downtime_started: Option<DateTime<Utc>>,
-    pub downtime_seconds: Option<f64>,
     /// With `--encrypt-to`: the store the encrypted artifacts are written
     /// through (see [`BackupContext::artifact_store`]).
     pub sealing: Option<std::sync::Arc<crate::archive::sealed::SealingStore>>,
-    /// Plaintext size and SHA-256 of each encrypted snapshot, by artifact
-    /// name (`snapshot-finish` journals them for `package`).
-    pub plaintext: Vec<crate::archive::Artifact>,
     /// The management cluster the backup runs on (from the client's
     /// binding): checked against the store fence, recorded in the manifest.
     pub management: Option<crate::archive::ManagementCluster>,
@@ -245,20 +236,13 @@ impl BackupContext {
             store: std::sync::Arc::from(store),
             inputs,
             tls_override,
-            identity: None,
             node_pools: Vec::new(),
             members: Vec::new(),
             etcd_health: Default::default(),
             etcd_tls: None,
             warnings: Vec::new(),
-            paused: None,
-            scaled: Vec::new(),
-            snapshots: Vec::new(),
             pending: Vec::new(),
-            downtime_started: None,
-            downtime_seconds: None,
             sealing: None,
-            plaintext: Vec::new(),
             management: None,
             dns: None,
             origin: None,

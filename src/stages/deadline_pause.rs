@@ -7,7 +7,6 @@
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::hosted::{HOSTED_CLUSTER, NODE_POOL, longest_pause};
 use crate::kube::{api, get_json, list_json, set_paused_until};
@@ -49,7 +48,7 @@ impl<C: PauseScope + 'static> Stage<C> for DeadlinePause {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &C, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &C, _step: &Step<'_>) -> Vec<String> {
         let (ns, name) = ctx.cluster();
         vec![format!(
             "set spec.pausedUntil on HostedCluster {ns}/{name} and its NodePools to now + {}s (a longer pause in place is kept)",

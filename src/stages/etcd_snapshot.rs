@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::context::{BackupContext, PendingSnapshot};
 use super::etcd_members;
@@ -70,7 +69,7 @@ fn skip(ctx: &mut BackupContext, skipped: Vec<SkippedMember>) {
 /// now, while the writers are still stopped.
 pub(crate) async fn ensure_started(ctx: &mut BackupContext, step: &Step<'_>) -> Result<(), StageFailure> {
     let snapshotted = step.succeeded::<EtcdSnapshot>();
-    if snapshotted && ctx.pending.is_empty() && ctx.snapshots.is_empty() {
+    if snapshotted && ctx.pending.is_empty() && !step.succeeded::<SnapshotFinish>() {
         tracing::warn!("the snapshot streams of an earlier run were lost; taking them again before the writers come back");
         start_all(ctx).await?;
     }
@@ -208,7 +207,7 @@ impl Stage<BackupContext> for EtcdSnapshot {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         let layout = ctx.inputs.layout();
         ctx.members
             .iter()
@@ -262,7 +261,7 @@ impl Stage<BackupContext> for SnapshotFinish {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, _ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         vec!["wait for every snapshot stream to be stored and checked".into()]
     }
     async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Snapshots, StageFailure> {
@@ -306,21 +305,16 @@ impl Stage<BackupContext> for SnapshotFinish {
             .into());
         }
         reports.sort_by(|a, b| a.member.cmp(&b.member));
-        ctx.snapshots = reports.clone();
-        ctx.plaintext = plaintext_digests(ctx, &reports)?;
+        let plaintext = plaintext_digests(ctx, &reports)?;
         Ok(Snapshots {
             revision,
             snapshots: reports,
             skipped: ctx.etcd_health.skipped.clone(),
-            plaintext: ctx.sealing.is_some().then(|| ctx.plaintext.clone()),
+            plaintext: ctx.sealing.is_some().then_some(plaintext),
         })
     }
     fn restore(&self, ctx: &mut BackupContext, output: Snapshots) -> Result<(), StageFailure> {
         skip(ctx, output.skipped);
-        ctx.snapshots = output.snapshots;
-        if let Some(plaintext) = output.plaintext {
-            ctx.plaintext = plaintext;
-        }
         Ok(())
     }
     fn undoable(&self) -> bool {

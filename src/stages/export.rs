@@ -142,7 +142,7 @@ impl Stage<BackupContext> for Export {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         let mut line = format!(
             "export {} and its NodePools ({}), their secrets, and the HyperShift/Cluster API/provider objects of {} to {}/{}",
             ctx.hc_label(),

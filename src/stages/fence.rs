@@ -190,7 +190,7 @@ impl Stage<FenceContext> for Mark {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &FenceContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!("annotate {} with {FENCED}={} and {FENCE_STATE}", ctx.label(), ctx.inputs.runs_on.server)]
     }
     async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -288,7 +288,7 @@ impl Stage<FenceContext> for ScaleToZero {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &FenceContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "scale every Deployment and StatefulSet in {} to 0 and wait up to {}s for their pods to go",
             ctx.hcp_namespace(),
@@ -390,7 +390,7 @@ impl Stage<FenceContext> for RemoveRoutes {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &FenceContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!("delete every Route in {} (journaled, recreated by --abort)", ctx.hcp_namespace())]
     }
     async fn run(&self, ctx: &mut FenceContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -457,7 +457,7 @@ impl Stage<FenceContext> for ClaimStore {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &FenceContext, _step: &Step<'_>) -> Vec<String> {
         if ctx.inputs.claim_store {
             vec![format!("write the store fence of {} naming {}", ctx.label(), ctx.inputs.here.describe())]
         } else {
@@ -536,7 +536,7 @@ impl Stage<FenceContext> for Unfence {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &FenceContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &FenceContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "scale {} back to the replicas in {FENCE_STATE}, put back the pauses of {} and its NodePools, remove {FENCED} and {FENCE_STATE}",
             ctx.hcp_namespace(),

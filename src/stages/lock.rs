@@ -122,7 +122,7 @@ impl<C: Lockable> Stage<C> for Lock {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &C, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &C, _step: &Step<'_>) -> Vec<String> {
         let target = ctx.lease_target();
         vec![format!(
             "take Lease {}/{} as {} for {}s",
@@ -248,7 +248,7 @@ impl<C: Lockable> Stage<C> for Unlock {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &C, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &C, _step: &Step<'_>) -> Vec<String> {
         let target = ctx.lease_target();
         vec![format!("release Lease {}/{}", target.namespace, lease_name(target.hosted_cluster))]
     }

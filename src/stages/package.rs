@@ -3,11 +3,13 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
-use serde_json::Value;
 
 use super::context::BackupContext;
 use super::StageError;
+use super::etcd_snapshot::{SnapshotFinish, Snapshots};
 use super::export::{Export, Exported};
+use super::preflight::Preflight;
+use super::resume::Resume;
 use crate::archive::{self, Artifact, ENCRYPTED_FORMAT_VERSION, Encryption, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
 use crate::pipeline::{Stage, StageId, StageFailure, StageState, Step, UndoInput};
 
@@ -26,12 +28,12 @@ pub struct Packaged {
 
 /// The manifest's `encryption` for an encrypted backup: the recipients and
 /// the plaintext digests `snapshot-finish` and `export` journaled.
-fn encryption(ctx: &BackupContext, export: &Exported) -> Result<Option<Encryption>, StageFailure> {
+fn encryption(ctx: &BackupContext, snapshots: &Snapshots, export: &Exported) -> Result<Option<Encryption>, StageFailure> {
     if ctx.inputs.encrypt_to.is_empty() {
         return Ok(None);
     }
-    let mut artifacts = ctx.plaintext.clone();
-    if artifacts.len() != ctx.snapshots.len() {
+    let mut artifacts = snapshots.plaintext.clone().unwrap_or_default();
+    if artifacts.len() != snapshots.snapshots.len() {
         return Err(StageError::Missing("the plaintext digests of the encrypted snapshots").into());
     }
     let Some(objects) = export.plaintext.clone() else {
@@ -58,7 +60,7 @@ impl Stage<BackupContext> for Package {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         let layout = ctx.inputs.layout();
         vec![format!("write {} and then {} to {}", layout.sums(), layout.manifest(), ctx.store.url())]
     }
@@ -66,6 +68,10 @@ impl Stage<BackupContext> for Package {
         let layout = ctx.inputs.layout();
         let history = step.history().ok_or(StageError::Missing("journal"))?;
         let export = step.needs::<Export>()?;
+        let snapshots = step.needs::<SnapshotFinish>()?;
+        let identity = step.needs::<Preflight>()?.identity;
+        // migrate resumes nothing: the source stays down
+        let api_downtime_seconds = step.output_of::<Resume>()?.and_then(|resumed| resumed.api_downtime_seconds);
         let objects = export.artifact.clone();
         let object_counts = export.object_counts.clone();
         let mut stages = std::collections::BTreeMap::new();
@@ -74,12 +80,11 @@ impl Stage<BackupContext> for Package {
                 stages.insert(name.clone(), (end - start).num_milliseconds() as f64 / 1000.0);
             }
         }
-        if ctx.snapshots.is_empty() {
-            return Err(StageError::Missing("etcd snapshots").into());
+        if snapshots.snapshots.is_empty() {
+            return Err(StageError::Precondition("snapshot-finish stored no etcd snapshot".into()).into());
         }
-        let identity = ctx.identity.clone().ok_or(StageError::Missing("cluster identity"))?;
 
-        let mut artifacts: Vec<Artifact> = ctx
+        let mut artifacts: Vec<Artifact> = snapshots
             .snapshots
             .iter()
             .map(|s| Artifact {
@@ -96,13 +101,13 @@ impl Stage<BackupContext> for Package {
             size: put.size,
             sha256: put.sha256,
         });
-        let encryption = encryption(ctx, &export)?;
+        let encryption = encryption(ctx, &snapshots, &export)?;
         let manifest = Manifest {
             format_version: if encryption.is_some() { ENCRYPTED_FORMAT_VERSION } else { FORMAT_VERSION },
             tool_version: env!("CARGO_PKG_VERSION").into(),
             backup_id: ctx.inputs.backup_id.clone(),
             cluster: identity,
-            etcd: ctx
+            etcd: snapshots
                 .snapshots
                 .iter()
                 .map(|s| MemberSnapshot {
@@ -118,7 +123,7 @@ impl Stage<BackupContext> for Package {
             timings: Timings {
                 started: Some(ctx.inputs.started),
                 finished: Some(Utc::now()),
-                api_downtime_seconds: ctx.downtime_seconds,
+                api_downtime_seconds,
                 stages,
             },
             encryption,

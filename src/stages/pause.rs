@@ -150,7 +150,7 @@ impl Stage<BackupContext> for Pause {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         targets(ctx)
             .into_iter()
             .map(|(kind, name)| {
@@ -206,14 +206,12 @@ impl Stage<BackupContext> for Pause {
             tracing::warn!("{line}");
             ctx.warnings.push(line);
         }
-        ctx.paused = Some(record.clone());
         Ok(record)
     }
     fn restore(&self, ctx: &mut BackupContext, record: PauseRecord) -> Result<(), StageFailure> {
         if let Some(stand_in) = &record.operator_stand_in {
             ctx.warnings.push(stand_in.describe(&ctx.hcp_namespace()));
         }
-        ctx.paused = Some(record);
         Ok(())
     }
     fn undoable(&self) -> bool {

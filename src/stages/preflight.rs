@@ -8,7 +8,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::context::{BackupContext, EtcdTlsMaterial, MemberTarget};
 use super::etcd_members::{self, Seen};
@@ -53,7 +52,7 @@ impl Stage<BackupContext> for Preflight {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         vec!["read-only checks".into()]
     }
     async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -62,7 +61,6 @@ impl Stage<BackupContext> for Preflight {
         Ok(findings)
     }
     fn restore(&self, ctx: &mut BackupContext, findings: Findings) -> Result<(), StageFailure> {
-        ctx.identity = Some(findings.identity);
         ctx.node_pools = findings.node_pools;
         ctx.members = findings.members;
         ctx.etcd_health = findings.etcd_health;

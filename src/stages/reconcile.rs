@@ -197,7 +197,7 @@ impl Stage<ReconcileContext> for Diff {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &ReconcileContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &ReconcileContext, _step: &Step<'_>) -> Vec<String> {
         Vec::new()
     }
     async fn run(&self, ctx: &mut ReconcileContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -251,7 +251,7 @@ impl Stage<ReconcileContext> for Apply {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &ReconcileContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &ReconcileContext, _step: &Step<'_>) -> Vec<String> {
         let ns = &ctx.inputs.namespace;
         let Some(diff) = &ctx.diff else { return vec!["(cannot plan: diff did not run)".into()] };
         let mut lines = Vec::new();
@@ -416,7 +416,7 @@ impl Stage<ReconcileContext> for Wait {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &ReconcileContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &ReconcileContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "wait up to {}s until HostedCluster {}/{} is Available and its NodePools Ready",
             ctx.inputs.wait_timeout_seconds, ctx.inputs.namespace, ctx.inputs.hosted_cluster

@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use chrono::Utc;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
-use serde_json::Value;
 
 use super::context::BackupContext;
-use super::{StageError, pause, scale_down};
+use super::pause::{self, Pause};
+use super::scale_down::{self, ScaleDown};
 use crate::kube::{request, wait_for};
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 
@@ -39,7 +39,7 @@ impl Stage<BackupContext> for Resume {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
         vec![
             format!("scale {} back to their replicas", ctx.writers().join(", ")),
             "put spec.pausedUntil back to its previous value".into(),
@@ -47,10 +47,12 @@ impl Stage<BackupContext> for Resume {
     }
     async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         super::etcd_snapshot::ensure_started(ctx, step).await?;
+        let scaled = step.needs::<ScaleDown>()?;
+        let paused = step.needs::<Pause>()?;
         let ns = ctx.hcp_namespace();
-        scale_down::scale_back(ctx, &ctx.scaled).await?;
+        scale_down::scale_back(ctx, &scaled.scaled).await?;
         let mut warnings = Vec::new();
-        for d in ctx.scaled.iter().filter(|d| d.replicas > 0) {
+        for d in scaled.scaled.iter().filter(|d| d.replicas > 0) {
             let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
             let what = format!("Deployment {ns}/{} to be available again", d.name);
             let waited = wait_for(&what, ctx.inputs.wait_timeout(), Duration::from_millis(250), || async {
@@ -64,17 +66,9 @@ impl Stage<BackupContext> for Resume {
                 warnings.push(err.to_string());
             }
         }
-        let downtime = ctx
-            .downtime_started
-            .map(|start| (Utc::now() - start).num_milliseconds() as f64 / 1000.0);
-        let record = ctx.paused.clone().ok_or(StageError::Missing("pause record"))?;
-        pause::put_back(ctx, &record).await?;
-        ctx.downtime_seconds = downtime;
+        let downtime = Some((Utc::now() - scaled.started).num_milliseconds() as f64 / 1000.0);
+        pause::put_back(ctx, &paused).await?;
         ctx.warnings.extend(warnings.iter().cloned());
         Ok(Resumed { api_downtime_seconds: downtime, warnings })
-    }
-    fn restore(&self, ctx: &mut BackupContext, output: Resumed) -> Result<(), StageFailure> {
-        ctx.downtime_seconds = output.api_downtime_seconds;
-        Ok(())
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::context::{BackupContext, ScaledDeployment};
 use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if, wait_for};
@@ -17,9 +16,9 @@ use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, rea
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
-    scaled: Vec<ScaledDeployment>,
+    pub scaled: Vec<ScaledDeployment>,
     /// When the first writer was scaled down (API downtime starts).
-    started: chrono::DateTime<Utc>,
+    pub started: chrono::DateTime<Utc>,
 }
 
 pub struct ScaleDown;
@@ -63,8 +62,8 @@ impl Stage<BackupContext> for ScaleDown {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, params: &Value) -> Vec<String> {
-        let params: ScaleDownParams = read_params(params).unwrap_or_default();
+    fn plan(&self, ctx: &BackupContext, step: &Step<'_>) -> Vec<String> {
+        let params: ScaleDownParams = read_params(step.params()).unwrap_or_default();
         let timeout = params.timeout().ok().flatten().unwrap_or(ctx.inputs.wait_timeout());
         writers(ctx, &params)
             .iter()
@@ -93,8 +92,6 @@ impl Stage<BackupContext> for ScaleDown {
             started: Utc::now(),
         };
         step.record(serde_json::to_value(&record)?)?;
-        ctx.scaled = scaled.clone();
-        ctx.downtime_started = Some(record.started);
         for d in &scaled {
             scale_deployment(&ctx.client, &ns, &d.name, 0).await?;
         }
@@ -116,11 +113,6 @@ impl Stage<BackupContext> for ScaleDown {
             .await?;
         }
         Ok(record)
-    }
-    fn restore(&self, ctx: &mut BackupContext, record: Record) -> Result<(), StageFailure> {
-        ctx.scaled = record.scaled;
-        ctx.downtime_started = Some(record.started);
-        Ok(())
     }
     fn undoable(&self) -> bool {
         true

@@ -26,7 +26,6 @@ use etcd_client::GetOptions;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::DrillContext;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
@@ -364,7 +363,7 @@ impl Stage<DrillContext> for Checks {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &DrillContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &DrillContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "check {}: etcd revision and keys per prefix on every member against the backup, sample objects through its API, NodePool nodes Ready, none of the source's hostnames",
             ctx.inputs.identity.drill.path()

@@ -643,7 +643,7 @@ impl Stage<DrillContext> for Rewrite {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, ctx: &DrillContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &DrillContext, _step: &Step<'_>) -> Vec<String> {
         let id = &ctx.inputs.identity;
         vec![format!(
             "rename {} to {} (HCP namespace {}), new clusterID {} and infraID {}, hostnames changed",

@@ -144,7 +144,7 @@ impl Stage<DrillContext> for Teardown {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &DrillContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &DrillContext, _step: &Step<'_>) -> Vec<String> {
         let drill = &ctx.inputs.identity.drill;
         if ctx.inputs.keep {
             return vec![format!("keep {} (--keep); the report says how to remove it", drill.path())];

@@ -11,7 +11,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::RecoverContext;
 use super::health::{ClusterHealth, MemberHealth};
@@ -364,7 +363,7 @@ impl Stage<RecoverContext> for Assess {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &RecoverContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &RecoverContext, _step: &Step<'_>) -> Vec<String> {
         vec!["read-only checks".into()]
     }
     async fn run(
@@ -374,12 +373,7 @@ impl Stage<RecoverContext> for Assess {
     ) -> Result<Self::Output, StageFailure> {
         let assessment = run(ctx).await?;
         tracing::info!(member = %assessment.member, reason = %assessment.reason, "recovering");
-        ctx.assessment = Some(assessment.clone());
         Ok(assessment)
-    }
-    fn restore(&self, ctx: &mut RecoverContext, output: Self::Output) -> Result<(), StageFailure> {
-        ctx.assessment = Some(output);
-        Ok(())
     }
 }
 

@@ -61,8 +61,6 @@ pub struct RecoverContext {
     pub tls: Option<EtcdTlsMaterial>,
     pub hosted_cluster: Option<HostedCluster>,
     /// What `assess` decided and `replace` did (journaled; put back on resume).
-    pub assessment: Option<assess::Assessment>,
-    pub replaced: Option<replace::Replaced>,
     pub warnings: Vec<String>,
 }
 
@@ -74,8 +72,6 @@ impl RecoverContext {
             tls_override,
             tls: None,
             hosted_cluster: None,
-            assessment: None,
-            replaced: None,
             warnings: Vec::new(),
         }
     }

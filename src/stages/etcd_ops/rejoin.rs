@@ -15,10 +15,10 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::RecoverContext;
-use super::replace::Replaced;
+use super::assess::Assess;
+use super::replace::{Replace, Replaced};
 use crate::kube::request;
 use crate::pipeline::stage::error_chain;
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
@@ -173,11 +173,7 @@ async fn look(
     }))
 }
 
-async fn run(ctx: &mut RecoverContext, timeout: Duration) -> Result<Rejoined, StageFailure> {
-    let replaced = ctx
-        .replaced
-        .clone()
-        .ok_or(StageError::Missing("what replace deleted (replace)"))?;
+async fn run(ctx: &mut RecoverContext, replaced: Replaced, timeout: Duration) -> Result<Rejoined, StageFailure> {
     let started = Instant::now();
     let mut previous_leader_revision = None;
     let mut last = String::new();
@@ -231,14 +227,11 @@ impl Stage<RecoverContext> for Rejoin {
     fn params(&self) -> Params {
         Params::of::<MemberWait>()
     }
-    fn plan(&self, ctx: &RecoverContext, params: &Value) -> Vec<String> {
-        let timeout = read_params::<MemberWait>(params).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
-        let member = ctx
-            .assessment
-            .as_ref()
-            .map_or("the member", |a| a.member.as_str());
-        let revision = ctx
-            .assessment
+    fn plan(&self, ctx: &RecoverContext, step: &Step<'_>) -> Vec<String> {
+        let timeout = read_params::<MemberWait>(step.params()).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
+        let assessment = step.output_of::<Assess>().ok().flatten();
+        let member = assessment.as_ref().map_or("the member", |a| a.member.as_str());
+        let revision = assessment
             .as_ref()
             .and_then(|a| a.cluster_revision)
             .map_or(String::new(), |r| format!(" (now {r})"));
@@ -253,6 +246,7 @@ impl Stage<RecoverContext> for Rejoin {
         step: &mut Step<'_>,
     ) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<MemberWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
-        Ok(run(ctx, timeout).await?)
+        let replaced = step.needs::<Replace>()?;
+        Ok(run(ctx, replaced, timeout).await?)
     }
 }

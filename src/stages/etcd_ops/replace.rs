@@ -15,10 +15,9 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Preconditions};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::RecoverContext;
-use super::assess::quorum_without;
+use super::assess::{Assess, quorum_without};
 use crate::kube::{is_conflict, is_not_found, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
@@ -73,10 +72,7 @@ where
 }
 
 async fn run(ctx: &mut RecoverContext, step: &mut Step<'_>) -> Result<Replaced, StageFailure> {
-    let assessment = ctx
-        .assessment
-        .clone()
-        .ok_or(StageError::Missing("the assessment (assess)"))?;
+    let assessment = step.needs::<Assess>()?;
     let hcp_ns = ctx.inputs.hcp_namespace();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
@@ -136,9 +132,9 @@ impl Stage<RecoverContext> for Replace {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RecoverContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RecoverContext, step: &Step<'_>) -> Vec<String> {
         let ns = ctx.inputs.hcp_namespace();
-        match &ctx.assessment {
+        match step.output_of::<Assess>().ok().flatten() {
             Some(a) => vec![
                 format!(
                     "delete PersistentVolumeClaim {ns}/{} (uid {}) and pod {ns}/{} (uid {}): the member's data is gone for good",
@@ -161,12 +157,6 @@ impl Stage<RecoverContext> for Replace {
         ctx: &mut RecoverContext,
         step: &mut Step<'_>,
     ) -> Result<Self::Output, StageFailure> {
-        let replaced = run(ctx, step).await?;
-        ctx.replaced = Some(replaced.clone());
-        Ok(replaced)
-    }
-    fn restore(&self, ctx: &mut RecoverContext, output: Self::Output) -> Result<(), StageFailure> {
-        ctx.replaced = Some(output);
-        Ok(())
+        run(ctx, step).await
     }
 }

@@ -199,10 +199,10 @@ impl Stage<EtcdRestoreContext> for Assess {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &EtcdRestoreContext, _step: &Step<'_>) -> Vec<String> {
         Vec::new()
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let client = ctx.cluster.client.clone();
         let (ns, name) = (ctx.cluster.inputs.namespace.clone(), ctx.cluster.inputs.hosted_cluster.clone());
         let hc = health::hosted_cluster(&client, &ns, &name).await?;
@@ -255,7 +255,7 @@ impl Stage<EtcdRestoreContext> for Assess {
         let seen = revisions(ctx).await?;
         plan.all_answered = plan.members.iter().all(|m| seen.get(&m.name).is_some_and(Option::is_some));
         plan.revision_seen = seen.values().flatten().max().copied();
-        if let Some(snapshot) = &ctx.snapshot
+        if let Some(snapshot) = step.output_of::<super::fetch::FetchSnapshot>()?
             && let Some(seen) = plan.revision_seen
             && snapshot.revision > seen
         {
@@ -265,13 +265,10 @@ impl Stage<EtcdRestoreContext> for Assess {
             ));
         }
         ctx.cluster.node_pools = plan.node_pools.clone();
-        ctx.plan = Some(plan.clone());
         Ok(plan)
     }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
-        let plan: RestorePlan = output;
-        ctx.cluster.node_pools = plan.node_pools.clone();
-        ctx.plan = Some(plan);
+    fn restore(&self, ctx: &mut EtcdRestoreContext, plan: RestorePlan) -> Result<(), StageFailure> {
+        ctx.cluster.node_pools = plan.node_pools;
         Ok(())
     }
 }

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -190,8 +189,7 @@ async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(
 
 /// The snapshot's plaintext in a local scratch file, fetched (and decrypted)
 /// again: for a resumed run that must stage it.
-pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext) -> Result<tempfile::TempPath, StageFailure> {
-    let snapshot = ctx.snapshot.as_ref().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext, snapshot: &CheckedSnapshot) -> Result<tempfile::TempPath, StageFailure> {
     scratch_room(if snapshot.decrypted { 2 * snapshot.size } else { snapshot.size }, &snapshot.source)?;
     let (path, size, sha256) = download(ctx, &snapshot.key).await?;
     let (path, size, sha256) = if snapshot.decrypted {
@@ -222,7 +220,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &EtcdRestoreContext, _step: &Step<'_>) -> Vec<String> {
         Vec::new()
     }
     async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -282,12 +280,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             decrypted,
         };
         tracing::info!(source = %checked.source, revision = checked.revision, keys = checked.live_keys, "snapshot verified");
-        ctx.snapshot = Some(checked.clone());
         ctx.local_copy = Some(path);
         Ok(checked)
-    }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
-        ctx.snapshot = Some(output);
-        Ok(())
     }
 }

@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::EtcdRestoreContext;
-use super::assess::{PlannedMember, RestorePlan};
+use super::assess::{Assess, PlannedMember, RestorePlan};
+use super::fetch::{CheckedSnapshot, FetchSnapshot};
+use super::stop::StopEtcd;
 use crate::kube::{request, wait_for};
 use crate::stages::etcd_ops::replace::delete_exact;
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
@@ -192,8 +194,7 @@ async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedM
 
 /// Presign the snapshot (copying it to the staging store first when its own
 /// store cannot presign). Returns the staging key when a copy was made.
-async fn presign(ctx: &mut EtcdRestoreContext, done: &mut Restored, step: &mut Step<'_>) -> Result<(), StageFailure> {
-    let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+async fn presign(ctx: &mut EtcdRestoreContext, snapshot: &CheckedSnapshot, done: &mut Restored, step: &mut Step<'_>) -> Result<(), StageFailure> {
     let ttl = Duration::from_secs(ctx.inputs.presign_ttl_seconds);
     // An encrypted snapshot is never presigned: the pods get a decrypted copy.
     if !snapshot.decrypted
@@ -217,7 +218,7 @@ async fn presign(ctx: &mut EtcdRestoreContext, done: &mut Restored, step: &mut S
     step.record(serde_json::to_value(&*done)?)?;
     if ctx.local_copy.is_none() {
         // A resumed run: fetch (and decrypt) it again, checked against the verified hash.
-        ctx.local_copy = Some(super::fetch::local_plaintext(ctx).await?);
+        ctx.local_copy = Some(super::fetch::local_plaintext(ctx, snapshot).await?);
     }
     let path = ctx.local_copy.as_ref().ok_or(StageError::Missing("the local copy"))?;
     let body: crate::store::Body<'static> = Box::new(
@@ -287,11 +288,11 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &EtcdRestoreContext, step: &Step<'_>) -> Vec<String> {
         let ns = ctx.hcp_namespace();
-        let Some(plan) = &ctx.plan else { return vec!["(cannot plan: assess did not run)".into()] };
+        let Some(plan) = step.output_of::<Assess>().ok().flatten() else { return vec!["(cannot plan: assess did not run)".into()] };
         let mut lines = Vec::new();
-        let decrypted = ctx.snapshot.as_ref().is_some_and(|s| s.decrypted);
+        let decrypted = step.output_of::<FetchSnapshot>().ok().flatten().is_some_and(|s| s.decrypted);
         if ctx.snapshot_store().url().starts_with("s3://") && !decrypted {
             lines.push(format!("presign the snapshot for {}s", ctx.inputs.presign_ttl_seconds));
         } else {
@@ -315,13 +316,13 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         lines
     }
     async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
-        let stopped = ctx.stopped.clone().ok_or(StageError::Missing("the revision bump (stop-etcd)"))?;
-        let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+        let plan = step.needs::<Assess>()?;
+        let stopped = step.needs::<StopEtcd>()?;
+        let snapshot = step.needs::<FetchSnapshot>()?;
         let mut done = step.earlier_progress::<Restored>().unwrap_or_default();
         // Journaled first: from here on the run is past the point of no return.
         step.record(serde_json::to_value(&done)?)?;
-        presign(ctx, &mut done, step).await?;
+        presign(ctx, &snapshot, &mut done, step).await?;
         let result = async {
             put_url_secret(ctx).await?;
             for member in plan.members.iter().skip(1) {

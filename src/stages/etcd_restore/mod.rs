@@ -89,13 +89,9 @@ pub struct EtcdRestoreContext {
     pub inputs: EtcdRestoreInputs,
     /// `--stage-snapshot-to`, opened.
     pub staging: Option<Box<dyn Store>>,
-    /// The verified snapshot (journaled by `fetch-snapshot`).
-    pub snapshot: Option<fetch::CheckedSnapshot>,
-    /// A local copy of it, for staging (this run only; removed on drop).
+    /// A local copy of the snapshot `fetch-snapshot` verified, for staging
+    /// (this run only; removed on drop).
     pub local_copy: Option<tempfile::TempPath>,
-    /// What `assess` found and `stop-etcd` measured (journaled).
-    pub plan: Option<assess::RestorePlan>,
-    pub stopped: Option<stop::Stopped>,
     /// The presigned URL the restore pods download from (never journaled).
     pub url: Option<String>,
     /// The keys of `inputs.identity`, loaded once (never journaled).
@@ -147,13 +143,13 @@ pub fn etcd_restore_catalog() -> Catalog<EtcdRestoreContext> {
         .with(OnSource::new(ScaleDown, true))
         .after(&[Pause::NAME])
         .with(StopEtcd)
-        .after(&[ScaleDown::NAME, FetchSnapshot::NAME])
+        .after(&[ScaleDown::NAME, FetchSnapshot::NAME, Assess::NAME])
         .with(RestoreMembers)
-        .after(&[StopEtcd::NAME])
+        .after(&[StopEtcd::NAME, Assess::NAME, FetchSnapshot::NAME])
         .with(StartEtcd)
-        .after(&[RestoreMembers::NAME])
+        .after(&[RestoreMembers::NAME, Assess::NAME, StopEtcd::NAME])
         .with(OnSource::new(Resume, false))
-        .after(&[StartEtcd::NAME])
+        .after(&[StartEtcd::NAME, ScaleDown::NAME, Pause::NAME])
         .with(OnSource::new(Unlock, true))
         .after(&[Lock::NAME])
 }

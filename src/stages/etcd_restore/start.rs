@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::EtcdRestoreContext;
-use super::assess::probe;
-use super::stop::scale_etcd;
+use super::assess::{Assess, RestorePlan, probe};
+use super::stop::{StopEtcd, scale_etcd};
 use crate::pipeline::stage::error_chain;
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
@@ -38,8 +37,8 @@ const POLL: Duration = Duration::from_secs(2);
 /// Wait, bounded by `--wait-timeout`, until every member answers healthy
 /// (at `min_revision` or above when given); returns each member's revision
 /// and the leader.
-pub async fn wait_healthy(ctx: &mut EtcdRestoreContext, min_revision: Option<i64>) -> Result<(BTreeMap<String, i64>, Option<String>), StageError> {
-    let members: Vec<String> = ctx.plan.as_ref().map(|p| p.members.iter().map(|m| m.name.clone()).collect()).unwrap_or_default();
+pub async fn wait_healthy(ctx: &mut EtcdRestoreContext, plan: &RestorePlan, min_revision: Option<i64>) -> Result<(BTreeMap<String, i64>, Option<String>), StageError> {
+    let members: Vec<String> = plan.members.iter().map(|m| m.name.clone()).collect();
     let timeout = ctx.cluster.inputs.wait_timeout();
     let started = Instant::now();
     let mut last = String::from("not looked yet");
@@ -95,19 +94,19 @@ impl Stage<EtcdRestoreContext> for StartEtcd {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
-        let replicas = ctx.plan.as_ref().map(|p| p.replicas.to_string()).unwrap_or_else(|| "its replicas".into());
+    fn plan(&self, ctx: &EtcdRestoreContext, step: &Step<'_>) -> Vec<String> {
+        let replicas = step.output_of::<Assess>().ok().flatten().map(|p| p.replicas.to_string()).unwrap_or_else(|| "its replicas".into());
         vec![format!(
             "scale StatefulSet {}/etcd back to {replicas} and wait until every member is healthy above the snapshot's revision plus the bump",
             ctx.hcp_namespace()
         )]
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        ctx.plan.as_ref().ok_or(StageError::Missing("the restore plan (assess)"))?;
-        let stopped = ctx.stopped.clone().ok_or(StageError::Missing("the revision bump (stop-etcd)"))?;
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        let plan = step.needs::<Assess>()?;
+        let stopped = step.needs::<StopEtcd>()?;
         let started = Instant::now();
         scale_etcd(ctx, stopped.replicas).await?;
-        let (revisions, leader) = wait_healthy(ctx, Some(stopped.expected_min_revision)).await?;
+        let (revisions, leader) = wait_healthy(ctx, &plan, Some(stopped.expected_min_revision)).await?;
         let done = Started {
             revisions,
             leader,

@@ -17,9 +17,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::assess::revisions;
+use super::assess::{Assess, revisions};
+use super::fetch::FetchSnapshot;
 use super::{BUMP_MARGIN, BUMP_UNMEASURED, EtcdRestoreContext};
 use crate::hosted;
 use crate::kube::{KubeError, request, wait_for};
@@ -115,20 +115,20 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &EtcdRestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &EtcdRestoreContext, step: &Step<'_>) -> Vec<String> {
         let ns = ctx.hcp_namespace();
         let mut lines = vec![format!(
             "read every member's revision (the writers are stopped) and bump the restored revision above it{}",
             ctx.inputs.bump_revision.map(|b| format!(" (--bump-revision {b})")).unwrap_or_default()
         )];
-        if let Some(plan) = &ctx.plan {
+        if let Some(plan) = step.output_of::<Assess>().ok().flatten() {
             lines.push(format!("scale StatefulSet {ns}/etcd from {} to 0 and wait until its pods are gone", plan.replicas));
         }
         lines
     }
     async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        let plan = ctx.plan.clone().ok_or(StageError::Missing("the restore plan (assess)"))?;
-        let snapshot = ctx.snapshot.clone().ok_or(StageError::Missing("the verified snapshot (fetch-snapshot)"))?;
+        let plan = step.needs::<Assess>()?;
+        let snapshot = step.needs::<FetchSnapshot>()?;
         let stopped = match step.earlier_progress::<Stopped>() {
             // A rerun after a crash: etcd may be down already; keep the first measurement.
             Some(first) => first,
@@ -158,12 +158,7 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
         step.record(serde_json::to_value(&stopped)?)?;
         scale_etcd(ctx, 0).await?;
         wait_no_etcd_pods(ctx).await?;
-        ctx.stopped = Some(stopped.clone());
         Ok(stopped)
-    }
-    fn restore(&self, ctx: &mut EtcdRestoreContext, output: Self::Output) -> Result<(), StageFailure> {
-        ctx.stopped = Some(output);
-        Ok(())
     }
     fn undoable(&self) -> bool {
         true
@@ -181,7 +176,9 @@ impl Stage<EtcdRestoreContext> for StopEtcd {
                 }
                 // the old members are the cluster again: back in service
                 // only once they answer, before the writers return
-                super::start::wait_healthy(ctx, None).await?;
+                if let Some(plan) = input.output_of::<Assess>()? {
+                    super::start::wait_healthy(ctx, &plan, None).await?;
+                }
                 Ok(())
             }
             None => Ok(()),

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::discovery::Discovery;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::MigrateContext;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
@@ -107,7 +106,7 @@ impl Stage<MigrateContext> for DestinationCheck {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, _ctx: &MigrateContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &MigrateContext, _step: &Step<'_>) -> Vec<String> {
         vec!["read-only checks".into()]
     }
     async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {

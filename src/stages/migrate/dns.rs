@@ -145,8 +145,8 @@ impl Stage<MigrateContext> for DnsWithdraw {
     fn params(&self) -> Params {
         Params::of::<DnsParams>()
     }
-    fn plan(&self, ctx: &MigrateContext, params: &Value) -> Vec<String> {
-        let wait = read_params::<DnsParams>(params).ok().and_then(|p| p.wait().ok().flatten()).unwrap_or(Duration::from_secs(ctx.inputs.dns_wait_seconds));
+    fn plan(&self, ctx: &MigrateContext, step: &Step<'_>) -> Vec<String> {
+        let wait = read_params::<DnsParams>(step.params()).ok().and_then(|p| p.wait().ok().flatten()).unwrap_or(Duration::from_secs(ctx.inputs.dns_wait_seconds));
         let mut lines = vec![format!("delete the Routes in {} on the source", ctx.source.hcp_namespace())];
         if ctx.inputs.dns_direct {
             lines.push(format!("delete the records of {} from the zone directly", ctx.hosts.join(", ")));

@@ -139,14 +139,17 @@ impl<S: DynStage<BackupContext>, C: HasSource> DynStage<C> for OnSource<S> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+    fn stage_type(&self) -> Option<std::any::TypeId> {
+        self.inner.stage_type()
+    }
     fn summary(&self) -> &'static str {
         self.inner.summary()
     }
     fn mutates(&self) -> bool {
         self.inner.mutates()
     }
-    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
-        self.inner.plan(ctx.source(), params).into_iter().map(|l| format!("{}{l}", ctx.plan_prefix())).collect()
+    fn plan(&self, ctx: &C, step: &Step<'_>) -> Vec<String> {
+        self.inner.plan(ctx.source(), step).into_iter().map(|l| format!("{}{l}", ctx.plan_prefix())).collect()
     }
     async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
         self.inner.run(ctx.source_mut(), step).await
@@ -170,15 +173,18 @@ impl<S: DynStage<RestoreContext>, C: HasDestination> DynStage<C> for OnDestinati
     fn name(&self) -> &'static str {
         self.name
     }
+    fn stage_type(&self) -> Option<std::any::TypeId> {
+        self.inner.stage_type()
+    }
     fn summary(&self) -> &'static str {
         self.inner.summary()
     }
     fn mutates(&self) -> bool {
         self.inner.mutates() || self.reads_this_run
     }
-    fn plan(&self, ctx: &C, params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &C, step: &Step<'_>) -> Vec<String> {
         let prefix = ctx.destination_prefix();
-        self.inner.plan(ctx.destination(), params).into_iter().map(|l| format!("{prefix}{l}")).collect()
+        self.inner.plan(ctx.destination(), step).into_iter().map(|l| format!("{prefix}{l}")).collect()
     }
     async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Value, StageFailure> {
         self.inner.run(ctx.destination_mut(), step).await
@@ -225,7 +231,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnSource::new(SnapshotFinish, false))
         .after(&[EtcdSnapshot::NAME])
         .with(OnSource::new(Package, false))
-        .after(&[SnapshotFinish::NAME, Export::NAME])
+        .after(&[SnapshotFinish::NAME, Export::NAME, Preflight::NAME])
         .with(DnsWithdraw)
         .after(&[Package::NAME, DestinationCheck::NAME])
         .with(OnDestination::new(Verify, true))

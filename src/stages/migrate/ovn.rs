@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
-use serde_json::Value;
 
 use super::MigrateContext;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
@@ -49,7 +48,7 @@ impl Stage<MigrateContext> for OvnRestart {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, _ctx: &MigrateContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, _ctx: &MigrateContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!("hosted cluster: delete the pods {OVN_SELECTOR} in {OVN_NAMESPACE} and wait until they run again")]
     }
     async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {

@@ -20,7 +20,6 @@
 //! destroy`, a drill's teardown and reconcile's undo run too.
 
 use async_trait::async_trait;
-use serde_json::Value;
 
 use super::MigrateContext;
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
@@ -49,7 +48,7 @@ impl Stage<MigrateContext> for Teardown {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &MigrateContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &MigrateContext, _step: &Step<'_>) -> Vec<String> {
         let hcp_ns = ctx.source.hcp_namespace();
         vec![
             format!("source: scale every Deployment and StatefulSet in {hcp_ns} to 0"),

@@ -343,7 +343,7 @@ impl Stage<RestoreContext> for Apply {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         let mut lines = Vec::new();
         if ctx.inputs.clean_leftovers {
             lines.push(format!("delete leftover data-etcd-* PVCs in {} (found by preflight)", ctx.inputs.hcp_namespace()));

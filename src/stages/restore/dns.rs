@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::RestoreContext;
 use super::verify::manifest;
@@ -255,8 +254,8 @@ impl Stage<RestoreContext> for DnsTakeover {
     fn params(&self) -> Params {
         Params::of::<DnsParams>()
     }
-    fn plan(&self, ctx: &RestoreContext, params: &Value) -> Vec<String> {
-        let wait = read_params::<DnsParams>(params).ok().and_then(|p| p.wait().ok().flatten());
+    fn plan(&self, ctx: &RestoreContext, step: &Step<'_>) -> Vec<String> {
+        let wait = read_params::<DnsParams>(step.params()).ok().and_then(|p| p.wait().ok().flatten());
         match &ctx.inputs.dns {
             Some(dns) if dns.take_over => vec![format!(
                 "delete the records of the cluster's hostnames owned by {} in zone {}, then wait up to {}s for the destination's external-dns to publish them",

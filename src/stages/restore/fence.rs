@@ -101,7 +101,7 @@ impl Stage<RestoreContext> for WriteFence {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         let on = ctx.management.as_ref().map(archive::ManagementCluster::describe).unwrap_or_else(|| "the destination".into());
         vec![format!(
             "write {}/{}: {}/{} runs on {on}; backups of it taken on any other management cluster are refused",

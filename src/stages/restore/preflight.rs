@@ -198,7 +198,7 @@ impl Stage<RestoreContext> for Preflight {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "check the destination for {}: every kind served, names unused, {} empty, no leftover etcd PVCs, the encryption key in the backup",
             ctx.inputs.hc_label(),

@@ -16,7 +16,6 @@
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::RestoreContext;
 use super::verify::ensure_loaded;
@@ -94,7 +93,7 @@ impl Stage<RestoreContext> for SnapshotUrl {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         if ctx.manifest.is_none() {
             // migrate: the backup is written by this very run
             return vec![format!(

@@ -88,7 +88,7 @@ impl Stage<RestoreContext> for Verify {
     fn mutates(&self) -> bool {
         false
     }
-    fn plan(&self, ctx: &RestoreContext, _params: &Value) -> Vec<String> {
+    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
             "read back {}/{} and check it against its manifest, the best snapshot offline",
             ctx.store.url(),

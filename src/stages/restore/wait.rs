@@ -207,8 +207,8 @@ impl Stage<RestoreContext> for Wait {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, params: &Value) -> Vec<String> {
-        let timeout = read_params::<AvailableWait>(params).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
+    fn plan(&self, ctx: &RestoreContext, step: &Step<'_>) -> Vec<String> {
+        let timeout = read_params::<AvailableWait>(step.params()).ok().and_then(|p| p.timeout().ok().flatten()).unwrap_or(ctx.inputs.wait_timeout());
         vec![format!(
             "wait up to {}s for {} to be Available, its NodePools' nodes Ready and etcd at the backup's revision or above",
             timeout.as_secs(),
