@@ -161,12 +161,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         signal(&ctx, &options, &signals::Outcome::Started).await;
     }
     let started = std::time::Instant::now();
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}-{}", inputs.namespace, inputs.hosted_cluster, inputs.backup_id),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let package = run.output_of::<crate::stages::package::Package>()?;
     let snapshots = run.output_of::<crate::stages::etcd_snapshot::SnapshotFinish>()?;
@@ -235,7 +230,6 @@ async fn signal(ctx: &BackupContext, options: &BackupOptions, outcome: &signals:
 /// cluster goes back to service).
 pub fn operation() -> super::Operation<BackupContext> {
     super::Operation {
-        name: "backup",
         command: "hcp-dr backup",
         playbook: "backup",
         catalog: backup_catalog(),

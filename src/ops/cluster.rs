@@ -178,12 +178,7 @@ pub async fn destroy_journaled(
         inputs.fenced = HostedCluster(hc).fenced().map(str::to_string);
     }
     let mut ctx = DestroyContext { client, inputs: inputs.clone() };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     Ok(DestroyResult {
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
@@ -198,7 +193,6 @@ pub async fn destroy_journaled(
 pub fn destroy_operation() -> super::Operation<crate::stages::cluster_destroy::DestroyContext> {
     use crate::stages::cluster_destroy::{destroy_catalog};
     super::Operation {
-        name: DESTROY,
         command: "hcp-dr cluster destroy",
         playbook: DESTROY,
         catalog: destroy_catalog(),

@@ -267,12 +267,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         on_failure: if inputs.keep { OnFailure::Stop } else { OnFailure::Undo },
         ..operation
     };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}-{}", source.namespace, source.name, inputs.restore.backup_id),
-        abort_finished: kept,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&source.namespace, &source.name, &inputs.restore.backup_id]).abort_finished(kept);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
     let taken = ctx
@@ -323,7 +318,6 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
 /// drill is aborted, never resumed.
 pub fn operation() -> super::Operation<DrillContext> {
     super::Operation {
-        name: "drill",
         command: "hcp-dr drill",
         playbook: "drill",
         catalog: drill_catalog(),

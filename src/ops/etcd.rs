@@ -144,12 +144,7 @@ pub async fn recover(
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let client = target.client;
     let mut ctx = RecoverContext::new(client, inputs.clone(), options.tls.clone());
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
     let assess = run.output_of::<crate::stages::etcd_ops::assess::Assess>()?;
@@ -176,7 +171,6 @@ pub async fn recover(
 /// the member is replaced is undone at once.
 pub fn operation() -> super::Operation<RecoverContext> {
     super::Operation {
-        name: RECOVER,
         command: "hcp-dr etcd recover",
         playbook: RECOVER,
         catalog: recover_catalog(),

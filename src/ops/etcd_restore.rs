@@ -246,12 +246,7 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
         url: None,
         identities,
     };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}", inputs.cluster.namespace, inputs.cluster.hosted_cluster),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.cluster.namespace, &inputs.cluster.hosted_cluster]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let fetch = run.output_of::<crate::stages::etcd_restore::fetch::FetchSnapshot>()?;
     let stop = run.output_of::<crate::stages::etcd_restore::stop::StopEtcd>()?;
@@ -276,7 +271,6 @@ pub async fn etcd_restore(options: EtcdRestoreOptions, interrupt: &mut Interrupt
 /// `--resume` can finish.
 pub fn operation() -> super::Operation<EtcdRestoreContext> {
     super::Operation {
-        name: ETCD_RESTORE,
         command: "hcp-dr etcd restore",
         playbook: ETCD_RESTORE,
         catalog: etcd_restore_catalog(),

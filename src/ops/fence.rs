@@ -108,12 +108,7 @@ pub async fn fence(options: FenceOptions, interrupt: &mut crate::pipeline::Inter
     }
     let here = ManagementCluster { server: target.binding.server.trim_end_matches('/').to_string(), kube_system_uid: target.binding.kube_system_uid.clone() };
     let mut ctx = FenceContext { client: target.client, inputs: inputs.clone(), store };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let stopped: Stopped = run.output_of::<crate::stages::fence::ScaleToZero>()?.unwrap_or_default();
     let removed: RemovedRoutes = run.output_of::<crate::stages::fence::RemoveRoutes>()?.unwrap_or_default();
@@ -266,7 +261,6 @@ async fn fresh(
 /// The fence operation: a failure stops it, for `--resume` or `--abort`.
 pub fn fence_operation() -> super::Operation<FenceContext> {
     super::Operation {
-        name: FENCE,
         command: "hcp-dr fence",
         playbook: FENCE,
         catalog: fence_catalog(),
@@ -281,7 +275,6 @@ pub fn fence_operation() -> super::Operation<FenceContext> {
 /// `fence --release`: a failure stops it, for `--resume` or `--abort`.
 pub fn release_operation() -> super::Operation<FenceContext> {
     super::Operation {
-        name: RELEASE,
         command: "hcp-dr fence",
         playbook: RELEASE,
         catalog: release_catalog(),

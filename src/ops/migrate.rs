@@ -240,12 +240,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         inputs: inputs.clone(),
         hosts: Vec::new(),
     };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters,
-        subject: format!("{}-{}-{}", inputs.source.namespace, inputs.source.hosted_cluster, inputs.source.backup_id),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, clusters, &[&inputs.source.namespace, &inputs.source.hosted_cluster, &inputs.source.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let (stage_seconds, rto_seconds) = match &run.journal {
         Some(path) => timings(&Journal::read(Path::new(path))?),
@@ -266,7 +261,6 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
 /// The migrate operation: a failure stops it, for `--resume` or `--abort`.
 pub fn operation() -> super::Operation<MigrateContext> {
     super::Operation {
-        name: "migrate",
         command: "hcp-dr migrate",
         playbook: "migrate",
         catalog: migrate_catalog(),

@@ -187,8 +187,8 @@ mod tests {
     #[test]
     fn embedded_playbooks_parse_and_check() {
         fn check<C: Send + Sync>(op: super::Operation<C>) -> usize {
-            let stages = op.describe(None).unwrap_or_else(|e| panic!("{}: {e}", op.name));
-            assert!(!stages.is_empty(), "{}: empty playbook", op.name);
+            let stages = op.describe(None).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
+            assert!(!stages.is_empty(), "{}: empty playbook", op.name());
             stages.len()
         }
         let checked = [

@@ -144,12 +144,7 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
     let (_, _, desired) = desired_objects(&text, &inputs.file.display().to_string())?;
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
     let mut ctx = ReconcileContext { client: target.client, inputs: inputs.clone(), desired, diff: None, warnings: Vec::new() };
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}", inputs.namespace, inputs.hosted_cluster),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let objects: Vec<ObjectDiff> = ctx.diff.clone().unwrap_or_default();
     let changed = objects.iter().any(|o| o.action != crate::stages::reconcile::Action::Unchanged);
@@ -166,7 +161,6 @@ pub async fn reconcile(options: ReconcileOptions, interrupt: &mut Interrupt) -> 
 /// `--abort`.
 pub fn operation() -> super::Operation<ReconcileContext> {
     super::Operation {
-        name: RECONCILE,
         command: "hcp-dr cluster reconcile",
         playbook: RECONCILE,
         catalog: reconcile_catalog(),

@@ -329,12 +329,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
             Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames were not read: {err}")),
         }
     }
-    let journaled = super::Journaled {
-        inputs: &inputs,
-        clusters: vec![target.binding],
-        subject: format!("{}-{}-{}", inputs.namespace, inputs.hosted_cluster, inputs.backup_id),
-        abort_finished: false,
-    };
+    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
     let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
@@ -374,7 +369,6 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
 /// (a half-finished restore is often better continued than thrown away).
 pub fn operation() -> super::Operation<RestoreContext> {
     super::Operation {
-        name: "restore",
         command: "hcp-dr restore",
         playbook: "restore",
         catalog: restore_catalog(),

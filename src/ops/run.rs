@@ -100,8 +100,6 @@ pub fn default_journal_dir() -> PathBuf {
 /// An operation as the runner sees it: its name, its stages and playbook,
 /// what a failure leads to, and what `--resume` and `--abort` do.
 pub struct Operation<C> {
-    /// The name in journals and in `hcp-dr playbook show` (`restore`).
-    pub name: &'static str,
     /// The command that runs it, for the printed next steps (`hcp-dr restore`).
     pub command: &'static str,
     /// The embedded playbook used without `--playbook`.
@@ -162,19 +160,25 @@ impl<C: Send + Sync> Operation<C> {
         Operation { playbook, ..self }
     }
 
+    /// The name in journals and in `hcp-dr playbook show` (`restore`): its
+    /// catalog's.
+    pub fn name(&self) -> &'static str {
+        self.catalog.operation()
+    }
+
     /// Refuse `--resume`/`--abort` the operation does not offer, before
     /// anything is read.
     pub fn check_flags(&self, flags: &RunFlags) -> Result<(), OpsError> {
         match flags.mode() {
             RunMode::Resume(journal) if self.resume.is_none() => Err(OpsError::Input(format!(
                 "`{}` runs are not resumed: undo this one with `{} --abort {}`, then run it again",
-                self.name,
+                self.name(),
                 self.command,
                 super::shell_word(&journal.display().to_string())
             ))),
             RunMode::Abort(_) if self.abort.is_none() => Err(OpsError::Input(format!(
                 "`{}` runs cannot be aborted: `{} --resume JOURNAL` finishes one (or its undo)",
-                self.name, self.command
+                self.name(), self.command
             ))),
             _ => Ok(()),
         }
@@ -264,6 +268,19 @@ pub struct Journaled<'a, I: Serialize> {
     pub abort_finished: bool,
 }
 
+impl<'a, I: Serialize> Journaled<'a, I> {
+    /// A run with `inputs` that changes `clusters`, its journal named after
+    /// `subject` joined with `-` (namespace, name, backup id).
+    pub fn new(inputs: &'a I, clusters: Vec<ClusterBinding>, subject: &[&str]) -> Self {
+        Journaled { inputs, clusters, subject: subject.join("-"), abort_finished: false }
+    }
+
+    /// `--abort` also undoes the run once it succeeded (see the field).
+    pub fn abort_finished(self, abort_finished: bool) -> Self {
+        Journaled { abort_finished, ..self }
+    }
+}
+
 /// Run `op` on `ctx` as `flags` say: a fresh run journals under
 /// `--journal` or the journal directory, `--resume`/`--abort` go on from
 /// the journal given, `--dry-run` journals nothing.
@@ -278,7 +295,6 @@ pub async fn execute<C: Send + Sync, I: Serialize>(
 ) -> Result<RunReport, OpsError> {
     op.check_flags(flags)?;
     let runner = Runner {
-        operation: op.name,
         playbook,
         catalog: &op.catalog,
         observer,
@@ -288,7 +304,7 @@ pub async fn execute<C: Send + Sync, I: Serialize>(
         Some(path) => path.clone(),
         None => flags.journal_dir.clone().unwrap_or_else(default_journal_dir).join(format!(
             "{}-{}-{}.jsonl",
-            op.name,
+            op.name(),
             journaled.subject,
             chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ")
         )),
@@ -347,7 +363,6 @@ mod tests {
     #[test]
     fn an_operation_refuses_the_modes_it_does_not_offer() {
         let op: Operation<()> = Operation {
-            name: "x",
             command: "hcp-dr x",
             playbook: "x",
             catalog: Catalog::new("x"),

@@ -304,7 +304,6 @@ pub trait Observer: Send + Sync {
 
 /// Runs one playbook for one operation.
 pub struct Runner<'a, C> {
-    pub operation: &'a str,
     pub playbook: &'a Playbook,
     pub catalog: &'a Catalog<C>,
     pub observer: Option<&'a dyn Observer>,
@@ -342,7 +341,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     })
                     .ok_or_else(|| RunnerError::MissingStage {
                         origin: self.playbook.origin.clone(),
-                        operation: self.operation.to_string(),
+                        operation: self.catalog.operation().to_string(),
                         stage: entry.name.clone(),
                     })
             })
@@ -366,7 +365,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             Mode::Fresh { journal, inputs, clusters } => Journal::create(
                 journal,
                 Header {
-                    operation: self.operation.to_string(),
+                    operation: self.catalog.operation().to_string(),
                     playbook: self.playbook.origin.clone(),
                     stages: self.playbook.stage_names(),
                     inputs,
@@ -377,7 +376,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             )?,
             Mode::Resume { journal } | Mode::Abort { journal } | Mode::Remove { journal } => {
                 let journal = Journal::open(journal)?;
-                if journal.state().header.operation != self.operation
+                if journal.state().header.operation != self.catalog.operation()
                     || journal.state().header.stages != self.playbook.stage_names()
                 {
                     return Err(RunnerError::JournalMismatch {
@@ -387,7 +386,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                             journal.state().header.operation,
                             journal.state().header.stages.join(", ")
                         ),
-                        expected: format!("{} ({})", self.operation, self.playbook.stage_names().join(", ")),
+                        expected: format!("{} ({})", self.catalog.operation(), self.playbook.stage_names().join(", ")),
                     });
                 }
                 journal
@@ -535,7 +534,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             })?;
         }
         Ok(RunReport {
-            operation: self.operation.to_string(),
+            operation: self.catalog.operation().to_string(),
             outcome,
             stages: reports,
             journal: Some(journal.path().display().to_string()),
@@ -665,7 +664,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             });
         }
         RunReport {
-            operation: self.operation.to_string(),
+            operation: self.catalog.operation().to_string(),
             outcome,
             stages: reports,
             journal: None,
@@ -697,7 +696,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
             .find(|(_, r)| r.error.is_some())
             .map(|(name, r)| (name.clone(), r.error.clone().unwrap_or_default()));
         RunReport {
-            operation: self.operation.to_string(),
+            operation: self.catalog.operation().to_string(),
             outcome: match (outcome, failed) {
                 ("succeeded", _) => RunOutcome::Succeeded,
                 ("aborted", _) => RunOutcome::Aborted,
@@ -835,7 +834,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
@@ -855,7 +854,7 @@ mod tests {
     async fn stop_policy_keeps_state_then_resume_retries_and_abort_undoes() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Stop };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Stop };
 
         // a failure stops the run with nothing undone, the journal left open
         let path = dir.path().join("resumed");
@@ -908,7 +907,7 @@ mod tests {
         let (catalog, playbook) = (catalog(), playbook());
         for on_failure in [OnFailure::Undo, OnFailure::Stop] {
             let path = dir.path().join(format!("{on_failure:?}"));
-            let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure };
+            let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure };
             let mut ctx = Ctx { refuse_at: Some("pause"), ..Default::default() };
             let report = runner
                 .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
@@ -919,7 +918,7 @@ mod tests {
         }
         // a stage that journaled progress before failing did change something
         let path = dir.path().join("changed");
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("pause"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
@@ -933,7 +932,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
@@ -967,7 +966,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { hang_at: Some("scale"), ..Default::default() };
         let (trigger, mut interrupt) = Interrupt::manual();
         let handle = tokio::spawn(async move {
@@ -1016,7 +1015,7 @@ mod tests {
             }
             journal.append(Event::Started { stage: "scale".into() }).unwrap();
         }
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner
             .run(&mut ctx, Mode::Resume { journal: &path }, &mut Interrupt::never())
@@ -1043,7 +1042,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx { fail_at: Some("copy"), fail_undo_at: Some("pause"), ..Default::default() };
         let report = runner
             .run(&mut ctx, Mode::Fresh { journal: &path, inputs: json!({}), clusters: Vec::new() }, &mut Interrupt::never())
@@ -1069,7 +1068,7 @@ mod tests {
     async fn dry_run_runs_readers_plans_writers_and_writes_no_journal() {
         let dir = tempfile::tempdir().unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let report = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap();
         assert_eq!(report.outcome, RunOutcome::Planned);
@@ -1099,7 +1098,7 @@ mod tests {
         )
         .unwrap();
         let (catalog, playbook) = (catalog(), playbook());
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let err = runner
             .run(&mut Ctx::default(), Mode::Resume { journal: &path }, &mut Interrupt::never())
             .await
@@ -1111,7 +1110,7 @@ mod tests {
     async fn a_stage_missing_from_the_catalog_is_refused_before_anything_runs() {
         let playbook = Playbook::parse("operation: test\nstages:\n  - name: nope\n", "p").unwrap();
         let catalog = catalog();
-        let runner = Runner { operation: "test", playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
+        let runner = Runner { playbook: &playbook, catalog: &catalog, observer: None, on_failure: OnFailure::Undo };
         let mut ctx = Ctx::default();
         let err = runner.run(&mut ctx, Mode::DryRun, &mut Interrupt::never()).await.unwrap_err();
         assert!(matches!(err, RunnerError::MissingStage { .. }));
