@@ -11,9 +11,14 @@ use support::*;
 
 /// The embedded backup playbook with `with` under `scale-down`.
 fn backup_playbook(dir: &std::path::Path, with: &str) -> std::path::PathBuf {
+    backup_playbook_with(dir, "scale-down", with)
+}
+
+/// The embedded backup playbook with `with` under `stage`.
+fn backup_playbook_with(dir: &std::path::Path, stage: &str, with: &str) -> std::path::PathBuf {
     let builtin = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("playbooks/backup.yaml")).unwrap();
-    let text = builtin.replace("  - name: scale-down\n", &format!("  - name: scale-down\n    with:\n{with}"));
-    assert_ne!(text, builtin, "the embedded backup playbook has no scale-down stage");
+    let text = builtin.replace(&format!("  - name: {stage}\n"), &format!("  - name: {stage}\n    with:\n{with}"));
+    assert_ne!(text, builtin, "the embedded backup playbook has no {stage} stage");
     let path = dir.join("backup.yaml");
     std::fs::write(&path, text).unwrap();
     path
@@ -44,6 +49,13 @@ fn bad_parameters_are_refused_with_their_line_before_anything_is_contacted() {
         assert!(said.contains("line 14: stage `scale-down`: with:") && said.contains(says), "{with}: {said}");
         assert!(!said.contains("127.0.0.1:9"), "the cluster was contacted before the playbook was checked: {said}");
         assert!(!store.exists(), "the store was written");
+    }
+    // etcd-snapshot's concurrency: a count, in range
+    for (with, says) in [("      concurrency: 0\n", "concurrency: 0 is out of range (1 to 16)"), ("      concurrency: all\n", "invalid type")] {
+        let playbook = backup_playbook_with(dir.path(), "etcd-snapshot", with);
+        let out = hcp_dr(&["playbook", "show", "backup", "--playbook", playbook.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{with}: {}", text(&out));
+        assert!(text(&out).contains("stage `etcd-snapshot`: with:") && text(&out).contains(says), "{with}: {}", text(&out));
     }
     // a stage that takes no parameters refuses any
     let builtin = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("playbooks/backup.yaml")).unwrap();
@@ -113,4 +125,51 @@ async fn scale_down_parameters_change_what_a_backup_stops_and_how_long_it_waits(
     let report = json_report(&out);
     let scaled = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "scale-down").unwrap()["output"]["scaled"].to_string();
     assert!(!scaled.contains(extra), "{report:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshot_concurrency_streams_the_members_one_group_after_the_other() {
+    let env = env("HighlyAvailable").await;
+    let playbook = backup_playbook_with(env.dir.path(), "etcd-snapshot", "      concurrency: 1\n");
+    let store = env.local_store();
+    let args = ["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--playbook", playbook.to_str().unwrap(), "-o", "json"];
+    let stage = |report: &serde_json::Value, name: &str| report["stages"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap().clone();
+
+    // the plan says it
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let out = env.hcp_dr(&dry, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let planned = json_report(&out);
+    let plan = stage(&planned, "etcd-snapshot")["status"]["planned"]["actions"].to_string();
+    assert!(plan.contains("1 member(s) at a time"), "{planned:#}");
+
+    // the run streams the three members one after the other, all at the
+    // agreed revision, and the backup verifies
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let started = stage(&report, "etcd-snapshot")["output"].clone();
+    assert_eq!(started["concurrency"], 1, "{report:#}");
+    let groups: Vec<Vec<String>> = serde_json::from_value(started["groups"].clone()).unwrap();
+    assert_eq!(groups.len(), 3, "{report:#}");
+    assert!(groups.iter().all(|g| g.len() == 1), "{report:#}");
+    let mut members: Vec<String> = groups.concat();
+    members.sort();
+    assert_eq!(members, ["etcd-0", "etcd-1", "etcd-2"], "{report:#}");
+    let snapshots = stage(&report, "snapshot-finish")["output"]["snapshots"].as_array().unwrap().clone();
+    assert_eq!(snapshots.len(), 3, "{report:#}");
+    assert!(snapshots.iter().all(|s| s["revision"] == started["revision"]), "{report:#}");
+    let url = report["backup"].as_str().unwrap().to_string();
+    let out = env.hcp_dr(&["backups", "verify", &url, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json_report(&out)["ok"], true, "{}", text(&out));
+    env.assert_in_service("after the grouped backup").await;
+
+    // without it, one group: every stream at once
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let started = stage(&report, "etcd-snapshot")["output"].clone();
+    assert!(started.get("groups").is_none() && started.get("concurrency").is_none(), "{report:#}");
 }

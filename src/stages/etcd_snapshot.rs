@@ -12,13 +12,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::context::{BackupContext, PendingSnapshot};
+use super::context::{BackupContext, MemberTarget, PendingSnapshot};
 use super::etcd_members;
 use super::preflight::{connect_member, member_status};
 use super::StageError;
 use crate::archive::{Layout, SkippedMember};
 use crate::etcd::SnapshotReport;
-use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
+use super::params::SnapshotParams;
+use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 
 pub struct EtcdSnapshot;
 pub struct SnapshotFinish;
@@ -71,9 +72,15 @@ pub(crate) async fn ensure_started(ctx: &mut BackupContext, step: &Step<'_>) -> 
     let snapshotted = step.succeeded::<EtcdSnapshot>();
     if snapshotted && ctx.pending.is_empty() && !step.succeeded::<SnapshotFinish>() {
         tracing::warn!("the snapshot streams of an earlier run were lost; taking them again before the writers come back");
-        start_all(ctx).await?;
+        start_all(ctx, concurrency_of(step)?).await?;
     }
     Ok(())
+}
+
+/// The `concurrency` the run's `etcd-snapshot` was given (taken again with
+/// the same limit).
+fn concurrency_of(step: &Step<'_>) -> Result<Option<usize>, StageFailure> {
+    Ok(step.output_of::<EtcdSnapshot>()?.and_then(|started| started.concurrency))
 }
 
 /// Stop the background streams and delete what they wrote.
@@ -92,17 +99,40 @@ async fn discard(ctx: &mut BackupContext) -> Result<(), StageFailure> {
 }
 
 /// Start every member's snapshot (writers stopped) and leave the streams
-/// finishing in the background in `ctx.pending`; returns the revision.
-pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailure> {
+/// finishing in the background in `ctx.pending`; returns the revision and,
+/// with a `concurrency` below the members, the groups started one after
+/// the other (each once the one before is stored).
+pub(crate) async fn start_all(ctx: &mut BackupContext, concurrency: Option<usize>) -> Result<(i64, Vec<Vec<String>>), StageFailure> {
     if ctx.members.is_empty() {
-        return Err(StageError::Missing("etcd members").into());
+        return Err(StageError::Precondition("preflight found no etcd member to snapshot".into()).into());
     }
     // a rerun (resume) starts over
     discard(ctx).await?;
     let (revision, skipped) = converge(ctx).await?;
     skip(ctx, skipped);
+    let limit = concurrency.unwrap_or(usize::MAX).max(1);
+    let members = ctx.members.clone();
+    let mut groups = Vec::new();
+    // A stream holds a permit until it is stored: a group starts when the
+    // one before gave them back. The writers are still down, so every
+    // group's content is at the agreed revision.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(limit.min(members.len())));
+    for group in members.chunks(limit) {
+        let mut permits = Vec::new();
+        for _ in group {
+            permits.push(gate.clone().acquire_owned().await.map_err(|e| StageError::Precondition(e.to_string()))?);
+        }
+        start_group(ctx, group, revision, permits).await?;
+        groups.push(group.iter().map(|m| m.pod.clone()).collect());
+    }
+    Ok((revision, if members.len() > limit { groups } else { Vec::new() }))
+}
+
+/// Start `group`'s snapshots at once, each stream finishing in the
+/// background with its permit.
+async fn start_group(ctx: &mut BackupContext, group: &[MemberTarget], revision: i64, permits: Vec<tokio::sync::OwnedSemaphorePermit>) -> Result<(), StageFailure> {
     let ctx_ref: &BackupContext = ctx;
-    let starts = ctx_ref.members.iter().map(|target| async move {
+    let starts = group.iter().map(|target| async move {
         let (member, forward) = connect_member(ctx_ref, target).await?;
         let started = member.start_snapshot().await?;
         Ok::<_, StageFailure>((target.pod.clone(), started, forward))
@@ -130,14 +160,15 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
             .into());
     }
     let layout = ctx.inputs.layout();
-    for (pod, snapshot, forward) in started {
+    for ((pod, snapshot, forward), permit) in started.into_iter().zip(permits) {
         let key = layout.artifact(&Layout::snapshot_name(&pod));
         // encrypted on the way when the backup is (`--encrypt-to`)
         let store = ctx.artifact_store();
         let task_key = key.clone();
         let task = tokio::spawn(async move {
-            // a port-forward lives as long as its stream
+            // a port-forward lives as long as its stream, the permit too
             let _forward = forward;
+            let _permit = permit;
             snapshot.finish(store.as_ref(), &task_key).await
         });
         ctx.pending.push(PendingSnapshot {
@@ -146,7 +177,7 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
             task,
         });
     }
-    Ok(revision)
+    Ok(())
 }
 
 /// What `etcd-snapshot` started: the agreed revision and the members whose
@@ -155,6 +186,14 @@ pub(crate) async fn start_all(ctx: &mut BackupContext) -> Result<i64, StageFailu
 pub struct Started {
     pub revision: i64,
     pub started: Vec<String>,
+    /// The playbook's `concurrency`, when given (a stream lost with the
+    /// process is taken again with the same limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    /// With fewer than the members at once: the groups, in the order they
+    /// streamed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<Vec<String>>,
     /// On resume the members an earlier run skipped stay skipped (older
     /// journals have none).
     #[serde(default)]
@@ -202,15 +241,20 @@ impl StageId for EtcdSnapshot {
 #[async_trait]
 impl Stage<BackupContext> for EtcdSnapshot {
     fn summary(&self) -> &'static str {
-        "start every etcd member's snapshot in parallel; once each stream holds the agreed revision the content is fixed and the rest streams to the store in the background"
+        "start every etcd member's snapshot in parallel (or `concurrency` at a time); once each stream holds the agreed revision the content is fixed and the rest streams to the store in the background"
     }
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &BackupContext, _step: &Step<'_>) -> Vec<String> {
+    fn plan(&self, ctx: &BackupContext, step: &Step<'_>) -> Vec<String> {
         let layout = ctx.inputs.layout();
-        ctx.members
-            .iter()
+        let concurrency = read_params::<SnapshotParams>(step.params()).ok().and_then(|p| p.concurrency);
+        let grouped = concurrency.filter(|n| *n < ctx.members.len()).map(|n| {
+            format!("{n} member(s) at a time, each group once the one before is stored: the writers stay down until the last group has started")
+        });
+        grouped
+            .into_iter()
+            .chain(ctx.members.iter()
             .map(|m| {
                 let encrypted = match ctx.inputs.encrypt_to.is_empty() {
                     true => String::new(),
@@ -223,13 +267,17 @@ impl Stage<BackupContext> for EtcdSnapshot {
                     ctx.store.url(),
                     layout.artifact(&Layout::snapshot_name(&m.pod))
                 )
-            })
+            }))
             .collect()
     }
-    async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Started, StageFailure> {
-        let revision = start_all(ctx).await?;
+    async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Started, StageFailure> {
+        let concurrency = step.read_params::<SnapshotParams>()?.concurrency;
+        let (revision, groups) = start_all(ctx, concurrency).await?;
         let started = ctx.pending.iter().map(|p| p.member.clone()).collect();
-        Ok(Started { revision, started, skipped: ctx.etcd_health.skipped.clone() })
+        Ok(Started { revision, started, concurrency, groups, skipped: ctx.etcd_health.skipped.clone() })
+    }
+    fn params(&self) -> Params {
+        Params::of::<SnapshotParams>()
     }
     fn restore(&self, ctx: &mut BackupContext, output: Started) -> Result<(), StageFailure> {
         skip(ctx, output.skipped);
@@ -276,7 +324,7 @@ impl Stage<BackupContext> for SnapshotFinish {
                 )
                 .into());
             }
-            revision = Some(start_all(ctx).await?);
+            revision = Some(start_all(ctx, concurrency_of(step)?).await?.0);
         }
         let mut reports: Vec<SnapshotReport> = Vec::new();
         let mut errors = Vec::new();

@@ -118,6 +118,31 @@ impl DnsParams {
     }
 }
 
+/// `etcd-snapshot`: how many members stream their snapshot at once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    pub concurrency: Option<usize>,
+}
+
+/// The most members a `concurrency` may name (HyperShift runs 1 or 3).
+pub const MAX_SNAPSHOT_CONCURRENCY: usize = 16;
+
+impl StageParams for SnapshotParams {
+    const KEYS: &'static [(&'static str, &'static str)] = &[(
+        "concurrency",
+        "how many members stream their snapshot at once (1 to 16; default: all). Fewer than the members: the next group starts when the last one is stored, and the writers stay down until every group has started (longer API downtime, less bandwidth and store load at once)",
+    )];
+    fn check(&self) -> Result<(), String> {
+        match self.concurrency {
+            Some(n) if !(1..=MAX_SNAPSHOT_CONCURRENCY).contains(&n) => {
+                Err(format!("concurrency: {n} is out of range (1 to {MAX_SNAPSHOT_CONCURRENCY})"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
