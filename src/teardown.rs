@@ -45,7 +45,7 @@ pub enum Removal {
 /// it is waited for once more; an object still there is an error.
 pub async fn delete_and_wait<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration) -> Result<(), KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     delete_if_uid(api, name, None, what, timeout).await.map(|_| ())
 }
@@ -56,7 +56,7 @@ where
 /// made since by someone else (`NotOurs`). `uid` None: whatever is there.
 pub async fn delete_if_uid<K>(api: &Api<K>, name: &str, uid: Option<&str>, what: &str, timeout: Duration) -> Result<Removal, KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -125,7 +125,7 @@ pub enum Owned {
 /// journaled) the run's annotation on the live object.
 pub async fn ownership<K>(api: &Api<K>, name: &str, recorded: Option<&str>, run_id: &str, what: &str) -> Result<Owned, KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let Some(live) = api.get_opt(name).await.map_err(request(format!("reading {what}")))? else {
         return Ok(Owned::Gone);
@@ -143,7 +143,7 @@ where
 /// UID ([`delete_if_uid`]); anything else there is left alone (`NotOurs`).
 pub async fn delete_created<K>(api: &Api<K>, name: &str, recorded: Option<&str>, run_id: &str, what: &str, timeout: Duration) -> Result<Removal, KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let uid = match recorded {
         // the precondition decides: no read needed
@@ -160,7 +160,7 @@ where
 /// The object at `name` is not the one a run created: say which it is.
 async fn not_ours<K>(api: &Api<K>, name: &str, what: &str) -> Result<Removal, KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {
         Some(obj) => Ok(Removal::NotOurs {
@@ -174,9 +174,9 @@ where
 /// `name`; true when gone, false after `timeout`.
 async fn wait_gone_or_replaced<K>(api: &Api<K>, name: &str, uid: Option<&str>, what: &str, timeout: Duration) -> Result<bool, KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let waited = crate::kube::wait_for(&format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
+    let waited = crate::kube::wait_watching(api, crate::kube::Watched::named(name), &format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
         match api.get_opt(name).await {
             Ok(None) => Ok(Some(())),
             Ok(Some(obj)) if uid.is_some() && obj.meta().uid.as_deref() != uid => Ok(Some(())),
@@ -195,7 +195,7 @@ where
 /// Clear `metadata.finalizers` (a missing object is fine).
 pub async fn remove_finalizers<K>(api: &Api<K>, name: &str, what: &str) -> Result<(), KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
@@ -210,9 +210,9 @@ where
 /// Wait until `name` no longer exists.
 pub async fn wait_gone<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration) -> Result<(), KubeError>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    crate::kube::wait_for(&format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
+    crate::kube::wait_watching(api, crate::kube::Watched::named(name), &format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
         match api.get_opt(name).await {
             Ok(None) => Ok(Some(())),
             Ok(Some(_)) => Ok(None),

@@ -4,6 +4,9 @@
 
 pub mod portforward;
 pub mod retry;
+pub mod watch;
+
+pub use watch::{Watched, wait_watching};
 
 use std::path::Path;
 use std::time::{Duration, Instant};

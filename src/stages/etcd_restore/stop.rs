@@ -22,7 +22,7 @@ use super::assess::{Assess, revisions};
 use super::fetch::FetchSnapshot;
 use super::{BUMP_MARGIN, BUMP_UNMEASURED, EtcdRestoreContext};
 use crate::hosted;
-use crate::kube::{KubeError, request, wait_for};
+use crate::kube::{KubeError, Watched, request, wait_watching};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::etcd_ops::assess::quorum;
 use crate::stages::StageError;
@@ -92,7 +92,7 @@ async fn wait_no_etcd_pods(ctx: &EtcdRestoreContext) -> Result<(), KubeError> {
     let ns = ctx.hcp_namespace();
     let pods: Api<Pod> = Api::namespaced(ctx.cluster.client.clone(), &ns);
     let what = format!("the etcd pods in {ns} to terminate");
-    wait_for(&what, ctx.cluster.inputs.wait_timeout(), Duration::from_millis(250), || async {
+    wait_watching(&pods, Watched::labelled(hosted::ETCD_POD_SELECTOR), &what, ctx.cluster.inputs.wait_timeout(), Duration::from_millis(250), || async {
         let left = pods
             .list(&ListParams::default().labels(hosted::ETCD_POD_SELECTOR))
             .await

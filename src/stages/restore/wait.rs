@@ -17,7 +17,7 @@ use super::preflight::hosted_cluster;
 use super::snapshot_url::UrlRecord;
 use super::verify::ensure_loaded;
 use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
-use crate::kube::{KubeError, api, get_json, request, wait_for};
+use crate::kube::{KubeError, Watched, api, get_json, request, wait_for, wait_watching};
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
 use crate::stages::params::AvailableWait;
 use crate::stages::context::{MemberTarget, TlsOverride};
@@ -82,7 +82,7 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration) -> Result<Healthy, Sta
     let label = ctx.inputs.hc_label();
     // progress: say what the cluster reports whenever it changes
     let last = std::sync::Mutex::new(String::new());
-    wait_for(&format!("{label} to become Available"), timeout, POLL, || async {
+    wait_watching(&hc_api, Watched::named(&name), &format!("{label} to become Available"), timeout, POLL, || async {
         let hc = get_json(&hc_api, &name, &label).await?.map(HostedCluster);
         let now = match &hc {
             None => "not found".to_string(),
