@@ -310,7 +310,7 @@ async fn three_member_downtime(dir: &Path, ha_size: u64) {
         let store = store.clone();
         async move {
             let key = format!("{}.db", s.member());
-            s.finish(store.as_ref(), &key).await.expect("finish")
+            s.finish(store.as_ref(), &key, &hcp_dr::pipeline::Meter::new()).await.expect("finish")
         }
     });
     let reports = futures::future::join_all(finishes).await;

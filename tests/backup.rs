@@ -9,7 +9,7 @@ use hcp_dr_e2e::procs::etcd::{ClientTls, connect_client, restore_scratch};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
-use support::{Env, env, files, json_report, text, wait_for_stage};
+use support::{Env, env, files, finished_lines, json_report, text, wait_for_stage};
 
 type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -113,6 +113,12 @@ async fn single_replica_cluster_to_local_store() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(folder.join("objects.tar.gz")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the objects archive holds secrets");
+
+    // On a terminal the snapshot's stages show the bytes streamed and their rate.
+    let (status, drawn) = env.on_a_terminal(&["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap()]);
+    assert!(status.success(), "{drawn}");
+    let finished = finished_lines(&drawn, "snapshot-finish");
+    assert!(finished.iter().any(|line| line.contains("B at ") && line.trim_end().ends_with("B/s")), "snapshot-finish's line shows no bytes and rate:\n{drawn}");
 
     // The same through the API server's pods/portforward instead of pod IPs.
     let out = env.hcp_dr(

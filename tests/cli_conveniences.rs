@@ -10,6 +10,10 @@ use std::process::{Command, Output};
 use clap::{CommandFactory, Parser};
 use hcp_dr::cli::Cli;
 
+#[path = "support/shell.rs"]
+mod shell;
+use shell::shell_words;
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -176,28 +180,6 @@ fn yaml_output_is_the_json_report_as_yaml() {
             assert!(!yaml.trim_start().starts_with(['{', '[']), "{what} -o yaml printed JSON:\n{yaml}");
         }
     }
-}
-
-/// Words as the shell splits them: whitespace outside quotes, quotes removed.
-fn shell_words(line: &str) -> Vec<String> {
-    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
-    for c in line.chars() {
-        match (quote, c) {
-            (None, '"' | '\'') => (quote, any) = (Some(c), true),
-            (Some(q), c) if c == q => quote = None,
-            (None, c) if c.is_whitespace() => {
-                if any || !word.is_empty() {
-                    words.push(std::mem::take(&mut word));
-                }
-                any = false;
-            }
-            (_, c) => word.push(c),
-        }
-    }
-    if any || !word.is_empty() {
-        words.push(word);
-    }
-    words
 }
 
 /// Every command that runs (no subcommands of its own) shows an example in

@@ -56,6 +56,11 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("create HostedCluster clusters/demo"), "{}", text(&out));
     let b = mgmt_b_client(&env).await;
     assert!(!hc_exists(&b).await, "dry-run created the HostedCluster");
+    // on a terminal, the dry-run's verify (it reads the whole backup) shows the bytes it read and their rate
+    let (status, drawn) = env.on_a_terminal(&["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b, "--dry-run"]);
+    assert!(status.success(), "{drawn}");
+    let verify = finished_lines(&drawn, "verify");
+    assert!(verify.iter().any(|line| line.contains("B at ") && line.trim_end().ends_with("B/s")), "verify's line shows no bytes and rate:\n{drawn}");
 
     // a failure after `apply` stops with everything in place; --abort removes it
     let restore_args = ["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b, "--wait", "5m", "-o", "json"];

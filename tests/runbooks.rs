@@ -11,6 +11,7 @@ use std::process::Command;
 use hcp_dr_e2e::sandbox::Sandbox;
 
 mod support;
+use support::shell::shell_words;
 
 const SETUP: &str = "<!-- rehearsal: set-up -->";
 const REHEARSAL: &str = "<!-- rehearsal -->";
@@ -173,28 +174,6 @@ fn documented_args(line: &str) -> Vec<String> {
         args.push(word);
     }
     args
-}
-
-/// Words as the shell splits them: whitespace outside quotes, quotes removed.
-fn shell_words(line: &str) -> Vec<String> {
-    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
-    for c in line.chars() {
-        match (quote, c) {
-            (None, '"' | '\'') => (quote, any) = (Some(c), true),
-            (Some(q), c) if c == q => quote = None,
-            (None, c) if c.is_whitespace() => {
-                if any || !word.is_empty() {
-                    words.push(std::mem::take(&mut word));
-                }
-                any = false;
-            }
-            (_, c) => word.push(c),
-        }
-    }
-    if any || !word.is_empty() {
-        words.push(word);
-    }
-    words
 }
 
 /// Every `hcp-dr …` line of the `sh` blocks of `file`, continuations joined

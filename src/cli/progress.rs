@@ -1,5 +1,6 @@
 //! Progress on a terminal: a spinner per running stage, a line per finished
-//! one. Off when stderr is not a terminal (logs are structured there) or the
+//! one, with bytes, rate and share of the expected size for a stage that
+//! moves bytes ([`Meter`]). Off when stderr is not a terminal (logs are structured there) or the
 //! report is JSON or YAML. Log lines are written above the bars
 //! ([`StderrAboveBars`]), and a stage's description is cut to the
 //! terminal's width ([`fit`]), so neither tears the display. No colour is
@@ -12,9 +13,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{HumanBytes, MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 
-use crate::pipeline::StageStatus;
+use crate::pipeline::{Meter, StageStatus};
 use crate::pipeline::runner::Observer;
 
 /// The width the running-stage template takes before the description:
@@ -24,7 +25,12 @@ const PREFIX_WIDTH: usize = 14;
 pub struct TerminalProgress {
     id: u64,
     bars: MultiProgress,
-    running: Mutex<HashMap<String, ProgressBar>>,
+    running: Mutex<HashMap<String, Running>>,
+}
+
+struct Running {
+    bar: ProgressBar,
+    meter: Option<Meter>,
 }
 
 /// The bars on screen now, newest last, for log lines to suspend.
@@ -125,6 +131,21 @@ pub fn fit(stage: &str, description: &str, width: Option<usize>) -> String {
     }
 }
 
+/// What a meter has counted, for a stage's line: `12.0 MiB of 1.1 GiB
+/// at 40.0 MiB/s` (`of` only when the size is known); empty before the first
+/// byte.
+pub fn metered(bytes: u64, expected: Option<u64>, rate: f64) -> String {
+    if bytes == 0 {
+        return String::new();
+    }
+    let of = expected.map(|total| format!(" of {}", HumanBytes(total))).unwrap_or_default();
+    format!("{}{of} at {}/s", HumanBytes(bytes), HumanBytes(rate as u64))
+}
+
+fn meter_text(meter: &Meter) -> String {
+    metered(meter.bytes(), meter.expected(), meter.rate())
+}
+
 /// The width of the terminal on stderr, when it is one.
 fn terminal_width() -> Option<usize> {
     console::Term::stderr().size_checked().map(|(_rows, columns)| columns as usize)
@@ -142,12 +163,30 @@ impl Observer for TerminalProgress {
         bar.set_message(fit(stage, summary, terminal_width()));
         bar.enable_steady_tick(Duration::from_millis(120));
         if let Ok(mut running) = self.running.lock() {
-            running.insert(stage.to_string(), bar);
+            running.insert(stage.to_string(), Running { bar, meter: None });
         }
     }
 
+    fn metering(&self, stage: &str, meter: &Meter) {
+        let Ok(mut running) = self.running.lock() else { return };
+        let Some(running) = running.get_mut(stage) else { return };
+        let shown = meter.clone();
+        let style = ProgressStyle::with_template("{spinner} {prefix:<14} {elapsed:>4} {bytes}{wide_msg}")
+            .map(|style| {
+                style.with_key("bytes", move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+                    let text = meter_text(&shown);
+                    if !text.is_empty() {
+                        let _ = w.write_str(&format!("{text} · "));
+                    }
+                })
+            })
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        running.bar.set_style(style);
+        running.meter = Some(meter.clone());
+    }
+
     fn finished(&self, stage: &str, status: &StageStatus, duration: Duration) {
-        let Some(bar) = self.running.lock().ok().and_then(|mut r| r.remove(stage)) else {
+        let Some(Running { bar, meter }) = self.running.lock().ok().and_then(|mut r| r.remove(stage)) else {
             return;
         };
         let word = match status {
@@ -158,6 +197,20 @@ impl Observer for TerminalProgress {
             _ => "",
         };
         bar.set_style(ProgressStyle::with_template("  {prefix:<14} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
-        bar.finish_with_message(format!("{word} in {:.1}s", duration.as_secs_f64()));
+        let moved = meter.map(|meter| metered(meter.bytes(), None, meter.rate())).filter(|text| !text.is_empty());
+        let moved = moved.map(|text| format!(", {text}")).unwrap_or_default();
+        bar.finish_with_message(format!("{word} in {:.1}s{moved}", duration.as_secs_f64()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metered;
+
+    #[test]
+    fn a_meter_reads_bytes_share_and_rate_and_nothing_before_the_first_byte() {
+        assert_eq!(metered(0, Some(1 << 30), 0.0), "");
+        assert_eq!(metered(12 << 20, Some(1 << 30), 40.0 * 1024.0 * 1024.0), "12.00 MiB of 1.00 GiB at 40.00 MiB/s");
+        assert_eq!(metered(3 << 10, None, 1024.0), "3.00 KiB at 1.00 KiB/s");
     }
 }

@@ -223,7 +223,7 @@ impl Member {
     /// Stream a snapshot of this member into `store` at `key`, checking etcd's
     /// trailing hash on the way and the revision it holds.
     pub async fn snapshot_to(&self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
-        self.start_snapshot().await?.finish(store, key).await
+        self.start_snapshot().await?.finish(store, key, &crate::pipeline::Meter::new()).await
     }
 
     /// Open a snapshot stream and wait for its first bytes. etcd serves a
@@ -239,9 +239,9 @@ impl Member {
             .snapshot()
             .await
             .map_err(self.request("snapshot"))?;
-        let first = match stream.message().await.map_err(self.request("snapshot"))? {
-            Some(response) => Bytes::copy_from_slice(response.blob()),
-            None => Bytes::new(),
+        let (first, remaining) = match stream.message().await.map_err(self.request("snapshot"))? {
+            Some(response) => (Bytes::copy_from_slice(response.blob()), response.remaining_bytes()),
+            None => (Bytes::new(), 0),
         };
         let after = self.status(&mut client).await?.revision;
         if after != before {
@@ -254,6 +254,7 @@ impl Member {
         Ok(StartedSnapshot {
             member: self.name.clone(),
             revision: before,
+            size: first.len() as u64 + remaining,
             first,
             stream,
             _client: client,
@@ -267,6 +268,8 @@ impl Member {
 pub struct StartedSnapshot {
     member: String,
     revision: i64,
+    /// The stream's length, as etcd announced it with the first bytes.
+    size: u64,
     first: Bytes,
     stream: etcd_client::SnapshotStreaming,
     _client: Client,
@@ -283,17 +286,21 @@ impl StartedSnapshot {
     }
 
     /// Stream the rest into `store` at `key`, hashing it and checking etcd's
-    /// trailing hash; a corrupt stream leaves nothing behind.
-    pub async fn finish(self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
+    /// trailing hash; a corrupt stream leaves nothing behind. The bytes
+    /// received are counted in `meter`.
+    pub async fn finish(self, store: &dyn Store, key: &str, meter: &crate::pipeline::Meter) -> Result<SnapshotReport, EtcdError> {
         let StartedSnapshot {
             member,
             revision,
+            size,
             first,
             stream,
             _client,
         } = self;
         let check = std::sync::Arc::new(std::sync::Mutex::new(TrailingHash::default()));
         let tap = check.clone();
+        meter.expect(size);
+        let meter = meter.clone();
         let rest = futures::stream::unfold(stream, |mut stream| async move {
             match stream.message().await {
                 Ok(Some(response)) => Some((Ok(Bytes::copy_from_slice(response.blob())), stream)),
@@ -306,6 +313,7 @@ impl StartedSnapshot {
             .map(move |chunk: std::io::Result<Bytes>| {
                 if let (Ok(bytes), Ok(mut check)) = (&chunk, tap.lock()) {
                     check.update(bytes);
+                    meter.add(bytes.len() as u64);
                 }
                 chunk
             });

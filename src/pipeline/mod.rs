@@ -3,10 +3,12 @@
 //! resuming it after a crash).
 pub mod builtin;
 pub mod journal;
+pub mod meter;
 pub mod playbook;
 pub mod runner;
 pub mod stage;
 
+pub use meter::Meter;
 pub use journal::{Journal, JournalError, JournalState, StageState};
 pub use playbook::{Playbook, PlaybookError, StageRules};
 pub use runner::{Catalog, Mode, OnFailure, RunOutcome, RunReport, Runner, RunnerError, StageReport, StageStatus};

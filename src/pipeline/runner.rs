@@ -300,6 +300,10 @@ pub enum Mode<'a> {
 pub trait Observer: Send + Sync {
     fn started(&self, stage: &str, summary: &str);
     fn finished(&self, stage: &str, status: &StageStatus, duration: Duration);
+    /// The running `stage` moves bytes and counts them in `meter` (it may
+    /// go on counting after the stage: a snapshot streams on in the
+    /// background until the stage that waits for it shows the same meter).
+    fn metering(&self, _stage: &str, _meter: &super::Meter) {}
 }
 
 /// Runs one playbook for one operation.
@@ -446,7 +450,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                 self.notify_started(planned.stage);
                 let started = Instant::now();
                 let result = {
-                    let mut step = Step::new(&mut journal, &stages, planned.stage.name(), planned.params);
+                    let mut step = Step::new(&mut journal, &stages, planned.stage.name(), planned.params).observed(self.observer);
                     tokio::select! {
                         result = async {
                             test_hooks::hold_in(&name).await;
@@ -625,8 +629,10 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                     actions: planned.stage.plan(ctx, &Step::planning(&outputs, index, planned.stage.name(), planned.params)),
                 }
             } else {
+                // read-only stages run (a restore's verify reads the whole backup): shown as they go
+                self.notify_started(planned.stage);
                 let result = {
-                    let mut step = Step::planning(&outputs, index, planned.stage.name(), planned.params);
+                    let mut step = Step::planning(&outputs, index, planned.stage.name(), planned.params).observed(self.observer);
                     planned.stage.run(ctx, &mut step).await
                 };
                 match result {
@@ -638,6 +644,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                             duration: started.elapsed(),
                             output: Some(output),
                         });
+                        self.notify_finished(&reports[reports.len() - 1]);
                         continue;
                     }
                     Err(err) => {
@@ -652,6 +659,7 @@ impl<'a, C: Send + Sync> Runner<'a, C> {
                             duration: started.elapsed(),
                             output: None,
                         });
+                        self.notify_finished(&reports[reports.len() - 1]);
                         break;
                     }
                 }

@@ -263,6 +263,7 @@ pub struct Step<'a> {
     stage: &'static str,
     params: &'a Value,
     index: &'a StageIndex,
+    observer: Option<&'a dyn super::runner::Observer>,
 }
 
 impl<'a> Step<'a> {
@@ -272,6 +273,7 @@ impl<'a> Step<'a> {
             stage,
             params,
             index,
+            observer: None,
         }
     }
 
@@ -283,6 +285,7 @@ impl<'a> Step<'a> {
             stage,
             params,
             index,
+            observer: None,
         }
     }
 
@@ -293,6 +296,21 @@ impl<'a> Step<'a> {
             stage,
             params,
             index: &NO_STAGES,
+            observer: None,
+        }
+    }
+
+    /// This step's progress is shown by `observer`.
+    pub(crate) fn observed(mut self, observer: Option<&'a dyn super::runner::Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Show the bytes `meter` counts as this stage's progress (nothing
+    /// without a display, or in a dry-run).
+    pub fn show(&self, meter: &super::Meter) {
+        if let Some(observer) = self.observer {
+            observer.metering(self.stage, meter);
         }
     }
 

@@ -180,6 +180,9 @@ pub struct BackupContext {
     /// Snapshot streams started by `etcd-snapshot` (content fixed), still
     /// being written to the store; `snapshot-finish` collects them.
     pub pending: Vec<PendingSnapshot>,
+    /// The bytes of the pending streams, for the progress display (shown by
+    /// `etcd-snapshot` and then `snapshot-finish`).
+    pub streamed: crate::pipeline::Meter,
     /// With `--encrypt-to`: the store the encrypted artifacts are written
     /// through (see [`BackupContext::artifact_store`]).
     pub sealing: Option<std::sync::Arc<crate::archive::sealed::SealingStore>>,
@@ -242,6 +245,7 @@ impl BackupContext {
             etcd_tls: None,
             warnings: Vec::new(),
             pending: Vec::new(),
+            streamed: crate::pipeline::Meter::new(),
             sealing: None,
             management: None,
             dns: None,

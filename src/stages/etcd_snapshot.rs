@@ -165,11 +165,12 @@ async fn start_group(ctx: &mut BackupContext, group: &[MemberTarget], revision: 
         // encrypted on the way when the backup is (`--encrypt-to`)
         let store = ctx.artifact_store();
         let task_key = key.clone();
+        let meter = ctx.streamed.clone();
         let task = tokio::spawn(async move {
             // a port-forward lives as long as its stream, the permit too
             let _forward = forward;
             let _permit = permit;
-            snapshot.finish(store.as_ref(), &task_key).await
+            snapshot.finish(store.as_ref(), &task_key, &meter).await
         });
         ctx.pending.push(PendingSnapshot {
             member: pod,
@@ -272,6 +273,8 @@ impl Stage<BackupContext> for EtcdSnapshot {
     }
     async fn run(&self, ctx: &mut BackupContext, step: &mut Step<'_>) -> Result<Started, StageFailure> {
         let concurrency = step.read_params::<SnapshotParams>()?.concurrency;
+        ctx.streamed = crate::pipeline::Meter::new();
+        step.show(&ctx.streamed);
         let (revision, groups) = start_all(ctx, concurrency).await?;
         let started = ctx.pending.iter().map(|p| p.member.clone()).collect();
         Ok(Started { revision, started, concurrency, groups, skipped: ctx.etcd_health.skipped.clone() })
@@ -324,8 +327,10 @@ impl Stage<BackupContext> for SnapshotFinish {
                 )
                 .into());
             }
+            ctx.streamed = crate::pipeline::Meter::new();
             revision = Some(start_all(ctx, concurrency_of(step)?).await?.0);
         }
+        step.show(&ctx.streamed);
         let mut reports: Vec<SnapshotReport> = Vec::new();
         let mut errors = Vec::new();
         for pending in ctx.pending.drain(..) {

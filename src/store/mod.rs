@@ -6,6 +6,7 @@
 //! SHA-256 on the way, and never held whole in memory.
 
 pub mod local;
+pub mod metered;
 pub mod s3;
 
 use std::path::PathBuf;

@@ -2,6 +2,8 @@
 //! cluster, the real hcp-dr binary, and checks on the cluster's state.
 #![allow(dead_code)]
 
+pub mod shell;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -536,4 +538,70 @@ pub async fn assert_moved(dest: &kube::Client, hcp_ns: &str, revision_before: i6
             .collect();
         assert!(missing.is_empty(), "{pod} lacks keys from before: {missing:?}");
     }
+}
+
+impl Env {
+    /// `hcp-dr ARGS` as [`Env::command`] runs it, but on a pseudo-terminal
+    /// (`script`, from util-linux), as someone at a terminal sees it: its
+    /// exit status and everything it drew, stdout and stderr together, with
+    /// the terminal's control sequences taken out and each redraw on a line
+    /// of its own.
+    pub fn on_a_terminal(&self, args: &[&str]) -> (std::process::ExitStatus, String) {
+        let cmd = self.command(args, &[("TERM", "xterm"), ("HCP_DR_LOG_FORMAT", "text")]);
+        let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+        let line = std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(quote).collect::<Vec<_>>().join(" ");
+        let mut script = std::process::Command::new("script");
+        // a size: a pseudo-terminal made without a terminal has none
+        script.args(["-qefc", &format!("stty rows 50 cols 120 2>/dev/null; exec {line}"), "/dev/null"]);
+        for (key, value) in cmd.get_envs() {
+            match value {
+                Some(value) => script.env(key, value),
+                None => script.env_remove(key),
+            };
+        }
+        let out = script.output().expect("run script (util-linux)");
+        (out.status, without_control_sequences(&String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+/// `drawn` without ANSI control sequences, each carriage return, cursor
+/// movement or erase a new line.
+pub fn without_control_sequences(drawn: &str) -> String {
+    let mut out = String::new();
+    let mut chars = drawn.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => {
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    // parameters, then one final byte in @..~; a cursor
+                    // movement or an erase starts another line
+                    while let Some(p) = chars.next() {
+                        if ('@'..='~').contains(&p) {
+                            if p != 'm' {
+                                out.push('\n');
+                            }
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            }
+            '\r' => out.push('\n'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The lines of a terminal's output that show `stage` finished: `done in
+/// 1.2s, 12.00 MiB at 40.00 MiB/s` for one that moved bytes.
+pub fn finished_lines<'a>(drawn: &'a str, stage: &str) -> Vec<&'a str> {
+    drawn
+        .lines()
+        // up to the next spinner (braille), should the terminal have wrapped into it
+        .map(|line| line.split(|c: char| ('\u{2800}'..='\u{28ff}').contains(&c)).next().unwrap_or_default())
+        .filter(|line| line.split_whitespace().next() == Some(stage) && line.contains("done in"))
+        .collect()
 }

@@ -140,9 +140,9 @@ async fn decrypt(ctx: &EtcdRestoreContext, cipher: &std::path::Path, what: &str,
 }
 
 /// Copy `key` into a scratch file, hashing on the way.
-async fn download(ctx: &EtcdRestoreContext, key: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
+async fn download(ctx: &EtcdRestoreContext, key: &str, meter: &crate::pipeline::Meter) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
     let url = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
-    let mut body = ctx.snapshot_store().get(key).await?;
+    let mut body = meter.reader(ctx.snapshot_store().get(key).await?);
     copy_hashing(&mut body, &url).await
 }
 
@@ -153,7 +153,7 @@ fn scratch_room(needed: u64, what: &str) -> Result<(), StageFailure> {
 }
 
 /// Copy `body` into a private scratch file (under `TMPDIR`), hashing it.
-async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
+async fn copy_hashing(body: &mut (impl tokio::io::AsyncRead + Unpin), what: &str) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
     let scratch = tempfile::Builder::new()
         .prefix("hcp-dr-etcd-restore-")
         .suffix(".db")
@@ -191,7 +191,7 @@ async fn copy_hashing(body: &mut crate::store::Body<'_>, what: &str) -> Result<(
 /// again: for a resumed run that must stage it.
 pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext, snapshot: &CheckedSnapshot) -> Result<tempfile::TempPath, StageFailure> {
     scratch_room(if snapshot.decrypted { 2 * snapshot.size } else { snapshot.size }, &snapshot.source)?;
-    let (path, size, sha256) = download(ctx, &snapshot.key).await?;
+    let (path, size, sha256) = download(ctx, &snapshot.key, &crate::pipeline::Meter::new()).await?;
     let (path, size, sha256) = if snapshot.decrypted {
         decrypt(ctx, &path, &snapshot.source, &[]).await?
     } else {
@@ -223,15 +223,20 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
     fn plan(&self, _ctx: &EtcdRestoreContext, _step: &Step<'_>) -> Vec<String> {
         Vec::new()
     }
-    async fn run(&self, ctx: &mut EtcdRestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+    async fn run(&self, ctx: &mut EtcdRestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let (key, expected) = locate(ctx).await?;
+        let meter = crate::pipeline::Meter::new();
+        if let Some(expected) = &expected {
+            meter.expect(expected.size);
+        }
+        step.show(&meter);
         let source = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
         if let Some(expected) = &expected {
             // the stored object, and for an encrypted one its plaintext beside it
             let needed = expected.size + expected.plain.as_ref().map_or(0, |p| p.0);
             scratch_room(needed, &source)?;
         }
-        let (path, size, sha256) = download(ctx, &key).await?;
+        let (path, size, sha256) = download(ctx, &key, &meter).await?;
         if let Some(Expected { size: want_size, sha256: want_sha, .. }) = &expected
             && (size != *want_size || sha256 != *want_sha)
         {

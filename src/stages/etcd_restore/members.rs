@@ -221,10 +221,15 @@ async fn presign(ctx: &mut EtcdRestoreContext, snapshot: &CheckedSnapshot, done:
         ctx.local_copy = Some(super::fetch::local_plaintext(ctx, snapshot).await?);
     }
     let path = ctx.local_copy.as_ref().ok_or(StageError::Missing("the local copy"))?;
+    let meter = crate::pipeline::Meter::new();
+    meter.expect(snapshot.size);
+    step.show(&meter);
     let body: crate::store::Body<'static> = Box::new(
-        tokio::fs::File::open(path)
-            .await
-            .map_err(|e| StageError::Precondition(format!("reading the local copy {}: {e}", path.display())))?,
+        meter.reader(
+            tokio::fs::File::open(path)
+                .await
+                .map_err(|e| StageError::Precondition(format!("reading the local copy {}: {e}", path.display())))?,
+        ),
     );
     let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
     let put = staging.put(&key, body).await?;

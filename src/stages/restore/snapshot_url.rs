@@ -129,7 +129,10 @@ impl Stage<RestoreContext> for SnapshotUrl {
             let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?.clone();
             step.record(serde_json::to_value(&record)?)?;
             let source = ctx.inputs.layout().artifact(&best.artifact);
-            let mut body = ctx.store.get(&source).await?;
+            let meter = crate::pipeline::Meter::new();
+            meter.expect(best.size);
+            step.show(&meter);
+            let mut body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
             // the manifest's digest of what the copy must hold: the
             // plaintext, for a snapshot decrypted on the way
             let (mut want_size, mut want_sha) = (best.size, best.sha256.clone());

@@ -19,7 +19,11 @@ pub struct Verify;
 /// Check the backup (decrypting it with `--identity` when it is encrypted)
 /// and read its objects.
 async fn load(ctx: &RestoreContext) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
-    let checked = check_backup_with(ctx.store.as_ref(), &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
+    load_from(ctx, ctx.store.as_ref()).await
+}
+
+async fn load_from(ctx: &RestoreContext, store: &dyn crate::store::Store) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
+    let checked = check_backup_with(store, &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
     match checked.objects {
         Some(objects) => Ok((checked.manifest, objects, checked.report)),
         None => Err(EncryptionError::IdentityNeeded {
@@ -95,8 +99,11 @@ impl Stage<RestoreContext> for Verify {
             ctx.inputs.layout().dir()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        let (manifest, objects, report) = load(ctx).await?;
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        let meter = crate::pipeline::Meter::new();
+        step.show(&meter);
+        let store = crate::store::metered::MeteredStore::new(ctx.store.as_ref(), &meter);
+        let (manifest, objects, report) = load_from(ctx, &store).await?;
         let best = manifest
             .best_snapshot()
             .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
@@ -108,7 +115,7 @@ impl Stage<RestoreContext> for Verify {
             recipients: manifest.recipients(),
         };
         crate::etcd::verify::ensure_scratch_room(best.size, &format!("{}/{key}", ctx.store.url()))?;
-        let offline = crate::etcd::verify::verify_store_object_with(ctx.store.as_ref(), &key, &decryption).await?;
+        let offline = crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?;
         let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
