@@ -24,7 +24,8 @@ use hcp_dr::archive::{Layout, Manifest, OBJECTS, SHA256SUMS, check, objects, par
 use hcp_dr::etcd::bbolt::{self, BRANCH_PAGE, BUCKET_LEAF_FLAG, LEAF_PAGE, MAGIC, META_PAGE, NO_FREELIST, VERSION};
 use hcp_dr::etcd::verify::{self, Decryption, SnapshotSource};
 use hcp_dr::pipeline::journal::{ClusterBinding, Event, Header, Journal, Record};
-use hcp_dr::pipeline::{Playbook, StageRules, builtin};
+use hcp_dr::ops::registry;
+use hcp_dr::pipeline::{Playbook, StageRules};
 use hcp_dr::store::{LocalStore, Store, StoreUrl, check_key, hex};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -904,8 +905,8 @@ proptest! {
     }
 
     #[test]
-    fn mutated_builtin_playbooks_never_panic(which in 0..builtin::BUILTIN.len(), edits in edits()) {
-        check_playbook(&mutate_text(builtin::BUILTIN[which].1, &edits))?;
+    fn mutated_builtin_playbooks_never_panic(which in 0..registry::PLAYBOOKS.len(), edits in edits()) {
+        check_playbook(&mutate_text(registry::PLAYBOOKS[which].text, &edits))?;
     }
 
     #[test]
@@ -927,7 +928,7 @@ fn deeply_nested_playbooks_are_refused_not_overflowed() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.yaml");
     std::fs::write(&file, [0xff, 0xfe, b'o', b'p']).unwrap();
-    let err = builtin::load("backup", Some(&file)).unwrap_err().to_string();
+    let err = registry::load("backup", Some(&file)).unwrap_err().to_string();
     assert!(err.contains("p.yaml"), "{err}");
 }
 

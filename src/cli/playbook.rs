@@ -13,7 +13,8 @@ pub enum Command {
     /// Print the stages an operation runs, in order, and what each does.
     #[command(after_help = "Example:\n  hcp-dr playbook show restore")]
     Show {
-        /// The operation (backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release).
+        /// The playbook: an operation's name (its default playbook), or another embedded playbook of it (restore-dns-takeover).
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(ops::registry::names()))]
         name: String,
         /// Check and show this file instead of the embedded playbook.
         #[arg(long)]
@@ -23,20 +24,7 @@ pub enum Command {
 
 pub fn exec(command: Command, output: Output) -> Exit {
     let Command::Show { name, playbook } = command;
-    let result = match name.as_str() {
-        "backup" => ops::backup::describe_playbook(playbook.as_deref()),
-        "restore" => ops::restore::describe_playbook(playbook.as_deref()),
-        "migrate" => ops::migrate::describe_playbook(playbook.as_deref()),
-        "drill" => ops::drill::describe_playbook(playbook.as_deref()),
-        "etcd-recover" => ops::etcd::describe_playbook(playbook.as_deref()),
-        "etcd-restore" => ops::etcd_restore::describe_playbook(playbook.as_deref()),
-        "cluster-reconcile" => ops::reconcile::describe_playbook(playbook.as_deref()),
-        "cluster-destroy" => ops::cluster::describe_destroy_playbook(playbook.as_deref()),
-        "fence" | "fence-release" => ops::fence::describe_playbook(&name, playbook.as_deref()),
-        other => Err(ops::OpsError::Input(format!(
-            "no operation `{other}` has a playbook yet; known: backup, restore, migrate, drill, etcd-recover, etcd-restore, cluster-reconcile, cluster-destroy, fence, fence-release"
-        ))),
-    };
+    let result = ops::registry::find(&name).and_then(|entry| entry.describe(playbook.as_deref()));
     match result {
         Ok(stages) => {
             let value = json!({"operation": name, "stages": stages.iter().map(|s| json!({

@@ -1,6 +1,6 @@
 //! `hcp-dr backup`: one hosted cluster, through the backup playbook.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -241,10 +241,6 @@ pub fn operation() -> super::Operation<BackupContext> {
     }
 }
 
-/// For `playbook show`: the stages and what each does.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}
 
 /// Which hosted clusters a fleet backup takes.
 #[derive(Debug, Clone)]

@@ -208,7 +208,3 @@ pub fn destroy_operation() -> super::Operation<crate::stages::cluster_destroy::D
     }
 }
 
-/// For `playbook show cluster-destroy`.
-pub fn describe_destroy_playbook(file: Option<&std::path::Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    destroy_operation().describe(file)
-}

@@ -329,10 +329,6 @@ pub fn operation() -> super::Operation<DrillContext> {
     }
 }
 
-/// For `playbook show drill`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}
 
 #[cfg(test)]
 mod tests {

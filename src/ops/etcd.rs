@@ -183,7 +183,3 @@ pub fn operation() -> super::Operation<RecoverContext> {
     }
 }
 
-/// For `playbook show etcd-recover`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}

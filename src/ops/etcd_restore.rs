@@ -286,7 +286,3 @@ pub fn operation() -> super::Operation<EtcdRestoreContext> {
     }
 }
 
-/// For `playbook show etcd-restore`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}

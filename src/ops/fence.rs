@@ -286,7 +286,3 @@ pub fn release_operation() -> super::Operation<FenceContext> {
     }
 }
 
-/// For `playbook show fence` / `fence-release`.
-pub fn describe_playbook(operation: &str, file: Option<&std::path::Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    if operation == FENCE { fence_operation().describe(file) } else { release_operation().describe(file) }
-}

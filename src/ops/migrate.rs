@@ -276,7 +276,3 @@ pub fn operation() -> super::Operation<MigrateContext> {
     }
 }
 
-/// For `playbook show migrate`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}

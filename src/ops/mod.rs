@@ -10,6 +10,7 @@ pub mod etcd_restore;
 pub mod fence;
 pub mod migrate;
 pub mod reconcile;
+pub mod registry;
 pub mod restore;
 pub mod run;
 pub mod schedule;
@@ -179,31 +180,5 @@ mod tests {
             next.line(std::path::Path::new("/j/r.jsonl")),
             "journal written; if this process dies: `hcp-dr restore --resume /j/r.jsonl` goes on, `hcp-dr restore --abort /j/r.jsonl` deletes what it created"
         );
-    }
-
-    /// Every embedded playbook names only stages its operation has, in an
-    /// order its rules allow. (Here, not in `pipeline::builtin`: the pipeline
-    /// knows no stage, and `ops` is where both meet.)
-    #[test]
-    fn embedded_playbooks_parse_and_check() {
-        fn check<C: Send + Sync>(op: super::Operation<C>) -> usize {
-            let stages = op.describe(None).unwrap_or_else(|e| panic!("{}: {e}", op.name()));
-            assert!(!stages.is_empty(), "{}: empty playbook", op.name());
-            stages.len()
-        }
-        let checked = [
-            check(super::backup::operation()),
-            check(super::restore::operation()),
-            check(super::restore::operation().with_playbook("restore-dns-takeover")),
-            check(super::migrate::operation()),
-            check(super::etcd::operation()),
-            check(super::etcd_restore::operation()),
-            check(super::reconcile::operation()),
-            check(super::cluster::destroy_operation()),
-            check(super::drill::operation()),
-            check(super::fence::fence_operation()),
-            check(super::fence::release_operation()),
-        ];
-        assert_eq!(checked.len(), crate::pipeline::builtin::BUILTIN.len(), "an embedded playbook is not checked here");
     }
 }

@@ -172,10 +172,6 @@ pub fn operation() -> super::Operation<ReconcileContext> {
     }
 }
 
-/// For `playbook show cluster-reconcile`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}
 
 #[cfg(test)]
 mod tests {

@@ -380,10 +380,6 @@ pub fn operation() -> super::Operation<RestoreContext> {
     }
 }
 
-/// For `playbook show restore`.
-pub fn describe_playbook(file: Option<&Path>) -> Result<Vec<super::run::StageInfo>, OpsError> {
-    operation().describe(file)
-}
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,6 @@ use crate::pipeline::journal::ClusterBinding;
 use crate::pipeline::runner::Observer;
 use crate::pipeline::{
     Catalog, Interrupt, Journal, Mode, OnFailure, Playbook, RunOutcome, RunReport, Runner, StageReport, StageState, StageStatus,
-    builtin,
 };
 
 /// The flags every journaled operation takes, in one place.
@@ -207,7 +206,7 @@ impl<C: Send + Sync> Operation<C> {
     /// The playbook in `file` (or the embedded one), its stages and their
     /// `with:` parameters checked.
     fn playbook_from(&self, file: Option<&Path>) -> Result<Playbook, OpsError> {
-        let playbook = builtin::load(self.playbook, file)?;
+        let playbook = super::registry::load(self.playbook, file)?;
         playbook.check(&self.catalog.rules())?;
         playbook.check_params(|name| self.catalog.get(name).map(|stage| stage.params()))?;
         Ok(playbook)

@@ -1,7 +1,6 @@
 //! The pipeline core: playbooks (what to run), stages (how), the journal
 //! (what happened) and the runner (doing it, undoing it on failure,
 //! resuming it after a crash).
-pub mod builtin;
 pub mod journal;
 pub mod meter;
 pub mod playbook;
