@@ -270,9 +270,8 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
     let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&source.namespace, &source.name, &inputs.restore.backup_id]).abort_finished(kept);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
 
-    let taken = ctx
-        .restore
-        .manifest
+    let manifest = run.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.manifest);
+    let taken = manifest
         .as_ref()
         .and_then(|m| m.timings.started)
         .or_else(|| parse_backup_id(&inputs.restore.backup_id).ok());
@@ -281,8 +280,8 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         passed: run.outcome == RunOutcome::Succeeded && checks_ran && ctx.checks.iter().all(|c| c.passed),
         backup: format!("{}/{}", ctx.restore.store.url(), inputs.restore.layout().dir()),
         source: source.path(),
-        source_uid: ctx.restore.manifest.as_ref().map(|m| m.cluster.uid.clone()),
-        lineage: ctx.restore.manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
+        source_uid: manifest.as_ref().map(|m| m.cluster.uid.clone()),
+        lineage: manifest.as_ref().map(|m| m.cluster.lineage_root().to_string()),
         drill: inputs.identity.drill.path(),
         rto_seconds: rto_seconds(&run),
         rpo_seconds: taken.map(|t| (inputs.started - t).num_milliseconds() as f64 / 1000.0),

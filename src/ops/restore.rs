@@ -331,7 +331,12 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     }
     let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
-    let backup_taken = ctx.manifest.as_ref().and_then(|m| m.timings.started);
+    // the manifest verify checked; for --dns-only (no verify) the store's
+    let manifest = match run.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.manifest) {
+        Some(manifest) => Some(manifest),
+        None => read_manifest(ctx.store.as_ref(), &inputs.layout()).await.ok(),
+    };
+    let backup_taken = manifest.and_then(|m| m.timings.started);
     let backup = format!("{}/{}", ctx.store.url(), inputs.layout().dir());
     let dns_takeover = run.output_of::<crate::stages::restore::dns::DnsTakeover>()?;
     let take_over_dns_command = dns_takeover

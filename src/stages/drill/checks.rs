@@ -238,14 +238,16 @@ async fn members(client: &kube::Client, hcp_ns: &str) -> Result<Vec<MemberTarget
 }
 
 /// The etcd checks of every member; returns the samples of the first one read.
-async fn etcd_checks(ctx: &DrillContext, snapshot: Option<&BTreeMap<String, u64>>, out: &mut Vec<CheckResult>) -> Result<Vec<(String, i64)>, StageFailure> {
+async fn etcd_checks(ctx: &DrillContext, step: &Step<'_>, snapshot: Option<&BTreeMap<String, u64>>, out: &mut Vec<CheckResult>) -> Result<Vec<(String, i64)>, StageFailure> {
     let restore = &ctx.restore;
     let hcp_ns = restore.inputs.hcp_namespace();
-    let backup_revision = restore
-        .manifest
-        .as_ref()
-        .and_then(|m| m.etcd.iter().map(|s| s.revision).max())
-        .ok_or(StageError::Missing("the manifest (verify)"))?;
+    let backup_revision = crate::stages::restore::verify::manifest(restore, step)
+        .await?
+        .etcd
+        .iter()
+        .map(|s| s.revision)
+        .max()
+        .ok_or_else(|| StageError::Precondition("the backup's manifest lists no etcd snapshot".into()))?;
     let expected = crate::stages::restore::preflight::hosted_cluster(restore.objects.as_deref().unwrap_or_default())?.expected_etcd_members();
     let targets = members(&restore.client, &hcp_ns).await?;
     let names: Vec<&str> = targets.iter().map(|t| t.pod.as_str()).collect();
@@ -329,7 +331,7 @@ async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, St
     let mut out = Vec::new();
     let snapshot: Option<BTreeMap<String, u64>> =
         step.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.snapshot.keys_by_prefix);
-    let samples = etcd_checks(ctx, snapshot.as_ref(), &mut out).await?;
+    let samples = etcd_checks(ctx, step, snapshot.as_ref(), &mut out).await?;
 
     let (ns, name) = (&ctx.inputs.identity.drill.namespace, &ctx.inputs.identity.drill.name);
     let label = format!("HostedCluster {ns}/{name}");

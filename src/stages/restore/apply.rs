@@ -252,14 +252,14 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
     }
 
     // Objects, in order.
-    ensure_url(ctx).await?;
+    ensure_url(ctx, step).await?;
     let discovery = Discovery::new(ctx.client.clone())
         .run()
         .await
         .map_err(request("discovering the destination's API groups"))?;
     let url = ctx.snapshot_url.clone().ok_or(StageError::Missing("the snapshot URL"))?;
     let from = format!("{}/{}", ctx.store.url(), ctx.inputs.layout().dir());
-    let source_uid = ctx.manifest.as_ref().map(|m| m.cluster.uid.clone()).unwrap_or_default();
+    let source_uid = super::verify::manifest(ctx, step).await?.cluster.uid;
     let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), &url, &from, &source_uid);
     let mut conflicts = Vec::new();
     for mut obj in objects {

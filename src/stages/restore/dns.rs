@@ -111,7 +111,7 @@ pub fn foreign<'a>(present: &'a [Record], owner: &str) -> Vec<&'a Record> {
 }
 
 async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver, StageFailure> {
-    let manifest = manifest(ctx).await?;
+    let manifest = manifest(ctx, step).await?;
     let label = ctx.inputs.hc_label();
     let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, &ctx.inputs.namespace), &ctx.inputs.hosted_cluster, &label).await?.map(HostedCluster);
     // the hostnames: what the backup recorded, and what the restored

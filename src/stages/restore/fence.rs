@@ -38,7 +38,7 @@ pub struct Fenced {
 }
 
 async fn run(stage: &WriteFence, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Fenced, StageFailure> {
-    let manifest = manifest(ctx).await?;
+    let manifest = manifest(ctx, step).await?;
     let runs_on = ctx.management.clone().ok_or(StageError::Missing("the destination management cluster's identity"))?;
     let (ns, name) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone());
     let label = ctx.inputs.hc_label();

@@ -21,7 +21,7 @@ use kube::Client;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::archive::{Layout, Manifest};
+use crate::archive::Layout;
 use crate::pipeline::{Catalog, StageId};
 use crate::stages::context::EtcdAccess;
 use crate::store::Store;
@@ -114,8 +114,6 @@ pub struct RestoreContext {
     /// Where a local backup's snapshot is staged for its URL (an S3 store).
     pub staging: Option<Box<dyn Store>>,
     pub inputs: RestoreInputs,
-    /// Read by `verify` (and again by `apply` on a resumed run).
-    pub manifest: Option<Manifest>,
     /// The sanitized objects to replay; never journaled (they hold secrets).
     pub objects: Option<Vec<Value>>,
     /// The presigned snapshot URL; never journaled or printed (it grants
@@ -142,7 +140,6 @@ impl RestoreContext {
             store,
             staging,
             inputs,
-            manifest: None,
             objects: None,
             snapshot_url: None,
             findings: None,

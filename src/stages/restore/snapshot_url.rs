@@ -18,7 +18,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::RestoreContext;
-use super::verify::ensure_loaded;
+use super::verify::{manifest, verified_manifest};
+use crate::archive::Manifest;
 use crate::archive::Layout;
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::StageError;
@@ -42,8 +43,7 @@ pub fn staged_key(layout: &Layout, member: &str) -> String {
 }
 
 /// The key to presign and whether it is staged.
-fn source_key(ctx: &RestoreContext) -> Result<(String, String, bool), StageFailure> {
-    let manifest = ctx.manifest.as_ref().ok_or(StageError::Missing("the manifest (verify)"))?;
+fn source_key(ctx: &RestoreContext, manifest: &Manifest) -> Result<(String, String, bool), StageFailure> {
     let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?;
     let layout = ctx.inputs.layout();
     Ok(match &ctx.staging {
@@ -60,17 +60,17 @@ fn source_key(ctx: &RestoreContext) -> Result<(String, String, bool), StageFailu
 }
 
 /// Whether the staged copy is the decrypted snapshot of an encrypted backup.
-fn decrypting(ctx: &RestoreContext) -> bool {
-    ctx.manifest.as_ref().is_some_and(|m| m.encryption.is_some())
+fn decrypting(manifest: &Manifest) -> bool {
+    manifest.encryption.is_some()
 }
 
 /// Presign the snapshot (again, on a resumed run) into `ctx.snapshot_url`.
-pub async fn ensure_url(ctx: &mut RestoreContext) -> Result<(), StageFailure> {
+pub async fn ensure_url(ctx: &mut RestoreContext, step: &Step<'_>) -> Result<(), StageFailure> {
     if ctx.snapshot_url.is_some() {
         return Ok(());
     }
-    ensure_loaded(ctx).await?;
-    let (url, key, staged) = source_key(ctx)?;
+    let manifest = manifest(ctx, step).await?;
+    let (url, key, staged) = source_key(ctx, &manifest)?;
     let store = if staged { ctx.staging.as_deref() } else { Some(ctx.store.as_ref()) };
     let store = store.ok_or(StageError::Missing("the staging store"))?;
     let presigned = store.presign_get(&key, ctx.inputs.presign_ttl()).await?.ok_or_else(|| {
@@ -93,17 +93,17 @@ impl Stage<RestoreContext> for SnapshotUrl {
     fn mutates(&self) -> bool {
         true
     }
-    fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
-        if ctx.manifest.is_none() {
+    fn plan(&self, ctx: &RestoreContext, step: &Step<'_>) -> Vec<String> {
+        let Some(manifest) = verified_manifest(step) else {
             // migrate: the backup is written by this very run
             return vec![format!(
                 "presign a GET URL ({}s) of the best member snapshot of the backup this run writes{}",
                 ctx.inputs.presign_ttl_seconds,
                 if ctx.staging.is_some() { ", first copied to the staging S3 store" } else { "" }
             )];
-        }
-        match source_key(ctx) {
-            Ok((url, key, true)) if decrypting(ctx) => vec![
+        };
+        match source_key(ctx, &manifest) {
+            Ok((url, key, true)) if decrypting(&manifest) => vec![
                 format!("decrypt the snapshot (--identity) into a temporary copy at {url}/{key} (deleted once etcd has restored it, or by --abort)"),
                 format!("presign it for {}s", ctx.inputs.presign_ttl_seconds),
             ],
@@ -116,8 +116,8 @@ impl Stage<RestoreContext> for SnapshotUrl {
         }
     }
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        ensure_loaded(ctx).await?;
-        let (url, key, staged) = source_key(ctx)?;
+        let manifest = manifest(ctx, step).await?;
+        let (url, key, staged) = source_key(ctx, &manifest)?;
         let record = UrlRecord {
             store: url.clone(),
             key: key.clone(),
@@ -125,7 +125,6 @@ impl Stage<RestoreContext> for SnapshotUrl {
             expires: chrono::Utc::now() + chrono::Duration::seconds(ctx.inputs.presign_ttl_seconds as i64),
         };
         if staged {
-            let manifest = ctx.manifest.as_ref().ok_or(StageError::Missing("the manifest"))?;
             let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?.clone();
             step.record(serde_json::to_value(&record)?)?;
             let source = ctx.inputs.layout().artifact(&best.artifact);
@@ -163,8 +162,8 @@ impl Stage<RestoreContext> for SnapshotUrl {
             }
         }
         ctx.snapshot_url = None;
-        ensure_url(ctx).await?;
-        if staged && decrypting(ctx) {
+        ensure_url(ctx, step).await?;
+        if staged && decrypting(&manifest) {
             tracing::warn!(store = %url, key = %key, ttl_seconds = ctx.inputs.presign_ttl_seconds,
                 "a decrypted copy of the snapshot is staged for etcd's download; it is deleted once etcd has restored it (or by --abort)");
         }

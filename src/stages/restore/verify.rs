@@ -34,26 +34,31 @@ async fn load_from(ctx: &RestoreContext, store: &dyn crate::store::Store) -> Res
     }
 }
 
-/// Load (and check) the backup into the context unless it already is: a
-/// resumed run re-reads it, as objects are never journaled.
+/// Load (and check) the backup's objects into the context unless they
+/// already are: a resumed run re-reads them, as objects are never
+/// journaled (they hold Secrets).
 pub async fn ensure_loaded(ctx: &mut RestoreContext) -> Result<(), StageFailure> {
-    if ctx.objects.is_none() || ctx.manifest.is_none() {
-        let (manifest, objects, _) = load(ctx).await?;
-        ctx.manifest = Some(manifest);
+    if ctx.objects.is_none() {
+        let (_, objects, _) = load(ctx).await?;
         ctx.objects = Some(objects);
     }
     Ok(())
 }
 
-/// The backup's manifest: the one `verify` read, else read again (a
-/// resumed run; the manifest is small and needs no key).
-pub async fn manifest(ctx: &mut RestoreContext) -> Result<Manifest, StageFailure> {
-    if let Some(m) = &ctx.manifest {
-        return Ok(m.clone());
+/// The backup's manifest: the one `verify` checked (its output, journaled),
+/// else read from the store (a playbook without `verify`, as
+/// `restore --dns-only`; the manifest is small and needs no key).
+pub async fn manifest(ctx: &RestoreContext, step: &Step<'_>) -> Result<Manifest, StageFailure> {
+    if let Some(manifest) = step.output_of::<Verify>()?.and_then(|verified| verified.manifest) {
+        return Ok(manifest);
     }
-    let m = read_manifest(ctx.store.as_ref(), &ctx.inputs.layout()).await?;
-    ctx.manifest = Some(m.clone());
-    Ok(m)
+    Ok(read_manifest(ctx.store.as_ref(), &ctx.inputs.layout()).await?)
+}
+
+/// The manifest `verify` checked, for a plan (`None` before it ran: a
+/// migrate's dry-run, whose backup does not exist yet).
+pub fn verified_manifest(step: &Step<'_>) -> Option<Manifest> {
+    step.output_of::<Verify>().ok().flatten().and_then(|verified| verified.manifest)
 }
 
 /// What verify checked: the backup's artifacts, and the snapshot a restore
@@ -67,6 +72,10 @@ pub struct Verified {
     pub snapshot: VerifiedSnapshot,
     pub backup_finished: Option<chrono::DateTime<chrono::Utc>>,
     pub encrypted_to: Vec<String>,
+    /// The manifest checked, for the stages after (journals written
+    /// before it was recorded here have none: read from the store then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<Manifest>,
 }
 
 /// The snapshot a restore uses: its member, revision and keys.
@@ -140,6 +149,7 @@ impl Stage<RestoreContext> for Verify {
             },
             backup_finished: manifest.timings.finished,
             encrypted_to: manifest.recipients().to_vec(),
+            manifest: Some(manifest.clone()),
         };
         if manifest.etcd_health.no_quorum {
             ctx.warnings.push(format!(
@@ -147,7 +157,6 @@ impl Stage<RestoreContext> for Verify {
                 best.member
             ));
         }
-        ctx.manifest = Some(manifest);
         ctx.objects = Some(objects);
         Ok(output)
     }

@@ -74,7 +74,7 @@ pub async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kub
         .count())
 }
 
-async fn run(ctx: &mut RestoreContext, timeout: Duration) -> Result<Healthy, StageFailure> {
+async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::archive::Manifest) -> Result<Healthy, StageFailure> {
     ensure_loaded(ctx).await?;
     let started = Instant::now();
     let (ns, name, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone(), ctx.inputs.hcp_namespace());
@@ -140,12 +140,10 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration) -> Result<Healthy, Sta
     }
 
     // Every member holds the backup's data.
-    let backup_revision = ctx
-        .manifest
-        .as_ref()
-        .and_then(|m| m.best_snapshot())
+    let backup_revision = manifest
+        .best_snapshot()
         .map(|s| s.revision)
-        .ok_or(StageError::Missing("the manifest (verify)"))?;
+        .ok_or_else(|| StageError::Precondition("the backup's manifest lists no etcd snapshot".into()))?;
     let tls = etcd_access::discover_tls(&ctx.client, &hcp_ns, &TlsOverride::default()).await?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
     let pods = pods
@@ -220,6 +218,7 @@ impl Stage<RestoreContext> for Wait {
     }
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<AvailableWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
-        Ok(run(ctx, timeout).await?)
+        let manifest = super::verify::manifest(ctx, step).await?;
+        Ok(run(ctx, timeout, &manifest).await?)
     }
 }
