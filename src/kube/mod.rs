@@ -406,6 +406,17 @@ pub async fn scale_deployment(client: &Client, namespace: &str, name: &str, repl
 
 /// The pods a Deployment's selector matches.
 pub async fn deployment_pods(client: &Client, namespace: &str, name: &str) -> Result<Vec<Pod>, KubeError> {
+    let selector = deployment_selector(client, namespace, name).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    Ok(pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(request(format!("listing pods of Deployment {namespace}/{name}")))?
+        .items)
+}
+
+/// The label selector of Deployment `name`'s pods (its matchLabels).
+pub async fn deployment_selector(client: &Client, namespace: &str, name: &str) -> Result<String, KubeError> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let deployment = api
         .get(name)
@@ -417,17 +428,7 @@ pub async fn deployment_pods(client: &Client, namespace: &str, name: &str) -> Re
             "Deployment {namespace}/{name} has no matchLabels selector"
         )));
     }
-    let selector = labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    Ok(pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(request(format!("listing pods of Deployment {namespace}/{name}")))?
-        .items)
+    Ok(labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
 }
 
 /// Poll `check` every `every` until it returns `Some`, or fail after `timeout`.

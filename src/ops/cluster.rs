@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::OpsError;
 use crate::hosted::render::{NewCluster, objects};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster, NODE_POOL};
-use crate::kube::{api, get_json, request, wait_for};
+use crate::kube::{api, get_json, request};
 
 /// What `cluster create` was asked.
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ pub async fn create(options: &CreateOptions) -> Result<Value, OpsError> {
         }
         tracing::info!(object = %what, "created");
     }
-    let hc = wait_for(&format!("{label} to become Available"), options.wait, Duration::from_secs(1), || async {
+    let hc = crate::kube::wait_watching(&hcs, crate::kube::Watched::named(name), &format!("{label} to become Available"), options.wait, Duration::from_secs(1), || async {
         let hc = get_json(&hcs, name, &label).await?;
         Ok(hc.filter(|h| HostedCluster(h.clone()).condition("Available") == Some("True")))
     })

@@ -308,7 +308,8 @@ impl Stage<FenceContext> for ScaleToZero {
         let what = format!("the pods of {ns} to go (etcd members and API servers of this copy)");
         let client = ctx.client.clone();
         let left = std::sync::Mutex::new(Vec::new());
-        let waited = crate::kube::wait_for(&what, std::time::Duration::from_secs(ctx.inputs.wait_seconds), std::time::Duration::from_millis(500), || async {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(ctx.client.clone(), &ns);
+        let waited = crate::kube::wait_watching(&pods, crate::kube::Watched::default(), &what, std::time::Duration::from_secs(ctx.inputs.wait_seconds), std::time::Duration::from_millis(500), || async {
             // A reconcile that began before the pause took effect (or an
             // operator that does not honour it) can scale a workload back
             // up: it is scaled to 0 again until nothing runs.

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::hosted::{Gvk, HOSTED_CLUSTER, HostedCluster, NODE_POOL};
-use crate::kube::{api, get_json, merge_patch, request, wait_for};
+use crate::kube::{api, get_json, merge_patch, request};
 use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Catalog, Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::StageError;
@@ -442,7 +442,10 @@ impl Stage<ReconcileContext> for Wait {
         let pools: Vec<String> = ctx.desired.iter().filter(|o| o["kind"] == "NodePool").map(|o| name_of(o).to_string()).collect();
         let started = std::time::Instant::now();
         let client = ctx.client.clone();
-        wait_for(
+        // woken by the HostedCluster's changes; the NodePools are looked at then and every few seconds
+        crate::kube::wait_watching(
+            &api(&ctx.client, &HOSTED_CLUSTER, &ns),
+            crate::kube::Watched::named(&name),
             &format!("{label} to be Available and NodePools {} Ready", pools.join(", ")),
             Duration::from_secs(ctx.inputs.wait_timeout_seconds),
             Duration::from_secs(1),

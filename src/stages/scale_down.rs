@@ -10,7 +10,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
 use super::context::{BackupContext, ScaledDeployment};
-use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if, wait_for};
+use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if};
 use super::params::ScaleDownParams;
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 
@@ -98,7 +98,10 @@ impl Stage<BackupContext> for ScaleDown {
         let timeout = params.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
         for d in &scaled {
             let what = format!("the pods of Deployment {ns}/{} to terminate", d.name);
-            wait_for(&what, timeout, Duration::from_millis(250), || async {
+            let selector = crate::kube::deployment_selector(&ctx.client, &ns, &d.name).await?;
+            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(ctx.client.clone(), &ns);
+            // woken by the pods' own deletions (a watch), not a poll
+            crate::kube::wait_watching(&pods, crate::kube::Watched::labelled(&selector), &what, timeout, Duration::from_millis(250), || async {
                 if let Some(replicas) = deployment_replicas(&ctx.client, &ns, &d.name).await? {
                     if replicas > 0 {
                         return Err(crate::kube::KubeError::Invalid(format!(

@@ -26,7 +26,7 @@ use super::EtcdRestoreContext;
 use super::assess::{Assess, PlannedMember, RestorePlan};
 use super::fetch::{CheckedSnapshot, FetchSnapshot};
 use super::stop::StopEtcd;
-use crate::kube::{request, wait_for};
+use crate::kube::request;
 use crate::stages::etcd_ops::replace::delete_exact;
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
@@ -159,7 +159,7 @@ async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedM
     crate::teardown::delete_and_wait(&api, &name, &what, timeout).await?;
     let started = Instant::now();
     api.create(&PostParams::default(), &pod).await.map_err(request(format!("creating {what}")))?;
-    let outcome = wait_for(&format!("{what} to finish"), timeout, Duration::from_millis(500), || async {
+    let outcome = crate::kube::wait_watching(&api, crate::kube::Watched::named(&name), &format!("{what} to finish"), timeout, Duration::from_millis(500), || async {
         let pod = api.get(&name).await.map_err(request(format!("reading {what}")))?;
         let status = pod.status.unwrap_or_default();
         let terminated = status

@@ -217,7 +217,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
             }
             tracing::warn!(pvc = %name, namespace = %hcp_ns, "deleted a leftover etcd PVC (--clean-leftovers)");
         }
-        crate::kube::wait_for("leftover etcd PVCs to be gone", Duration::from_secs(120), Duration::from_millis(500), || async {
+        crate::kube::wait_watching(&pvcs, crate::kube::Watched::default(), "leftover etcd PVCs to be gone", Duration::from_secs(120), Duration::from_millis(500), || async {
             for name in &findings.leftover_pvcs {
                 if pvcs.get_opt(name).await.map_err(request(format!("reading PVC {hcp_ns}/{name}")))?.is_some() {
                     return Ok(None);
