@@ -275,7 +275,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         .as_ref()
         .and_then(|m| m.timings.started)
         .or_else(|| parse_backup_id(&inputs.restore.backup_id).ok());
-    let checks_ran = run.stages.iter().any(|s| s.name == "checks" && s.status == StageStatus::Succeeded);
+    let checks_ran = run.stage_of::<crate::stages::drill::checks::Checks>().is_some_and(|s| s.status == StageStatus::Succeeded);
     let mut result = DrillResult {
         passed: run.outcome == RunOutcome::Succeeded && checks_ran && ctx.checks.iter().all(|c| c.passed),
         backup: format!("{}/{}", ctx.restore.store.url(), inputs.restore.layout().dir()),

@@ -186,6 +186,11 @@ impl RunReport {
             .map(|value| S::Output::deserialize(value).map_err(|e| super::OutputError { stage: S::NAME, message: e.to_string() }))
             .transpose()
     }
+
+    /// The report of stage `S`, found by its name (`None`: not in the playbook).
+    pub fn stage_of<S: super::StageId>(&self) -> Option<&StageReport> {
+        self.stages.iter().find(|s| s.name == S::NAME)
+    }
 }
 
 /// The stages an operation implements: the one registry of its stage names

@@ -59,43 +59,63 @@ pub struct WaitParams {
     pub timeout: Option<String>,
 }
 
-/// `wait`: how long the restored cluster has to become Available.
-#[derive(Debug, Default, Deserialize)]
-#[serde(transparent)]
-pub struct AvailableWait(pub WaitParams);
+/// What a stage that takes a `timeout` waits for: its help line and range.
+pub trait WaitFor {
+    const KEYS: &'static [(&'static str, &'static str)];
+    const RANGE: DurationIn;
+}
 
-impl StageParams for AvailableWait {
+/// The `timeout` of a stage that waits for `W`.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct Timeout<W> {
+    params: WaitParams,
+    #[serde(skip)]
+    waits_for: std::marker::PhantomData<fn() -> W>,
+}
+
+impl<W> Default for Timeout<W> {
+    fn default() -> Self {
+        Timeout { params: WaitParams::default(), waits_for: std::marker::PhantomData }
+    }
+}
+
+impl<W: WaitFor> StageParams for Timeout<W> {
+    const KEYS: &'static [(&'static str, &'static str)] = W::KEYS;
+    fn check(&self) -> Result<(), String> {
+        self.timeout().map(|_| ())
+    }
+}
+
+impl<W: WaitFor> Timeout<W> {
+    pub fn timeout(&self) -> Result<Option<Duration>, String> {
+        duration_in("timeout", &self.params.timeout, W::RANGE)
+    }
+}
+
+/// `wait`: how long the restored cluster has to become Available.
+#[derive(Debug)]
+pub enum Available {}
+
+impl WaitFor for Available {
     const KEYS: &'static [(&'static str, &'static str)] =
         &[("timeout", "how long the cluster has to become Available with its nodes Ready (10s to 1d; default: --wait-timeout)")];
-    fn check(&self) -> Result<(), String> {
-        self.timeout().map(|_| ())
-    }
+    const RANGE: DurationIn = duration::AVAILABLE_WAIT;
 }
 
-impl AvailableWait {
-    pub fn timeout(&self) -> Result<Option<Duration>, String> {
-        duration_in("timeout", &self.0.timeout, duration::AVAILABLE_WAIT)
-    }
-}
+pub type AvailableWait = Timeout<Available>;
 
 /// `rejoin`: how long the recovered member has to catch up.
-#[derive(Debug, Default, Deserialize)]
-#[serde(transparent)]
-pub struct MemberWait(pub WaitParams);
+#[derive(Debug)]
+pub enum MemberBack {}
 
-impl StageParams for MemberWait {
+impl WaitFor for MemberBack {
     const KEYS: &'static [(&'static str, &'static str)] =
         &[("timeout", "how long the member has to come back healthy at the leader's revision (30s to 1d; default: --wait-timeout)")];
-    fn check(&self) -> Result<(), String> {
-        self.timeout().map(|_| ())
-    }
+    const RANGE: DurationIn = duration::MEMBER_WAIT;
 }
 
-impl MemberWait {
-    pub fn timeout(&self) -> Result<Option<Duration>, String> {
-        duration_in("timeout", &self.0.timeout, duration::MEMBER_WAIT)
-    }
-}
+pub type MemberWait = Timeout<MemberBack>;
 
 /// The DNS stages (migrate's `dns`, restore's `dns-takeover`).
 #[derive(Debug, Default, Deserialize)]
