@@ -54,6 +54,22 @@ async fn rendered_schedule_applies_with_kubectl() {
     assert_eq!(deletes.len(), 1, "only the lock Lease is deleted: {deletes:?}");
     assert_eq!(deletes[0]["resources"][0], "leases");
 
+    // spread over three pods: an Indexed Job the API server (and kubectl) accept
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-dr"))
+        .args(["schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://backups/hcp", "--namespace", "hcp-dr-sharded", "--shards", "3", "--keep-daily", "7"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sharded = tmp.path().join("sharded.yaml");
+    std::fs::write(&sharded, &out.stdout).unwrap();
+    let applied = kubectl(kubeconfig, &["apply", "-f", sharded.to_str().unwrap()]);
+    assert!(applied.status.success(), "kubectl apply: {}\n{}", String::from_utf8_lossy(&applied.stdout), String::from_utf8_lossy(&applied.stderr));
+    let cron = kubectl(kubeconfig, &["get", "cronjob", "hcp-dr-backup", "-n", "hcp-dr-sharded", "-o", "json"]);
+    let cron: Value = serde_json::from_slice(&cron.stdout).unwrap();
+    let job = &cron["spec"]["jobTemplate"]["spec"];
+    assert_eq!((job["completionMode"].as_str(), job["parallelism"].as_u64(), job["backoffLimitPerIndex"].as_u64()), (Some("Indexed"), Some(3), Some(0)), "{job:#}");
+    assert_eq!(job["template"]["spec"]["initContainers"][0]["args"][2], "--shard");
+
     // bad input: exit 2
     let out = Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(["schedule", "render", "--schedule", "every 6h", "--to", "s3://b/p"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

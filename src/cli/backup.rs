@@ -29,6 +29,9 @@ pub struct Args {
     /// With --all: how many backups run at once [range: 1 to 64].
     #[arg(long, default_value_t = 2, requires = "all", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub concurrency: usize,
+    /// With --all: back up only part INDEX of COUNT parts of the matching clusters (by their UID's hash; INDEX from 0), as each pod of an Indexed Job does (schedule render --shards).
+    #[arg(long, value_name = "INDEX/COUNT", requires = "all", value_parser = parse_shard)]
+    pub shard: Option<crate::ops::shard::Shard>,
     /// Management cluster kubeconfig (default: $KUBECONFIG, which may list
     /// several files, then ~/.kube/config, then in-cluster).
     #[arg(long)]
@@ -182,6 +185,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
         concurrency: args.concurrency,
+        shard: args.shard,
     });
     let options = match options(args, output) {
         Ok(o) => o,
@@ -220,6 +224,9 @@ pub fn render_fleet(result: &FleetResult) -> String {
     } else {
         format!("fleet backup: {} succeeded, {} failed\n", result.succeeded, result.failed)
     };
+    if let (Some(shard), Some(others)) = (&result.shard, result.other_shards) {
+        out.push_str(&format!("shard {shard}: {} matching cluster(s) here, {others} in the other shards\n", result.clusters.len()));
+    }
     for c in &result.clusters {
         let line = match (&c.result, &c.error) {
             (Some(_), _) if planned(c) => format!("plan    {}  (dry run: would back it up; see `hcp-dr backup --hosted-cluster NAME --dry-run` for its stages)", c.hosted_cluster),
@@ -278,4 +285,8 @@ mod tests {
         assert!(sse("kms:").is_err());
         assert!(sse("aes").is_err());
     }
+}
+
+pub fn parse_shard(text: &str) -> Result<crate::ops::shard::Shard, String> {
+    crate::ops::shard::Shard::parse(text).map_err(|e| e.to_string())
 }

@@ -105,6 +105,9 @@ pub enum Command {
         /// List what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Prune only part INDEX of COUNT parts of the store's clusters (by the hash of NAMESPACE/NAME; INDEX from 0): each pod of a sharded schedule prunes its part, so no folder is pruned twice.
+        #[arg(long, value_name = "INDEX/COUNT", conflicts_with = "hosted_cluster", value_parser = super::backup::parse_shard)]
+        shard: Option<crate::ops::shard::Shard>,
         #[command(flatten)]
         s3: StoreArgs,
     },
@@ -409,6 +412,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             max_age,
             incomplete_after,
             dry_run,
+            shard,
             s3,
         } => {
             let store = match store::open(&store, s3.s3()).await {
@@ -423,7 +427,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 incomplete_after: duration::to_chrono(incomplete_after),
             };
             let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
-            match backups::prune(store.as_ref(), cluster, &policy, dry_run).await {
+            match backups::prune(store.as_ref(), cluster, shard, &policy, dry_run).await {
                 Ok(entries) => {
                     print(output, &entries, || render_prune(&entries, dry_run));
                     Exit::Success

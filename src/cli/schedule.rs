@@ -56,6 +56,9 @@ pub enum Command {
         /// with --take-over-dns needs when this management cluster is lost.
         #[arg(long)]
         route53_zone: Option<String>,
+        /// Spread the fleet over K pods: an Indexed Job (completionMode Indexed, parallelism K) whose pod i backs up (and prunes) the clusters of `--shard i/K`; a failing shard does not stop the others; 1 is one pod [range: 1 to 64].
+        #[arg(long, default_value_t = 1, conflicts_with = "hosted_cluster", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+        shards: usize,
     },
 }
 
@@ -75,6 +78,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         keep_weekly,
         max_age,
         route53_zone,
+        shards,
     } = command;
     let options = ScheduleOptions {
         schedule,
@@ -90,6 +94,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         keep_weekly,
         max_age: max_age.map(duration::show),
         route53_zone,
+        shards,
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

@@ -251,6 +251,8 @@ pub struct FleetSelection {
     pub selector: Option<String>,
     /// How many backups run at once.
     pub concurrency: usize,
+    /// Only the clusters whose UID falls in this part (`--shard i/K`).
+    pub shard: Option<super::shard::Shard>,
 }
 
 /// One cluster's result in a fleet backup.
@@ -270,6 +272,12 @@ pub struct FleetResult {
     pub clusters: Vec<FleetMember>,
     pub succeeded: usize,
     pub failed: usize,
+    /// With `--shard`: which part this run took, and how many of the
+    /// matching clusters it left to the other parts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_shards: Option<usize>,
 }
 
 /// Back up every matching hosted cluster, each with its own lock, pause,
@@ -292,18 +300,25 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
         Some(ns) => crate::kube::api(&client, &crate::hosted::HOSTED_CLUSTER, ns),
         None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
     };
-    let mut targets: Vec<(String, String)> = crate::kube::list_json(&api, &params, "HostedClusters")
-        .await?
-        .iter()
-        .filter_map(|hc| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string())))
-        .collect();
-    targets.sort();
-    if targets.is_empty() {
+    let matching = crate::kube::list_json(&api, &params, "HostedClusters").await?;
+    if matching.is_empty() {
         return Err(OpsError::Input(format!(
             "no HostedCluster matches (namespace {}, selector {}): nothing to back up",
             fleet.namespace.as_deref().unwrap_or("(all)"),
             fleet.selector.as_deref().unwrap_or("(none)")
         )));
+    }
+    // a shard takes the clusters whose UID falls in it (an empty part is no error: the fleet is small)
+    let mine = |hc: &&serde_json::Value| fleet.shard.is_none_or(|shard| shard.owns(hc["metadata"]["uid"].as_str().unwrap_or_default()));
+    let mut targets: Vec<(String, String)> = matching
+        .iter()
+        .filter(mine)
+        .filter_map(|hc| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string())))
+        .collect();
+    targets.sort();
+    let other_shards = fleet.shard.map(|_| matching.len() - targets.len());
+    if let Some(shard) = fleet.shard {
+        tracing::info!(shard = %shard, clusters = targets.len(), others = matching.len() - targets.len(), "backing up this shard's clusters");
     }
     // one interrupt per backup, all fired by the command's
     let mut triggers = Vec::new();
@@ -358,5 +373,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
         failed: clusters.len() - succeeded,
         succeeded,
         clusters,
+        shard: fleet.shard.map(|shard| shard.to_string()),
+        other_shards,
     })
 }

@@ -299,6 +299,7 @@ pub struct PruneEntry {
 pub async fn prune(
     store: &dyn Store,
     cluster: Option<(&str, &str)>,
+    shard: Option<super::shard::Shard>,
     policy: &Policy,
     dry_run: bool,
 ) -> Result<Vec<PruneEntry>, OpsError> {
@@ -315,6 +316,9 @@ pub async fn prune(
     let now = Utc::now();
     let mut out = Vec::new();
     for (name, backups) in by_cluster {
+        if shard.is_some_and(|shard| !shard.owns(&name)) {
+            continue;
+        }
         let candidates: Vec<Candidate> = backups
             .iter()
             .map(|b| Candidate {

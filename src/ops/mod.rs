@@ -14,6 +14,7 @@ pub mod registry;
 pub mod restore;
 pub mod run;
 pub mod schedule;
+pub mod shard;
 pub mod signals;
 pub mod target;
 

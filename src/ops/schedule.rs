@@ -31,6 +31,8 @@ pub struct ScheduleOptions {
     /// Passed to each backup: the zone whose records of the clusters'
     /// hostnames (and their external-dns owner) the manifests record.
     pub route53_zone: Option<String>,
+    /// Pods of an Indexed Job, each backing up its `--shard` (1: one pod).
+    pub shards: usize,
 }
 
 /// The rules of the ClusterRole: what backup (and prune, and the signals)
@@ -123,6 +125,9 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
             if let Some(selector) = &o.selector {
                 backup_args.extend(["-l".into(), selector.clone()]);
             }
+            if o.shards > 1 {
+                backup_args.extend(["--shard".into(), shard_arg(o.shards)]);
+            }
         }
     }
     backup_args.extend(["--to".into(), o.store.clone(), "--output".into(), "json".into()]);
@@ -160,11 +165,44 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
         }
     }
     let pruning = prune_args.len() > 4;
+    if pruning && o.shards > 1 {
+        prune_args.extend(["--shard".into(), shard_arg(o.shards)]);
+    }
     let (init, main) = if pruning {
         (vec![container("backup", &backup_args)], container("prune", &prune_args))
     } else {
         (vec![], container("backup", &backup_args))
     };
+    if o.shards == 0 || o.shards > 64 {
+        return Err(OpsError::Input(format!("--shards {}: from 1 to 64", o.shards)));
+    }
+    if o.shards > 1 && o.hosted_cluster.is_some() {
+        return Err(OpsError::Input("--shards spreads a fleet (--all) over pods; one cluster is one pod".into()));
+    }
+    let mut job = json!({
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": 3 * 3600,
+        "template": {"metadata": {"labels": labels}, "spec": {
+            "serviceAccountName": name,
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": init,
+            "containers": [main],
+            "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        }},
+    });
+    if o.shards > 1 {
+        // Each index once, at once; a failed index (a cluster of it failed)
+        // fails alone: backoffLimitPerIndex instead of the Job-wide
+        // backoffLimit, whose first failure would end the other shards.
+        let spec = job.as_object_mut().expect("an object");
+        spec.remove("backoffLimit");
+        spec.insert("completionMode".into(), json!("Indexed"));
+        spec.insert("completions".into(), json!(o.shards));
+        spec.insert("parallelism".into(), json!(o.shards));
+        spec.insert("backoffLimitPerIndex".into(), json!(0));
+        spec.insert("maxFailedIndexes".into(), json!(o.shards));
+    }
     let mut rules_json = Vec::new();
     for (rule, _) in rules() {
         rules_json.push(rule);
@@ -183,20 +221,15 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
                    "startingDeadlineSeconds": 600,
                    "successfulJobsHistoryLimit": 3,
                    "failedJobsHistoryLimit": 5,
-                   "jobTemplate": {"metadata": {"labels": labels}, "spec": {
-                       "backoffLimit": 0,
-                       "activeDeadlineSeconds": 3 * 3600,
-                       "template": {"metadata": {"labels": labels}, "spec": {
-                           "serviceAccountName": name,
-                           "restartPolicy": "Never",
-                           "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                           "initContainers": init,
-                           "containers": [main],
-                           "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
-                       }},
-                   }},
+                   "jobTemplate": {"metadata": {"labels": labels}, "spec": job},
                }}),
     ])
+}
+
+/// `--shard`'s value in a pod of an Indexed Job: Kubernetes puts the pod's
+/// index in JOB_COMPLETION_INDEX and expands `$(VAR)` in args.
+fn shard_arg(shards: usize) -> String {
+    format!("$(JOB_COMPLETION_INDEX)/{shards}")
 }
 
 /// The objects as one multi-document YAML stream.
@@ -232,6 +265,7 @@ mod tests {
             keep_weekly: None,
             max_age: Some("30d".into()),
             route53_zone: None,
+            shards: 1,
         }
     }
 
@@ -276,6 +310,33 @@ mod tests {
         let yaml = render_yaml(&options()).unwrap();
         let back: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(back, objects, "the YAML reads back as the objects");
+    }
+
+    #[test]
+    fn shards_render_an_indexed_job_whose_pods_take_their_part() {
+        let one = render(&options()).unwrap();
+        let job = &one[4]["spec"]["jobTemplate"]["spec"];
+        assert_eq!(job["backoffLimit"], 0);
+        assert!(job.get("completionMode").is_none(), "one pod: {job:#}");
+        let mut o = options();
+        o.shards = 4;
+        let sharded = render(&o).unwrap();
+        let job = &sharded[4]["spec"]["jobTemplate"]["spec"];
+        assert_eq!((job["completionMode"].as_str(), job["completions"].as_u64(), job["parallelism"].as_u64()), (Some("Indexed"), Some(4), Some(4)));
+        // a failed shard fails alone
+        assert_eq!((job["backoffLimitPerIndex"].as_u64(), job["maxFailedIndexes"].as_u64()), (Some(0), Some(4)));
+        assert!(job.get("backoffLimit").is_none(), "a Job-wide backoffLimit would end every shard at the first failure");
+        let pod = &job["template"]["spec"];
+        assert_eq!(
+            pod["initContainers"][0]["args"],
+            json!(["backup", "--all", "-l", "backup=yes", "--shard", "$(JOB_COMPLETION_INDEX)/4", "--to", "s3://bucket/hcp", "--output", "json"])
+        );
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!(["backups", "prune", "--store", "s3://bucket/hcp", "--keep-last", "7", "--max-age", "30d", "--shard", "$(JOB_COMPLETION_INDEX)/4"])
+        );
+        o.hosted_cluster = Some(("clusters".into(), "demo".into()));
+        assert!(render(&o).unwrap_err().to_string().contains("--shards"));
     }
 
     #[test]
