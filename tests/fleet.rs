@@ -11,12 +11,11 @@ use kube::api::{Api, Patch};
 use serde_json::{Value, json};
 use support::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {
-    let env = env("SingleReplica").await;
-    for name in ["alpha", "beta"] {
+/// SingleReplica clusters `names` in demo's namespace, Available.
+async fn add_clusters(env: &Env, names: &[&str]) {
+    for name in names {
         let mut spec = HostedClusterSpec::demo();
-        spec.name = name.into();
+        spec.name = name.to_string();
         spec.availability = "SingleReplica".into();
         spec.node_pool_replicas = 1;
         // the namespace exists already
@@ -24,6 +23,12 @@ async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {
         create_all(&env.mgmt, &objects).await.expect("create");
         wait_available(&env.mgmt, "clusters", name, Duration::from_secs(180)).await.expect("Available");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {
+    let env = env("SingleReplica").await;
+    add_clusters(&env, &["alpha", "beta"]).await;
     // break beta: paused by its owner (the operator leaves it alone) and its etcd client TLS gone
     let hcs = api_for(&env.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
     hcs.patch("beta", &Default::default(), &Patch::Merge(json!({"spec": {"pausedUntil": "true"}}))).await.unwrap();
@@ -76,15 +81,7 @@ async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sharded_fleet_backups_take_each_cluster_exactly_once() {
     let env = env("SingleReplica").await;
-    for name in ["alpha", "beta"] {
-        let mut spec = HostedClusterSpec::demo();
-        spec.name = name.into();
-        spec.availability = "SingleReplica".into();
-        spec.node_pool_replicas = 1;
-        let objects: Vec<Value> = spec.objects().into_iter().filter(|o| o["kind"] != "Namespace").collect();
-        create_all(&env.mgmt, &objects).await.expect("create");
-        wait_available(&env.mgmt, "clusters", name, Duration::from_secs(180)).await.expect("Available");
-    }
+    add_clusters(&env, &["alpha", "beta"]).await;
     let store = env.local_store();
     let store = store.to_str().unwrap();
     const K: usize = 3;
