@@ -86,6 +86,11 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
     assert_eq!(report["outcome"], "succeeded", "{report:#}");
+    // verify read each byte of the backup once (the snapshot it reads offline is the copy it hashed)
+    let verify = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "verify").unwrap()["output"];
+    let (checked, read) = (verify["bytes_checked"].as_u64().unwrap(), verify["bytes_read"].as_u64().unwrap());
+    println!("verify read {read} bytes for {checked} bytes of artifacts: {:.3}x", read as f64 / checked as f64);
+    assert!(read >= checked && read as f64 <= checked as f64 * 1.05, "verify read {read} bytes for {checked} bytes of artifacts: {verify:#}");
     // the RPO: the backup's age when restored (writes after it are lost)
     assert!(report["backup_taken"].as_str().is_some_and(|t| t.starts_with("20")), "{report:#}");
     assert!(report["backup_age_seconds"].as_i64().is_some_and(|age| age >= 0), "{report:#}");

@@ -41,6 +41,54 @@ pub enum CheckError {
     /// (no identity, or none of the recipients').
     #[error(transparent)]
     Encryption(#[from] EncryptionError),
+    /// The local copy of the snapshot a restore uses could not be written.
+    #[error("writing a scratch copy of {what} at {}: {source} (set TMPDIR to a directory with room for the snapshot)", path.display())]
+    Scratch {
+        what: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    NoSpace(#[from] crate::space::NoSpace),
+}
+
+/// Where a checked artifact's bytes go besides the hash: small artifacts
+/// into memory (the objects, SHA256SUMS), the snapshot a restore uses into
+/// a scratch file (so it is downloaded once, checked and read offline from
+/// the same copy).
+enum Keep<'a> {
+    Memory(&'a mut Vec<u8>),
+    File { file: tokio::fs::File, path: &'a std::path::Path, written: u64 },
+}
+
+impl Keep<'_> {
+    async fn write(&mut self, key: &str, bytes: &[u8]) -> Result<(), CheckError> {
+        match self {
+            Keep::Memory(keep) => keep.extend_from_slice(bytes),
+            Keep::File { file, path, written } => {
+                if let Err(source) = tokio::io::AsyncWriteExt::write_all(file, bytes).await {
+                    return Err(spool_error(key, path, *written, source));
+                }
+                *written += bytes.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(self, key: &str) -> Result<(), CheckError> {
+        if let Keep::File { mut file, path, written } = self {
+            tokio::io::AsyncWriteExt::flush(&mut file).await.map_err(|source| spool_error(key, path, written, source))?;
+        }
+        Ok(())
+    }
+}
+
+fn spool_error(key: &str, path: &std::path::Path, written: u64, source: std::io::Error) -> CheckError {
+    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, crate::etcd::verify::SCRATCH_HINT) {
+        Some(full) => CheckError::NoSpace(full),
+        None => CheckError::Scratch { what: key.to_string(), path: path.to_path_buf(), source },
+    }
 }
 
 /// What a check found (nothing secret).
@@ -65,6 +113,9 @@ pub struct Checked {
     pub manifest: Manifest,
     pub objects: Option<Vec<Value>>,
     pub report: CheckReport,
+    /// The artifact written to the copy file ([`check_backup_copying`]),
+    /// checked against the manifest; its plaintext when it was decrypted.
+    pub copied: Option<String>,
 }
 
 /// Read and parse the manifest of one backup.
@@ -100,8 +151,8 @@ pub async fn read_manifest_at(store: &dyn Store, key: &str) -> Option<Manifest> 
     Manifest::parse(&bytes).ok()
 }
 
-/// Stream `key` back, hashing it; `keep` collects the bytes too (small artifacts).
-async fn rehash(store: &dyn Store, key: &str, mut keep: Option<&mut Vec<u8>>) -> Result<crate::store::PutReport, CheckError> {
+/// Stream `key` back, hashing it; `keep` collects the bytes too.
+async fn rehash(store: &dyn Store, key: &str, mut keep: Option<Keep<'_>>) -> Result<crate::store::PutReport, CheckError> {
     let mut body = store.get(key).await?;
     let mut hasher = Hasher::default();
     let mut buf = vec![0u8; 1 << 20];
@@ -114,9 +165,12 @@ async fn rehash(store: &dyn Store, key: &str, mut keep: Option<&mut Vec<u8>>) ->
             break;
         }
         hasher.update(&buf[..n]);
-        if let Some(keep) = keep.as_deref_mut() {
-            keep.extend_from_slice(&buf[..n]);
+        if let Some(keep) = keep.as_mut() {
+            keep.write(key, &buf[..n]).await?;
         }
+    }
+    if let Some(keep) = keep {
+        keep.finish(key).await?;
     }
     Ok(hasher.finish())
 }
@@ -128,7 +182,7 @@ async fn rehash_decrypted(
     key: &str,
     identities: &Identities,
     recipients: &[String],
-    mut keep: Option<&mut Vec<u8>>,
+    mut keep: Option<Keep<'_>>,
 ) -> Result<(PutReport, Result<PutReport, String>), CheckError> {
     let body = store.get(key).await?;
     let (hashing, stored) = HashingReader::new(body);
@@ -142,12 +196,16 @@ async fn rehash_decrypted(
                 return Ok(());
             }
             hasher.update(&buf[..n]);
-            if let Some(keep) = keep.as_deref_mut() {
-                keep.extend_from_slice(&buf[..n]);
+            if let Some(keep) = keep.as_mut() {
+                keep.write(key, &buf[..n]).await.map_err(|e| e.to_string())?;
             }
         }
     }
     .await;
+    let read = match (read, keep) {
+        (Ok(()), Some(keep)) => keep.finish(key).await.map_err(|e| e.to_string()),
+        (read, _) => read,
+    };
     drop(plain);
     let stored = std::mem::take(&mut *stored.lock().map_err(|_| StoreError::Body {
         key: key.to_string(),
@@ -181,6 +239,19 @@ pub async fn check_backup(store: &dyn Store, layout: &Layout) -> Result<(Manifes
 /// decrypted archive (in memory: it is never written out). A wrong identity
 /// is refused before any artifact is read.
 pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: Option<&Identities>) -> Result<Checked, CheckError> {
+    check(store, layout, identities, None).await
+}
+
+/// As [`check_backup_with`], also writing the best member snapshot (the
+/// one a restore uses: [`Manifest::best_snapshot`]) to the file `copy` as
+/// it is hashed: its plaintext, for an encrypted backup read with an
+/// identity. The snapshot is then read offline from that copy instead of
+/// being downloaded again. [`Checked::copied`] names it when it was written.
+pub async fn check_backup_copying(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, copy: &std::path::Path) -> Result<Checked, CheckError> {
+    check(store, layout, identities, Some(copy)).await
+}
+
+async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, copy: Option<&std::path::Path>) -> Result<Checked, CheckError> {
     let manifest = read_manifest(store, layout).await?;
     if manifest.backup_id != layout.backup_id
         || manifest.cluster.namespace != layout.namespace
@@ -214,11 +285,19 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
     };
     let mut tarball = Vec::new();
     let mut sums = Vec::new();
+    let best = manifest.best_snapshot().map(|m| m.artifact.clone());
+    let mut copied = None;
     for artifact in &manifest.artifacts {
         let key = layout.artifact(&artifact.name);
-        let keep = match artifact.name.as_str() {
-            OBJECTS => Some(&mut tarball),
-            SHA256SUMS => Some(&mut sums),
+        let keep = match (artifact.name.as_str(), copy) {
+            (OBJECTS, _) => Some(Keep::Memory(&mut tarball)),
+            (SHA256SUMS, _) => Some(Keep::Memory(&mut sums)),
+            // the stored bytes, or the plaintext when they are decrypted on the way
+            (name, Some(path)) if Some(name) == best.as_deref() && (manifest.plaintext(name).is_none() || decrypting.is_some()) => {
+                let file = tokio::fs::File::create(path).await.map_err(|source| CheckError::Scratch { what: key.clone(), path: path.to_path_buf(), source })?;
+                copied = Some(artifact.name.clone());
+                Some(Keep::File { file, path, written: 0 })
+            }
             _ => None,
         };
         let plaintext = manifest.plaintext(&artifact.name);
@@ -296,6 +375,7 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
             manifest,
             objects: None,
             report,
+            copied,
         });
     }
     let objects: Vec<Value> = objects::read_tar_gz(&tarball[..])
@@ -312,6 +392,7 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
         manifest,
         objects: Some(objects),
         report,
+        copied,
     })
 }
 
@@ -412,6 +493,27 @@ mod tests {
         let (wrong, _) = key();
         let err = check_backup_with(store.as_ref(), &layout, Some(&wrong)).await.unwrap_err().to_string();
         assert!(err.contains("none of the identities in test.key can decrypt backup"), "{err}");
+    }
+
+    /// The snapshot a restore uses is written to the copy as it is checked
+    /// (its plaintext when decrypted), so it is read from the store once.
+    #[tokio::test]
+    async fn the_best_snapshot_is_copied_while_it_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+        let copy = dir.path().join("copy.db");
+        let checked = check_backup_copying(store.as_ref(), &layout, Some(&ids), &copy).await.unwrap();
+        assert_eq!(checked.copied.as_deref(), Some("etcd/etcd-0.db"));
+        let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        assert!(std::fs::read(&copy).unwrap() == snapshot, "the copy is not the snapshot's plaintext");
+        // without a key the plaintext cannot be had: nothing is copied
+        let blind = check_backup_copying(store.as_ref(), &layout, None, &dir.path().join("blind.db")).await.unwrap();
+        assert_eq!(blind.copied, None);
+        // a copy that cannot be written says where and what to do
+        let nowhere = dir.path().join("no-such-dir/copy.db");
+        let err = check_backup_copying(store.as_ref(), &layout, Some(&ids), &nowhere).await.unwrap_err().to_string();
+        assert!(err.contains("no-such-dir/copy.db") && err.contains("set TMPDIR"), "{err}");
     }
 
     #[tokio::test]

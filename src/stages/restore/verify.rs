@@ -19,13 +19,14 @@ pub struct Verify;
 /// Check the backup (decrypting it with `--identity` when it is encrypted)
 /// and read its objects.
 async fn load(ctx: &RestoreContext) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
-    load_from(ctx, ctx.store.as_ref()).await
+    let checked = check_backup_with(ctx.store.as_ref(), &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
+    loaded(checked).map(|(manifest, objects, report, _)| (manifest, objects, report))
 }
 
-async fn load_from(ctx: &RestoreContext, store: &dyn crate::store::Store) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
-    let checked = check_backup_with(store, &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
+/// A checked backup's parts, or the identity it needs.
+fn loaded(checked: crate::archive::check::Checked) -> Result<(Manifest, Vec<Value>, CheckReport, Option<String>), StageFailure> {
     match checked.objects {
-        Some(objects) => Ok((checked.manifest, objects, checked.report)),
+        Some(objects) => Ok((checked.manifest, objects, checked.report, checked.copied)),
         None => Err(EncryptionError::IdentityNeeded {
             what: format!("backup {}", checked.report.backup),
             recipients: checked.report.encrypted_to,
@@ -68,6 +69,10 @@ pub struct Verified {
     pub backup: String,
     pub artifacts_checked: usize,
     pub bytes_checked: u64,
+    /// What was read from the store to check it, the manifest included:
+    /// each artifact once.
+    #[serde(default)]
+    pub bytes_read: u64,
     pub objects: usize,
     pub snapshot: VerifiedSnapshot,
     pub backup_finished: Option<chrono::DateTime<chrono::Utc>>,
@@ -112,19 +117,45 @@ impl Stage<RestoreContext> for Verify {
         let meter = crate::pipeline::Meter::new();
         step.show(&meter);
         let store = crate::store::metered::MeteredStore::new(ctx.store.as_ref(), &meter);
-        let (manifest, objects, report) = load_from(ctx, &store).await?;
+        let layout = ctx.inputs.layout();
+        // room for the one local copy of the snapshot a restore uses (the manifest is small)
+        let listed = read_manifest(&store, &layout).await?;
+        if let Some(best) = listed.best_snapshot() {
+            let plain = listed.plaintext(&best.artifact).map_or(best.size, |p| p.size);
+            crate::etcd::verify::ensure_scratch_room(plain, &format!("{}/{}", ctx.store.url(), layout.artifact(&best.artifact)))?;
+        }
+        // Every artifact is read once: the best snapshot is copied as it is
+        // hashed, then read offline from the copy.
+        let copy = tempfile::Builder::new()
+            .prefix("hcp-dr-verify-")
+            .suffix(".db")
+            .tempfile()
+            .map_err(|e| StageError::Precondition(format!("creating a scratch file for the snapshot ({}): {e}", crate::etcd::verify::SCRATCH_HINT)))?
+            .into_temp_path();
+        let checked = crate::archive::check::check_backup_copying(&store, &layout, ctx.keys.as_ref(), &copy).await?;
+        let (manifest, objects, report, copied) = loaded(checked)?;
         let best = manifest
             .best_snapshot()
             .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
         // The snapshot etcd will restore is also read as etcd will: its
         // trailing hash and its database, and it must hold the recorded revision.
-        let key = ctx.inputs.layout().artifact(&best.artifact);
+        let key = layout.artifact(&best.artifact);
         let decryption = crate::etcd::verify::Decryption {
             identities: ctx.keys.as_ref(),
             recipients: manifest.recipients(),
         };
-        crate::etcd::verify::ensure_scratch_room(best.size, &format!("{}/{key}", ctx.store.url()))?;
-        let offline = crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?;
+        let offline = if copied.as_deref() == Some(best.artifact.as_str()) {
+            let (path, identities, recipients) = (copy.to_path_buf(), ctx.keys.clone(), manifest.recipients().to_vec());
+            let what = format!("{}/{key}", ctx.store.url());
+            tokio::task::spawn_blocking(move || {
+                crate::etcd::verify::verify_file_with(&path, &crate::etcd::verify::Decryption { identities: identities.as_ref(), recipients: &recipients })
+            })
+            .await
+            .map_err(|e| StageError::Precondition(format!("verifying {what}: {e}")))??
+        } else {
+            crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?
+        };
+        drop(copy);
         let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
@@ -147,6 +178,7 @@ impl Stage<RestoreContext> for Verify {
                 keys: offline.summary.as_ref().map(|s| s.live_keys),
                 keys_by_prefix: offline.summary.as_ref().map(|s| s.live_keys_by_prefix.clone()),
             },
+            bytes_read: meter.bytes(),
             backup_finished: manifest.timings.finished,
             encrypted_to: manifest.recipients().to_vec(),
             manifest: Some(manifest.clone()),
