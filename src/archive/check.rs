@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
 use super::encryption::{self, EncryptionError, HashingReader, Identities};
-use super::{ArchiveError, Layout, Manifest, OBJECTS, SHA256SUMS, objects, sha256sums};
+use super::{ArchiveError, Layout, Manifest, MemberSnapshot, OBJECTS, SHA256SUMS, objects, sha256sums};
 use crate::store::{Hasher, PutReport, Store, StoreError};
 
 /// Why a stored backup cannot be used.
@@ -51,6 +51,10 @@ pub enum CheckError {
     },
     #[error(transparent)]
     NoSpace(#[from] crate::space::NoSpace),
+    /// A copy could not be read offline (not a verdict: a damaged
+    /// snapshot is a report, not this).
+    #[error("{0}")]
+    Offline(String),
 }
 
 /// Where a checked artifact's bytes go besides the hash: small artifacts
@@ -85,7 +89,7 @@ impl Keep<'_> {
 }
 
 fn spool_error(key: &str, path: &std::path::Path, written: u64, source: std::io::Error) -> CheckError {
-    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, crate::etcd::verify::SCRATCH_HINT) {
+    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, "set TMPDIR to a directory with room for the snapshot") {
         Some(full) => CheckError::NoSpace(full),
         None => CheckError::Scratch { what: key.to_string(), path: path.to_path_buf(), source },
     }
@@ -113,9 +117,9 @@ pub struct Checked {
     pub manifest: Manifest,
     pub objects: Option<Vec<Value>>,
     pub report: CheckReport,
-    /// The artifact written to the copy file ([`check_backup_copying`]),
-    /// checked against the manifest; its plaintext when it was decrypted.
-    pub copied: Option<String>,
+    /// The member snapshots read offline from a copy made while they were
+    /// checked ([`check_backup_inspecting`]).
+    pub copied: Vec<String>,
 }
 
 /// Read and parse the manifest of one backup.
@@ -242,16 +246,26 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
     check(store, layout, identities, None).await
 }
 
-/// As [`check_backup_with`], also writing the best member snapshot (the
-/// one a restore uses: [`Manifest::best_snapshot`]) to the file `copy` as
-/// it is hashed: its plaintext, for an encrypted backup read with an
-/// identity. The snapshot is then read offline from that copy instead of
-/// being downloaded again. [`Checked::copied`] names it when it was written.
-pub async fn check_backup_copying(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, copy: &std::path::Path) -> Result<Checked, CheckError> {
-    check(store, layout, identities, Some(copy)).await
+/// What reads member snapshots offline during a check, so each is
+/// downloaded once: a snapshot it wants is written to a private scratch
+/// file (under TMPDIR) as it is hashed (its plaintext, for an encrypted
+/// backup read with an identity), handed to [`Inspect::inspect`] once its
+/// hash matched the manifest, and removed.
+#[async_trait::async_trait]
+pub trait Inspect: Send {
+    fn wants(&self, member: &MemberSnapshot) -> bool;
+    async fn inspect(&mut self, member: &MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError>;
 }
 
-async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, copy: Option<&std::path::Path>) -> Result<Checked, CheckError> {
+/// As [`check_backup_with`], with the member snapshots `inspect` wants
+/// read offline from the copy made while they were hashed, instead of
+/// being downloaded again. [`Checked::copied`] lists the artifacts copied
+/// (none of an encrypted backup without an identity).
+pub async fn check_backup_inspecting(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, inspect: &mut dyn Inspect) -> Result<Checked, CheckError> {
+    check(store, layout, identities, Some(inspect)).await
+}
+
+async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, mut inspect: Option<&mut dyn Inspect>) -> Result<Checked, CheckError> {
     let manifest = read_manifest(store, layout).await?;
     if manifest.backup_id != layout.backup_id
         || manifest.cluster.namespace != layout.namespace
@@ -285,19 +299,32 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
     };
     let mut tarball = Vec::new();
     let mut sums = Vec::new();
-    let best = manifest.best_snapshot().map(|m| m.artifact.clone());
-    let mut copied = None;
+    let mut copied = Vec::new();
     for artifact in &manifest.artifacts {
         let key = layout.artifact(&artifact.name);
-        let keep = match (artifact.name.as_str(), copy) {
-            (OBJECTS, _) => Some(Keep::Memory(&mut tarball)),
-            (SHA256SUMS, _) => Some(Keep::Memory(&mut sums)),
-            // the stored bytes, or the plaintext when they are decrypted on the way
-            (name, Some(path)) if Some(name) == best.as_deref() && (manifest.plaintext(name).is_none() || decrypting.is_some()) => {
-                let file = tokio::fs::File::create(path).await.map_err(|source| CheckError::Scratch { what: key.clone(), path: path.to_path_buf(), source })?;
-                copied = Some(artifact.name.clone());
-                Some(Keep::File { file, path, written: 0 })
-            }
+        // a member snapshot to read offline: the stored bytes, or the
+        // plaintext when they are decrypted on the way
+        let member = manifest.etcd.iter().find(|m| m.artifact == artifact.name);
+        let readable = manifest.plaintext(&artifact.name).is_none() || decrypting.is_some();
+        let copy = match (member, inspect.as_deref()) {
+            (Some(member), Some(inspect)) if readable && inspect.wants(member) => Some(
+                tempfile::Builder::new()
+                    .prefix("hcp-dr-check-")
+                    .suffix(".db")
+                    .tempfile()
+                    .map_err(|source| CheckError::Scratch { what: key.clone(), path: std::env::temp_dir(), source })?
+                    .into_parts(),
+            ),
+            _ => None,
+        };
+        let (copy_file, copy_path) = match copy {
+            Some((file, path)) => (Some(tokio::fs::File::from_std(file)), Some(path)),
+            None => (None, None),
+        };
+        let keep = match (artifact.name.as_str(), copy_file, copy_path.as_deref()) {
+            (OBJECTS, _, _) => Some(Keep::Memory(&mut tarball)),
+            (SHA256SUMS, _, _) => Some(Keep::Memory(&mut sums)),
+            (_, Some(file), Some(path)) => Some(Keep::File { file, path, written: 0 }),
             _ => None,
         };
         let plaintext = manifest.plaintext(&artifact.name);
@@ -352,6 +379,10 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         }
         report.artifacts_checked += 1;
         report.bytes_checked += got.size;
+        if let (Some(member), Some(path), Some(inspect)) = (member, copy_path, inspect.as_deref_mut()) {
+            inspect.inspect(member, &path).await?;
+            copied.push(artifact.name.clone());
+        }
     }
     for member in &manifest.etcd {
         let listed = manifest.artifact(&member.artifact);
@@ -495,25 +526,49 @@ mod tests {
         assert!(err.contains("none of the identities in test.key can decrypt backup"), "{err}");
     }
 
-    /// The snapshot a restore uses is written to the copy as it is checked
-    /// (its plaintext when decrypted), so it is read from the store once.
+    /// Keeps what it was handed, to look at after the check.
+    struct Keeper {
+        kept: Vec<(String, Vec<u8>)>,
+    }
+
+    #[async_trait::async_trait]
+    impl Inspect for Keeper {
+        fn wants(&self, _member: &MemberSnapshot) -> bool {
+            true
+        }
+        async fn inspect(&mut self, member: &MemberSnapshot, copy: &Path) -> Result<(), CheckError> {
+            self.kept.push((member.member.clone(), std::fs::read(copy).unwrap()));
+            Ok(())
+        }
+    }
+
+    /// A member snapshot is copied as it is checked (its plaintext when
+    /// decrypted), handed over once its hash matched, and removed: it is
+    /// read from the store once.
     #[tokio::test]
-    async fn the_best_snapshot_is_copied_while_it_is_checked() {
+    async fn member_snapshots_are_handed_over_from_the_copy_made_while_checking() {
         let dir = tempfile::tempdir().unwrap();
         let (ids, recipient) = key();
         let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
-        let copy = dir.path().join("copy.db");
-        let checked = check_backup_copying(store.as_ref(), &layout, Some(&ids), &copy).await.unwrap();
-        assert_eq!(checked.copied.as_deref(), Some("etcd/etcd-0.db"));
+        let mut keeper = Keeper { kept: Vec::new() };
+        let checked = check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut keeper).await.unwrap();
+        assert_eq!(checked.copied, ["etcd/etcd-0.db"]);
         let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
-        assert!(std::fs::read(&copy).unwrap() == snapshot, "the copy is not the snapshot's plaintext");
-        // without a key the plaintext cannot be had: nothing is copied
-        let blind = check_backup_copying(store.as_ref(), &layout, None, &dir.path().join("blind.db")).await.unwrap();
-        assert_eq!(blind.copied, None);
-        // a copy that cannot be written says where and what to do
-        let nowhere = dir.path().join("no-such-dir/copy.db");
-        let err = check_backup_copying(store.as_ref(), &layout, Some(&ids), &nowhere).await.unwrap_err().to_string();
-        assert!(err.contains("no-such-dir/copy.db") && err.contains("set TMPDIR"), "{err}");
+        assert_eq!(keeper.kept.len(), 1);
+        assert!(keeper.kept[0].0 == "etcd-0" && keeper.kept[0].1 == snapshot, "not the snapshot's plaintext");
+        // without a key the plaintext cannot be had: nothing is handed over
+        let mut blind = Keeper { kept: Vec::new() };
+        let checked = check_backup_inspecting(store.as_ref(), &layout, None, &mut blind).await.unwrap();
+        assert!(checked.copied.is_empty() && blind.kept.is_empty());
+        // a damaged snapshot is refused before it is handed over
+        let path = dir.path().join(layout.artifact("etcd/etcd-0.db"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let mut damaged = Keeper { kept: Vec::new() };
+        assert!(check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut damaged).await.is_err());
+        assert!(damaged.kept.is_empty(), "a snapshot that failed its check was handed over");
     }
 
     #[tokio::test]

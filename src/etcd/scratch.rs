@@ -62,12 +62,7 @@ impl ScratchTools {
     /// written into the scratch directory (mode 0700, the file 0600) and
     /// removed with it.
     pub async fn count_keys_with(&self, store: &dyn Store, key: &str, decryption: &super::verify::Decryption<'_>) -> Result<u64, String> {
-        let dir = TempDir(std::env::temp_dir().join(format!("hcp-dr-scratch-{}-{}", std::process::id(), crate::archive::new_backup_id(chrono::Utc::now()))));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir.0)
-            .map_err(|e| format!("{}: {e}", dir.0.display()))?;
+        let dir = scratch_dir()?;
         let snapshot = dir.0.join("snapshot.db");
         let mut body = store.get(key).await.map_err(|e| e.to_string())?;
         if let Some(identities) = decryption.identities {
@@ -93,6 +88,13 @@ impl ScratchTools {
         file.flush().await.map_err(|e| e.to_string())?;
         drop(file);
         self.count_keys_in(&snapshot, &dir.0).await
+    }
+
+    /// Restore the plaintext snapshot file `snapshot` into a scratch member
+    /// and count its keys.
+    pub async fn count_keys_of(&self, snapshot: &Path) -> Result<u64, String> {
+        let dir = scratch_dir()?;
+        self.count_keys_in(snapshot, &dir.0).await
     }
 
     async fn count_keys_in(&self, snapshot: &Path, dir: &Path) -> Result<u64, String> {
@@ -148,4 +150,15 @@ impl ScratchTools {
         let _ = etcd.wait().await;
         Ok(count)
     }
+}
+
+/// A new private (0700) scratch directory under TMPDIR, removed on drop.
+fn scratch_dir() -> Result<TempDir, String> {
+    let dir = TempDir(std::env::temp_dir().join(format!("hcp-dr-scratch-{}-{}", std::process::id(), crate::archive::new_backup_id(chrono::Utc::now()))));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir.0)
+        .map_err(|e| format!("{}: {e}", dir.0.display()))?;
+    Ok(dir)
 }

@@ -348,6 +348,16 @@ pub async fn verify_store_object_with(store: &dyn Store, key: &str, decryption: 
     Ok(report)
 }
 
+/// Read the plaintext snapshot copy at `path` offline (off the async
+/// threads: a multi-GiB walk).
+pub async fn verify_copy(path: &Path) -> Result<Report, VerifyError> {
+    let path = path.to_path_buf();
+    let what = path.display().to_string();
+    tokio::task::spawn_blocking(move || verify_file(&path))
+        .await
+        .map_err(|err| VerifyError::Read { what, source: std::io::Error::other(err) })?
+}
+
 /// What `hcp-dr snapshot verify` was given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotSource {

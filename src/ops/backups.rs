@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OpsError;
-use crate::archive::check::{CheckError, check_backup_with, read_manifest};
+use crate::archive::check::{CheckError, Inspect, check_backup_inspecting, read_manifest};
 use crate::archive::encryption::Identities;
 use crate::archive::retention::{self, Candidate, Decision, Policy};
 use crate::archive::fence::{self, Fence, FenceError};
@@ -164,6 +164,8 @@ pub struct VerifyReport {
     pub problems: Vec<String>,
     pub artifacts_checked: usize,
     pub bytes_checked: u64,
+    /// What was read from the store (each artifact once; the manifest twice).
+    pub bytes_read: u64,
     pub objects: usize,
     pub snapshots: Vec<SnapshotCheck>,
     /// Why the deep check did not run, when asked and impossible.
@@ -188,33 +190,26 @@ pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<Ve
 /// with them every encrypted artifact is decrypted while it streams and its
 /// plaintext checked too. A wrong identity is bad input.
 pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identities: Option<&Identities>) -> Result<VerifyReport, OpsError> {
+    let meter = crate::pipeline::Meter::new();
+    let metered = crate::store::metered::MeteredStore::new(store, &meter);
+    let mut report = verify_metered(&metered, layout, deep, identities).await?;
+    report.bytes_read = meter.bytes();
+    Ok(report)
+}
+
+async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identities: Option<&Identities>) -> Result<VerifyReport, OpsError> {
     let mut report = VerifyReport {
         backup: format!("{}/{}", store.url(), layout.dir()),
         ok: false,
         problems: Vec::new(),
         artifacts_checked: 0,
         bytes_checked: 0,
+        bytes_read: 0,
         objects: 0,
         snapshots: Vec::new(),
         deep_skipped: None,
         encrypted_to: Vec::new(),
         plaintext_checked: false,
-    };
-    let manifest = match check_backup_with(store, layout, identities).await {
-        Ok(checked) => {
-            report.artifacts_checked = checked.report.artifacts_checked;
-            report.bytes_checked = checked.report.bytes_checked;
-            report.objects = checked.report.objects;
-            report.encrypted_to = checked.report.encrypted_to.clone();
-            report.plaintext_checked = checked.report.plaintext_checked;
-            checked.manifest
-        }
-        Err(CheckError::Store(err)) => return Err(OpsError::Store(err)),
-        Err(CheckError::Encryption(err)) => return Err(OpsError::Input(err.to_string())),
-        Err(err) => {
-            report.problems.push(err.to_string());
-            return Ok(report);
-        }
     };
     let scratch = if deep {
         match crate::etcd::scratch::ScratchTools::find() {
@@ -226,6 +221,37 @@ pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identit
         }
     } else {
         None
+    };
+    // a scratch directory without room is no bad input: exit 1, not 2
+    let unverified = |e: crate::etcd::verify::VerifyError| match e {
+        crate::etcd::verify::VerifyError::NoSpace(full) => OpsError::Store(full.into()),
+        e => OpsError::Input(e.to_string()),
+    };
+    // room for one member's copy at a time (the manifest is small; a missing one is reported by the check)
+    if let Ok(listed) = read_manifest(store, layout).await
+        && let Some(largest) = listed.etcd.iter().map(|m| listed.plaintext(&m.artifact).map_or(m.size, |p| p.size)).max()
+    {
+        crate::etcd::verify::ensure_scratch_room(largest, &format!("{}/{}", store.url(), layout.dir())).map_err(unverified)?;
+    }
+    // each snapshot is read offline (and restored into a scratch etcd) from
+    // the copy made while it was hashed: downloaded once
+    let mut offline = Offline { scratch: scratch.as_ref(), read: BTreeMap::new() };
+    let manifest = match check_backup_inspecting(store, layout, identities, &mut offline).await {
+        Ok(checked) => {
+            report.artifacts_checked = checked.report.artifacts_checked;
+            report.bytes_checked = checked.report.bytes_checked;
+            report.objects = checked.report.objects;
+            report.encrypted_to = checked.report.encrypted_to.clone();
+            report.plaintext_checked = checked.report.plaintext_checked;
+            checked.manifest
+        }
+        Err(CheckError::Store(err)) => return Err(OpsError::Store(err)),
+        Err(CheckError::NoSpace(full)) => return Err(OpsError::Store(full.into())),
+        Err(CheckError::Encryption(err)) => return Err(OpsError::Input(err.to_string())),
+        Err(err) => {
+            report.problems.push(err.to_string());
+            return Ok(report);
+        }
     };
     if !report.plaintext_checked {
         // the snapshots are ciphertext: nothing more can be read without a key
@@ -241,33 +267,36 @@ pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identit
     };
     for member in &manifest.etcd {
         let key = layout.artifact(&member.artifact);
-        // a scratch directory without room is no bad input: exit 1, not 2
-        let unverified = |e: crate::etcd::verify::VerifyError| match e {
-            crate::etcd::verify::VerifyError::NoSpace(full) => OpsError::Store(full.into()),
-            e => OpsError::Input(e.to_string()),
+        let (offline_report, restored) = match offline.read.remove(&member.member) {
+            Some(read) => read,
+            // not copied during the check (cannot happen for a readable backup): download it
+            None => {
+                let report = crate::etcd::verify::verify_store_object_with(store, &key, &decryption).await.map_err(unverified)?;
+                let restored = match (&scratch, report.is_ok()) {
+                    (Some(tools), true) => Some(tools.count_keys_with(store, &key, &decryption).await),
+                    _ => None,
+                };
+                (report, restored)
+            }
         };
-        crate::etcd::verify::ensure_scratch_room(member.size, &format!("{}/{key}", store.url())).map_err(unverified)?;
-        let offline = crate::etcd::verify::verify_store_object_with(store, &key, &decryption)
-            .await
-            .map_err(unverified)?;
-        let summary = offline.summary.as_ref();
+        let summary = offline_report.summary.as_ref();
         let mut check = SnapshotCheck {
             member: member.member.clone(),
-            verdict: offline.verdict.to_string(),
+            verdict: offline_report.verdict.to_string(),
             revision: summary.map(|s| s.store_revision()),
             live_keys: summary.map(|s| s.live_keys),
             restored_keys: None,
         };
-        if !offline.is_ok() {
-            report.problems.push(format!("{key}: {}", offline.verdict));
+        if !offline_report.is_ok() {
+            report.problems.push(format!("{key}: {}", offline_report.verdict));
         } else if check.revision != Some(member.revision) {
             report.problems.push(format!(
                 "{key}: the snapshot is at revision {:?}, the manifest records {}",
                 check.revision, member.revision
             ));
         }
-        if let (Some(tools), true) = (&scratch, offline.is_ok()) {
-            let restored = tools.count_keys_with(store, &key, &decryption).await.map_err(OpsError::Input)?;
+        if let Some(restored) = restored {
+            let restored = restored.map_err(OpsError::Input)?;
             if Some(restored) != check.live_keys {
                 report.problems.push(format!(
                     "{key}: a scratch etcd restored from it holds {restored} keys, the offline reading found {:?}",
@@ -280,6 +309,30 @@ pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identit
     }
     report.ok = report.problems.is_empty();
     Ok(report)
+}
+
+/// Reads each member snapshot offline from the copy the check made, and
+/// with `scratch` (`--deep`) restores it into a scratch etcd: what each
+/// gave, by member.
+struct Offline<'a> {
+    scratch: Option<&'a crate::etcd::scratch::ScratchTools>,
+    read: BTreeMap<String, (crate::etcd::verify::Report, Option<Result<u64, String>>)>,
+}
+
+#[async_trait::async_trait]
+impl Inspect for Offline<'_> {
+    fn wants(&self, _member: &crate::archive::MemberSnapshot) -> bool {
+        true
+    }
+    async fn inspect(&mut self, member: &crate::archive::MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError> {
+        let report = crate::etcd::verify::verify_copy(copy).await.map_err(|e| CheckError::Offline(e.to_string()))?;
+        let restored = match (self.scratch, report.is_ok()) {
+            (Some(tools), true) => Some(tools.count_keys_of(copy).await),
+            _ => None,
+        };
+        self.read.insert(member.member.clone(), (report, restored));
+        Ok(())
+    }
 }
 
 /// What prune decided for one backup.

@@ -24,7 +24,7 @@ async fn load(ctx: &RestoreContext) -> Result<(Manifest, Vec<Value>, CheckReport
 }
 
 /// A checked backup's parts, or the identity it needs.
-fn loaded(checked: crate::archive::check::Checked) -> Result<(Manifest, Vec<Value>, CheckReport, Option<String>), StageFailure> {
+fn loaded(checked: crate::archive::check::Checked) -> Result<(Manifest, Vec<Value>, CheckReport, Vec<String>), StageFailure> {
     match checked.objects {
         Some(objects) => Ok((checked.manifest, objects, checked.report, checked.copied)),
         None => Err(EncryptionError::IdentityNeeded {
@@ -60,6 +60,24 @@ pub async fn manifest(ctx: &RestoreContext, step: &Step<'_>) -> Result<Manifest,
 /// migrate's dry-run, whose backup does not exist yet).
 pub fn verified_manifest(step: &Step<'_>) -> Option<Manifest> {
     step.output_of::<Verify>().ok().flatten().and_then(|verified| verified.manifest)
+}
+
+/// Reads the best member snapshot offline from the copy the check made.
+struct BestOffline {
+    member: Option<String>,
+    report: Option<crate::etcd::verify::Report>,
+}
+
+#[async_trait]
+impl crate::archive::check::Inspect for BestOffline {
+    fn wants(&self, member: &crate::archive::MemberSnapshot) -> bool {
+        self.member.as_deref() == Some(member.member.as_str())
+    }
+    async fn inspect(&mut self, _member: &crate::archive::MemberSnapshot, copy: &std::path::Path) -> Result<(), crate::archive::check::CheckError> {
+        let report = crate::etcd::verify::verify_copy(copy).await.map_err(|e| crate::archive::check::CheckError::Offline(e.to_string()))?;
+        self.report = Some(report);
+        Ok(())
+    }
 }
 
 /// What verify checked: the backup's artifacts, and the snapshot a restore
@@ -124,16 +142,11 @@ impl Stage<RestoreContext> for Verify {
             let plain = listed.plaintext(&best.artifact).map_or(best.size, |p| p.size);
             crate::etcd::verify::ensure_scratch_room(plain, &format!("{}/{}", ctx.store.url(), layout.artifact(&best.artifact)))?;
         }
-        // Every artifact is read once: the best snapshot is copied as it is
-        // hashed, then read offline from the copy.
-        let copy = tempfile::Builder::new()
-            .prefix("hcp-dr-verify-")
-            .suffix(".db")
-            .tempfile()
-            .map_err(|e| StageError::Precondition(format!("creating a scratch file for the snapshot ({}): {e}", crate::etcd::verify::SCRATCH_HINT)))?
-            .into_temp_path();
-        let checked = crate::archive::check::check_backup_copying(&store, &layout, ctx.keys.as_ref(), &copy).await?;
-        let (manifest, objects, report, copied) = loaded(checked)?;
+        // Every artifact is read once: the best snapshot is read offline
+        // from the copy made while it was hashed.
+        let mut best_offline = BestOffline { member: listed.best_snapshot().map(|m| m.member.clone()), report: None };
+        let checked = crate::archive::check::check_backup_inspecting(&store, &layout, ctx.keys.as_ref(), &mut best_offline).await?;
+        let (manifest, objects, report, _) = loaded(checked)?;
         let best = manifest
             .best_snapshot()
             .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
@@ -144,18 +157,10 @@ impl Stage<RestoreContext> for Verify {
             identities: ctx.keys.as_ref(),
             recipients: manifest.recipients(),
         };
-        let offline = if copied.as_deref() == Some(best.artifact.as_str()) {
-            let (path, identities, recipients) = (copy.to_path_buf(), ctx.keys.clone(), manifest.recipients().to_vec());
-            let what = format!("{}/{key}", ctx.store.url());
-            tokio::task::spawn_blocking(move || {
-                crate::etcd::verify::verify_file_with(&path, &crate::etcd::verify::Decryption { identities: identities.as_ref(), recipients: &recipients })
-            })
-            .await
-            .map_err(|e| StageError::Precondition(format!("verifying {what}: {e}")))??
-        } else {
-            crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?
+        let offline = match best_offline.report {
+            Some(offline) if best_offline.member.as_deref() == Some(best.member.as_str()) => offline,
+            _ => crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?,
         };
-        drop(copy);
         let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
