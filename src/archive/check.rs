@@ -193,6 +193,9 @@ async fn rehash_decrypted(
     let mut plain = encryption::decrypting_reader(Box::new(hashing), identities, key, recipients).await?;
     let mut hasher = Hasher::default();
     let mut buf = vec![0u8; 1 << 20];
+    // a read that fails is the backup's (it does not decrypt); a copy that
+    // cannot be written is this machine's, and said as such
+    let mut kept: Result<(), CheckError> = Ok(());
     let read: Result<(), String> = async {
         loop {
             let n = plain.read(&mut buf).await.map_err(|e| e.to_string())?;
@@ -200,16 +203,19 @@ async fn rehash_decrypted(
                 return Ok(());
             }
             hasher.update(&buf[..n]);
-            if let Some(keep) = keep.as_mut() {
-                keep.write(key, &buf[..n]).await.map_err(|e| e.to_string())?;
+            if let Some(keep) = keep.as_mut()
+                && let Err(err) = keep.write(key, &buf[..n]).await
+            {
+                kept = Err(err);
+                return Ok(());
             }
         }
     }
     .await;
-    let read = match (read, keep) {
-        (Ok(()), Some(keep)) => keep.finish(key).await.map_err(|e| e.to_string()),
-        (read, _) => read,
-    };
+    kept?;
+    if let (Ok(()), Some(keep)) = (&read, keep) {
+        keep.finish(key).await?;
+    }
     drop(plain);
     let stored = std::mem::take(&mut *stored.lock().map_err(|_| StoreError::Body {
         key: key.to_string(),
@@ -569,6 +575,24 @@ mod tests {
         let mut damaged = Keeper { kept: Vec::new() };
         assert!(check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut damaged).await.is_err());
         assert!(damaged.kept.is_empty(), "a snapshot that failed its check was handed over");
+    }
+
+    /// A copy that cannot be written while an encrypted snapshot is
+    /// decrypted is this machine's problem, said as such: not "the backup
+    /// does not decrypt".
+    #[tokio::test]
+    async fn a_copy_that_cannot_be_written_is_not_called_a_damaged_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+        let path = dir.path().join("read-only.db");
+        std::fs::write(&path, b"").unwrap();
+        // opened for reading only: every write fails
+        let file = tokio::fs::File::open(&path).await.unwrap();
+        let keep = Keep::File { file, path: &path, written: 0 };
+        let err = rehash_decrypted(store.as_ref(), &layout.artifact("etcd/etcd-0.db"), &ids, &[recipient], Some(keep)).await.unwrap_err();
+        assert!(matches!(err, CheckError::Scratch { .. }), "{err}");
+        assert!(err.to_string().contains("read-only.db") && err.to_string().contains("set TMPDIR"), "{err}");
     }
 
     #[tokio::test]
