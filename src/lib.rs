@@ -10,6 +10,7 @@ pub mod error;
 pub mod etcd;
 pub mod hosted;
 pub mod kube;
+pub mod meter;
 pub mod ops;
 pub mod stages;
 pub mod pipeline;

@@ -223,7 +223,7 @@ impl Member {
     /// Stream a snapshot of this member into `store` at `key`, checking etcd's
     /// trailing hash on the way and the revision it holds.
     pub async fn snapshot_to(&self, store: &dyn Store, key: &str) -> Result<SnapshotReport, EtcdError> {
-        self.start_snapshot().await?.finish(store, key, &crate::pipeline::Meter::new()).await
+        self.start_snapshot().await?.finish(store, key, &crate::meter::Meter::new()).await
     }
 
     /// Open a snapshot stream and wait for its first bytes. etcd serves a
@@ -288,7 +288,7 @@ impl StartedSnapshot {
     /// Stream the rest into `store` at `key`, hashing it and checking etcd's
     /// trailing hash; a corrupt stream leaves nothing behind. The bytes
     /// received are counted in `meter`.
-    pub async fn finish(self, store: &dyn Store, key: &str, meter: &crate::pipeline::Meter) -> Result<SnapshotReport, EtcdError> {
+    pub async fn finish(self, store: &dyn Store, key: &str, meter: &crate::meter::Meter) -> Result<SnapshotReport, EtcdError> {
         let StartedSnapshot {
             member,
             revision,

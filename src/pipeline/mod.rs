@@ -2,12 +2,11 @@
 //! (what happened) and the runner (doing it, undoing it on failure,
 //! resuming it after a crash).
 pub mod journal;
-pub mod meter;
 pub mod playbook;
 pub mod runner;
 pub mod stage;
 
-pub use meter::Meter;
+pub use crate::meter::Meter;
 pub use journal::{Journal, JournalError, JournalState, StageState};
 pub use playbook::{Playbook, PlaybookError, StageRules};
 pub use runner::{Catalog, Mode, OnFailure, RunOutcome, RunReport, Runner, RunnerError, StageReport, StageStatus};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Body, ObjectInfo, PutReport, Store, StoreError};
-use crate::pipeline::Meter;
+use crate::meter::Meter;
 
 pub struct MeteredStore<'a> {
     inner: &'a dyn Store,

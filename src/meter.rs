@@ -1,6 +1,9 @@
 //! Byte counts of a running stage, for the progress display: a [`Meter`]
 //! is shared between the code that moves the bytes (a snapshot stream, a
-//! download) and whatever shows them ([`super::runner::Observer::metering`]).
+//! download) and whatever shows them
+//! ([`crate::pipeline::runner::Observer::metering`]). A module of its own:
+//! the adapters (store, etcd) count into it without depending on the
+//! pipeline.
 //! Counting is one relaxed atomic add per chunk; nothing waits on it.
 
 use std::pin::Pin;
