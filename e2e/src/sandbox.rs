@@ -173,6 +173,13 @@ pub fn api_faults_path(dir: &Path, cluster: &str) -> PathBuf {
     dir.join(cluster).join("state").join(crate::apiserver::faults::API_FAULTS_FILE)
 }
 
+/// `DIR/<cluster>/state/audit.log`: every request the API server of
+/// management cluster `cluster` served, one JSON line each (see
+/// [`crate::apiserver::audit`]).
+pub fn audit_log_path(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join(cluster).join("state").join("audit.log")
+}
+
 /// `DIR/s3/s3-faults.json`: the faults the HTTPS front of the sandbox's S3
 /// endpoint injects (see [`crate::procs::s3_faults`]); absent: none.
 pub fn s3_faults_path(dir: &Path) -> PathBuf {
@@ -204,6 +211,7 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
         ca: common.ca.clone(),
         tokens: vec![],
         faults_file: Some(api_faults_path(common.dir, name)),
+        audit_log: Some(audit_log_path(common.dir, name)),
     })
     .await
     .map_err(|source| SandboxError::ApiServer {
@@ -390,7 +398,14 @@ impl Sandbox {
 
     /// Make the S3 endpoint's HTTPS front (`AWS_ENDPOINT_URL_S3`) fail a
     /// share of its requests (`Some`), or stop (`None`): writes or removes
-    /// `DIR/s3/s3-faults.json`, which the front reads again at its next
+    /// `DIR/<cluster>/state/audit.log`: every request the API server of
+/// management cluster `cluster` served, one JSON line each (see
+/// [`crate::apiserver::audit`]).
+pub fn audit_log_path(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join(cluster).join("state").join("audit.log")
+}
+
+/// `DIR/s3/s3-faults.json`, which the front reads again at its next
     /// request, so a shell can do the same (`hcp-dr-sandbox faults --s3`).
     pub fn set_s3_faults(&self, faults: Option<&S3Faults>) -> std::io::Result<()> {
         self.s3.set_faults(faults)

@@ -1,7 +1,8 @@
 //! Injected API faults (`ApiServerConfig::faults_file`): the exact answers
 //! of each kind seen by a plain HTTP client, that a faulted request is not
 //! applied, the user-agent filter, the share, the log, watches, kubectl, and
-//! `hcp-dr-sandbox faults`.
+//! `hcp-dr-sandbox faults`; and the audit log (`ApiServerConfig::audit_log`),
+//! which records faulted answers like the others.
 
 mod apiserver_support;
 
@@ -204,6 +205,60 @@ async fn error_answers_429_500_503_and_nothing_is_applied() {
     assert_eq!(kinds_logged(&env), ["too-many-requests", "too-many-requests", "too-many-requests", "internal-error", "unavailable"], "{lines:?}");
     assert_eq!(lines[0], json!({"method": "GET", "path": NS, "user_agent": "test/1", "kind": "too-many-requests"}));
     assert_eq!(lines[4], json!({"method": "POST", "path": CM, "user_agent": "test/1", "kind": "unavailable"}));
+}
+
+#[tokio::test]
+async fn audit_log_names_each_request_with_the_real_servers_verb_and_its_code() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let etcd = EtcdProcess::start_plain(&dir.path().join("etcd"))
+        .await
+        .unwrap_or_else(|e| panic!("starting etcd failed (apt-get install etcd-server): {e}"));
+    let audit = dir.path().join("state/audit.log");
+    let mut cfg = config(&etcd, vec![], 0);
+    let faults_file = dir.path().join("state").join(faults::API_FAULTS_FILE);
+    cfg.faults_file = Some(faults_file.clone());
+    cfg.audit_log = Some(audit.clone());
+    let s = ApiServer::start(cfg).await.expect("emulator starts");
+    assert_eq!(get(&s, CM, "audit/1").await.code, 200);
+    assert_eq!(send(&s, "POST", CM, "audit/1", Some(&configmap("logged"))).await.unwrap().code, 201);
+    assert_eq!(get(&s, &format!("{CM}/logged"), "audit/1").await.code, 200);
+    assert_eq!(get(&s, &format!("{CM}/missing"), "other/2").await.code, 404);
+    faults::write_faults_file(&faults_file, Some(&only(FaultKind::Unavailable))).expect("faults");
+    assert_eq!(send(&s, "DELETE", &format!("{CM}/logged"), "audit/1", None).await.unwrap().code, 503);
+    faults::write_faults_file(&faults_file, None).expect("faults off");
+    assert_eq!(send(&s, "DELETE", &format!("{CM}/logged"), "audit/1", None).await.unwrap().code, 200);
+    assert_eq!(get(&s, "/version", "audit/1").await.code, 200);
+    let events: Vec<Value> = std::fs::read_to_string(&audit)
+        .expect("audit log written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect();
+    let seen: Vec<(String, String, u64, String)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!((e["kind"].as_str(), e["apiVersion"].as_str(), e["level"].as_str()), (Some("Event"), Some("audit.k8s.io/v1"), Some("Metadata")), "{e}");
+            (
+                e["verb"].as_str().unwrap().to_string(),
+                e["requestURI"].as_str().unwrap().to_string(),
+                e["responseStatus"]["code"].as_u64().unwrap(),
+                e["userAgent"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let obj = format!("{CM}/logged");
+    let want: Vec<(String, String, u64, String)> = [
+        ("list", CM, 200, "audit/1"),
+        ("create", CM, 201, "audit/1"),
+        ("get", obj.as_str(), 200, "audit/1"),
+        ("get", &format!("{CM}/missing"), 404, "other/2"),
+        ("delete", obj.as_str(), 503, "audit/1"),
+        ("delete", obj.as_str(), 200, "audit/1"),
+        ("get", "/version", 200, "audit/1"),
+    ]
+    .iter()
+    .map(|(v, u, c, a)| (v.to_string(), u.to_string(), *c, a.to_string()))
+    .collect();
+    assert_eq!(seen, want);
 }
 
 /// The connection ended with no answer: closed before a response (or,

@@ -9,6 +9,7 @@
 //! (static and ServiceAccount bearer tokens) and RBAC authorization a real
 //! server applies. See `docs/sandbox.md` for the scope and the known
 //! differences from a real server.
+pub mod audit;
 mod authn;
 pub mod cel;
 pub mod patch;
@@ -105,6 +106,9 @@ pub struct ApiServerConfig {
     /// the file changes; absent file: none. Injected faults are recorded in
     /// `<faults_file>.log`. None: this server never injects faults.
     pub faults_file: Option<PathBuf>,
+    /// Append one line per request here, as kube-apiserver's
+    /// `--audit-log-path` does ([`audit`]); None: no log.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Why the emulator could not start or build a client.
@@ -159,6 +163,13 @@ pub enum ApiServerError {
         #[source]
         source: status::ApiError,
     },
+    /// The audit log could not be opened.
+    #[error("opening the audit log {path}: {source}")]
+    AuditLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// The kube-rs client could not be configured from the kubeconfig.
     #[error("building a kube client: {0}")]
     Client(String),
@@ -185,6 +196,8 @@ pub(crate) struct Inner {
     pub(crate) address: String,
     /// Decides the injected faults (from `ApiServerConfig::faults_file`).
     pub(crate) faults: Option<faults::Injector>,
+    /// Logs every request (from `ApiServerConfig::audit_log`).
+    pub(crate) audit: Option<audit::AuditLog>,
 }
 
 impl Inner {
@@ -309,6 +322,13 @@ impl ApiServer {
             .map_err(ApiServerError::Pki)?;
         let tls = pki::server_tls_config(&pair, None).map_err(ApiServerError::Pki)?;
 
+        let audit = match &cfg.audit_log {
+            Some(path) => Some(audit::AuditLog::open(path).map_err(|source| ApiServerError::AuditLog {
+                path: path.clone(),
+                source,
+            })?),
+            None => None,
+        };
         let (shutdown_tx, shutdown_rx) = tokio_watch::channel(false);
         let inner = Arc::new(Inner {
             store,
@@ -321,6 +341,7 @@ impl ApiServer {
             foreground: Mutex::new(Vec::new()),
             address: local.to_string(),
             faults: cfg.faults_file.clone().map(faults::Injector::new),
+            audit,
         });
 
         inner.load_stored_crds().await?;

@@ -1,6 +1,7 @@
 //! The TLS listener: HTTP/1.1 and HTTP/2 (ALPN), upgrades for port-forward,
 //! and the injected faults (`faults`), decided here before the router
-//! (`http::router`, given the `http::canonical` path) sees a request.
+//! (`http::router`, given the `http::canonical` path) sees a request, and
+//! the audit log (`audit`), written when a response starts.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -102,15 +103,30 @@ impl hyper::service::Service<Request<Incoming>> for FaultingService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, ResetFault>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let user_agent = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok());
         let fault = self.inner.faults.as_ref().and_then(|injector| {
-            let user_agent = req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok());
             injector.decide(req.method().as_str(), req.uri().path(), req.uri().query(), user_agent)
         });
+        // what the audit log says of the request, once its response starts
+        let audited = self.inner.audit.as_ref().map(|_| {
+            let uri = req.uri().path_and_query().map(|pq| pq.as_str()).unwrap_or("/").to_string();
+            (req.method().to_string(), uri, user_agent.map(str::to_string))
+        });
+        let inner = self.inner.clone();
+        let audit = move |response: &Response<Body>| {
+            if let (Some(log), Some((method, uri, user_agent))) = (&inner.audit, &audited) {
+                log.record(method, uri, user_agent.as_deref(), response.status().as_u16());
+            }
+        };
         let router = self.router.clone();
         let reset = self.reset.clone();
         Box::pin(async move {
             match fault {
-                Some(Fault::Answer(kind)) => return Ok(super::faults::answer(kind)),
+                Some(Fault::Answer(kind)) => {
+                    let response = super::faults::answer(kind);
+                    audit(&response);
+                    return Ok(response);
+                }
                 Some(Fault::Reset) => {
                     reset.notify_one();
                     return Err(ResetFault);
@@ -120,7 +136,9 @@ impl hyper::service::Service<Request<Incoming>> for FaultingService {
             }
             let response: Result<Response<Body>, Infallible> =
                 router.oneshot(http::canonical(req)).await;
-            response.map_err(|never| match never {})
+            let response = response.map_err(|never| match never {})?;
+            audit(&response);
+            Ok(response)
         })
     }
 }

@@ -281,6 +281,7 @@ async fn start(
             groups: vec!["system:masters".into(), "system:authenticated".into()],
         }],
         faults_file: None,
+        audit_log: None,
     })
     .await?;
     let client = Kube::new(server.client().await?);

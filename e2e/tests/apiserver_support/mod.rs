@@ -31,6 +31,7 @@ pub fn config(etcd: &EtcdProcess, crd_dirs: Vec<PathBuf>, port: u16) -> ApiServe
         ca: Ca::new("hcp-dr-test-ca").expect("test CA"),
         tokens: vec![],
         faults_file: None,
+        audit_log: None,
     }
 }
 

@@ -66,6 +66,7 @@ impl Mgmt {
             ca: ca.clone(),
             tokens: vec![],
             faults_file: None,
+            audit_log: None,
         })
         .await
         .expect("management API emulator starts");
