@@ -1,7 +1,8 @@
 //! Snapshot benchmarks against peers measured in the same run:
 //!
 //! 1. throughput of one member: hcp-dr (hashing, checking etcd's hash,
-//!    writing to the local store) vs `etcdctl snapshot save` on the same member;
+//!    writing to the local store) vs `etcdctl snapshot save` on the same
+//!    member, and vs the limit: the raw stream drained to nothing;
 //! 2. API downtime: hcp-dr starting three members' snapshots (writers may
 //!    resume once every stream has started) vs one
 //!    `etcdctl snapshot save` of one member;
@@ -11,7 +12,7 @@
 //!    `etcdctl snapshot status` (the same walk and CRC-32C) and `sha256sum`;
 //!    and the CRC-32C alone vs SHA-256 over one buffer in memory.
 //!
-//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N] [--dir PATH] [--ha-only]`
+//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N] [--rounds N] [--dir PATH] [--ha-only]`
 //! (`--dir` puts the members and the store there, e.g. `/dev/shm` to take the
 //! disk out of the comparison)
 //! Prints ratios; it asserts nothing about time.
@@ -69,6 +70,19 @@ fn etcdctl_save(url: &str, out: &Path) -> Duration {
     start.elapsed()
 }
 
+/// The limit: etcd's Maintenance/Snapshot stream drained to nothing by a
+/// minimal etcd-client loop (no hash, no write), on the same member.
+async fn raw_stream(url: &str) -> (Duration, u64) {
+    let client = connect_client(&[url.to_string()], None).await.expect("connect");
+    let start = Instant::now();
+    let mut stream = client.maintenance_client().snapshot().await.expect("snapshot");
+    let mut bytes = 0u64;
+    while let Some(response) = stream.message().await.expect("stream") {
+        bytes += std::hint::black_box(response.blob()).len() as u64;
+    }
+    (start.elapsed(), bytes)
+}
+
 async fn ours(url: &str, dir: &Path, member: &str) -> Duration {
     let store = LocalStore::new(dir);
     let start = Instant::now();
@@ -118,6 +132,12 @@ async fn main() {
         println!("VmHWM_KiB {}", vm_hwm_kib());
         return;
     }
+    // Child mode to look at one drain alone (perf, time): the raw stream.
+    if let Some(i) = args.iter().position(|a| a == "--child-raw") {
+        let (t, n) = raw_stream(&args[i + 1]).await;
+        println!("raw stream: {n} B in {:.2}s", t.as_secs_f64());
+        return;
+    }
     let size = arg("--size-mib", 1100);
     let ha_size = arg("--ha-size-mib", 256);
     let tmp = match args.iter().position(|a| a == "--dir").and_then(|i| args.get(i + 1)) {
@@ -125,6 +145,19 @@ async fn main() {
         None => tempfile::tempdir().expect("tempdir"),
     };
     let ha_only = args.iter().any(|a| a == "--ha-only");
+    // refuse before filling: the single member's database, etcdctl's copy,
+    // hcp-dr's copy and the RSS run's copy (about 1.15x the values each);
+    // three HA members, etcdctl's copy and hcp-dr's three
+    let needed_mib = if ha_only { 0 } else { size * 47 / 10 } + ha_size * 8;
+    if let Err(refused) = hcp_dr::space::ensure(
+        tmp.path(),
+        needed_mib << 20,
+        "the benchmark's etcd members and snapshots",
+        "lower --size-mib/--ha-size-mib, or point --dir at a file system with more room",
+    ) {
+        eprintln!("error: {refused}");
+        std::process::exit(2);
+    }
 
     println!(
         "# hcp-dr snapshot benchmarks ({size} MiB single member, {ha_size} MiB x3 members) in {}",
@@ -162,15 +195,26 @@ async fn single_member(dir: &Path, size: u64) {
     };
     println!("filled {size} MiB in {:.1}s; db size {:.1} MiB", t.elapsed().as_secs_f64(), db as f64 / 1048576.0);
 
-    // 1. throughput, best of 2 each, alternating
+    // 1. throughput, best of `--rounds` (2) each, alternating
     let mut peer = Duration::MAX;
     let mut mine = Duration::MAX;
-    for round in 0..2 {
+    let mut raw = Duration::MAX;
+    let mut streamed = 0;
+    for round in 0..arg("--rounds", 2) {
         peer = peer.min(etcdctl_save(&url, &dir.join("etcdctl.db")));
+        let (t, n) = raw_stream(&url).await;
+        (raw, streamed) = (raw.min(t), n);
         mine = mine.min(ours(&url, &dir.join(format!("ours-{round}")), "single").await);
         let _ = std::fs::remove_dir_all(dir.join(format!("ours-{round}")));
     }
     let mib = db as f64 / 1048576.0;
+    println!(
+        "stream limit: raw Maintenance/Snapshot drained {:.1} MiB/s ({:.2}s, {streamed} B); hcp-dr {:.1} MiB/s; ratio hcp-dr/raw = {:.2}x (goal >= 0.95x)",
+        streamed as f64 / 1048576.0 / raw.as_secs_f64(),
+        raw.as_secs_f64(),
+        mib / mine.as_secs_f64(),
+        raw.as_secs_f64() / mine.as_secs_f64()
+    );
     println!(
         "throughput: etcdctl snapshot save {:.1} MiB/s ({:.2}s), hcp-dr {:.1} MiB/s ({:.2}s); ratio hcp-dr/etcdctl = {:.2}x (goal >= 1.0x)",
         mib / peer.as_secs_f64(),

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use futures::StreamExt;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -262,6 +261,13 @@ impl Member {
     }
 }
 
+/// The pieces a snapshot stream is gathered into (etcd sends 32 KiB at a
+/// time): one hand-over between the tasks per piece, not per message.
+const BATCH: usize = 1 << 20;
+
+/// How many pieces may wait for the store, and for the hasher.
+const IN_FLIGHT: usize = 16;
+
 /// A snapshot whose content is fixed (etcd holds its read transaction) and
 /// whose bytes are still to be received: [`StartedSnapshot::finish`] streams
 /// them into a store. The writers may run again meanwhile.
@@ -297,35 +303,85 @@ impl StartedSnapshot {
             stream,
             _client,
         } = self;
-        let check = std::sync::Arc::new(std::sync::Mutex::new(TrailingHash::default()));
-        let tap = check.clone();
         meter.expect(size);
+        // Three parts run at once, so that the stream is drained about as
+        // fast as etcd sends it: a receiver task takes the messages off the
+        // connection and gathers them into pieces of BATCH bytes; a blocking
+        // thread hashes each piece once, for etcd's trailing hash and for
+        // the manifest's SHA-256 of the whole; the store writes them as they
+        // are (`put_verbatim`: it need not hash them again). Pieces are
+        // reference-counted, not copied between the three, and at most
+        // 2 x IN_FLIGHT of them wait, so memory stays flat whatever the size.
+        let (received, mut incoming) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(IN_FLIGHT);
+        let (to_hash, mut hashing) = tokio::sync::mpsc::channel::<Bytes>(IN_FLIGHT);
         let meter = meter.clone();
-        let rest = futures::stream::unfold(stream, |mut stream| async move {
-            match stream.message().await {
-                Ok(Some(response)) => Some((Ok(Bytes::copy_from_slice(response.blob())), stream)),
-                Ok(None) => None,
-                Err(err) => Some((Err(std::io::Error::other(err)), stream)),
+        let receiver = tokio::spawn(async move {
+            let mut stream = stream;
+            let _client = _client;
+            let mut piece = bytes::BytesMut::with_capacity(BATCH);
+            piece.extend_from_slice(&first);
+            loop {
+                let (next, done) = match stream.message().await {
+                    Ok(Some(response)) => {
+                        piece.extend_from_slice(response.blob());
+                        if piece.len() < BATCH {
+                            continue;
+                        }
+                        (Ok(piece.split().freeze()), false)
+                    }
+                    Ok(None) => (Ok(piece.split().freeze()), true),
+                    Err(err) => (Err(std::io::Error::other(err)), true),
+                };
+                if let Ok(bytes) = &next {
+                    if bytes.is_empty() {
+                        // the end, with nothing gathered since the last piece
+                        return;
+                    }
+                    meter.add(bytes.len() as u64);
+                    // the hasher only stops when this sender is gone
+                    let _ = to_hash.send(bytes.clone()).await;
+                }
+                // the store gave up (its error is the one reported)
+                if received.send(next).await.is_err() || done {
+                    return;
+                }
+                piece.reserve(BATCH);
             }
         });
-        let chunks = futures::stream::once(async move { Ok::<Bytes, std::io::Error>(first) })
-            .chain(rest)
-            .map(move |chunk: std::io::Result<Bytes>| {
-                if let (Ok(bytes), Ok(mut check)) = (&chunk, tap.lock()) {
-                    check.update(bytes);
-                    meter.add(bytes.len() as u64);
-                }
-                chunk
-            });
+        let hasher = tokio::task::spawn_blocking(move || {
+            let mut check = TrailingHash::default();
+            while let Some(bytes) = hashing.blocking_recv() {
+                check.update(&bytes);
+            }
+            check.finish_with_digest()
+        });
+        let chunks = futures::stream::poll_fn(move |cx| incoming.poll_recv(cx));
         let reader = tokio_util::io::StreamReader::new(Box::pin(chunks));
-        let put = store
-            .put(key, Box::new(reader))
-            .await
-            .map_err(|source| EtcdError::Store {
-                member: member.clone(),
-                source,
-            })?;
-        let verdict = check.lock().map(|c| c.clone().finish()).unwrap_or(Verdict::TooShort);
+        let stored = store.put_verbatim(key, Box::new(reader)).await;
+        // the body is dropped: the receiver stops if it has not, and the hasher gets its last piece
+        receiver.abort();
+        let stored = stored.map_err(|source| EtcdError::Store {
+            member: member.clone(),
+            source,
+        })?;
+        let (verdict, whole) = match hasher.await {
+            Ok(hashed) => hashed,
+            Err(_) => (Verdict::TooShort, crate::store::PutReport { size: 0, sha256: String::new() }),
+        };
+        let put = match stored {
+            crate::store::Stored::Verbatim { size } if size == whole.size => whole,
+            crate::store::Stored::Verbatim { size } => {
+                let _ = store.delete(key).await;
+                return Err(EtcdError::Store {
+                    member,
+                    source: crate::store::StoreError::Body {
+                        key: key.to_string(),
+                        source: std::io::Error::other(format!("the store wrote {size} bytes of the {} received", whole.size)),
+                    },
+                });
+            }
+            crate::store::Stored::Hashed(put) => put,
+        };
         let (expected, actual) = match verdict {
             Verdict::Ok => {
                 return Ok(SnapshotReport {
@@ -354,6 +410,8 @@ impl StartedSnapshot {
 pub struct TrailingHash {
     sha: Sha256,
     tail: Vec<u8>,
+    /// Bytes seen.
+    size: u64,
 }
 
 /// The result of [`TrailingHash::finish`].
@@ -366,12 +424,34 @@ pub enum Verdict {
 
 impl TrailingHash {
     pub fn update(&mut self, bytes: &[u8]) {
+        self.size += bytes.len() as u64;
+        // all but the last 32 bytes go straight to the hash
+        if bytes.len() > 32 {
+            let (head, last) = bytes.split_at(bytes.len() - 32);
+            self.sha.update(&self.tail);
+            self.sha.update(head);
+            self.tail.clear();
+            self.tail.extend_from_slice(last);
+            return;
+        }
         self.tail.extend_from_slice(bytes);
         if self.tail.len() > 32 {
             let spill = self.tail.len() - 32;
             self.sha.update(&self.tail[..spill]);
             self.tail.drain(..spill);
         }
+    }
+
+    /// The verdict, and the size and SHA-256 of the whole stream (the bytes
+    /// before the trailing hash and the hash itself): one pass for both.
+    pub fn finish_with_digest(self) -> (Verdict, crate::store::PutReport) {
+        let mut whole = self.sha.clone();
+        whole.update(&self.tail);
+        let digest = crate::store::PutReport {
+            size: self.size,
+            sha256: hex(&whole.finalize()),
+        };
+        (self.finish(), digest)
     }
 
     pub fn finish(self) -> Verdict {
@@ -409,6 +489,21 @@ mod tests {
                 check.update(piece);
             }
             assert_eq!(check.finish(), Verdict::Ok, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn one_pass_gives_the_trailing_verdict_and_the_whole_digest() {
+        let stream = with_hash(&(0..100_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+        let whole = hex(&Sha256::digest(&stream));
+        for chunk in [1, 31, 32, 33, 1000, 1 << 20] {
+            let mut check = TrailingHash::default();
+            for piece in stream.chunks(chunk) {
+                check.update(piece);
+            }
+            let (verdict, digest) = check.finish_with_digest();
+            assert_eq!(verdict, Verdict::Ok, "chunk {chunk}");
+            assert_eq!((digest.size, digest.sha256.as_str()), (stream.len() as u64, whole.as_str()), "chunk {chunk}");
         }
     }
 

@@ -40,6 +40,69 @@ impl LocalStore {
         Ok(self.root.join(key))
     }
 
+    /// Write `body` to `key` through `key.partial`, fsync and rename, showing
+    /// each piece written to `seen`; the bytes written.
+    async fn write(&self, key: &str, mut body: Body<'_>, seen: &mut (dyn FnMut(&[u8]) + Send)) -> Result<u64, StoreError> {
+        let path = self.path(key)?;
+        if let Some(parent) = path.parent() {
+            self.create_dirs(parent).await?;
+        }
+        let partial = PathBuf::from(format!("{}{PARTIAL}", path.display()));
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&partial)
+            .await
+            .map_err(io(&partial))?;
+        let mut written = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        // a full disk is told as such, with what was written and what is free
+        let full = |err: std::io::Error, written: u64| match crate::space::filled_up(
+            &err,
+            &partial,
+            key,
+            written,
+            "free space there or back up to another store (--to); nothing was marked complete",
+        ) {
+            Some(no_space) => StoreError::NoSpace(no_space),
+            None => io(&partial)(err),
+        };
+        let result: Result<(), StoreError> = async {
+            loop {
+                let n = super::read_full(&mut body, &mut buf)
+                    .await
+                    .map_err(|source| StoreError::Body {
+                        key: key.to_string(),
+                        source,
+                    })?;
+                if n == 0 {
+                    break;
+                }
+                file.write_all(&buf[..n]).await.map_err(|e| full(e, written))?;
+                written += n as u64;
+                seen(&buf[..n]);
+            }
+            file.flush().await.map_err(|e| full(e, written))?;
+            file.sync_all().await.map_err(|e| full(e, written))
+        }
+        .await;
+        drop(file);
+        if let Err(err) = result {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(err);
+        }
+        tokio::fs::rename(&partial, &path).await.map_err(io(&path))?;
+        if let Some(parent) = path.parent() {
+            // make the rename durable
+            if let Ok(dir) = tokio::fs::File::open(parent).await {
+                let _ = dir.sync_all().await;
+            }
+        }
+        Ok(written)
+    }
+
     async fn create_dirs(&self, dir: &Path) -> Result<(), StoreError> {
         let mut builder = tokio::fs::DirBuilder::new();
         builder.recursive(true).mode(0o700);
@@ -57,64 +120,15 @@ impl Store for LocalStore {
         format!("file://{}", std::path::absolute(&self.root).unwrap_or(self.root.clone()).display())
     }
 
-    async fn put(&self, key: &str, mut body: Body<'_>) -> Result<PutReport, StoreError> {
-        let path = self.path(key)?;
-        if let Some(parent) = path.parent() {
-            self.create_dirs(parent).await?;
-        }
-        let partial = PathBuf::from(format!("{}{PARTIAL}", path.display()));
-        let mut file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&partial)
-            .await
-            .map_err(io(&partial))?;
+    async fn put(&self, key: &str, body: Body<'_>) -> Result<PutReport, StoreError> {
         let mut hasher = Hasher::default();
-        let mut buf = vec![0u8; CHUNK];
-        // a full disk is told as such, with what was written and what is free
-        let full = |err: std::io::Error, hasher: &Hasher| match crate::space::filled_up(
-            &err,
-            &partial,
-            key,
-            hasher.size(),
-            "free space there or back up to another store (--to); nothing was marked complete",
-        ) {
-            Some(no_space) => StoreError::NoSpace(no_space),
-            None => io(&partial)(err),
-        };
-        let result: Result<(), StoreError> = async {
-            loop {
-                let n = super::read_full(&mut body, &mut buf)
-                    .await
-                    .map_err(|source| StoreError::Body {
-                        key: key.to_string(),
-                        source,
-                    })?;
-                if n == 0 {
-                    break;
-                }
-                file.write_all(&buf[..n]).await.map_err(|e| full(e, &hasher))?;
-                hasher.update(&buf[..n]);
-            }
-            file.flush().await.map_err(|e| full(e, &hasher))?;
-            file.sync_all().await.map_err(|e| full(e, &hasher))
-        }
-        .await;
-        drop(file);
-        if let Err(err) = result {
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(err);
-        }
-        tokio::fs::rename(&partial, &path).await.map_err(io(&path))?;
-        if let Some(parent) = path.parent() {
-            // make the rename durable
-            if let Ok(dir) = tokio::fs::File::open(parent).await {
-                let _ = dir.sync_all().await;
-            }
-        }
+        self.write(key, body, &mut |piece| hasher.update(piece)).await?;
         Ok(hasher.finish())
+    }
+
+    async fn put_verbatim(&self, key: &str, body: Body<'_>) -> Result<super::Stored, StoreError> {
+        let size = self.write(key, body, &mut |_| {}).await?;
+        Ok(super::Stored::Verbatim { size })
     }
 
     async fn get(&self, key: &str) -> Result<Body<'static>, StoreError> {

@@ -28,6 +28,9 @@ impl Store for MeteredStore<'_> {
     async fn put(&self, key: &str, body: Body<'_>) -> Result<PutReport, StoreError> {
         self.inner.put(key, Box::new(self.meter.reader(body))).await
     }
+    async fn put_verbatim(&self, key: &str, body: Body<'_>) -> Result<super::Stored, StoreError> {
+        self.inner.put_verbatim(key, Box::new(self.meter.reader(body))).await
+    }
     async fn get(&self, key: &str) -> Result<Body<'static>, StoreError> {
         Ok(Box::new(self.meter.reader(self.inner.get(key).await?)))
     }

@@ -140,6 +140,14 @@ pub trait Store: Send + Sync {
     fn url(&self) -> String;
     /// Write `key` from `body`, streaming; the object appears whole or not at all.
     async fn put(&self, key: &str, body: Body<'_>) -> Result<PutReport, StoreError>;
+    /// As [`Store::put`], for a caller that hashes the body itself as it
+    /// streams it (a snapshot: one SHA-256 pass serves etcd's trailing hash
+    /// and the manifest). A store that stores the body's bytes as they are
+    /// may skip its own pass and say so ([`Stored::Verbatim`]); the default
+    /// hashes as `put` does.
+    async fn put_verbatim(&self, key: &str, body: Body<'_>) -> Result<Stored, StoreError> {
+        self.put(key, body).await.map(Stored::Hashed)
+    }
     /// Read `key` as a stream.
     async fn get(&self, key: &str) -> Result<Body<'static>, StoreError>;
     /// Objects under `prefix` (relative keys), sorted by key.
@@ -154,6 +162,18 @@ pub trait Store: Send + Sync {
     fn local_dir(&self) -> Option<&std::path::Path> {
         None
     }
+}
+
+/// What [`Store::put_verbatim`] stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// The body's bytes as they were, `size` of them, not hashed by the
+    /// store: their SHA-256 is the one the caller computed while it
+    /// streamed them.
+    Verbatim { size: u64 },
+    /// What the store stored, hashed by it (it may differ from the body:
+    /// an encrypting store stores ciphertext).
+    Hashed(PutReport),
 }
 
 /// Open the store a URL names. `s3` carries the S3 settings (endpoint, CA
