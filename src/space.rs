@@ -27,6 +27,9 @@ pub struct NoSpace {
     pub hint: String,
 }
 
+/// How to get past a scratch directory (TMPDIR) without room.
+pub const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot";
+
 /// `n` bytes for people: `1.5 GiB`, `730 KiB`, `12 B`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

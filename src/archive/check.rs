@@ -89,7 +89,7 @@ impl Keep<'_> {
 }
 
 fn spool_error(key: &str, path: &std::path::Path, written: u64, source: std::io::Error) -> CheckError {
-    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, "set TMPDIR to a directory with room for the snapshot") {
+    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, crate::space::SCRATCH_HINT) {
         Some(full) => CheckError::NoSpace(full),
         None => CheckError::Scratch { what: key.to_string(), path: path.to_path_buf(), source },
     }
@@ -117,9 +117,6 @@ pub struct Checked {
     pub manifest: Manifest,
     pub objects: Option<Vec<Value>>,
     pub report: CheckReport,
-    /// The member snapshots read offline from a copy made while they were
-    /// checked ([`check_backup_inspecting`]).
-    pub copied: Vec<String>,
 }
 
 /// Read and parse the manifest of one backup.
@@ -259,14 +256,15 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
 /// hash matched the manifest, and removed.
 #[async_trait::async_trait]
 pub trait Inspect: Send {
-    fn wants(&self, member: &MemberSnapshot) -> bool;
+    fn wants(&self, manifest: &Manifest, member: &MemberSnapshot) -> bool;
     async fn inspect(&mut self, member: &MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError>;
 }
 
 /// As [`check_backup_with`], with the member snapshots `inspect` wants
 /// read offline from the copy made while they were hashed, instead of
-/// being downloaded again. [`Checked::copied`] lists the artifacts copied
-/// (none of an encrypted backup without an identity).
+/// being downloaded again (none of an encrypted backup without an identity:
+/// its plaintext cannot be had). Before anything is read, TMPDIR must have
+/// room for the largest copy.
 pub async fn check_backup_inspecting(store: &dyn Store, layout: &Layout, identities: Option<&Identities>, inspect: &mut dyn Inspect) -> Result<Checked, CheckError> {
     check(store, layout, identities, Some(inspect)).await
 }
@@ -295,6 +293,19 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         }
         _ => None,
     };
+    // room for the largest copy, refused before anything is read
+    if let Some(inspect) = inspect.as_deref() {
+        let largest = manifest
+            .etcd
+            .iter()
+            .filter(|m| (manifest.plaintext(&m.artifact).is_none() || decrypting.is_some()) && inspect.wants(&manifest, m))
+            .map(|m| (manifest.plaintext(&m.artifact).map_or(m.size, |p| p.size), &m.artifact))
+            .max_by_key(|(size, _)| *size);
+        if let Some((size, artifact)) = largest {
+            let what = format!("a scratch copy of {}/{}", store.url(), layout.artifact(artifact));
+            crate::space::ensure(&std::env::temp_dir(), size, &what, crate::space::SCRATCH_HINT)?;
+        }
+    }
     let mut report = CheckReport {
         backup,
         artifacts_checked: 0,
@@ -305,7 +316,6 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
     };
     let mut tarball = Vec::new();
     let mut sums = Vec::new();
-    let mut copied = Vec::new();
     for artifact in &manifest.artifacts {
         let key = layout.artifact(&artifact.name);
         // a member snapshot to read offline: the stored bytes, or the
@@ -313,7 +323,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         let member = manifest.etcd.iter().find(|m| m.artifact == artifact.name);
         let readable = manifest.plaintext(&artifact.name).is_none() || decrypting.is_some();
         let copy = match (member, inspect.as_deref()) {
-            (Some(member), Some(inspect)) if readable && inspect.wants(member) => Some(
+            (Some(member), Some(inspect)) if readable && inspect.wants(&manifest, member) => Some(
                 tempfile::Builder::new()
                     .prefix("hcp-dr-check-")
                     .suffix(".db")
@@ -387,7 +397,6 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         report.bytes_checked += got.size;
         if let (Some(member), Some(path), Some(inspect)) = (member, copy_path, inspect.as_deref_mut()) {
             inspect.inspect(member, &path).await?;
-            copied.push(artifact.name.clone());
         }
     }
     for member in &manifest.etcd {
@@ -412,7 +421,6 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
             manifest,
             objects: None,
             report,
-            copied,
         });
     }
     let objects: Vec<Value> = objects::read_tar_gz(&tarball[..])
@@ -429,7 +437,6 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         manifest,
         objects: Some(objects),
         report,
-        copied,
     })
 }
 
@@ -539,7 +546,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Inspect for Keeper {
-        fn wants(&self, _member: &MemberSnapshot) -> bool {
+        fn wants(&self, _manifest: &Manifest, _member: &MemberSnapshot) -> bool {
             true
         }
         async fn inspect(&mut self, member: &MemberSnapshot, copy: &Path) -> Result<(), CheckError> {
@@ -557,15 +564,14 @@ mod tests {
         let (ids, recipient) = key();
         let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
         let mut keeper = Keeper { kept: Vec::new() };
-        let checked = check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut keeper).await.unwrap();
-        assert_eq!(checked.copied, ["etcd/etcd-0.db"]);
+        check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut keeper).await.unwrap();
         let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
         assert_eq!(keeper.kept.len(), 1);
         assert!(keeper.kept[0].0 == "etcd-0" && keeper.kept[0].1 == snapshot, "not the snapshot's plaintext");
         // without a key the plaintext cannot be had: nothing is handed over
         let mut blind = Keeper { kept: Vec::new() };
-        let checked = check_backup_inspecting(store.as_ref(), &layout, None, &mut blind).await.unwrap();
-        assert!(checked.copied.is_empty() && blind.kept.is_empty());
+        check_backup_inspecting(store.as_ref(), &layout, None, &mut blind).await.unwrap();
+        assert!(blind.kept.is_empty());
         // a damaged snapshot is refused before it is handed over
         let path = dir.path().join(layout.artifact("etcd/etcd-0.db"));
         let mut bytes = std::fs::read(&path).unwrap();

@@ -9,10 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-
-use crate::store::Store;
-
 /// The binaries a scratch restore needs.
 pub struct ScratchTools {
     pub etcd: PathBuf,
@@ -50,44 +46,6 @@ impl ScratchTools {
             (Some(etcd), Some(etcdctl)) => Ok(ScratchTools { etcd, etcdctl }),
             _ => Err("no etcd/etcdctl binaries in PATH (apt-get install etcd-server etcd-client): the deep check did not run".into()),
         }
-    }
-
-    /// Download `key`, restore it into a scratch member, and count its keys.
-    pub async fn count_keys(&self, store: &dyn Store, key: &str) -> Result<u64, String> {
-        self.count_keys_with(store, key, &super::verify::Decryption::default()).await
-    }
-
-    /// As [`ScratchTools::count_keys`], decrypting an age-encrypted snapshot
-    /// on the way. `etcdctl snapshot restore` needs a plaintext file: it is
-    /// written into the scratch directory (mode 0700, the file 0600) and
-    /// removed with it.
-    pub async fn count_keys_with(&self, store: &dyn Store, key: &str, decryption: &super::verify::Decryption<'_>) -> Result<u64, String> {
-        let dir = scratch_dir()?;
-        let snapshot = dir.0.join("snapshot.db");
-        let mut body = store.get(key).await.map_err(|e| e.to_string())?;
-        if let Some(identities) = decryption.identities {
-            let mut head = [0u8; 32];
-            let n = crate::store::read_full(&mut body, &mut head).await.map_err(|e| format!("downloading {key}: {e}"))?;
-            let whole: crate::store::Body<'static> = Box::new(tokio::io::AsyncReadExt::chain(std::io::Cursor::new(head[..n].to_vec()), body));
-            body = if crate::archive::encryption::is_age(&head[..n]) {
-                crate::archive::encryption::decrypting_reader(whole, identities, key, decryption.recipients)
-                    .await
-                    .map_err(|e| e.to_string())?
-            } else {
-                whole
-            };
-        }
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&snapshot)
-            .await
-            .map_err(|e| format!("{}: {e}", snapshot.display()))?;
-        tokio::io::copy(&mut body, &mut file).await.map_err(|e| format!("downloading {key}: {e}"))?;
-        file.flush().await.map_err(|e| e.to_string())?;
-        drop(file);
-        self.count_keys_in(&snapshot, &dir.0).await
     }
 
     /// Restore the plaintext snapshot file `snapshot` into a scratch member

@@ -469,8 +469,7 @@ pub async fn verify_source_with(given: &str, s3: S3Options, identities: Option<&
     }
 }
 
-/// How to get past a scratch directory without room.
-pub const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot";
+pub use crate::space::SCRATCH_HINT;
 
 /// Refuse before copying `size` bytes of `what` into a scratch file when
 /// `TMPDIR` has not room for them.

@@ -222,19 +222,9 @@ async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identiti
     } else {
         None
     };
-    // a scratch directory without room is no bad input: exit 1, not 2
-    let unverified = |e: crate::etcd::verify::VerifyError| match e {
-        crate::etcd::verify::VerifyError::NoSpace(full) => OpsError::Store(full.into()),
-        e => OpsError::Input(e.to_string()),
-    };
-    // room for one member's copy at a time (the manifest is small; a missing one is reported by the check)
-    if let Ok(listed) = read_manifest(store, layout).await
-        && let Some(largest) = listed.etcd.iter().map(|m| listed.plaintext(&m.artifact).map_or(m.size, |p| p.size)).max()
-    {
-        crate::etcd::verify::ensure_scratch_room(largest, &format!("{}/{}", store.url(), layout.dir())).map_err(unverified)?;
-    }
     // each snapshot is read offline (and restored into a scratch etcd) from
-    // the copy made while it was hashed: downloaded once
+    // the copy made while it was hashed: downloaded once (TMPDIR's room for
+    // the largest is checked before anything is read)
     let mut offline = Offline { scratch: scratch.as_ref(), read: BTreeMap::new() };
     let manifest = match check_backup_inspecting(store, layout, identities, &mut offline).await {
         Ok(checked) => {
@@ -261,24 +251,13 @@ async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identiti
         report.ok = report.problems.is_empty();
         return Ok(report);
     }
-    let decryption = crate::etcd::verify::Decryption {
-        identities,
-        recipients: manifest.recipients(),
-    };
     for member in &manifest.etcd {
         let key = layout.artifact(&member.artifact);
-        let (offline_report, restored) = match offline.read.remove(&member.member) {
-            Some(read) => read,
-            // not copied during the check (cannot happen for a readable backup): download it
-            None => {
-                let report = crate::etcd::verify::verify_store_object_with(store, &key, &decryption).await.map_err(unverified)?;
-                let restored = match (&scratch, report.is_ok()) {
-                    (Some(tools), true) => Some(tools.count_keys_with(store, &key, &decryption).await),
-                    _ => None,
-                };
-                (report, restored)
-            }
-        };
+        // every snapshot of a readable backup was read during the check
+        let (offline_report, restored) = offline
+            .read
+            .remove(&member.member)
+            .ok_or_else(|| OpsError::Input(format!("{key}: the snapshot was not read offline during the check")))?;
         let summary = offline_report.summary.as_ref();
         let mut check = SnapshotCheck {
             member: member.member.clone(),
@@ -321,7 +300,7 @@ struct Offline<'a> {
 
 #[async_trait::async_trait]
 impl Inspect for Offline<'_> {
-    fn wants(&self, _member: &crate::archive::MemberSnapshot) -> bool {
+    fn wants(&self, _manifest: &crate::archive::Manifest, _member: &crate::archive::MemberSnapshot) -> bool {
         true
     }
     async fn inspect(&mut self, member: &crate::archive::MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError> {

@@ -20,13 +20,13 @@ pub struct Verify;
 /// and read its objects.
 async fn load(ctx: &RestoreContext) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
     let checked = check_backup_with(ctx.store.as_ref(), &ctx.inputs.layout(), ctx.keys.as_ref()).await?;
-    loaded(checked).map(|(manifest, objects, report, _)| (manifest, objects, report))
+    loaded(checked)
 }
 
 /// A checked backup's parts, or the identity it needs.
-fn loaded(checked: crate::archive::check::Checked) -> Result<(Manifest, Vec<Value>, CheckReport, Vec<String>), StageFailure> {
+fn loaded(checked: crate::archive::check::Checked) -> Result<(Manifest, Vec<Value>, CheckReport), StageFailure> {
     match checked.objects {
-        Some(objects) => Ok((checked.manifest, objects, checked.report, checked.copied)),
+        Some(objects) => Ok((checked.manifest, objects, checked.report)),
         None => Err(EncryptionError::IdentityNeeded {
             what: format!("backup {}", checked.report.backup),
             recipients: checked.report.encrypted_to,
@@ -64,14 +64,13 @@ pub fn verified_manifest(step: &Step<'_>) -> Option<Manifest> {
 
 /// Reads the best member snapshot offline from the copy the check made.
 struct BestOffline {
-    member: Option<String>,
     report: Option<crate::etcd::verify::Report>,
 }
 
 #[async_trait]
 impl crate::archive::check::Inspect for BestOffline {
-    fn wants(&self, member: &crate::archive::MemberSnapshot) -> bool {
-        self.member.as_deref() == Some(member.member.as_str())
+    fn wants(&self, manifest: &crate::archive::Manifest, member: &crate::archive::MemberSnapshot) -> bool {
+        manifest.best_snapshot().is_some_and(|best| best.member == member.member)
     }
     async fn inspect(&mut self, _member: &crate::archive::MemberSnapshot, copy: &std::path::Path) -> Result<(), crate::archive::check::CheckError> {
         let report = crate::etcd::verify::verify_copy(copy).await.map_err(|e| crate::archive::check::CheckError::Offline(e.to_string()))?;
@@ -136,31 +135,22 @@ impl Stage<RestoreContext> for Verify {
         step.show(&meter);
         let store = crate::store::metered::MeteredStore::new(ctx.store.as_ref(), &meter);
         let layout = ctx.inputs.layout();
-        // room for the one local copy of the snapshot a restore uses (the manifest is small)
-        let listed = read_manifest(&store, &layout).await?;
-        if let Some(best) = listed.best_snapshot() {
-            let plain = listed.plaintext(&best.artifact).map_or(best.size, |p| p.size);
-            crate::etcd::verify::ensure_scratch_room(plain, &format!("{}/{}", ctx.store.url(), layout.artifact(&best.artifact)))?;
-        }
         // Every artifact is read once: the best snapshot is read offline
-        // from the copy made while it was hashed.
-        let mut best_offline = BestOffline { member: listed.best_snapshot().map(|m| m.member.clone()), report: None };
+        // from the copy made while it was hashed (TMPDIR's room for it is
+        // checked before anything is read).
+        let mut best_offline = BestOffline { report: None };
         let checked = crate::archive::check::check_backup_inspecting(&store, &layout, ctx.keys.as_ref(), &mut best_offline).await?;
-        let (manifest, objects, report, _) = loaded(checked)?;
+        let (manifest, objects, report) = loaded(checked)?;
         let best = manifest
             .best_snapshot()
             .ok_or_else(|| StageError::Precondition("the manifest lists no etcd snapshot".into()))?;
         // The snapshot etcd will restore is also read as etcd will: its
         // trailing hash and its database, and it must hold the recorded revision.
         let key = layout.artifact(&best.artifact);
-        let decryption = crate::etcd::verify::Decryption {
-            identities: ctx.keys.as_ref(),
-            recipients: manifest.recipients(),
-        };
-        let offline = match best_offline.report {
-            Some(offline) if best_offline.member.as_deref() == Some(best.member.as_str()) => offline,
-            _ => crate::etcd::verify::verify_store_object_with(&store, &key, &decryption).await?,
-        };
+        // an encrypted backup read without its identity stopped in `loaded`
+        let offline = best_offline.report.ok_or_else(|| {
+            StageError::Precondition(format!("{}/{key}: the snapshot was not read offline during the check", ctx.store.url()))
+        })?;
         let revision = offline.summary.as_ref().map(|s| s.store_revision());
         if !offline.is_ok() || revision != Some(best.revision) {
             return Err(StageError::Precondition(format!(
