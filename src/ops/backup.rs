@@ -48,6 +48,9 @@ pub struct BackupOptions {
     /// Without etcd quorum, snapshot the readable member with the highest
     /// revision instead of refusing.
     pub allow_no_quorum: bool,
+    /// The management cluster's API groups, shared by the backups of one
+    /// fleet run (`backup --all`); a single backup discovers its own.
+    pub api_groups: Option<crate::stages::context::ApiGroups>,
 }
 
 /// What a backup run reports.
@@ -146,6 +149,9 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3).await?;
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
+    if let Some(shared) = &options.api_groups {
+        ctx.api_groups = shared.clone();
+    }
     ctx.management = Some(target.binding.management_cluster());
     if let Some(zone) = &inputs.route53_zone {
         match super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
@@ -334,8 +340,11 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
             t.fire(signal);
         }
     };
+    // discovered once for the whole fleet, not once per cluster
+    let api_groups = crate::stages::context::ApiGroups::default();
     let runs = futures::stream::iter(targets.into_iter().zip(interrupts).map(|((ns, name), mut own)| {
         let mut one = options.clone();
+        one.api_groups = Some(api_groups.clone());
         one.namespace = ns.clone();
         one.hosted_cluster = name.clone();
         // several progress bars would garble a terminal

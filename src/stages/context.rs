@@ -193,7 +193,14 @@ pub struct BackupContext {
     pub dns: Option<Box<dyn crate::dns::DnsZone>>,
     /// Found by preflight: where the backup is taken, what was published.
     pub origin: Option<crate::archive::Origin>,
+    /// The management cluster's API groups, discovered by export the first
+    /// time they are needed; the backups of one fleet run share them
+    /// ([`ApiGroups`]), so discovery is not repeated per cluster.
+    pub api_groups: ApiGroups,
 }
+
+/// The API groups of one management cluster, discovered once.
+pub type ApiGroups = std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<kube::discovery::Discovery>>>;
 
 /// A member's snapshot streaming into the store in the background.
 pub struct PendingSnapshot {
@@ -250,6 +257,7 @@ impl BackupContext {
             management: None,
             dns: None,
             origin: None,
+            api_groups: ApiGroups::default(),
         }
     }
 

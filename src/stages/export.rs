@@ -82,8 +82,9 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
         }
     }
 
-    let discovery = Discovery::new(ctx.client.clone())
-        .run()
+    let discovery = ctx
+        .api_groups
+        .get_or_try_init(|| async { Discovery::new(ctx.client.clone()).run().await.map(std::sync::Arc::new) })
         .await
         .map_err(request("discovering API groups"))?;
     for group in discovery.groups() {
