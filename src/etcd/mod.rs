@@ -266,7 +266,7 @@ impl Member {
 const BATCH: usize = 1 << 20;
 
 /// How many pieces may wait for the store, and for the hasher.
-const IN_FLIGHT: usize = 16;
+const IN_FLIGHT: usize = 4;
 
 /// A snapshot whose content is fixed (etcd holds its read transaction) and
 /// whose bytes are still to be received: [`StartedSnapshot::finish`] streams
