@@ -17,6 +17,8 @@
 //! disk out of the comparison)
 //! Prints ratios; it asserts nothing about time.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::Command;
@@ -27,14 +29,7 @@ use hcp_dr::store::LocalStore;
 use hcp_dr_e2e::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, connect_client};
 use hcp_dr_e2e::procs::free_ports;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::arg;
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -138,8 +133,8 @@ async fn main() {
         println!("raw stream: {n} B in {:.2}s", t.as_secs_f64());
         return;
     }
-    let size = arg("--size-mib", 1100);
-    let ha_size = arg("--ha-size-mib", 256);
+    let size: u64 = arg("--size-mib", 1100);
+    let ha_size: u64 = arg("--ha-size-mib", 256);
     let tmp = match args.iter().position(|a| a == "--dir").and_then(|i| args.get(i + 1)) {
         Some(dir) => tempfile::tempdir_in(dir).expect("tempdir in --dir"),
         None => tempfile::tempdir().expect("tempdir"),
@@ -200,7 +195,7 @@ async fn single_member(dir: &Path, size: u64) {
     let mut mine = Duration::MAX;
     let mut raw = Duration::MAX;
     let mut streamed = 0;
-    for round in 0..arg("--rounds", 2) {
+    for round in 0..arg::<u64>("--rounds", 2) {
         peer = peer.min(etcdctl_save(&url, &dir.join("etcdctl.db")));
         let (t, n) = raw_stream(&url).await;
         (raw, streamed) = (raw.min(t), n);
