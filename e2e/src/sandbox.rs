@@ -398,14 +398,7 @@ impl Sandbox {
 
     /// Make the S3 endpoint's HTTPS front (`AWS_ENDPOINT_URL_S3`) fail a
     /// share of its requests (`Some`), or stop (`None`): writes or removes
-    /// `DIR/<cluster>/state/audit.log`: every request the API server of
-/// management cluster `cluster` served, one JSON line each (see
-/// [`crate::apiserver::audit`]).
-pub fn audit_log_path(dir: &Path, cluster: &str) -> PathBuf {
-    dir.join(cluster).join("state").join("audit.log")
-}
-
-/// `DIR/s3/s3-faults.json`, which the front reads again at its next
+    /// `DIR/s3/s3-faults.json`, which the front reads again at its next
     /// request, so a shell can do the same (`hcp-dr-sandbox faults --s3`).
     pub fn set_s3_faults(&self, faults: Option<&S3Faults>) -> std::io::Result<()> {
         self.s3.set_faults(faults)
