@@ -30,6 +30,17 @@ pub struct NoSpace {
 /// How to get past a scratch directory (TMPDIR) without room.
 pub const SCRATCH_HINT: &str = "set TMPDIR to a directory with room for the snapshot";
 
+/// Refuse before copying `size` bytes of `what` into a scratch file when
+/// TMPDIR has not room for them.
+pub fn ensure_scratch(size: u64, what: &str) -> Result<(), NoSpace> {
+    ensure(&std::env::temp_dir(), size, &format!("a scratch copy of {what}"), SCRATCH_HINT)
+}
+
+/// [`filled_up`] for a scratch copy of `what` at `path`.
+pub fn scratch_filled_up(err: &std::io::Error, path: &Path, what: &str, written: u64) -> Option<NoSpace> {
+    filled_up(err, path, &format!("a scratch copy of {what}"), written, SCRATCH_HINT)
+}
+
 /// `n` bytes for people: `1.5 GiB`, `730 KiB`, `12 B`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -42,7 +42,7 @@ pub enum CheckError {
     #[error(transparent)]
     Encryption(#[from] EncryptionError),
     /// The local copy of the snapshot a restore uses could not be written.
-    #[error("writing a scratch copy of {what} at {}: {source} (set TMPDIR to a directory with room for the snapshot)", path.display())]
+    #[error("writing a scratch copy of {what} at {}: {source} ({})", path.display(), crate::space::SCRATCH_HINT)]
     Scratch {
         what: String,
         path: std::path::PathBuf,
@@ -89,7 +89,7 @@ impl Keep<'_> {
 }
 
 fn spool_error(key: &str, path: &std::path::Path, written: u64, source: std::io::Error) -> CheckError {
-    match crate::space::filled_up(&source, path, &format!("a scratch copy of {key}"), written, crate::space::SCRATCH_HINT) {
+    match crate::space::scratch_filled_up(&source, path, key, written) {
         Some(full) => CheckError::NoSpace(full),
         None => CheckError::Scratch { what: key.to_string(), path: path.to_path_buf(), source },
     }
@@ -302,8 +302,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
             .map(|m| (manifest.plaintext(&m.artifact).map_or(m.size, |p| p.size), &m.artifact))
             .max_by_key(|(size, _)| *size);
         if let Some((size, artifact)) = largest {
-            let what = format!("a scratch copy of {}/{}", store.url(), layout.artifact(artifact));
-            crate::space::ensure(&std::env::temp_dir(), size, &what, crate::space::SCRATCH_HINT)?;
+            crate::space::ensure_scratch(size, &format!("{}/{}", store.url(), layout.artifact(artifact)))?;
         }
     }
     let mut report = CheckReport {

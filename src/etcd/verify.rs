@@ -321,7 +321,7 @@ pub async fn verify_store_object_with(store: &dyn Store, key: &str, decryption: 
     };
     if let Err(err) = copied.await {
         let written = std::fs::metadata(&scratch.0).map_or(0, |m| m.len());
-        return Err(match crate::space::filled_up(&err, &scratch.0, &format!("a scratch copy of {url}"), written, SCRATCH_HINT) {
+        return Err(match crate::space::scratch_filled_up(&err, &scratch.0, &url, written) {
             Some(full) => VerifyError::NoSpace(full),
             None => scratch_error(err),
         });
@@ -469,12 +469,10 @@ pub async fn verify_source_with(given: &str, s3: S3Options, identities: Option<&
     }
 }
 
-pub use crate::space::SCRATCH_HINT;
-
 /// Refuse before copying `size` bytes of `what` into a scratch file when
 /// `TMPDIR` has not room for them.
 pub fn ensure_scratch_room(size: u64, what: &str) -> Result<(), VerifyError> {
-    crate::space::ensure(&std::env::temp_dir(), size, &format!("a scratch copy of {what}"), SCRATCH_HINT).map_err(VerifyError::NoSpace)
+    crate::space::ensure_scratch(size, what).map_err(VerifyError::NoSpace)
 }
 
 /// A scratch file removed on drop.

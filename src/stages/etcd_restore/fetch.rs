@@ -173,7 +173,7 @@ async fn copy_hashing(body: &mut (impl tokio::io::AsyncRead + Unpin), what: &str
             break;
         }
         let written = size;
-        let failed = |e: std::io::Error| match crate::space::filled_up(&e, &path, &format!("a scratch copy of {what}"), written, crate::etcd::verify::SCRATCH_HINT) {
+        let failed = |e: std::io::Error| match crate::space::scratch_filled_up(&e, &path, what, written) {
             Some(full) => StageError::Precondition(format!("{full}; nothing was changed")),
             None => StageError::Precondition(format!("writing {}: {e}", path.display())),
         };
