@@ -366,7 +366,16 @@ impl StartedSnapshot {
         })?;
         let (verdict, whole) = match hasher.await {
             Ok(hashed) => hashed,
-            Err(_) => (Verdict::TooShort, crate::store::PutReport { size: 0, sha256: String::new() }),
+            Err(err) => {
+                let _ = store.delete(key).await;
+                return Err(EtcdError::Store {
+                    member,
+                    source: crate::store::StoreError::Body {
+                        key: key.to_string(),
+                        source: std::io::Error::other(format!("hashing the snapshot stopped: {err}")),
+                    },
+                });
+            }
         };
         let put = match stored {
             crate::store::Stored::Verbatim { size } if size == whole.size => whole,
