@@ -243,10 +243,7 @@ async fn main() {
     // restored members on mgmt-b, three migrated ones, a raw restore, each
     // about 1.15x the values
     let needed = size * 14 << 20;
-    if let Err(refused) = hcp_dr::space::ensure(&dir, needed, "the benchmark's etcd members, snapshots and backups", "lower --size-mib or set TMPDIR to a file system with more room") {
-        eprintln!("error: {refused}");
-        std::process::exit(2);
-    }
+    common::ensure_room(&dir, needed, "the benchmark's etcd members, snapshots and backups", "lower --size-mib or set TMPDIR to a file system with more room");
     println!("# hcp-dr DR benchmark: HighlyAvailable cluster, 3 etcd members filled with {size} MiB, in {}", dir.display());
     let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use hcp_dr_e2e::apiserver::audit::ResourcePath;
 use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, api_for, audit_log_path, create_all, wait_available};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
@@ -81,21 +82,10 @@ fn line_count(log: &Path) -> usize {
 /// (`list hostedclusters`, `patch deployments/scale`).
 fn shape(event: &Value) -> String {
     let uri = event["requestURI"].as_str().unwrap_or("");
-    let path = uri.split('?').next().unwrap_or("");
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest: &[&str] = match segments.as_slice() {
-        ["api", _, rest @ ..] => rest,
-        ["apis", _, _, rest @ ..] => rest,
-        _ => &[],
-    };
-    let rest = match rest {
-        ["namespaces", _, inner @ ..] if !inner.is_empty() => inner,
-        other => other,
-    };
-    let resource = match rest {
-        [] => path.to_string(),
-        [r] | [r, _] => r.to_string(),
-        [r, _, sub, ..] => format!("{r}/{sub}"),
+    let resource = match hcp_dr_e2e::apiserver::audit::resource_path(uri) {
+        Some(ResourcePath { resource, subresource: Some(sub), .. }) => format!("{resource}/{sub}"),
+        Some(ResourcePath { resource, .. }) => resource.to_string(),
+        None => uri.split('?').next().unwrap_or("").to_string(),
     };
     format!("{} {resource}", event["verb"].as_str().unwrap_or("?"))
 }
@@ -211,18 +201,26 @@ fn print(clusters: usize, runs: &[Run]) {
 async fn main() {
     let clusters: usize = arg("--clusters", 50);
     let small: usize = arg("--small", 10).min(clusters);
-    let concurrency: Vec<usize> = arg("--concurrency", "1,4,8".to_string())
+    let concurrency: Vec<usize> = match arg("--concurrency", "1,4,8".to_string())
         .split(',')
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
+        .map(|n| n.trim().parse::<usize>().ok().filter(|n| *n > 0))
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(list) => list,
+        None => {
+            eprintln!("error: --concurrency takes a comma-separated list of counts of at least 1, e.g. 1,4,8");
+            std::process::exit(2);
+        }
+    };
+    if clusters == 0 {
+        eprintln!("error: --clusters must be at least 1");
+        std::process::exit(2);
+    }
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir: PathBuf = tmp.path().to_path_buf();
     // each cluster: one etcd member (~70 MiB of data dir and WAL) and its backups
     let needed = (clusters as u64) * (100 << 20) * (1 + concurrency.len() as u64);
-    if let Err(refused) = hcp_dr::space::ensure(&dir, needed, "the fleet's etcd members and backups", "lower --clusters or set TMPDIR to a file system with more room") {
-        eprintln!("error: {refused}");
-        std::process::exit(2);
-    }
+    common::ensure_room(&dir, needed, "the fleet's etcd members and backups", "lower --clusters or set TMPDIR to a file system with more room");
     println!("# hcp-dr fleet benchmark: {small} then {clusters} SingleReplica hosted clusters, --concurrency {concurrency:?}, in {}", dir.display());
     let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");

@@ -144,15 +144,12 @@ async fn main() {
     // hcp-dr's copy and the RSS run's copy (about 1.15x the values each);
     // three HA members, etcdctl's copy and hcp-dr's three
     let needed_mib = if ha_only { 0 } else { size * 47 / 10 } + ha_size * 8;
-    if let Err(refused) = hcp_dr::space::ensure(
+    common::ensure_room(
         tmp.path(),
         needed_mib << 20,
         "the benchmark's etcd members and snapshots",
         "lower --size-mib/--ha-size-mib, or point --dir at a file system with more room",
-    ) {
-        eprintln!("error: {refused}");
-        std::process::exit(2);
-    }
+    );
 
     println!(
         "# hcp-dr snapshot benchmarks ({size} MiB single member, {ha_size} MiB x3 members) in {}",

@@ -7,14 +7,29 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The value after `name` on the command line, or `default`.
+/// The value after `name` on the command line, or `default` when the flag
+/// is absent; a flag without a value that parses is refused (exit 2).
 pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return default;
+    };
+    match args.get(i + 1).map(|v| v.parse()) {
+        Some(Ok(value)) => value,
+        _ => {
+            eprintln!("error: {name} needs a value of type {} (got {:?})", std::any::type_name::<T>(), args.get(i + 1));
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Refuse (exit 2) before filling anything when `dir`'s file system has
+/// less than `needed` bytes free for `what`; `hint` says how to get past it.
+pub fn ensure_room(dir: &std::path::Path, needed: u64, what: &str, hint: &str) {
+    if let Err(refused) = hcp_dr::space::ensure(dir, needed, what, hint) {
+        eprintln!("error: {refused}");
+        std::process::exit(2);
+    }
 }
 
 /// A finished command: its wall time, its own peak RSS (KiB, from wait4),

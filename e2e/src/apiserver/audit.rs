@@ -56,28 +56,48 @@ impl AuditLog {
     }
 }
 
-/// The verb kube-apiserver's audit log gives a request: for a resource path,
-/// `get`/`list`/`watch`/`create`/`update`/`patch`/`delete`/`deletecollection`
-/// by method and by whether the path names an object; for any other path
-/// (`/api`, `/openapi/v2`, `/version`) the method in lower case.
-pub fn verb(method: &str, uri: &str) -> String {
-    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+/// What a resource path names, namespace and API group left out:
+/// `/apis/apps/v1/namespaces/ns/deployments/d/scale` is `deployments`,
+/// object `d`, subresource `scale`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourcePath<'a> {
+    pub resource: &'a str,
+    pub name: Option<&'a str>,
+    pub subresource: Option<&'a str>,
+}
+
+/// The resource a request URI names (`/api/v1/...`, `/apis/<group>/<version>/...`),
+/// or None for any other path (`/api`, `/apis/apps/v1`, `/version`).
+pub fn resource_path(uri: &str) -> Option<ResourcePath<'_>> {
+    let path = uri.split_once('?').map_or(uri, |(path, _)| path);
     let segments: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
-    // /api/v1/... or /apis/<group>/<version>/...
     let rest = match segments.as_slice() {
         ["api", _version, rest @ ..] => rest,
         ["apis", _group, _version, rest @ ..] => rest,
-        _ => return method.to_ascii_lowercase(),
+        _ => return None,
     };
     let rest = match rest {
         ["namespaces", _ns, inner @ ..] if !inner.is_empty() => inner,
         other => other,
     };
-    let names_an_object = match rest {
-        [] => return method.to_ascii_lowercase(),
-        [_resource] => false,
-        _ => true,
+    match *rest {
+        [] => None,
+        [resource] => Some(ResourcePath { resource, name: None, subresource: None }),
+        [resource, name] => Some(ResourcePath { resource, name: Some(name), subresource: None }),
+        [resource, name, subresource, ..] => Some(ResourcePath { resource, name: Some(name), subresource: Some(subresource) }),
+    }
+}
+
+/// The verb kube-apiserver's audit log gives a request: for a resource path,
+/// `get`/`list`/`watch`/`create`/`update`/`patch`/`delete`/`deletecollection`
+/// by method and by whether the path names an object; for any other path
+/// (`/api`, `/openapi/v2`, `/version`) the method in lower case.
+pub fn verb(method: &str, uri: &str) -> String {
+    let query = uri.split_once('?').map_or("", |(_, query)| query);
+    let Some(target) = resource_path(uri) else {
+        return method.to_ascii_lowercase();
     };
+    let names_an_object = target.name.is_some();
     let watch = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1" || kv == "watch");
@@ -97,7 +117,19 @@ pub fn verb(method: &str, uri: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::verb;
+    use super::{ResourcePath, resource_path, verb};
+
+    #[test]
+    fn resource_paths_leave_out_group_and_namespace() {
+        let path = |resource, name, subresource| Some(ResourcePath { resource, name, subresource });
+        assert_eq!(resource_path("/apis/apps/v1/namespaces/ns/deployments/d/scale?x=1"), path("deployments", Some("d"), Some("scale")));
+        assert_eq!(resource_path("/api/v1/namespaces/ns/pods"), path("pods", None, None));
+        assert_eq!(resource_path("/api/v1/namespaces/ns"), path("namespaces", Some("ns"), None));
+        assert_eq!(resource_path("/apis/hypershift.openshift.io/v1beta1/hostedclusters"), path("hostedclusters", None, None));
+        for other in ["/api", "/api/v1", "/apis/apps/v1", "/version", "/openapi/v2"] {
+            assert_eq!(resource_path(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn verbs_are_the_audit_logs() {
