@@ -91,6 +91,11 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     let (checked, read) = (verify["bytes_checked"].as_u64().unwrap(), verify["bytes_read"].as_u64().unwrap());
     println!("verify read {read} bytes for {checked} bytes of artifacts: {:.3}x", read as f64 / checked as f64);
     assert!(read >= checked && read as f64 <= checked as f64 * 1.05, "verify read {read} bytes for {checked} bytes of artifacts: {verify:#}");
+    // and only the snapshot it restores: the two others are found, not read
+    let restored = verify["snapshot"]["member"].as_str().unwrap();
+    let not_read: Vec<&str> = verify["not_read"].as_array().expect("not_read").iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(not_read.len(), 2, "{verify:#}");
+    assert!(not_read.iter().all(|artifact| artifact.starts_with("etcd/") && !artifact.contains(restored)), "{verify:#}");
     // the RPO: the backup's age when restored (writes after it are lost)
     assert!(report["backup_taken"].as_str().is_some_and(|t| t.starts_with("20")), "{report:#}");
     assert!(report["backup_age_seconds"].as_i64().is_some_and(|age| age >= 0), "{report:#}");

@@ -108,6 +108,11 @@ pub struct CheckReport {
     /// Whether the encrypted artifacts were decrypted and their plaintext
     /// checked too (always true for a backup that is not encrypted).
     pub plaintext_checked: bool,
+    /// Member snapshots found in the store with the recorded size but not
+    /// read (a restore reads only the snapshot it restores; `backups
+    /// verify` reads them all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_read: Vec<String>,
 }
 
 /// A checked backup: its manifest, its objects (`None` when it is
@@ -257,6 +262,12 @@ pub async fn check_backup_with(store: &dyn Store, layout: &Layout, identities: O
 #[async_trait::async_trait]
 pub trait Inspect: Send {
     fn wants(&self, manifest: &Manifest, member: &MemberSnapshot) -> bool;
+    /// Whether the member snapshots it does not want are left unread: each
+    /// is then only found in one listing of the backup, with the recorded
+    /// size (its content is not checked).
+    fn skips_unwanted(&self) -> bool {
+        false
+    }
     async fn inspect(&mut self, member: &MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError>;
 }
 
@@ -312,6 +323,13 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         objects: 0,
         plaintext_checked: manifest.encryption.is_none() || decrypting.is_some(),
         encrypted_to: recipients.clone(),
+        not_read: Vec::new(),
+    };
+    // the snapshots left unread are found in one listing
+    let skips_unwanted = inspect.as_deref().is_some_and(|inspect| inspect.skips_unwanted());
+    let listing = match skips_unwanted {
+        true => Some(store.list(&format!("{}/", layout.dir())).await?),
+        false => None,
     };
     let mut tarball = Vec::new();
     let mut sums = Vec::new();
@@ -320,6 +338,21 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         // a member snapshot to read offline: the stored bytes, or the
         // plaintext when they are decrypted on the way
         let member = manifest.etcd.iter().find(|m| m.artifact == artifact.name);
+        if let (Some(member), Some(listing), Some(inspect)) = (member, &listing, inspect.as_deref())
+            && !inspect.wants(&manifest, member)
+        {
+            let what = match listing.iter().find(|o| o.key == key) {
+                None => "listed in the manifest but missing from the store".to_string(),
+                Some(found) if found.size != artifact.size => {
+                    format!("{} bytes in the store, but the manifest records {}", found.size, artifact.size)
+                }
+                Some(_) => {
+                    report.not_read.push(artifact.name.clone());
+                    continue;
+                }
+            };
+            return Err(CheckError::Mismatch { url: store.url(), key, what });
+        }
         let readable = manifest.plaintext(&artifact.name).is_none() || decrypting.is_some();
         let copy = match (member, inspect.as_deref()) {
             (Some(member), Some(inspect)) if readable && inspect.wants(&manifest, member) => Some(
@@ -580,6 +613,48 @@ mod tests {
         let mut damaged = Keeper { kept: Vec::new() };
         assert!(check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut damaged).await.is_err());
         assert!(damaged.kept.is_empty(), "a snapshot that failed its check was handed over");
+    }
+
+    /// Wants no snapshot and leaves the unwanted ones unread.
+    struct Skipper;
+
+    #[async_trait::async_trait]
+    impl Inspect for Skipper {
+        fn wants(&self, _manifest: &Manifest, _member: &MemberSnapshot) -> bool {
+            false
+        }
+        fn skips_unwanted(&self) -> bool {
+            true
+        }
+        async fn inspect(&mut self, _member: &MemberSnapshot, _copy: &Path) -> Result<(), CheckError> {
+            panic!("handed a snapshot it did not want")
+        }
+    }
+
+    /// A snapshot left unread must still be in the store with its recorded
+    /// size; its content is not read (a change of the same size passes).
+    #[tokio::test]
+    async fn unread_snapshots_are_found_with_their_size_and_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+        let path = dir.path().join(layout.artifact("etcd/etcd-0.db"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let checked = check_backup_inspecting(store.as_ref(), &layout, None, &mut Skipper).await.unwrap();
+        assert_eq!(checked.report.not_read, vec!["etcd/etcd-0.db".to_string()]);
+        assert_eq!(checked.report.artifacts_checked, 2, "objects and SHA256SUMS only");
+        // the same bytes are refused by a check that reads them
+        assert!(check_backup_with(store.as_ref(), &layout, None).await.is_err());
+
+        std::fs::write(&path, &bytes[..at]).unwrap();
+        let err = check_backup_inspecting(store.as_ref(), &layout, None, &mut Skipper).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("{at} bytes in the store, but the manifest records {}", bytes.len())), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        let err = check_backup_inspecting(store.as_ref(), &layout, None, &mut Skipper).await.unwrap_err().to_string();
+        assert!(err.contains("listed in the manifest but missing from the store"), "{err}");
     }
 
     /// A copy that cannot be written while an encrypted snapshot is

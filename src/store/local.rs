@@ -145,7 +145,16 @@ impl Store for LocalStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
         let mut out = Vec::new();
-        let mut stack = vec![self.root.clone()];
+        // start at the deepest folder the prefix names, not at the root: a
+        // listing of one backup does not walk every backup of the store
+        let start = match prefix.rsplit_once('/') {
+            Some((folder, _)) if !folder.is_empty() => match self.path(folder) {
+                Ok(path) => path,
+                Err(_) => self.root.clone(),
+            },
+            _ => self.root.clone(),
+        };
+        let mut stack = vec![start];
         while let Some(dir) = stack.pop() {
             let mut entries = match tokio::fs::read_dir(&dir).await {
                 Ok(entries) => entries,
@@ -220,6 +229,15 @@ mod tests {
         store.put("c/x", Box::new(&b"x"[..])).await.unwrap();
         let keys: Vec<_> = store.list("b/").await.unwrap().into_iter().map(|o| o.key).collect();
         assert_eq!(keys, vec!["b/1/manifest.json", "b/1/snap.db"]);
+        // a prefix that is not a whole folder name still matches by prefix
+        store.put("b/10/x", Box::new(&b"x"[..])).await.unwrap();
+        let keys: Vec<_> = store.list("b/1").await.unwrap().into_iter().map(|o| o.key).collect();
+        assert_eq!(keys, vec!["b/1/manifest.json", "b/1/snap.db", "b/10/x"]);
+        let keys: Vec<_> = store.list("b/1/").await.unwrap().into_iter().map(|o| o.key).collect();
+        assert_eq!(keys, vec!["b/1/manifest.json", "b/1/snap.db"]);
+        assert!(store.list("nowhere/").await.unwrap().is_empty());
+        assert_eq!(store.list("").await.unwrap().len(), 4);
+        store.delete("b/10/x").await.unwrap();
 
         store.delete("b/1/snap.db").await.unwrap();
         store.delete("b/1/snap.db").await.unwrap();

@@ -1,7 +1,10 @@
 //! `verify`: before anything touches the destination, re-read the backup
-//! from the store and check it against its manifest (format version, every
-//! artifact's size and SHA-256, SHA256SUMS, the objects archive parsing,
-//! and the best snapshot read offline as a bbolt database at its revision).
+//! from the store and check it against its manifest (format version, the
+//! size and SHA-256 of every artifact the restore uses, SHA256SUMS, the
+//! objects archive parsing, and the best snapshot read offline as a bbolt
+//! database at its revision). The other members' snapshots are only found
+//! in the store with their size: the restore does not use them, and
+//! reading them would double what it downloads.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -72,6 +75,11 @@ impl crate::archive::check::Inspect for BestOffline {
     fn wants(&self, manifest: &crate::archive::Manifest, member: &crate::archive::MemberSnapshot) -> bool {
         manifest.best_snapshot().is_some_and(|best| best.member == member.member)
     }
+    /// The other members' snapshots are not restored: reading them would
+    /// double what a restore downloads. `backups verify` reads them.
+    fn skips_unwanted(&self) -> bool {
+        true
+    }
     async fn inspect(&mut self, _member: &crate::archive::MemberSnapshot, copy: &std::path::Path) -> Result<(), crate::archive::check::CheckError> {
         let report = crate::etcd::verify::verify_copy(copy).await.map_err(|e| crate::archive::check::CheckError::Offline(e.to_string()))?;
         self.report = Some(report);
@@ -91,6 +99,10 @@ pub struct Verified {
     #[serde(default)]
     pub bytes_read: u64,
     pub objects: usize,
+    /// The other members' snapshots, found in the store with their
+    /// recorded size but not read (the restore does not use them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_read: Vec<String>,
     pub snapshot: VerifiedSnapshot,
     pub backup_finished: Option<chrono::DateTime<chrono::Utc>>,
     pub encrypted_to: Vec<String>,
@@ -118,14 +130,14 @@ impl StageId for Verify {
 #[async_trait]
 impl Stage<RestoreContext> for Verify {
     fn summary(&self) -> &'static str {
-        "re-read the backup: format version, every artifact's size and SHA-256, the objects archive, and the best snapshot read offline at its revision"
+        "re-read what the restore uses: format version, each artifact's size and SHA-256 (the other members' snapshots only found, with their size), the objects archive, and the best snapshot read offline at its revision"
     }
     fn mutates(&self) -> bool {
         false
     }
     fn plan(&self, ctx: &RestoreContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
-            "read back {}/{} and check it against its manifest, the best snapshot offline",
+            "read back {}/{} and check it against its manifest, the best snapshot offline (the others only found)",
             ctx.store.url(),
             ctx.inputs.layout().dir()
         )]
@@ -166,6 +178,7 @@ impl Stage<RestoreContext> for Verify {
             artifacts_checked: report.artifacts_checked,
             bytes_checked: report.bytes_checked,
             objects: report.objects,
+            not_read: report.not_read,
             snapshot: VerifiedSnapshot {
                 member: best.member.clone(),
                 revision: best.revision,
