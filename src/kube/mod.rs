@@ -6,7 +6,7 @@ pub mod portforward;
 pub mod retry;
 pub mod watch;
 
-pub use watch::{Watched, wait_watching};
+pub use watch::{Changes, Watched, changes, wait_for_object, wait_on, wait_watching};
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -5,6 +5,7 @@
 //! or by undo.
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use chrono::{SecondsFormat, Utc};
 use serde_json::{Value, json};
 
@@ -26,9 +27,19 @@ async fn wait_acknowledged(ctx: &BackupContext, until: &str) -> Result<bool, Sta
     let name = &ctx.inputs.hosted_cluster;
     let hcp_ns = ctx.hcp_namespace();
     let what = format!("the operator to acknowledge the pause of {} (HostedControlPlane {hcp_ns}/{name} pausedUntil={until})", ctx.hc_label());
-    let waited = crate::kube::wait_for(&what, ctx.inputs.operator_ack_timeout(), std::time::Duration::from_millis(250), || async {
-        let hcp = get_json(&api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns), name, "HostedControlPlane").await?;
-        let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, ns), name, "HostedCluster").await?;
+    // looked at again when either object changes (the operator writes the
+    // HostedCluster's condition and the HostedControlPlane's pausedUntil),
+    // not every tick: the wait costs the same however slow the operator is
+    let hcp_api = api(&ctx.client, &HOSTED_CONTROL_PLANE, &hcp_ns);
+    let hc_api = api(&ctx.client, &HOSTED_CLUSTER, ns);
+    let changes = futures::stream::select(
+        crate::kube::changes(&hcp_api, &crate::kube::Watched::named(name)),
+        crate::kube::changes(&hc_api, &crate::kube::Watched::named(name)),
+    )
+    .boxed();
+    let waited = crate::kube::wait_on(changes, &what, ctx.inputs.operator_ack_timeout(), std::time::Duration::from_millis(250), || async {
+        let hcp = get_json(&hcp_api, name, "HostedControlPlane").await?;
+        let hc = get_json(&hc_api, name, "HostedCluster").await?;
         let hcp_paused = hcp.as_ref().is_some_and(|h| h["spec"]["pausedUntil"].as_str() == Some(until));
         let condition = hc.as_ref().and_then(|h| crate::hosted::condition(h, "ReconciliationActive").map(str::to_string));
         let acknowledged = hcp_paused && condition.as_deref() != Some("True");

@@ -13,7 +13,7 @@ use kube::api::Api;
 use super::context::BackupContext;
 use super::pause::{self, Pause};
 use super::scale_down::{self, ScaleDown};
-use crate::kube::{Watched, request, wait_watching};
+use crate::kube::wait_for_object;
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 
 pub struct Resume;
@@ -55,10 +55,10 @@ impl Stage<BackupContext> for Resume {
         for d in scaled.scaled.iter().filter(|d| d.replicas > 0) {
             let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
             let what = format!("Deployment {ns}/{} to be available again", d.name);
-            let waited = wait_watching(&api, Watched::named(&d.name), &what, ctx.inputs.wait_timeout(), Duration::from_millis(250), || async {
-                let dep = api.get(&d.name).await.map_err(request(format!("reading Deployment {ns}/{}", d.name)))?;
-                let available = dep.status.and_then(|s| s.available_replicas).unwrap_or(0);
-                Ok((available >= d.replicas).then_some(()))
+            // judged from the watched Deployment itself: no GET per change
+            let waited = wait_for_object(&api, &d.name, &what, ctx.inputs.wait_timeout(), Duration::from_millis(250), |dep: Option<&Deployment>| {
+                let available = dep.and_then(|dep| dep.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0);
+                (available >= d.replicas).then_some(())
             })
             .await;
             if let Err(err) = waited {
