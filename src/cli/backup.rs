@@ -173,7 +173,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         metrics_file: args.metrics_file,
         pushgateway,
         encrypt_to: args.encrypt_to,
-        api_groups: None,
+        fleet: None,
         route53_zone: args.route53_zone,
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),

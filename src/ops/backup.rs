@@ -48,9 +48,36 @@ pub struct BackupOptions {
     /// Without etcd quorum, snapshot the readable member with the highest
     /// revision instead of refusing.
     pub allow_no_quorum: bool,
-    /// The management cluster's API groups, shared by the backups of one
-    /// fleet run (`backup --all`); a single backup discovers its own.
-    pub api_groups: Option<crate::stages::context::ApiGroups>,
+    /// What the backups of one fleet run (`backup --all`) share; a single
+    /// backup builds its own.
+    pub fleet: Option<FleetShared>,
+}
+
+/// What the backups of one fleet run share instead of each building its
+/// own: the management cluster's client (one connection pool, one TLS
+/// setup, one identity check), its API groups (one discovery) and the
+/// store (one S3 client, and one budget of part buffers for every upload
+/// of the run).
+#[derive(Clone)]
+pub struct FleetShared {
+    pub client: kube::Client,
+    pub binding: crate::pipeline::journal::ClusterBinding,
+    pub store: std::sync::Arc<dyn store::Store>,
+    pub api_groups: crate::stages::context::ApiGroups,
+}
+
+impl std::fmt::Debug for FleetShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetShared").field("server", &self.binding.server).field("store", &self.store.url()).finish_non_exhaustive()
+    }
+}
+
+/// The S3 options of a run: the flags', else what its inputs recorded.
+fn s3_options(options: &BackupOptions, inputs: &BackupInputs) -> S3Options {
+    let mut s3 = options.s3.clone();
+    s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
+    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
+    s3
 }
 
 /// What a backup run reports.
@@ -142,17 +169,19 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         )));
     }
 
-    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.journal_given()).await?;
-    let client = target.client;
-    let mut s3 = options.s3.clone();
-    s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
-    s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
-    let store = store::open(&inputs.store, s3).await?;
+    let (client, binding, store, api_groups) = match &options.fleet {
+        Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
+        None => {
+            let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.journal_given()).await?;
+            let store = store::open(&inputs.store, s3_options(&options, &inputs)).await?;
+            (target.client, target.binding, store.into(), None)
+        }
+    };
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
-    if let Some(shared) = &options.api_groups {
-        ctx.api_groups = shared.clone();
+    if let Some(shared) = api_groups {
+        ctx.api_groups = shared;
     }
-    ctx.management = Some(target.binding.management_cluster());
+    ctx.management = Some(binding.management_cluster());
     if let Some(zone) = &inputs.route53_zone {
         match super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
             Ok(zone) => ctx.dns = Some(zone),
@@ -167,7 +196,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         signal(&ctx, &options, &signals::Outcome::Started).await;
     }
     let started = std::time::Instant::now();
-    let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
+    let journaled = super::Journaled::new(&inputs, vec![binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let package = run.output_of::<crate::stages::package::Package>()?;
     let snapshots = run.output_of::<crate::stages::etcd_snapshot::SnapshotFinish>()?;
@@ -297,7 +326,8 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     if fleet.concurrency == 0 {
         return Err(OpsError::Input("--concurrency must be at least 1".into()));
     }
-    let client = crate::kube::client(options.kubeconfig.as_deref(), options.context.as_deref()).await?;
+    let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), None).await?;
+    let client = target.client.clone();
     let mut params = kube::api::ListParams::default();
     if let Some(selector) = &fleet.selector {
         params = params.labels(selector);
@@ -340,11 +370,17 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
             t.fire(signal);
         }
     };
-    // discovered once for the whole fleet, not once per cluster
-    let api_groups = crate::stages::context::ApiGroups::default();
+    // one client, one discovery and one store for the whole fleet, not one per cluster
+    store::StoreUrl::parse(&options.store)?;
+    let shared = FleetShared {
+        client: target.client,
+        binding: target.binding,
+        store: store::open(&options.store, options.s3.clone()).await?.into(),
+        api_groups: crate::stages::context::ApiGroups::default(),
+    };
     let runs = futures::stream::iter(targets.into_iter().zip(interrupts).map(|((ns, name), mut own)| {
         let mut one = options.clone();
-        one.api_groups = Some(api_groups.clone());
+        one.fleet = Some(shared.clone());
         one.namespace = ns.clone();
         one.hosted_cluster = name.clone();
         // several progress bars would garble a terminal

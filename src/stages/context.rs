@@ -240,10 +240,10 @@ impl EtcdTlsMaterial {
 }
 
 impl BackupContext {
-    pub fn new(client: Client, store: Box<dyn Store>, inputs: BackupInputs, tls_override: TlsOverride) -> Self {
+    pub fn new(client: Client, store: impl Into<std::sync::Arc<dyn Store>>, inputs: BackupInputs, tls_override: TlsOverride) -> Self {
         BackupContext {
             client,
-            store: std::sync::Arc::from(store),
+            store: store.into(),
             inputs,
             tls_override,
             node_pools: Vec::new(),
