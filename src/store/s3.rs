@@ -12,7 +12,11 @@
 //! rather than spliced (`download_attempts` failures in a row without a
 //! byte of progress end it).
 //!
-//! Memory is bounded by `part_size * (parallelism + 1)` whatever the object size.
+//! Memory is bounded by `part_size * (parallelism + 1)` whatever the object
+//! size and however many uploads run at once (the member snapshots of a
+//! backup, the backups of a fleet run): every upload of one store draws its
+//! part buffers from one budget ([`PartBudget`]), and a buffer is reused
+//! once its part is sent.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,7 +32,9 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key, read_full};
@@ -61,7 +67,9 @@ pub struct S3Options {
     pub sse: ServerSideEncryption,
     /// Multipart part size (S3's minimum is 5 MiB).
     pub part_size: usize,
-    /// Parts uploaded at once.
+    /// Parts one upload sends at once. Every upload of the store draws on
+    /// one budget of `parallelism + 1` part buffers, so several uploads at
+    /// once share these.
     pub parallelism: usize,
     /// Attempts per request, made by the SDK (with exponential backoff).
     pub max_attempts: u32,
@@ -103,6 +111,77 @@ pub struct S3Store {
     bucket: String,
     prefix: String,
     options: S3Options,
+    parts: Arc<PartBudget>,
+}
+
+/// The part buffers every upload of one store draws from: at most
+/// `count` exist at once, and one whose part was sent is kept for the next
+/// part rather than freed and allocated again (8 MiB allocations freed and
+/// made again by several threads leave the allocator's arenas holding them).
+struct PartBudget {
+    size: usize,
+    permits: Arc<Semaphore>,
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// One part's bytes. Its buffer goes back to the budget when the last
+/// `Bytes` made of it (the SDK holds one per try) is dropped.
+struct PartBuffer {
+    buf: Vec<u8>,
+    len: usize,
+    budget: Arc<PartBudget>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl PartBudget {
+    fn new(size: usize, count: usize) -> Arc<PartBudget> {
+        Arc::new(PartBudget {
+            size,
+            permits: Arc::new(Semaphore::new(count.max(1))),
+            free: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A buffer, once the budget has one to give.
+    async fn take(self: &Arc<Self>) -> PartBuffer {
+        // the semaphore is never closed
+        let permit = self.permits.clone().acquire_owned().await.expect("the part budget's semaphore is never closed");
+        let reused = self.free.lock().ok().and_then(|mut free| free.pop());
+        PartBuffer {
+            buf: reused.unwrap_or_else(|| vec![0u8; self.size]),
+            len: 0,
+            budget: self.clone(),
+            _permit: permit,
+        }
+    }
+}
+
+impl PartBuffer {
+    /// Fill it from `body` (to its size, or to the body's end): the bytes read.
+    async fn fill(&mut self, body: &mut Body<'_>) -> std::io::Result<usize> {
+        self.len = read_full(body, &mut self.buf).await?;
+        Ok(self.len)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl AsRef<[u8]> for PartBuffer {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl Drop for PartBuffer {
+    fn drop(&mut self) {
+        // back before the permit (a field) is released
+        let buf = std::mem::take(&mut self.buf);
+        if let Ok(mut free) = self.budget.free.lock() {
+            free.push(buf);
+        }
+    }
 }
 
 impl std::fmt::Debug for S3Store {
@@ -192,6 +271,7 @@ impl S3Store {
             client: Client::from_conf(config.build()),
             bucket,
             prefix,
+            parts: PartBudget::new(options.part_size, options.parallelism.max(1) + 1),
             options,
         })
     }
@@ -332,17 +412,16 @@ impl S3Store {
             let chunk = match next.take() {
                 Some(chunk) => chunk,
                 None => {
-                    let mut buf = vec![0u8; self.options.part_size];
-                    let n = read_full(body, &mut buf).await.map_err(|source| StoreError::Body {
+                    let mut part = self.parts.take().await;
+                    let n = part.fill(body).await.map_err(|source| StoreError::Body {
                         key: key.to_string(),
                         source,
                     })?;
                     if n == 0 {
                         break;
                     }
-                    buf.truncate(n);
-                    hasher.update(&buf);
-                    Bytes::from(buf)
+                    hasher.update(part.bytes());
+                    Bytes::from_owner(part)
                 }
             };
             number += 1;
@@ -577,14 +656,13 @@ impl Store for S3Store {
     async fn put(&self, key: &str, mut body: Body<'_>) -> Result<PutReport, StoreError> {
         let full = self.full_key(key)?;
         let mut hasher = Hasher::default();
-        let mut first = vec![0u8; self.options.part_size];
-        let n = read_full(&mut body, &mut first).await.map_err(|source| StoreError::Body {
+        let mut first = self.parts.take().await;
+        let n = first.fill(&mut body).await.map_err(|source| StoreError::Body {
             key: key.to_string(),
             source,
         })?;
-        first.truncate(n);
-        hasher.update(&first);
-        let first = Bytes::from(first);
+        hasher.update(first.bytes());
+        let first = Bytes::from_owner(first);
         if n < self.options.part_size {
             self.put_single(&full, first).await?;
         } else {
@@ -708,5 +786,38 @@ impl Store for S3Store {
             .await
             .map_err(|e| self.err("presign", &full, sdk_message(&e)))?;
         Ok(Some(request.uri().to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// At most `count` buffers exist at once, whoever holds them (a part
+    /// being filled, or the `Bytes` of a part being sent), and a buffer
+    /// given back is the next one handed out.
+    #[tokio::test]
+    async fn part_buffers_are_bounded_and_reused() {
+        let budget = PartBudget::new(16, 2);
+        let mut first = budget.take().await;
+        let mut body: Body<'_> = Box::new(&b"0123456789abcdefXYZ"[..]);
+        assert_eq!(first.fill(&mut body).await.unwrap(), 16);
+        let sent = Bytes::from_owner(first);
+        let held = sent.clone();
+        let mut second = budget.take().await;
+        assert_eq!(second.fill(&mut body).await.unwrap(), 3);
+        assert_eq!(second.bytes(), b"XYZ");
+        assert!(budget.take().now_or_never().is_none(), "a third buffer beyond the budget of two");
+        drop(sent);
+        assert!(budget.take().now_or_never().is_none(), "given back while a Bytes of it was still held");
+        let address = held.as_ptr();
+        drop(held);
+        let third = budget.take().now_or_never().expect("the buffer given back");
+        assert_eq!(third.buf.as_ptr(), address, "a new buffer instead of the one given back");
+        drop(second);
+        drop(third);
+        assert_eq!(budget.free.lock().unwrap().len(), 2);
     }
 }
