@@ -10,7 +10,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
 use super::context::{BackupContext, ScaledDeployment};
-use crate::kube::{deployment_pods, deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if};
+use crate::kube::{deployment_replicas, deployment_uid_and_replicas, scale_deployment, scale_deployment_if};
 use super::params::ScaleDownParams;
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 
@@ -110,8 +110,12 @@ impl Stage<BackupContext> for ScaleDown {
                         )));
                     }
                 }
-                let pods = deployment_pods(&ctx.client, &ns, &d.name).await?;
-                Ok(pods.is_empty().then_some(()))
+                // the selector read once above: one GET and one LIST per look
+                let left = pods
+                    .list(&kube::api::ListParams::default().labels(&selector))
+                    .await
+                    .map_err(crate::kube::request(format!("listing pods of Deployment {ns}/{}", d.name)))?;
+                Ok(left.items.is_empty().then_some(()))
             })
             .await?;
         }
