@@ -3,7 +3,7 @@
 //! `hcp-dr backup --all --concurrency N` for each N, in a fresh process each:
 //!
 //! - wall time, and the ratio to N=1;
-//! - peak RSS of the hcp-dr process (its rusage, from wait4);
+//! - peak RSS of the hcp-dr process (its own VmHWM, see `common::run`);
 //! - API requests per cluster, counted by the emulator's audit log
 //!   (`DIR/mgmt-a/state/audit.log`, hcp-dr's by its User-Agent), at a small
 //!   fleet first and at the full one, to show whether they grow with it, and
@@ -90,7 +90,7 @@ fn shape(event: &Value) -> String {
     format!("{} {resource}", event["verb"].as_str().unwrap_or("?"))
 }
 
-/// Run `hcp-dr backup --all` in a fresh process and reap it with wait4 for
+/// Run `hcp-dr backup --all` in a fresh process, with
 /// its own peak RSS.
 fn backup_all(sandbox: &Sandbox, state: &Path, store: &Path, concurrency: usize) -> (Duration, i64, Value) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-dr"));

@@ -32,7 +32,7 @@ pub fn ensure_room(dir: &std::path::Path, needed: u64, what: &str, hint: &str) {
     }
 }
 
-/// A finished command: its wall time, its own peak RSS (KiB, from wait4),
+/// A finished command: its wall time, its own peak RSS (KiB, its VmHWM),
 /// how it exited and what it printed.
 pub struct Ran {
     pub what: String,
@@ -59,9 +59,20 @@ impl Ran {
     }
 }
 
-/// Run `cmd` to completion and reap it with wait4 for its own peak RSS
-/// (`Child::wait` does not give it). Its output is drained on threads, so a
-/// full pipe never blocks it.
+/// The peak RSS (VmHWM, KiB) of process `pid` so far; None once it exited.
+fn vm_hwm_kib(pid: libc::pid_t) -> Option<i64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// Run `cmd` to completion with its own peak RSS. That is not the
+/// `ru_maxrss` of wait4: a child started with vfork (as `Command` does)
+/// execs from its parent's address space, and Linux counts the parent's
+/// peak into the child's `ru_maxrss` at exec (the benchmark process, which
+/// holds the sandbox, grows with the fleet). The child's own VmHWM is read
+/// every 10 ms until it exits (it only rises, so what is missed is the
+/// growth of its last 10 ms), then it is reaped. Its output is drained on
+/// threads, so a full pipe never blocks it.
 pub fn run(mut cmd: Command) -> Ran {
     // the program and its arguments, never its environment (it may hold credentials)
     let what = std::iter::once(cmd.get_program())
@@ -81,18 +92,38 @@ pub fn run(mut cmd: Command) -> Ran {
     };
     let out = drain(Box::new(child.stdout.take().expect("stdout")));
     let err = drain(Box::new(child.stderr.take().expect("stderr")));
-    let mut status = 0;
-    // SAFETY: FFI with pointers to locals; the child is reaped here, not by
-    // `Child`, which is forgotten below so that it never waits on the pid.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let exited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let exited = exited.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !exited.load(std::sync::atomic::Ordering::Acquire) {
+                if let Some(hwm) = vm_hwm_kib(pid) {
+                    peak = peak.max(hwm);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    // SAFETY: FFI with pointers to locals. waitid with WNOWAIT waits for
+    // the exit but leaves the child unreaped, so its pid cannot be reused
+    // while the sampler still reads /proc/<pid>; wait4 then reaps it (here,
+    // not by `Child`, which is forgotten below so it never waits on the pid).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+    assert_eq!(waited, 0, "waitid: {}", std::io::Error::last_os_error());
     let wall = start.elapsed();
+    exited.store(true, std::sync::atomic::Ordering::Release);
+    let rss_kib = sampler.join().expect("RSS sampler");
+    let mut status = 0;
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, std::ptr::null_mut()) };
     assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
     std::mem::forget(child);
     Ran {
         what,
         wall,
-        rss_kib: usage.ru_maxrss,
+        rss_kib,
         status: ExitStatus::from_raw(status),
         stdout: out.join().expect("stdout"),
         stderr: err.join().expect("stderr"),
