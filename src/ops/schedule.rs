@@ -207,7 +207,7 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
     for (rule, _) in rules() {
         rules_json.push(rule);
     }
-    Ok(vec![
+    let mut objects = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace, "labels": labels}}),
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": o.namespace, "labels": labels}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": labels}, "rules": rules_json}),
@@ -223,7 +223,25 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
                    "failedJobsHistoryLimit": 5,
                    "jobTemplate": {"metadata": {"labels": labels}, "spec": job},
                }}),
-    ])
+    ];
+    objects.iter_mut().for_each(drop_empty_lists);
+    Ok(objects)
+}
+
+/// Remove every empty list (`envFrom: []`, `initContainers: []`). A real
+/// API server drops them (the built-in kinds' lists are `omitempty`), so an
+/// object rendered with them never matches what `kubectl apply` recorded:
+/// every apply reports it `configured` and GitOps shows it out of sync.
+/// Empty objects stay: `emptyDir: {}` means something.
+fn drop_empty_lists(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+            map.values_mut().for_each(drop_empty_lists);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_empty_lists),
+        _ => {}
+    }
 }
 
 /// `--shard`'s value in a pod of an Indexed Job: Kubernetes puts the pod's
@@ -266,6 +284,30 @@ mod tests {
             max_age: Some("30d".into()),
             route53_zone: None,
             shards: 1,
+        }
+    }
+
+    /// Nothing a real API server would drop: no empty list anywhere, with
+    /// or without credentials and pruning (no envFrom, no init container);
+    /// `emptyDir: {}` stays.
+    #[test]
+    fn nothing_is_rendered_that_the_server_would_drop() {
+        fn empty_lists(value: &Value, at: &str, found: &mut Vec<String>) {
+            match value {
+                Value::Array(items) if items.is_empty() => found.push(at.to_string()),
+                Value::Array(items) => items.iter().enumerate().for_each(|(i, v)| empty_lists(v, &format!("{at}/{i}"), found)),
+                Value::Object(map) => map.iter().for_each(|(k, v)| empty_lists(v, &format!("{at}/{k}"), found)),
+                _ => {}
+            }
+        }
+        let bare = ScheduleOptions { credentials_secret: None, keep_last: None, max_age: None, ..options() };
+        for o in [options(), bare] {
+            let objects = render(&o).unwrap();
+            let mut found = Vec::new();
+            objects.iter().for_each(|object| empty_lists(object, "", &mut found));
+            assert!(found.is_empty(), "empty lists at {found:?}");
+            let pod = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+            assert_eq!(pod["volumes"][0]["emptyDir"], json!({}));
         }
     }
 
