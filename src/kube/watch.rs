@@ -136,6 +136,7 @@ where
     let deadline = Instant::now() + timeout;
     let mut events = Some(watcher(api.clone(), Watched::named(name).config()).boxed());
     let mut listed: Option<K> = None;
+    let read = || async { api.get_opt(name).await.map_err(super::request(format!("reading {name} ({what})"))) };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let seen = match events.as_mut() {
@@ -154,17 +155,17 @@ where
                 Ok(Some(Err(err))) => {
                     tracing::debug!(what, error = %err, "cannot watch; polling instead");
                     events = None;
-                    Some(api.get_opt(name).await.map_err(super::request(format!("reading {name} ({what})")))?)
+                    Some(read().await?)
                 }
                 Ok(None) => {
                     events = None;
                     None
                 }
                 // quiet: look anyway
-                Err(_) => Some(api.get_opt(name).await.map_err(super::request(format!("reading {name} ({what})")))?),
+                Err(_) => Some(read().await?),
             },
             None => {
-                let object = api.get_opt(name).await.map_err(super::request(format!("reading {name} ({what})")))?;
+                let object = read().await?;
                 if let Some(value) = check(object.as_ref()) {
                     return Ok(value);
                 }
