@@ -1,28 +1,15 @@
 //! The README's first command, as a test: the sandbox drill with the real
 //! hcp-dr binary.
 
+mod support;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_sandbox_drill_backs_up_verifies_and_migrates_demo() {
     let tmp = tempfile::tempdir().unwrap();
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_hcp-dr"));
     let report = hcp_dr_e2e::drill::run(&tmp.path().join("sb"), bin).await.expect("drill");
     let steps: Vec<&str> = report.steps.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(
-        steps,
-        vec![
-            "sandbox up",
-            "hcp-dr cluster create demo",
-            "connect to the hosted API",
-            "write sample workloads",
-            "inspect hosted etcd members",
-            "hcp-dr backup to S3",
-            "verify the backup",
-            "cluster back in service",
-            "hcp-dr drill on mgmt-b",
-            "hcp-dr migrate to mgmt-b",
-            "verify on mgmt-b, source gone",
-        ]
-    );
+    assert_eq!(steps, support::DRILL_STEPS);
     assert_eq!(report.members.len(), 3);
     assert!(report.members.iter().all(|m| m.workload_keys == 40));
     let rendered = report.render();

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::procs::etcd::{ClientTls, connect_client};
-use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, wait_available};
+use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, UpOptions, wait_available};
 
 /// Namespace of the sample workloads in the hosted cluster.
 pub const WORKLOAD_NS: &str = "drill-app";
@@ -45,16 +45,24 @@ pub struct DrillReport {
     pub sandbox_dir: String,
     pub crds: String,
     pub hosted_cluster: String,
+    /// `mgmt-a: URL (emulated)` or `(existing, from --mgmt-kubeconfig)`.
+    pub management_clusters: Vec<String>,
     pub steps: Vec<Step>,
     pub members: Vec<MemberReport>,
     pub not_yet_available: Vec<String>,
+    /// On existing clusters: what the sandbox removed at the end, and left.
+    pub cleanup: Vec<String>,
 }
 
 impl DrillReport {
     pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str(&format!("hcp-dr sandbox drill: {}\n", self.hosted_cluster));
-        out.push_str(&format!("  sandbox dir: {}\n  CRDs: {}\n\n", self.sandbox_dir, self.crds));
+        out.push_str(&format!("  sandbox dir: {}\n  CRDs: {}\n", self.sandbox_dir, self.crds));
+        for cluster in &self.management_clusters {
+            out.push_str(&format!("  {cluster}\n"));
+        }
+        out.push('\n');
         out.push_str(&format!("  {:<34} {:>8}  {}\n", "step", "seconds", "detail"));
         for step in &self.steps {
             out.push_str(&format!("  {:<34} {:>8.2}  {}\n", step.name, step.seconds, step.detail));
@@ -71,6 +79,12 @@ impl DrillReport {
                 "  {:<8} {:<16} {:>9} {:>10} {:>7} {:>14}\n",
                 m.pod, m.pod_ip, m.revision, m.db_size, m.leader, m.workload_keys
             ));
+        }
+        if !self.cleanup.is_empty() {
+            out.push_str("\n  clean-up of the existing management clusters:\n");
+            for line in &self.cleanup {
+                out.push_str(&format!("    {line}\n"));
+            }
         }
         if !self.not_yet_available.is_empty() {
             out.push_str("\n  not run (not implemented in hcp-dr yet):\n");
@@ -264,9 +278,16 @@ pub async fn inspect_members(mgmt: &kube::Client, hcp_ns: &str) -> Result<Vec<Me
 /// Run the drill in `dir` (a running sandbox is started there and stopped at
 /// the end), driving the hcp-dr binary at `hcp_dr`.
 pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError> {
+    run_with(dir, hcp_dr, &UpOptions::default()).await
+}
+
+/// [`run`] on the management clusters `opts` names (`--mgmt-kubeconfig`);
+/// what the sandbox created on them is removed at the end and listed in
+/// the report.
+pub async fn run_with(dir: &Path, hcp_dr: &Path, opts: &UpOptions) -> Result<DrillReport, SandboxError> {
     let mut steps = Vec::new();
     let sandbox = timed(&mut steps, "sandbox up", async {
-        let sandbox = Sandbox::up(dir).await?;
+        let sandbox = Sandbox::up_with(dir, opts).await?;
         let detail = format!(
             "mgmt-a {} / mgmt-b {}, S3 {}, Route53 {}",
             sandbox.clusters[0].api.url(),
@@ -280,15 +301,28 @@ pub async fn run(dir: &Path, hcp_dr: &Path) -> Result<DrillReport, SandboxError>
     let result = drill_on(&sandbox, hcp_dr, &mut steps).await;
     let crds = crate::crds::crd_dir().1.to_string();
     let sandbox_dir = sandbox.dir.display().to_string();
-    sandbox.shutdown().await;
+    let management_clusters = sandbox
+        .clusters
+        .iter()
+        .map(|c| {
+            let how = if c.etcd.is_some() { "emulated" } else { "existing, from --mgmt-kubeconfig" };
+            format!("{}: {} ({how})", c.name, c.api.url())
+        })
+        .collect();
+    let cleanup = sandbox.shutdown().await;
     let (hosted_cluster, members) = result?;
+    if cleanup.iter().any(|line| line.contains("NOT everything")) {
+        return Err(SandboxError::Check(format!("the drill passed, but its clean-up did not:\n{}", cleanup.join("\n"))));
+    }
     Ok(DrillReport {
         sandbox_dir,
         crds,
         hosted_cluster,
+        management_clusters,
         steps,
         members,
         not_yet_available: Vec::new(),
+        cleanup,
     })
 }
 

@@ -6,6 +6,7 @@ pub mod pki;
 pub mod procs;
 pub mod operator;
 pub mod sandbox;
+pub mod external;
 pub mod drill;
 pub mod disaster;
 pub mod faults_file;

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::apiserver::faults::ApiFaults;
 use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
+use crate::external::{External, Footprint, Removal};
 use crate::operator::{Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
@@ -75,6 +76,9 @@ pub enum SandboxError {
     /// No sandbox is recorded in the directory.
     #[error("no sandbox in {dir}: run `hcp-dr-sandbox up --dir {dir}` first")]
     NotRunning { dir: String },
+    /// Bad input or a cluster the sandbox must not use; nothing was created.
+    #[error("{0}")]
+    Refused(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
@@ -102,7 +106,19 @@ pub struct ClusterState {
     pub name: String,
     pub api_url: String,
     pub kubeconfig: String,
+    /// The emulator's etcd; empty for a cluster given with `--mgmt-kubeconfig`.
     pub etcd_url: String,
+    /// For a cluster given with `--mgmt-kubeconfig`: the kubeconfig as given,
+    /// and what the sandbox found and installed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalState>,
+}
+
+/// A management cluster the sandbox did not start (see [`crate::external`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExternalState {
+    pub given_kubeconfig: String,
+    pub footprint: Footprint,
 }
 
 impl SandboxState {
@@ -118,11 +134,45 @@ impl SandboxState {
     }
 }
 
-/// One emulated management cluster.
+/// A management cluster's API: the sandbox's own emulator, or a server
+/// given with `--mgmt-kubeconfig`.
+pub enum ClusterApi {
+    Emulated(ApiServer),
+    External { cluster: External, footprint: Footprint },
+}
+
+impl ClusterApi {
+    /// `https://host:port`.
+    pub fn url(&self) -> &str {
+        match self {
+            ClusterApi::Emulated(api) => api.url(),
+            ClusterApi::External { cluster, .. } => &cluster.url,
+        }
+    }
+
+    /// An admin client.
+    pub async fn client(&self) -> Result<kube::Client, ApiServerError> {
+        match self {
+            ClusterApi::Emulated(api) => api.client().await,
+            ClusterApi::External { cluster, .. } => Ok(cluster.client.clone()),
+        }
+    }
+
+    /// The emulator, for what only the sandbox's own can do (lose, revive).
+    pub fn emulator(&self) -> Option<&ApiServer> {
+        match self {
+            ClusterApi::Emulated(api) => Some(api),
+            ClusterApi::External { .. } => None,
+        }
+    }
+}
+
+/// One management cluster: emulated on its own etcd, or external.
 pub struct ManagementCluster {
     pub name: String,
-    pub etcd: EtcdProcess,
-    pub api: ApiServer,
+    /// The emulator's etcd; None for an external cluster.
+    pub etcd: Option<EtcdProcess>,
+    pub api: ClusterApi,
     pub operator: Operator,
     pub kubeconfig: PathBuf,
 }
@@ -224,7 +274,14 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
         cluster: name.into(),
         source,
     })?;
-    let operator = Operator::start(OperatorConfig {
+    let operator = start_operator(common, name, client).await?;
+    Ok((api, operator))
+}
+
+/// The simulated HyperShift operator (with its kubelet, controller-manager
+/// and external-dns) for management cluster `name`, on `DIR/<name>/state`.
+async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -> Result<Operator, SandboxError> {
+    Operator::start(OperatorConfig {
         kubeconfig_client: client,
         cluster_name: name.to_string(),
         state_dir: common.dir.join(name).join("state"),
@@ -241,14 +298,74 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
     .map_err(|source| SandboxError::Operator {
         cluster: name.into(),
         source,
-    })?;
-    Ok((api, operator))
+    })
+}
+
+/// How `up` is to run.
+#[derive(Debug, Clone, Default)]
+pub struct UpOptions {
+    /// Existing API servers to use as mgmt-a (and mgmt-b), in that order,
+    /// instead of starting emulators; at most two.
+    pub mgmt_kubeconfigs: Vec<PathBuf>,
+    /// Go on where a HyperShift operator already runs.
+    pub force: bool,
+}
+
+/// Connect to and check every cluster of `opts` before anything is created:
+/// reachable, distinct, permitted, no HyperShift operator, no demo.
+async fn external_clusters(opts: &UpOptions) -> Result<Vec<External>, SandboxError> {
+    if opts.mgmt_kubeconfigs.len() > CLUSTERS.len() {
+        return Err(SandboxError::Refused(format!(
+            "--mgmt-kubeconfig given {} times: the sandbox has {} management clusters ({}); give one or two",
+            opts.mgmt_kubeconfigs.len(),
+            CLUSTERS.len(),
+            CLUSTERS.join(", ")
+        )));
+    }
+    let mut clusters = Vec::new();
+    for path in &opts.mgmt_kubeconfigs {
+        clusters.push(crate::external::connect(path).await?);
+    }
+    crate::external::check_distinct(&clusters)?;
+    let demo = HostedClusterSpec::demo();
+    for cluster in &clusters {
+        crate::external::check(cluster, opts.force, &demo.namespace, &demo.name).await?;
+    }
+    Ok(clusters)
+}
+
+/// The CRDs an external cluster needs: those of `crds` (HyperShift, Cluster
+/// API) and the Route CRD (which the emulator serves built in) from the
+/// `platform/` folder beside them.
+fn external_crds(crds: &Path) -> Result<Vec<Value>, SandboxError> {
+    let mut paths = vec![crds.to_path_buf()];
+    let route = crds.join("platform").join("route.openshift.io_routes.yaml");
+    if route.is_file() {
+        paths.push(route);
+    }
+    crate::external::crds_in(&paths)
+}
+
+/// Copy `from` (a kubeconfig given with `--mgmt-kubeconfig`) to `to`, private.
+fn copy_kubeconfig(from: &Path, to: &Path) -> Result<(), SandboxError> {
+    let text = std::fs::read_to_string(from).map_err(io_err(from))?;
+    write_private(to, &text)
 }
 
 impl Sandbox {
     /// Start everything in `dir` (created if missing) and write the
     /// kubeconfigs, `ca.crt`, `env` and `sandbox.json`.
     pub async fn up(dir: &Path) -> Result<Sandbox, SandboxError> {
+        Sandbox::up_with(dir, &UpOptions::default()).await
+    }
+
+    /// [`Sandbox::up`], using the API servers of `opts.mgmt_kubeconfigs` as
+    /// mgmt-a (and mgmt-b) instead of emulators: each is checked before
+    /// anything is created (see [`crate::external`]), then the missing CRDs
+    /// are installed there and the operator runs against it.
+    /// `DIR/<name>.kubeconfig` is a copy of the one given.
+    pub async fn up_with(dir: &Path, opts: &UpOptions) -> Result<Sandbox, SandboxError> {
+        let mut externals = external_clusters(opts).await?.into_iter();
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let dir = dir.canonicalize().map_err(io_err(dir))?;
         let ca = Ca::new("hcp-dr sandbox CA")?;
@@ -265,26 +382,39 @@ impl Sandbox {
         let route53 = Route53Endpoint::start(&r53_dir).await?;
         let zone_id = route53.create_hosted_zone(BASE_DOMAIN).await?;
 
+        let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id };
         let mut clusters = Vec::new();
         for name in CLUSTERS {
             let cluster_dir = dir.join(name);
             std::fs::create_dir_all(&cluster_dir).map_err(io_err(&cluster_dir))?;
-            let etcd = EtcdProcess::start_plain(&cluster_dir.join("etcd")).await?;
-            let (api, operator) = start_cluster(
-                &Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id },
-                name,
-                &etcd,
-                0,
-            )
-            .await?;
             let kubeconfig = dir.join(format!("{name}.kubeconfig"));
-            clusters.push(ManagementCluster {
-                name: name.to_string(),
-                etcd,
-                api,
-                operator,
-                kubeconfig,
-            });
+            let cluster = match externals.next() {
+                Some(external) => {
+                    let footprint = crate::external::prepare(&external, &external_crds(&crds)?).await?;
+                    copy_kubeconfig(&external.kubeconfig, &kubeconfig)?;
+                    let operator = start_operator(&common, name, external.client.clone()).await?;
+                    tracing::info!(cluster = name, server = %external.url, installed = ?footprint.installed_crds, "using an existing API server");
+                    ManagementCluster {
+                        name: name.to_string(),
+                        etcd: None,
+                        api: ClusterApi::External { cluster: external, footprint },
+                        operator,
+                        kubeconfig,
+                    }
+                }
+                None => {
+                    let etcd = EtcdProcess::start_plain(&cluster_dir.join("etcd")).await?;
+                    let (api, operator) = start_cluster(&common, name, &etcd, 0).await?;
+                    ManagementCluster {
+                        name: name.to_string(),
+                        etcd: Some(etcd),
+                        api: ClusterApi::Emulated(api),
+                        operator,
+                        kubeconfig,
+                    }
+                }
+            };
+            clusters.push(cluster);
         }
         let sandbox = Sandbox {
             dir,
@@ -336,7 +466,14 @@ impl Sandbox {
                     name: c.name.clone(),
                     api_url: c.api.url().to_string(),
                     kubeconfig: c.kubeconfig.display().to_string(),
-                    etcd_url: c.etcd.client_url(),
+                    etcd_url: c.etcd.as_ref().map(EtcdProcess::client_url).unwrap_or_default(),
+                    external: match &c.api {
+                        ClusterApi::External { cluster, footprint } => Some(ExternalState {
+                            given_kubeconfig: cluster.kubeconfig.display().to_string(),
+                            footprint: footprint.clone(),
+                        }),
+                        ClusterApi::Emulated(_) => None,
+                    },
                 })
                 .collect(),
             s3_url: self.s3.https_url().to_string(),
@@ -443,16 +580,24 @@ impl Sandbox {
             .iter()
             .position(|c| c.name == name)
             .ok_or_else(|| SandboxError::Check(format!("no running management cluster {name}")))?;
+        let Some(etcd) = &self.clusters[index].etcd else {
+            return Err(SandboxError::Refused(format!(
+                "{name} is an existing cluster given with --mgmt-kubeconfig: the sandbox cannot make it fail; lose needs an emulated management cluster"
+            )));
+        };
+        let etcd = etcd.config().clone();
         let cluster = self.clusters.remove(index);
         let lost = LostCluster {
             name: cluster.name.clone(),
             kubeconfig: cluster.kubeconfig.clone(),
             api_url: cluster.api.url().to_string(),
             dir: self.dir.join(&cluster.name),
-            etcd: cluster.etcd.config().clone(),
+            etcd,
         };
         cluster.operator.shutdown().await;
-        cluster.api.shutdown().await;
+        if let ClusterApi::Emulated(api) = cluster.api {
+            api.shutdown().await;
+        }
         drop(cluster.etcd);
         tracing::info!(cluster = %lost.name, "management cluster lost: its operator, API server and etcd are stopped");
         self.lost.push(lost);
@@ -494,8 +639,8 @@ impl Sandbox {
         tracing::info!(cluster = %lost.name, "management cluster back with its old state");
         self.clusters.push(ManagementCluster {
             name: lost.name,
-            etcd,
-            api,
+            etcd: Some(etcd),
+            api: ClusterApi::Emulated(api),
             operator,
             kubeconfig: lost.kubeconfig,
         });
@@ -503,14 +648,46 @@ impl Sandbox {
     }
 
     /// Stop the operators first (they own the hosted etcd processes), then the
-    /// API servers; the fixtures die with the value.
-    pub async fn shutdown(self) {
+    /// API servers; the fixtures die with the value. On a cluster given with
+    /// `--mgmt-kubeconfig`, what the sandbox created is removed first, while
+    /// its operator still runs (see [`crate::external::remove`]). Returns
+    /// one line per thing removed, left or not removed, also written to
+    /// `DIR/down.txt` for `hcp-dr-sandbox down`.
+    pub async fn shutdown(self) -> Vec<String> {
         let _ = std::fs::remove_file(self.dir.join("sandbox.json"));
+        let mut lines = Vec::new();
         for cluster in self.clusters {
+            if let ClusterApi::External { cluster: external, footprint } = &cluster.api {
+                lines.extend(removal_lines(&cluster.name, &external.url, crate::external::remove(&external.client, &external.url, footprint).await));
+            }
             cluster.operator.shutdown().await;
-            cluster.api.shutdown().await;
+            if let ClusterApi::Emulated(api) = cluster.api {
+                api.shutdown().await;
+            }
             drop(cluster.etcd);
         }
+        if !lines.is_empty() {
+            let _ = std::fs::write(self.dir.join("down.txt"), lines.join("\n") + "\n");
+        }
+        lines
+    }
+}
+
+/// What [`Sandbox::shutdown`] says of one external cluster.
+fn removal_lines(name: &str, url: &str, removal: Result<Removal, SandboxError>) -> Vec<String> {
+    match removal {
+        Ok(removal) => {
+            let mut lines = vec![format!(
+                "{name} ({url}): removed what the sandbox created{}",
+                if removal.removed.is_empty() { ": nothing was left" } else { "" }
+            )];
+            lines.extend(removal.removed.iter().map(|r| format!("  removed {r}")));
+            lines.extend(removal.left.iter().map(|l| format!("  left {l}")));
+            lines
+        }
+        Err(err) => vec![format!(
+            "{name} ({url}): NOT everything the sandbox created was removed: {err}; delete what remains by hand (kubectl get hostedclusters -A; namespaces clusters and clusters-*)"
+        )],
     }
 }
 

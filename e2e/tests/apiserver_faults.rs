@@ -456,6 +456,7 @@ fn fake_sandbox(dir: &Path, api_url: &str) {
                 api_url: api_url.into(),
                 kubeconfig: dir.join(format!("{name}.kubeconfig")).display().to_string(),
                 etcd_url: String::new(),
+                external: None,
             })
             .collect(),
         s3_url: String::new(),

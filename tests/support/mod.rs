@@ -14,6 +14,21 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use serde_json::{Value, json};
 
+/// The steps of the sandbox drill (`hcp_dr_e2e::drill::run`), in order.
+pub const DRILL_STEPS: [&str; 11] = [
+    "sandbox up",
+    "hcp-dr cluster create demo",
+    "connect to the hosted API",
+    "write sample workloads",
+    "inspect hosted etcd members",
+    "hcp-dr backup to S3",
+    "verify the backup",
+    "cluster back in service",
+    "hcp-dr drill on mgmt-b",
+    "hcp-dr migrate to mgmt-b",
+    "verify on mgmt-b, source gone",
+];
+
 pub const WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
 
 pub struct Env {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use hcp_dr_e2e::apiserver::faults::{self, ApiFaults, FaultKind};
 use hcp_dr_e2e::procs::s3_faults::{self, S3FaultKind, S3Faults};
-use hcp_dr_e2e::sandbox::{Sandbox, SandboxState};
+use hcp_dr_e2e::sandbox::{Sandbox, SandboxError, SandboxState, UpOptions};
 
 #[derive(Parser)]
 #[command(name = "hcp-dr-sandbox", version, about = "Emulated management clusters on real etcd, for hcp-dr")]
@@ -28,6 +28,19 @@ enum Command {
         /// Return once everything is ready, leaving the sandbox running in the background.
         #[arg(long)]
         detach: bool,
+        #[command(flatten)]
+        clusters: ExistingClusters,
+    },
+    /// Run one API emulator on its own etcd as an existing cluster would
+    /// run (no CRDs, its own CA), for `--mgmt-kubeconfig`: writes
+    /// DIR/NAME.kubeconfig (cluster-admin) and DIR/NAME-noaccess.kubeconfig
+    /// (a user without any permission), then DIR/NAME.ready, and serves
+    /// until stopped (SIGTERM or Ctrl-C).
+    Apiserver {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value = "cluster")]
+        name: String,
     },
     /// Stop the sandbox running in DIR.
     Down {
@@ -87,6 +100,8 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        clusters: ExistingClusters,
     },
     /// The lost-management-cluster scenario: demo backed up on mgmt-a, mgmt-a
     /// dies, restore on mgmt-b with the DNS taken over, mgmt-a comes back
@@ -99,6 +114,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Existing API servers to use instead of emulated management clusters.
+#[derive(clap::Args, Clone, Default)]
+struct ExistingClusters {
+    /// An existing cluster's kubeconfig (kind, k3s, any cluster without
+    /// HyperShift; cluster-admin) to use as mgmt-a; given twice, the second
+    /// is mgmt-b. The sandbox installs the CRDs it lacks, runs the simulated
+    /// operator against it, and removes what it created when it stops.
+    #[arg(long = "mgmt-kubeconfig", value_name = "KUBECONFIG")]
+    mgmt_kubeconfig: Vec<PathBuf>,
+    /// Use a cluster that runs a HyperShift operator anyway.
+    #[arg(long, requires = "mgmt_kubeconfig")]
+    force: bool,
+}
+
+impl ExistingClusters {
+    fn options(&self) -> UpOptions {
+        UpOptions { mgmt_kubeconfigs: self.mgmt_kubeconfig.clone(), force: self.force }
+    }
+
+    /// The flags again, for the process `up --detach` starts.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        for path in &self.mgmt_kubeconfig {
+            args.push("--mgmt-kubeconfig".into());
+            args.push(std::path::absolute(path).unwrap_or_else(|_| path.clone()).into_os_string());
+        }
+        if self.force {
+            args.push("--force".into());
+        }
+        args
+    }
 }
 
 fn main() -> ExitCode {
@@ -119,8 +167,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Up { dir, detach: true } => detach(&dir).await,
-            Command::Up { dir, detach: false } => up(&dir).await,
+            Command::Up { dir, detach: true, clusters } => detach(&dir, &clusters).await,
+            Command::Up { dir, detach: false, clusters } => up(&dir, &clusters).await,
+            Command::Apiserver { dir, name } => apiserver(&dir, &name).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
             Command::Faults { dir, cluster, s3: true, share, kinds, methods, user_agent, delay_ms, seed, off } => {
@@ -135,7 +184,7 @@ fn main() -> ExitCode {
                 let faults = share.map(|share| ApiFaults { share, kinds, user_agent, delay_ms, seed });
                 faults_command(&dir, cluster.as_deref().unwrap_or_default(), faults, off)
             }
-            Command::Drill { dir, json } => drill(dir, json).await,
+            Command::Drill { dir, json, clusters } => drill(dir, json, &clusters).await,
             Command::Disaster { dir, json } => disaster(dir, json).await,
         }
     });
@@ -143,12 +192,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            // bad input, or a cluster the sandbox must not use: nothing was created
+            if matches!(err.downcast_ref::<SandboxError>(), Some(SandboxError::Refused(_))) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
-async fn up(dir: &Path) -> anyhow::Result<()> {
+async fn up(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
     if let Ok(state) = SandboxState::load(dir) {
         if process_alive(state.pid) {
             anyhow::bail!(
@@ -159,7 +213,7 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let sandbox = Sandbox::up(dir).await?;
+    let sandbox = Sandbox::up_with(dir, &clusters.options()).await?;
     println!("sandbox up in {} (pid {})", sandbox.dir.display(), std::process::id());
     for c in &sandbox.clusters {
         println!("  {}: {}  kubeconfig {}", c.name, c.api.url(), c.kubeconfig.display());
@@ -177,11 +231,68 @@ async fn up(dir: &Path) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(sandbox.dir.join("ready"));
     println!("stopping the sandbox");
-    sandbox.shutdown().await;
+    for line in sandbox.shutdown().await {
+        println!("{line}");
+    }
     Ok(())
 }
 
-async fn detach(dir: &Path) -> anyhow::Result<()> {
+/// `apiserver`: one emulator on its own etcd, until SIGTERM or Ctrl-C.
+async fn apiserver(dir: &Path, name: &str) -> anyhow::Result<()> {
+    use hcp_dr_e2e::apiserver::{ApiServer, ApiServerConfig, TokenUser};
+    std::fs::create_dir_all(dir.join(name))?;
+    let dir = dir.canonicalize()?;
+    let ca = hcp_dr_e2e::pki::Ca::new(&format!("{name} API server CA"))?;
+    let etcd = hcp_dr_e2e::procs::etcd::EtcdProcess::start_plain(&dir.join(name).join("etcd")).await?;
+    let token = || uuid_token();
+    let (admin, noaccess) = (token(), token());
+    let api = ApiServer::start(ApiServerConfig {
+        cluster_name: name.to_string(),
+        bind_ip: std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        port: 0,
+        etcd_endpoints: vec![etcd.client_url()],
+        etcd_tls: None,
+        key_prefix: "/registry".into(),
+        crd_dirs: vec![],
+        ca,
+        tokens: vec![
+            TokenUser { token: admin, user: "admin".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] },
+            TokenUser { token: noaccess.clone(), user: "noaccess".into(), groups: vec!["system:authenticated".into()] },
+        ],
+        faults_file: None,
+        audit_log: Some(dir.join(name).join("audit.log")),
+    })
+    .await?;
+    api.write_kubeconfig(&dir.join(format!("{name}.kubeconfig")), name)?;
+    write_private(&dir.join(format!("{name}-noaccess.kubeconfig")), &api.kubeconfig_with_token(name, "noaccess", &noaccess))?;
+    println!("API server {name} at {} (etcd {}); kubeconfig {}", api.url(), etcd.client_url(), dir.join(format!("{name}.kubeconfig")).display());
+    std::fs::write(dir.join(format!("{name}.ready")), b"ready\n")?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    let _ = std::fs::remove_file(dir.join(format!("{name}.ready")));
+    api.shutdown().await;
+    drop(etcd);
+    Ok(())
+}
+
+fn uuid_token() -> String {
+    let bytes: Vec<u8> = (0..2).flat_map(|_| *uuid::Uuid::new_v4().as_bytes()).collect();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(path)?;
+    file.write_all(text.as_bytes())
+}
+
+async fn detach(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(dir)?;
     let dir = dir.canonicalize()?;
@@ -190,6 +301,7 @@ async fn detach(dir: &Path) -> anyhow::Result<()> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["up", "--dir"])
         .arg(&dir)
+        .args(clusters.args())
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -202,6 +314,11 @@ async fn detach(dir: &Path) -> anyhow::Result<()> {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(dir.join("sandbox.log")).unwrap_or_default();
+            if status.code() == Some(2) {
+                // refused before anything was created: say it as `up` did
+                return Err(SandboxError::Refused(log.trim().trim_start_matches("error: ").to_string()).into());
+            }
             anyhow::bail!(
                 "the sandbox exited ({status}) before it was ready; its log:\n{}",
                 std::fs::read_to_string(dir.join("sandbox.log")).unwrap_or_default()
@@ -218,21 +335,48 @@ fn process_alive(pid: u32) -> bool {
 
 async fn down(dir: &Path) -> anyhow::Result<()> {
     let state = SandboxState::load(dir)?;
+    let external: Vec<_> = state.clusters.iter().filter_map(|c| c.external.as_ref().map(|e| (c, e))).collect();
     if !process_alive(state.pid) {
         let _ = std::fs::remove_file(dir.join("sandbox.json"));
+        if !external.is_empty() {
+            // the operator that takes the HostedClusters' finalizers off is gone with the process
+            let mut text = format!("the sandbox process (pid {}) died without removing what it created on existing clusters; remove it by hand:\n", state.pid);
+            for (c, e) in &external {
+                text.push_str(&format!(
+                    "  {} ({}, kubeconfig {}): HostedClusters other than {:?}; namespaces clusters and clusters-* not in {:?}; CRDs {}\n",
+                    c.name,
+                    c.api_url,
+                    e.given_kubeconfig,
+                    e.footprint.preexisting_hosted_clusters,
+                    e.footprint.preexisting_namespaces,
+                    e.footprint.installed_crds.join(", ")
+                ));
+            }
+            anyhow::bail!(text);
+        }
         println!("no sandbox process (pid {}) is running; cleaned up {}", state.pid, dir.display());
         return Ok(());
     }
+    let _ = std::fs::remove_file(dir.join("down.txt"));
     let _ = std::process::Command::new("kill").args(["-TERM", &state.pid.to_string()]).status();
+    // on existing clusters the sandbox first removes what it created there
+    let limit = Duration::from_secs(if external.is_empty() { 30 } else { 300 });
     let start = Instant::now();
     while process_alive(state.pid) {
-        if start.elapsed() > Duration::from_secs(30) {
+        if start.elapsed() > limit {
             let _ = std::process::Command::new("kill").args(["-KILL", &state.pid.to_string()]).status();
-            anyhow::bail!("the sandbox (pid {}) did not stop in 30s and was killed; its etcd processes may remain", state.pid);
+            anyhow::bail!("the sandbox (pid {}) did not stop in {}s and was killed; its etcd processes may remain", state.pid, limit.as_secs());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!("sandbox in {} stopped", dir.display());
+    // on existing clusters: what the sandbox removed from them, and left
+    if let Ok(text) = std::fs::read_to_string(dir.join("down.txt")) {
+        print!("{text}");
+        if text.contains("NOT everything") {
+            anyhow::bail!("the sandbox did not remove everything it created on the existing clusters (above)");
+        }
+    }
     Ok(())
 }
 
@@ -307,9 +451,9 @@ async fn disaster(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn drill(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+async fn drill(dir: Option<PathBuf>, json: bool, clusters: &ExistingClusters) -> anyhow::Result<()> {
     let (dir, _temp) = scenario_dir(dir)?;
-    let report = hcp_dr_e2e::drill::run(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?).await?;
+    let report = hcp_dr_e2e::drill::run_with(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?, &clusters.options()).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
