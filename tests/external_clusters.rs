@@ -5,90 +5,14 @@
 //! leave such a cluster untouched; and `down` removing only what the
 //! sandbox created.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output};
 
 use hcp_dr_e2e::sandbox::UpOptions;
+use support::existing::{ExistingCluster, sandbox_bin};
+use support::{json_report, text};
 
 mod support;
-
-/// `hcp-dr-sandbox` beside the hcp-dr binary (both built by `cargo build --workspace`).
-fn sandbox_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr")).with_file_name("hcp-dr-sandbox");
-    assert!(bin.exists(), "{} is missing: build the workspace (cargo build --workspace --all-targets)", bin.display());
-    bin
-}
-
-/// One `hcp-dr-sandbox apiserver` process, killed on drop.
-struct ExistingCluster {
-    child: Child,
-    kubeconfig: PathBuf,
-    noaccess: PathBuf,
-}
-
-impl ExistingCluster {
-    fn start(dir: &Path, name: &str) -> ExistingCluster {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(sandbox_bin())
-            .args(["apiserver", "--dir"])
-            .arg(dir)
-            .args(["--name", name])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start hcp-dr-sandbox apiserver");
-        let mut cluster = ExistingCluster {
-            child,
-            kubeconfig: dir.join(format!("{name}.kubeconfig")),
-            noaccess: dir.join(format!("{name}-noaccess.kubeconfig")),
-        };
-        let start = Instant::now();
-        while !dir.join(format!("{name}.ready")).exists() {
-            if let Ok(Some(status)) = cluster.child.try_wait() {
-                panic!("apiserver {name} exited ({status}): {}", std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default());
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "apiserver {name} not ready in 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        cluster
-    }
-
-    fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .expect("kubectl not found: it is on every machine of this kind (see the README)")
-    }
-
-    /// The names `kubectl get KIND -o name` lists.
-    fn names(&self, kind: &str) -> Vec<String> {
-        let out = self.kubectl(&["get", kind, "-o", "name"]);
-        assert!(out.status.success(), "{}", text(&out));
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-    }
-}
-
-impl Drop for ExistingCluster {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!("exit {:?}\n{}\n{}", out.status.code(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
 
 fn sandbox(args: &[&str]) -> Output {
     Command::new(sandbox_bin()).args(args).output().expect("run hcp-dr-sandbox")
@@ -235,4 +159,95 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     assert!(said.contains("removed HostedCluster clusters/demo") && said.contains("removed Namespace clusters"), "{said}");
     assert!(a.names("crd").is_empty(), "{said}");
     assert_eq!(a.names("namespaces"), namespaces_before, "{said}");
+}
+
+/// Every command of hcp-dr that the drill does not run, on existing clusters
+/// (the drill runs cluster create, backup, drill and migrate): etcd status
+/// and recover, backups list and verify, etcd restore, cluster destroy,
+/// restore onto the other cluster, cluster reconcile, and schedule render
+/// applied with kubectl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_command_runs_on_existing_clusters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = ExistingCluster::start(tmp.path(), "ext-a");
+    let b = ExistingCluster::start(tmp.path(), "ext-b");
+    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], force: false };
+    let env = support::env_with("HighlyAvailable", &opts).await;
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+
+    // etcd status and recover (healthy: nothing to recover, refused)
+    let out = env.hcp_dr(&["etcd", "status", "--hosted-cluster", "demo"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 member(s) expected): HEALTHY"), "{}", text(&out));
+    let out = env.hcp_dr(&["etcd", "recover", "--hosted-cluster", "demo"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("is healthy: nothing to recover"), "{}", text(&out));
+    env.assert_in_service("after etcd status and recover").await;
+
+    // backup to S3, backups list and verify --deep
+    let (folder, revision) = support::backup_to_s3(&env);
+    env.assert_in_service("after the backup").await;
+    let store = format!("s3://{}/backups", hcp_dr_e2e::sandbox::BUCKET);
+    let out = env.hcp_dr(&["backups", "list", "--store", &store, "--s3-endpoint", &endpoint, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(json_report(&out).to_string().contains(&folder), "{}", text(&out));
+    let out = env.hcp_dr(&["backups", "verify", &folder, "--s3-endpoint", &endpoint, "--deep", "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let verified = json_report(&out);
+    assert_eq!((verified["ok"].as_bool(), verified["snapshots"][0]["revision"].as_i64()), (Some(true), Some(revision)), "{verified:#}");
+
+    // etcd restore of the backup in place
+    let args = ["etcd", "restore", "--hosted-cluster", "demo", "-n", "clusters", "-o", "json", "--s3-endpoint", &endpoint, "--from", &store, "--backup-id", "latest"];
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "etcd restore:\n{}", text(&out));
+    env.assert_in_service("after the etcd restore").await;
+
+    // cluster destroy on mgmt-a, then restore onto mgmt-b
+    let out = env.hcp_dr(&["cluster", "destroy", "demo"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!a.names("namespaces").iter().any(|n| n == "namespace/clusters-demo"), "destroy left the HCP namespace");
+    let out = env.hcp_dr(&["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b, "--wait", "5m", "-o", "json"], &[]);
+    assert!(out.status.success(), "restore onto mgmt-b:\n{}", text(&out));
+    assert_eq!(json_report(&out)["outcome"], "succeeded", "{}", text(&out));
+    let out = b.kubectl(&["get", "hostedclusters.hypershift.openshift.io", "-n", "clusters", "-o", "name"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hostedcluster.hypershift.openshift.io/demo", "{}", text(&out));
+
+    // cluster reconcile of a second, small cluster on mgmt-a: created, then no drift
+    let pull = tmp.path().join("pull-secret.json");
+    std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
+    let out = env.hcp_dr(
+        &["cluster", "create", "--name", "recon", "--release-image", "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64",
+          "--pull-secret", pull.to_str().unwrap(), "--availability", "SingleReplica", "--node-pool-replicas", "1",
+          "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--render", "-o", "json"],
+        &[],
+    );
+    assert!(out.status.success(), "render: {}", text(&out));
+    let objects: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let desired = tmp.path().join("desired.yaml");
+    std::fs::write(&desired, serde_saphyr::to_string_multiple(&objects).unwrap()).unwrap();
+    let out = env.hcp_dr(&["cluster", "reconcile", "-f", desired.to_str().unwrap(), "--wait", "3m", "-o", "json"], &[]);
+    assert!(out.status.success(), "first reconcile: {}", text(&out));
+    assert_eq!(json_report(&out)["changed"], true, "{}", text(&out));
+    let out = env.hcp_dr(&["cluster", "reconcile", "-f", desired.to_str().unwrap(), "--no-wait", "-o", "json"], &[]);
+    assert!(out.status.success(), "second reconcile: {}", text(&out));
+    assert_eq!(json_report(&out)["changed"], false, "{}", text(&out));
+
+    // schedule render, applied with kubectl, twice: unchanged the second time
+    let out = env.hcp_dr(&["schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://backups/hcp", "--keep-daily", "7"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let schedule = tmp.path().join("schedule.yaml");
+    std::fs::write(&schedule, &out.stdout).unwrap();
+    let out = a.kubectl(&["apply", "-f", schedule.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cronjob.batch/hcp-dr-backup created"), "{}", text(&out));
+    let out = a.kubectl(&["apply", "-f", schedule.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).lines().all(|l| l.ends_with("unchanged")), "{}", text(&out));
+
+    // the sandbox removes its clusters and CRDs; the schedule's namespace is the user's
+    let cleanup = env.sandbox.shutdown().await.join("\n");
+    assert!(!cleanup.contains("NOT everything"), "{cleanup}");
+    assert!(cleanup.contains("removed HostedCluster clusters/recon") && cleanup.contains("removed HostedCluster clusters/demo"), "{cleanup}");
+    assert!(cleanup.contains("left Namespace hcp-dr"), "{cleanup}");
+    assert!(a.names("crd").is_empty() && b.names("crd").is_empty(), "{cleanup}");
 }

@@ -2,6 +2,7 @@
 //! cluster, the real hcp-dr binary, and checks on the cluster's state.
 #![allow(dead_code)]
 
+pub mod existing;
 pub mod shell;
 
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use hcp_dr_e2e::drill::{hosted_client, write_workloads};
-use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, api_for, create_all, wait_available};
+use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, UpOptions, api_for, create_all, wait_available};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use serde_json::{Value, json};
@@ -43,8 +44,13 @@ pub struct Env {
 
 /// A sandbox with `spec` created on mgmt-a, Available, with workloads written.
 pub async fn env(availability: &str) -> Env {
+    env_with(availability, &UpOptions::default()).await
+}
+
+/// [`env`] on the management clusters `opts` names (`--mgmt-kubeconfig`).
+pub async fn env_with(availability: &str, opts: &UpOptions) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
+    let sandbox = Sandbox::up_with(&dir.path().join("sandbox"), opts).await.expect("sandbox up");
     let mut spec = HostedClusterSpec::demo();
     spec.availability = availability.to_string();
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");
