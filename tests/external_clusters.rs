@@ -118,6 +118,19 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     let out = a.kubectl(&["delete", "namespace", "hypershift", "--wait=true"]);
     assert!(out.status.success(), "{}", text(&out));
 
+    // a kube-controller-manager runs there (its leader Lease renewed just now)
+    let lease = tmp.path().join("kcm-lease.json");
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let lease_json = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kube-controller-manager", "namespace": "kube-system"},
+        "spec": {"holderIdentity": "control-plane_0b1c", "leaseDurationSeconds": 15, "renewTime": now, "acquireTime": now}});
+    std::fs::write(&lease, lease_json.to_string()).unwrap();
+    let out = a.kubectl(&["create", "-f", lease.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    refused(&["--mgmt-kubeconfig", ka], "runs a kube-controller-manager (Lease kube-system/kube-controller-manager held by control-plane_0b1c");
+    let out = a.kubectl(&["delete", "lease", "kube-controller-manager", "-n", "kube-system"]);
+    assert!(out.status.success(), "{}", text(&out));
+
     // up --detach on it (mgmt-b emulated), then down: the CRDs and the
     // namespaces the sandbox made are gone again, and down says so
     let namespaces_before = a.names("namespaces");

@@ -148,6 +148,7 @@ const NEEDED: &[(&str, &str, &str, &str)] = &[
     ("create", "", "persistentvolumeclaims", ""),
     ("patch", "", "persistentvolumeclaims", ""),
     ("list", "apps", "deployments", ""),
+    ("get", "coordination.k8s.io", "leases", ""),
     ("patch", "apps", "deployments", "status"),
     ("patch", "apps", "statefulsets", "status"),
     ("*", "hypershift.openshift.io", "*", ""),
@@ -228,6 +229,16 @@ pub async fn check(cluster: &External, force: bool, demo_ns: &str, demo_name: &s
         }
         tracing::warn!(cluster = %cluster.url, deployment = %found, "a HyperShift operator runs there: going on because of --force");
     }
+    if let Some(holder) = running_controller_manager(cluster).await? {
+        if !force {
+            return Err(refused(format!(
+                "{} ({}) runs a kube-controller-manager ({holder}): its Deployment, ReplicaSet and pod garbage-collection controllers would act on the pods the sandbox's simulated controllers create for each hosted control plane; running beside it is not supported yet, so use a cluster without one (such as `hcp-dr-sandbox apiserver`), or --force to try anyway",
+                cluster.url,
+                cluster.kubeconfig.display()
+            )));
+        }
+        tracing::warn!(cluster = %cluster.url, %holder, "a kube-controller-manager runs there: going on because of --force");
+    }
     let hc = hosted_clusters(&cluster.client, Some(demo_ns));
     match hc.get_opt(demo_name).await {
         Ok(Some(_)) => Err(refused(format!(
@@ -239,6 +250,35 @@ pub async fn check(cluster: &External, force: bool, demo_ns: &str, demo_name: &s
         Ok(None) | Err(kube::Error::Api(_)) => Ok(()),
         Err(e) => Err(kube_err(format!("looking for HostedCluster {demo_ns}/{demo_name} on {}", cluster.url))(e)),
     }
+}
+
+/// How recently a controller-manager's leader Lease must have been renewed
+/// for it to count as running.
+const LEASE_FRESH: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+
+/// Whether a kube-controller-manager runs there: its leader-election Lease
+/// `kube-system/kube-controller-manager`, renewed within [`LEASE_FRESH`].
+/// Says who holds it and when it was renewed.
+async fn running_controller_manager(cluster: &External) -> Result<Option<String>, SandboxError> {
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(cluster.client.clone(), "kube-system");
+    let lease = leases
+        .get_opt("kube-controller-manager")
+        .await
+        .map_err(kube_err(format!("reading Lease kube-system/kube-controller-manager on {}", cluster.url)))?;
+    let Some(spec) = lease.and_then(|l| l.spec) else { return Ok(None) };
+    let Some(renewed) = spec.renew_time.map(|t| t.0.as_second()) else { return Ok(None) };
+    let age = chrono::TimeDelta::seconds(chrono::Utc::now().timestamp() - renewed);
+    Ok(lease_fresh(age).then(|| {
+        format!(
+            "Lease kube-system/kube-controller-manager held by {}, renewed {}s ago",
+            spec.holder_identity.as_deref().unwrap_or("?"),
+            age.num_seconds().max(0)
+        )
+    }))
+}
+
+fn lease_fresh(age: chrono::TimeDelta) -> bool {
+    age < LEASE_FRESH
 }
 
 fn hosted_clusters(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject> {
@@ -460,5 +500,13 @@ mod tests {
             Some("ops/hs".into())
         );
         assert_eq!(hypershift_operator(&[d("hypershift", "web", "nginx"), d("default", "operator", "x")]), None);
+    }
+
+    #[test]
+    fn only_a_recently_renewed_lease_means_a_running_controller_manager() {
+        assert!(lease_fresh(chrono::TimeDelta::seconds(5)));
+        assert!(lease_fresh(chrono::TimeDelta::seconds(-3)), "clock skew: renewed \"in the future\" is running");
+        assert!(!lease_fresh(chrono::TimeDelta::seconds(61)));
+        assert!(!lease_fresh(chrono::TimeDelta::hours(5)), "a stale Lease from a stopped controller-manager");
     }
 }
