@@ -203,7 +203,8 @@ pub struct Sandbox {
     pub lost: Vec<LostCluster>,
 }
 
-fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
+/// Write `text` to `path`, readable by its owner only (kubeconfigs, env).
+pub fn write_private(path: &Path, text: &str) -> Result<(), SandboxError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()

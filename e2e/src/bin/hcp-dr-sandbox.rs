@@ -119,13 +119,15 @@ enum Command {
 /// Existing API servers to use instead of emulated management clusters.
 #[derive(clap::Args, Clone, Default)]
 struct ExistingClusters {
-    /// An existing cluster's kubeconfig (kind, k3s, any cluster without
-    /// HyperShift; cluster-admin) to use as mgmt-a; given twice, the second
-    /// is mgmt-b. The sandbox installs the CRDs it lacks, runs the simulated
-    /// operator against it, and removes what it created when it stops.
+    /// An existing API server's kubeconfig (cluster-admin, no HyperShift) to
+    /// use as mgmt-a; given twice, the second is mgmt-b. The sandbox installs
+    /// the CRDs it lacks, runs the simulated operator against it, and removes
+    /// what it created when it stops.
     #[arg(long = "mgmt-kubeconfig", value_name = "KUBECONFIG")]
     mgmt_kubeconfig: Vec<PathBuf>,
-    /// Use a cluster that runs a HyperShift operator anyway.
+    /// Use a cluster anyway that runs a HyperShift operator or a
+    /// kube-controller-manager (kind, k3s): the simulated controllers may
+    /// fight it.
     #[arg(long, requires = "mgmt_kubeconfig")]
     force: bool,
 }
@@ -264,7 +266,7 @@ async fn apiserver(dir: &Path, name: &str) -> anyhow::Result<()> {
     })
     .await?;
     api.write_kubeconfig(&dir.join(format!("{name}.kubeconfig")), name)?;
-    write_private(&dir.join(format!("{name}-noaccess.kubeconfig")), &api.kubeconfig_with_token(name, "noaccess", &noaccess))?;
+    hcp_dr_e2e::sandbox::write_private(&dir.join(format!("{name}-noaccess.kubeconfig")), &api.kubeconfig_with_token(name, "noaccess", &noaccess))?;
     println!("API server {name} at {} (etcd {}); kubeconfig {}", api.url(), etcd.client_url(), dir.join(format!("{name}.kubeconfig")).display());
     std::fs::write(dir.join(format!("{name}.ready")), b"ready\n")?;
     use tokio::signal::unix::{SignalKind, signal};
@@ -283,13 +285,6 @@ async fn apiserver(dir: &Path, name: &str) -> anyhow::Result<()> {
 fn uuid_token() -> String {
     let bytes: Vec<u8> = (0..2).flat_map(|_| *uuid::Uuid::new_v4().as_bytes()).collect();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(path)?;
-    file.write_all(text.as_bytes())
 }
 
 async fn detach(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
