@@ -135,6 +135,7 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     // namespaces the sandbox made are gone again, and down says so
     let namespaces_before = a.names("namespaces");
     let out = sandbox(&["up", "--dir", d, "--detach", "--mgmt-kubeconfig", ka]);
+    let _down = support::existing::Down(dir.clone());
     assert!(out.status.success(), "{}", text(&out));
     let out = Command::new("kubectl")
         .arg("--kubeconfig")

@@ -82,3 +82,16 @@ impl Drop for ExistingCluster {
     }
 }
 
+
+/// Runs `hcp-dr-sandbox down --dir DIR` when dropped, so that a test which
+/// fails after `up --detach` leaves no sandbox process behind. Declare it
+/// after the [`ExistingCluster`]s: it must run while they still answer.
+pub struct Down(pub PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        if self.0.join("sandbox.json").exists() {
+            let _ = Command::new(sandbox_bin()).arg("down").arg("--dir").arg(&self.0).output();
+        }
+    }
+}
