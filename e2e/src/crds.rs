@@ -57,3 +57,13 @@ pub fn crd_dir() -> (PathBuf, &'static str) {
         )
     })
 }
+
+/// The `*.yaml` and `*.yml` files of `dir`, sorted by name.
+pub fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}

@@ -311,8 +311,8 @@ pub async fn run_with(dir: &Path, hcp_dr: &Path, opts: &UpOptions) -> Result<Dri
         .collect();
     let cleanup = sandbox.shutdown().await;
     let (hosted_cluster, members) = result?;
-    if cleanup.iter().any(|line| line.contains("NOT everything")) {
-        return Err(SandboxError::Check(format!("the drill passed, but its clean-up did not:\n{}", cleanup.join("\n"))));
+    if !cleanup.complete {
+        return Err(SandboxError::Check(format!("the drill passed, but its clean-up did not:\n{}", cleanup.lines.join("\n"))));
     }
     Ok(DrillReport {
         sandbox_dir,
@@ -322,7 +322,7 @@ pub async fn run_with(dir: &Path, hcp_dr: &Path, opts: &UpOptions) -> Result<Dri
         steps,
         members,
         not_yet_available: Vec::new(),
-        cleanup,
+        cleanup: cleanup.lines,
     })
 }
 

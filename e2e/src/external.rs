@@ -26,10 +26,12 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::sandbox::{SandboxError, api_for, condition};
+use crate::sandbox::{SandboxError, api_for};
 
 /// How long one cluster may take to answer the first request.
 const REACH_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`prepare`] waits for each CRD it installed to be Established.
+const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long [`remove`] waits for what it deleted to be gone.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -247,7 +249,8 @@ pub async fn check(cluster: &External, force: bool, demo_ns: &str, demo_name: &s
             cluster.kubeconfig.display()
         ))),
         // 404: the object or the whole kind is absent (CRD not installed yet)
-        Ok(None) | Err(kube::Error::Api(_)) => Ok(()),
+        Ok(None) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("looking for HostedCluster {demo_ns}/{demo_name} on {}", cluster.url))(e)),
     }
 }
@@ -294,16 +297,11 @@ fn hosted_clusters(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject
 pub fn crds_in(paths: &[PathBuf]) -> Result<Vec<Value>, SandboxError> {
     let mut crds = Vec::new();
     for given in paths {
-        let mut files: Vec<PathBuf> = if given.is_dir() {
-            std::fs::read_dir(given)
-                .map_err(|source| SandboxError::Io { path: given.clone(), source })?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                .collect()
+        let files = if given.is_dir() {
+            crate::crds::yaml_files(given).map_err(|source| SandboxError::Io { path: given.clone(), source })?
         } else {
             vec![given.clone()]
         };
-        files.sort();
         for path in files {
             let text = std::fs::read_to_string(&path).map_err(|source| SandboxError::Io { path: path.clone(), source })?;
             let docs = crate::apiserver::yaml_documents(&text)
@@ -341,18 +339,17 @@ pub async fn prepare(cluster: &External, crds: &[Value]) -> Result<Footprint, Sa
             .map_err(kube_err(format!("creating CRD {name} on {}", cluster.url)))?;
         footprint.installed_crds.push(name);
     }
-    let start = Instant::now();
     for name in &footprint.installed_crds {
-        loop {
-            let crd = api.get(name).await.map_err(kube_err(format!("reading CRD {name} on {}", cluster.url)))?;
-            let value = serde_json::to_value(&crd).unwrap_or_default();
-            if condition(&value, "Established").as_deref() == Some("True") {
-                break;
+        let established = kube::runtime::wait::await_condition(api.clone(), name, kube::runtime::wait::conditions::is_crd_established());
+        match tokio::time::timeout(ESTABLISH_TIMEOUT, established).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(SandboxError::Check(format!("waiting for CRD {name} to be Established on {}: {e}", cluster.url))),
+            Err(_) => {
+                return Err(SandboxError::Timeout {
+                    what: format!("CRD {name} to be Established on {}", cluster.url),
+                    seconds: ESTABLISH_TIMEOUT.as_secs(),
+                });
             }
-            if start.elapsed() > Duration::from_secs(60) {
-                return Err(SandboxError::Timeout { what: format!("CRD {name} to be Established on {}", cluster.url), seconds: 60 });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     Ok(footprint)
@@ -409,7 +406,8 @@ pub async fn remove(client: &kube::Client, url: &str, footprint: &Footprint) -> 
         owned_ns.insert(ns.to_string());
         owned_ns.insert(crate::operator::hypershift::hcp_namespace(ns, name));
         match hosted_clusters(client, Some(ns)).delete(name, &DeleteParams::default()).await {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(kube_err(format!("deleting HostedCluster {key} on {url}"))(e)),
         }
         removal.removed.push(format!("HostedCluster {key}"));
@@ -435,7 +433,8 @@ pub async fn remove(client: &kube::Client, url: &str, footprint: &Footprint) -> 
             continue;
         }
         match ns_api.delete(&ns, &DeleteParams::default()).await {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(kube_err(format!("deleting Namespace {ns} on {url}"))(e)),
         }
         removal.removed.push(format!("Namespace {ns}"));

@@ -157,14 +157,6 @@ impl ClusterApi {
             ClusterApi::External { cluster, .. } => Ok(cluster.client.clone()),
         }
     }
-
-    /// The emulator, for what only the sandbox's own can do (lose, revive).
-    pub fn emulator(&self) -> Option<&ApiServer> {
-        match self {
-            ClusterApi::Emulated(api) => Some(api),
-            ClusterApi::External { .. } => None,
-        }
-    }
 }
 
 /// One management cluster: emulated on its own etcd, or external.
@@ -651,15 +643,16 @@ impl Sandbox {
     /// Stop the operators first (they own the hosted etcd processes), then the
     /// API servers; the fixtures die with the value. On a cluster given with
     /// `--mgmt-kubeconfig`, what the sandbox created is removed first, while
-    /// its operator still runs (see [`crate::external::remove`]). Returns
-    /// one line per thing removed, left or not removed, also written to
-    /// `DIR/down.txt` for `hcp-dr-sandbox down`.
-    pub async fn shutdown(self) -> Vec<String> {
+    /// its operator still runs (see [`crate::external::remove`]); what was
+    /// removed, left or not removed is also written to `DIR/down.txt` for
+    /// `hcp-dr-sandbox down`.
+    pub async fn shutdown(self) -> Cleanup {
         let _ = std::fs::remove_file(self.dir.join("sandbox.json"));
-        let mut lines = Vec::new();
+        let mut cleanup = Cleanup { lines: Vec::new(), complete: true };
         for cluster in self.clusters {
             if let ClusterApi::External { cluster: external, footprint } = &cluster.api {
-                lines.extend(removal_lines(&cluster.name, &external.url, crate::external::remove(&external.client, &external.url, footprint).await));
+                let removal = crate::external::remove(&external.client, &external.url, footprint).await;
+                cleanup.add(&cluster.name, &external.url, removal);
             }
             cluster.operator.shutdown().await;
             if let ClusterApi::Emulated(api) = cluster.api {
@@ -667,30 +660,47 @@ impl Sandbox {
             }
             drop(cluster.etcd);
         }
-        if !lines.is_empty() {
-            let _ = std::fs::write(self.dir.join("down.txt"), lines.join("\n") + "\n");
+        if !cleanup.lines.is_empty() {
+            let _ = std::fs::write(self.dir.join("down.txt"), cleanup.lines.join("\n") + "\n");
         }
-        lines
+        cleanup
     }
 }
 
-/// What [`Sandbox::shutdown`] says of one external cluster.
-fn removal_lines(name: &str, url: &str, removal: Result<Removal, SandboxError>) -> Vec<String> {
-    match removal {
-        Ok(removal) => {
-            let mut lines = vec![format!(
-                "{name} ({url}): removed what the sandbox created{}",
-                if removal.removed.is_empty() { ": nothing was left" } else { "" }
-            )];
-            lines.extend(removal.removed.iter().map(|r| format!("  removed {r}")));
-            lines.extend(removal.left.iter().map(|l| format!("  left {l}")));
-            lines
+/// What [`Sandbox::shutdown`] did on the clusters given with
+/// `--mgmt-kubeconfig` (nothing for an all-emulated sandbox).
+#[derive(Debug, Clone)]
+pub struct Cleanup {
+    /// One line per cluster, then one per thing removed or left.
+    pub lines: Vec<String>,
+    /// False when something the sandbox created could not be removed.
+    pub complete: bool,
+}
+
+impl Cleanup {
+    fn add(&mut self, name: &str, url: &str, removal: Result<Removal, SandboxError>) {
+        match removal {
+            Ok(removal) => {
+                self.lines.push(format!(
+                    "{name} ({url}): removed what the sandbox created{}",
+                    if removal.removed.is_empty() { ": nothing was left" } else { "" }
+                ));
+                self.lines.extend(removal.removed.iter().map(|r| format!("  removed {r}")));
+                self.lines.extend(removal.left.iter().map(|l| format!("  left {l}")));
+            }
+            Err(err) => {
+                self.complete = false;
+                self.lines.push(format!(
+                    "{name} ({url}): {NOT_REMOVED}: {err}; delete what remains by hand (kubectl get hostedclusters -A; namespaces clusters and clusters-*)"
+                ));
+            }
         }
-        Err(err) => vec![format!(
-            "{name} ({url}): NOT everything the sandbox created was removed: {err}; delete what remains by hand (kubectl get hostedclusters -A; namespaces clusters and clusters-*)"
-        )],
     }
 }
+
+/// What a clean-up line says when something was not removed; `down`, which
+/// reads `DIR/down.txt` from another process, looks for it.
+pub const NOT_REMOVED: &str = "NOT everything the sandbox created was removed";
 
 /// How a hosted cluster for the sandbox is shaped.
 #[derive(Debug, Clone)]

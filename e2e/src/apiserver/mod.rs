@@ -464,15 +464,10 @@ impl Drop for ApiServer {
 }
 
 async fn load_crd_dir(inner: &Arc<Inner>, dir: &Path) -> Result<(), ApiServerError> {
-    let rd = std::fs::read_dir(dir).map_err(|source| ApiServerError::CrdRead {
+    let files = crate::crds::yaml_files(dir).map_err(|source| ApiServerError::CrdRead {
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut files: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    files.sort();
     for path in files {
         let text = std::fs::read_to_string(&path).map_err(|source| ApiServerError::CrdRead {
             path: path.clone(),

@@ -233,7 +233,7 @@ async fn up(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(sandbox.dir.join("ready"));
     println!("stopping the sandbox");
-    for line in sandbox.shutdown().await {
+    for line in sandbox.shutdown().await.lines {
         println!("{line}");
     }
     Ok(())
@@ -368,7 +368,7 @@ async fn down(dir: &Path) -> anyhow::Result<()> {
     // on existing clusters: what the sandbox removed from them, and left
     if let Ok(text) = std::fs::read_to_string(dir.join("down.txt")) {
         print!("{text}");
-        if text.contains("NOT everything") {
+        if text.contains(hcp_dr_e2e::sandbox::NOT_REMOVED) {
             anyhow::bail!("the sandbox did not remove everything it created on the existing clusters (above)");
         }
     }
