@@ -144,6 +144,8 @@ const NEEDED: &[(&str, &str, &str, &str)] = &[
     ("create", "", "secrets", ""),
     ("create", "", "configmaps", ""),
     ("create", "", "services", ""),
+    ("list", "", "services", ""),
+    ("patch", "", "services", "status"),
     ("create", "", "pods", ""),
     ("delete", "", "pods", ""),
     ("patch", "", "pods", "status"),

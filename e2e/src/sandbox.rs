@@ -284,6 +284,7 @@ async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -
             endpoint_url: common.route53.url().to_string(),
             zone_id: common.zone_id.to_string(),
             region: "us-east-1".into(),
+            domain: BASE_DOMAIN.into(),
         }),
         snapshot_ca_pem: Some(common.ca.cert_pem().to_string()),
     })
@@ -711,6 +712,9 @@ pub struct HostedClusterSpec {
     pub availability: String,
     pub node_pool_replicas: i64,
     pub release_image: String,
+    /// `spec.services`; `None`: every service a Route with the hostname
+    /// `<service>.<name>.<base domain>`.
+    pub services: Option<Value>,
 }
 
 impl HostedClusterSpec {
@@ -721,6 +725,7 @@ impl HostedClusterSpec {
             availability: "HighlyAvailable".into(),
             node_pool_replicas: 2,
             release_image: "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64".into(),
+            services: None,
         }
     }
 
@@ -762,12 +767,12 @@ impl HostedClusterSpec {
                                       "clusterNetwork": [{"cidr": "10.132.0.0/14"}],
                                       "serviceNetwork": [{"cidr": "172.31.0.0/16"}]},
                        "platform": {"type": "None"},
-                       "services": [
+                       "services": self.services.clone().unwrap_or_else(|| json!([
                            route("APIServer", Some(format!("api.{name}.{BASE_DOMAIN}"))),
                            route("OAuthServer", Some(format!("oauth.{name}.{BASE_DOMAIN}"))),
                            route("Konnectivity", Some(format!("konnectivity.{name}.{BASE_DOMAIN}"))),
                            route("Ignition", Some(format!("ignition.{name}.{BASE_DOMAIN}"))),
-                       ],
+                       ])),
                    }}),
             json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool",
                    "metadata": {"name": format!("{name}-workers"), "namespace": ns},

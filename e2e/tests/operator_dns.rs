@@ -102,6 +102,7 @@ async fn external_dns_publishes_respects_owners_and_withdraws() {
             endpoint_url: r53.url().to_string(),
             zone_id: zone.clone(),
             region: "us-east-1".into(),
+            domain: "example.com".into(),
         }),
     )
     .await;

@@ -145,8 +145,41 @@ pub fn render(result: &MigrateResult) -> String {
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));
     }
+    if !result.dns_names.is_empty() {
+        out.push_str("DNS names:\n");
+        for name in &result.dns_names {
+            out.push_str(&format!("  {name}\n"));
+        }
+    }
     for warning in &result.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hosted::publishing::PublishedName;
+    use crate::pipeline::runner::{RunOutcome, RunReport};
+
+    #[test]
+    fn the_report_lists_each_name_with_its_role_and_reason() {
+        let name = |name: &str, via: &str, managed: bool, why: &str| PublishedName { name: name.into(), via: via.into(), managed, why: why.into() };
+        let result = MigrateResult {
+            run: RunReport { operation: "migrate".into(), outcome: RunOutcome::Succeeded, stages: Vec::new(), journal: None },
+            hosted_cluster: "clusters/demo".into(),
+            backup: "s3://b/x".into(),
+            rto_seconds: None,
+            stage_seconds: Default::default(),
+            dns_names: vec![
+                name("api.demo.example.com", "Service kube-apiserver (LoadBalancer)", true, "in zone Z1 (example.com)"),
+                name("10.0.0.5", "HostedCluster Ignition (NodePort)", false, "a NodePort address"),
+            ],
+            warnings: Vec::new(),
+        };
+        let text = render(&result);
+        assert!(text.contains("DNS names:\n  api.demo.example.com (Service kube-apiserver (LoadBalancer)): managed: in zone Z1 (example.com)\n"), "{text}");
+        assert!(text.contains("  10.0.0.5 (HostedCluster Ignition (NodePort)): left alone: a NodePort address\n"), "{text}");
+    }
 }

@@ -180,6 +180,13 @@ fn dns_lines(result: &RestoreResult) -> String {
             taken.hostnames.join(", ")
         ));
     }
+    if !taken.outside_zone.is_empty() {
+        out.push_str(&format!(
+            "DNS: left alone, not in zone {}: {} (hcp-dr neither checks nor takes over names outside the zone; a name in the old management cluster's ingress domain changes with the management cluster)\n",
+            taken.zone_id.as_deref().unwrap_or("?"),
+            taken.outside_zone.join(", ")
+        ));
+    }
     if let Some(command) = &result.take_over_dns_command {
         out.push_str(&format!("once the old management cluster is down for good, take them over: {command}\n"));
     }

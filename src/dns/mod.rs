@@ -218,6 +218,9 @@ pub trait DnsZone: Send + Sync {
     /// The zone's id, for messages.
     fn zone_id(&self) -> &str;
 
+    /// The zone's domain (normalised): the names it can hold.
+    fn domain(&self) -> &str;
+
     /// The record sets whose name is one of `names` (any case, with or
     /// without a trailing dot), sorted by name, type and set identifier.
     /// TXT records carry the external-dns owner their value names.

@@ -382,6 +382,9 @@ impl DnsZone for Route53Zone {
     fn zone_id(&self) -> &str {
         &self.zone_id
     }
+    fn domain(&self) -> &str {
+        &self.zone_name
+    }
 
     async fn records(&self, names: &[String]) -> Result<Vec<Record>, DnsError> {
         Ok(self

@@ -282,24 +282,24 @@ pub async fn list_json(api: &Api<DynamicObject>, params: &ListParams, what: &str
         .collect()
 }
 
-/// The Routes of a namespace as `(name, spec.host)` (host empty when
-/// unset), sorted by name; none when the server does not serve Routes.
-pub async fn route_hosts(client: &Client, namespace: &str) -> Result<Vec<(String, String)>, KubeError> {
-    let routes = api(client, &crate::hosted::ROUTE, namespace);
-    let listed = match routes.list(&ListParams::default()).await {
-        Ok(list) => list.items,
+/// The Routes (none when the server does not serve them) and Services of
+/// a namespace, as JSON: what publishes a hosted cluster's services.
+pub async fn publishing_objects(client: &Client, namespace: &str) -> Result<(Vec<Value>, Vec<Value>), KubeError> {
+    let routes = match api(client, &crate::hosted::ROUTE, namespace).list(&ListParams::default()).await {
+        Ok(list) => list.items.into_iter().map(|r| serde_json::to_value(r).unwrap_or_default()).collect(),
         Err(err) if is_not_found(&err) => Vec::new(),
         Err(err) => return Err(request(format!("listing Routes in {namespace}"))(err)),
     };
-    let mut out: Vec<(String, String)> = listed
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), namespace);
+    let services = services
+        .list(&ListParams::default())
+        .await
+        .map_err(request(format!("listing Services in {namespace}")))?
+        .items
         .into_iter()
-        .map(|route| {
-            let host = route.data.pointer("/spec/host").and_then(Value::as_str).unwrap_or_default().to_string();
-            (route.metadata.name.unwrap_or_default(), host)
-        })
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
         .collect();
-    out.sort();
-    Ok(out)
+    Ok((routes, services))
 }
 
 /// JSON merge patch (works on built-in and custom resources alike).

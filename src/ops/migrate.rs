@@ -63,6 +63,9 @@ pub struct MigrateResult {
     pub rto_seconds: Option<f64>,
     /// Seconds per stage, from the journal (this run and earlier ones).
     pub stage_seconds: BTreeMap<String, f64>,
+    /// The names the cluster is reached under: which hcp-dr's DNS steps
+    /// managed, which they left alone, and why.
+    pub dns_names: Vec<crate::hosted::publishing::PublishedName>,
     pub warnings: Vec<String>,
 }
 
@@ -239,6 +242,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         dns,
         inputs: inputs.clone(),
         hosts: Vec::new(),
+        published: Vec::new(),
     };
     let journaled = super::Journaled::new(&inputs, clusters, &[&inputs.source.namespace, &inputs.source.hosted_cluster, &inputs.source.backup_id]);
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
@@ -253,6 +257,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         backup: format!("{}/{}", ctx.source.store.url(), inputs.source.layout().dir()),
         rto_seconds,
         stage_seconds,
+        dns_names: ctx.published.clone(),
         warnings,
         run,
     })

@@ -69,6 +69,8 @@ pub fn rules() -> Vec<(Value, &'static str)> {
          "the per-cluster lock"),
         (json!({"apiGroups": ["route.openshift.io"], "resources": ["routes"], "verbs": ["list"]}),
          "the hosts of the HCP namespace's Routes are recorded in the manifest (the hostnames a restore takes over when this management cluster is lost)"),
+        (json!({"apiGroups": [""], "resources": ["services"], "verbs": ["list"]}),
+         "the external-dns hostnames of the HCP namespace's Services (an API server published through a LoadBalancer) are recorded in the manifest too"),
         (json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}),
          "the management cluster's identity (the kube-system namespace's UID): the store fence is checked against it and the manifest records it"),
     ]

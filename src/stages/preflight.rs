@@ -324,22 +324,31 @@ async fn origin(
     warnings: &mut Vec<String>,
 ) -> Result<Origin, StageFailure> {
     let (_, mut hostnames) = hc.published_hosts();
-    match crate::kube::route_hosts(&ctx.client, &hc.hcp_namespace()).await {
-        Ok(routes) => hostnames.extend(routes.into_iter().map(|(_, host)| host).filter(|h| !h.is_empty())),
+    match crate::kube::publishing_objects(&ctx.client, &hc.hcp_namespace()).await {
+        Ok((routes, services)) => {
+            hostnames.extend(routes.iter().filter_map(|r| r.pointer("/spec/host").and_then(serde_json::Value::as_str)).filter(|h| !h.is_empty()).map(str::to_string));
+            hostnames.extend(services.iter().flat_map(crate::hosted::publishing::annotated_hostnames));
+        }
         Err(err) => warnings.push(format!(
-            "the hosts of the Routes in {} are not recorded (only the HostedCluster's service hostnames are): {err}",
+            "the hosts of the Routes and Services in {} are not recorded (only the HostedCluster's service hostnames are): {err}",
             hc.hcp_namespace()
         )),
     }
     let hostnames = crate::dns::normalize_names(hostnames);
+    // the zone can only answer for its own names (a Route without a
+    // hostname is named in the management cluster's ingress domain)
+    let in_zone: Vec<String> = match &ctx.dns {
+        Some(zone) => hostnames.iter().filter(|h| crate::hosted::publishing::in_domain(h, zone.domain())).cloned().collect(),
+        None => Vec::new(),
+    };
     let dns = match &ctx.dns {
-        Some(zone) if !hostnames.is_empty() => match zone.cluster_records(&hostnames).await {
+        Some(zone) if !in_zone.is_empty() => match zone.cluster_records(&in_zone).await {
             Ok(records) => {
                 let owner = crate::dns::sole_owner(&records);
                 if owner.is_none() {
                     warnings.push(format!(
                         "the DNS records of {} in zone {} have no single external-dns owner: the backup does not record one, and a restore that takes the records over needs --dns-owner",
-                        hostnames.join(", "),
+                        in_zone.join(", "),
                         zone.zone_id()
                     ));
                 }

@@ -49,10 +49,16 @@ pub async fn env(availability: &str) -> Env {
 
 /// [`env`] on the management clusters `opts` names (`--mgmt-kubeconfig`).
 pub async fn env_with(availability: &str, opts: &UpOptions) -> Env {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = Sandbox::up_with(&dir.path().join("sandbox"), opts).await.expect("sandbox up");
     let mut spec = HostedClusterSpec::demo();
     spec.availability = availability.to_string();
+    env_of(spec, opts).await
+}
+
+/// [`env_with`] for a HostedCluster of `spec`, written by hand (as
+/// `kubectl apply` would create it), not by `hcp-dr cluster create`.
+pub async fn env_of(spec: HostedClusterSpec, opts: &UpOptions) -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = Sandbox::up_with(&dir.path().join("sandbox"), opts).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");
     create_all(&mgmt, &spec.objects()).await.expect("create demo");
     wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(180))

@@ -74,12 +74,26 @@ fn service(obj: &mut Value, allocate_ip: &dyn Fn() -> String) {
         default_field(spec, "ipFamilyPolicy", json!("SingleStack"));
         default_field(spec, "internalTrafficPolicy", json!("Cluster"));
     }
+    let kind = spec.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    let external = kind == "NodePort" || kind == "LoadBalancer";
+    if external {
+        default_field(spec, "externalTrafficPolicy", json!("Cluster"));
+    }
+    if kind == "LoadBalancer" {
+        default_field(spec, "allocateLoadBalancerNodePorts", json!(true));
+    }
+    let node_ports = external && spec.get("allocateLoadBalancerNodePorts") != Some(&json!(false));
     if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
         for p in ports {
             if let Some(pm) = p.as_object_mut() {
                 default_field(pm, "protocol", json!("TCP"));
                 if let Some(port) = pm.get("port").cloned() {
                     default_field(pm, "targetPort", port);
+                }
+                // as the real allocator: a port of the 30000-32767 range
+                if node_ports && pm.get("nodePort").and_then(Value::as_i64).unwrap_or(0) == 0 {
+                    let b = uuid::Uuid::new_v4().into_bytes();
+                    pm.insert("nodePort".into(), json!(30000 + (u16::from_be_bytes([b[0], b[1]]) % 2768)));
                 }
             }
         }

@@ -1,7 +1,11 @@
-//! A simulated external-dns (TXT registry, Route source): for every Route
-//! labelled `hypershift.openshift.io/hosted-control-plane`, an A record
-//! `spec.host` → the hosted API address plus an owner TXT record
-//! `"heritage=external-dns,external-dns/owner=<mgmt cluster>,external-dns/resource=route/<ns>/<name>"`,
+//! A simulated external-dns (TXT registry, Route and Service sources, the
+//! zone's domain as domain filter): for every Route labelled
+//! `hypershift.openshift.io/hosted-control-plane`, an A record `spec.host` →
+//! the hosted API address, and for every Service of type LoadBalancer with
+//! the `external-dns.alpha.kubernetes.io/hostname` annotation, an A record
+//! per hostname → its load balancer's IP; each with an owner TXT record
+//! `"heritage=external-dns,external-dns/owner=<mgmt cluster>,external-dns/resource=route/<ns>/<name>"`
+//! (`service/...` for a Service),
 //! UPSERTed into the Route53 zone; records this owner created whose Route is
 //! gone are deleted. Records owned by another owner are left alone (as the real
 //! TXT registry does): a migrated cluster's name is only taken over once the
@@ -17,7 +21,8 @@ use aws_sdk_route53::types::{
 use serde_json::Value;
 
 use super::hypershift::{CLUSTER_ANNOTATION, HCP_LABEL};
-use super::objects::{self, HOSTED_CONTROL_PLANE, ROUTE, name_of, ns_of, str_at};
+use super::objects::{self, HOSTED_CONTROL_PLANE, ROUTE, SERVICE, name_of, ns_of, str_at};
+use super::publishing::HOSTNAME_ANNOTATION;
 use super::{Ctx, OperatorError, Route53Config};
 
 /// TTL of the records written.
@@ -27,6 +32,8 @@ pub const TTL: i64 = 30;
 pub struct ExternalDns {
     client: Client,
     zone_id: String,
+    /// The domain filter: only names inside it are published.
+    domain: String,
 }
 
 fn r53_err(action: &str) -> impl FnOnce(String) -> OperatorError + '_ {
@@ -36,10 +43,15 @@ fn r53_err(action: &str) -> impl FnOnce(String) -> OperatorError + '_ {
     }
 }
 
-/// The owner TXT value (quoted, as stored in Route53).
+/// The owner TXT value of a Route's record (quoted, as stored in Route53).
 pub fn owner_txt(owner: &str, route_ns: &str, route_name: &str) -> String {
+    owner_txt_of(owner, "route", route_ns, route_name)
+}
+
+/// The owner TXT value of the record of a `kind` (`route`, `service`) object.
+pub fn owner_txt_of(owner: &str, kind: &str, ns: &str, name: &str) -> String {
     format!(
-        "\"heritage=external-dns,external-dns/owner={owner},external-dns/resource=route/{route_ns}/{route_name}\""
+        "\"heritage=external-dns,external-dns/owner={owner},external-dns/resource={kind}/{ns}/{name}\""
     )
 }
 
@@ -114,6 +126,7 @@ impl ExternalDns {
         ExternalDns {
             client: Client::from_conf(conf),
             zone_id: cfg.zone_id.clone(),
+            domain: cfg.domain.clone(),
         }
     }
 
@@ -159,8 +172,19 @@ impl ExternalDns {
         Ok(out)
     }
 
-    /// The records wanted: host → (A value, TXT value).
-    async fn desired(&self, ctx: &Ctx) -> Result<HashMap<String, (String, String)>, OperatorError> {
+    /// Whether external-dns may publish `host`: its domain filter is the
+    /// zone's domain.
+    fn in_domain(host: &str, domain: &str) -> bool {
+        let domain = domain.trim_end_matches('.');
+        host == domain || host.ends_with(&format!(".{domain}"))
+    }
+
+    /// The records wanted: host → (A value, TXT value). Sources: Routes of
+    /// HCP namespaces (their `spec.host`, the address of the hosted API
+    /// behind the router) and Services of type LoadBalancer with the
+    /// hostname annotation (their load balancer's IP), each only inside
+    /// the zone's domain.
+    async fn desired(&self, ctx: &Ctx, domain: &str) -> Result<HashMap<String, (String, String)>, OperatorError> {
         let routes = match ctx.kube.list(&ROUTE, None, Some(HCP_LABEL)).await {
             Ok(r) => r,
             Err(e) if objects::status_code(&e) == Some(404) => Vec::new(),
@@ -172,6 +196,10 @@ impl ExternalDns {
             let Some(host) = str_at(route, "/spec/host").filter(|h| !h.is_empty()) else {
                 continue;
             };
+            let host = host.trim_end_matches('.').to_string();
+            if !Self::in_domain(&host, domain) {
+                continue;
+            }
             let ns = ns_of(route).to_string();
             if !clusters.contains_key(&ns) {
                 let hcps = ctx
@@ -195,12 +223,33 @@ impl ExternalDns {
             let (ip, _) =
                 super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, hc_ns, hc_name);
             want.insert(
-                host.trim_end_matches('.').to_string(),
+                host,
                 (
                     ip.to_string(),
                     owner_txt(&ctx.cfg.cluster_name, &ns, name_of(route)),
                 ),
             );
+        }
+        for service in ctx.kube.list(&SERVICE, None, None).await? {
+            let Some(hostnames) = service
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(HOSTNAME_ANNOTATION))
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
+            if str_at(&service, "/spec/type") != Some("LoadBalancer") {
+                continue;
+            }
+            let Some(ip) = str_at(&service, "/status/loadBalancer/ingress/0/ip") else {
+                continue;
+            };
+            for host in hostnames.split(',').map(|h| h.trim().trim_end_matches('.')).filter(|h| !h.is_empty()) {
+                if Self::in_domain(host, domain) {
+                    let txt = owner_txt_of(&ctx.cfg.cluster_name, "service", ns_of(&service), name_of(&service));
+                    want.insert(host.to_string(), (ip.to_string(), txt));
+                }
+            }
         }
         Ok(want)
     }
@@ -208,7 +257,7 @@ impl ExternalDns {
     /// One reconcile pass.
     pub(crate) async fn sync(&self, ctx: &Ctx) -> Result<(), OperatorError> {
         let me = ctx.cfg.cluster_name.as_str();
-        let want = self.desired(ctx).await?;
+        let want = self.desired(ctx, &self.domain).await?;
         let have = self.list().await?;
         let mut changes = Vec::new();
         for (host, (ip, txt)) in &want {
@@ -244,7 +293,7 @@ impl ExternalDns {
             {
                 continue;
             }
-            tracing::info!(host = %name, "route gone: withdrawing its records");
+            tracing::info!(host = %name, "source gone: withdrawing its records");
             if let Some(a) = have.get(&(name.clone(), "A".into())) {
                 changes.push(change(
                     ChangeAction::Delete,

@@ -6,9 +6,10 @@
 //! HostedControlPlane (spec mirrored from the HC), the etcd PKI (CA in Secret
 //! `etcd-signer`, ConfigMap `etcd-ca`, Secrets `etcd-server-tls`,
 //! `etcd-peer-tls`, `etcd-client-tls`), Services `etcd-discovery`,
-//! `etcd-client`, `kube-apiserver`, the `etcd` StatefulSet and the control
+//! `etcd-client`, the `etcd` StatefulSet and the control
 //! plane Deployments (replicas reset to the desired count on every pass, as
-//! the control-plane operator does), the API Route, the CAPI `Cluster` and the
+//! the control-plane operator does), the published services' Routes and
+//! Services (`publishing`), the CAPI `Cluster` and the
 //! platform cluster, and per NodePool the CAPI machine objects. Conditions
 //! report what is observed: `EtcdAvailable` from ready etcd members (quorum),
 //! `KubeAPIServerAvailable` from the hosted API server actually serving.
@@ -26,7 +27,7 @@ use serde_json::{Value, json};
 use super::etcd_member::{ca_from_pair, load_signer};
 use super::objects::{
     self, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, MACHINE,
-    MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, ROUTE, Res, SECRET, SERVICE,
+    MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE,
     STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
 use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer};
@@ -115,31 +116,6 @@ pub fn nodepool_replicas(np: &Value) -> usize {
         .or_else(|| np.pointer("/spec/autoScaling/min"))
         .and_then(Value::as_u64)
         .unwrap_or(0) as usize
-}
-
-/// The API hostname: the APIServer Route hostname from `spec.services`, else
-/// `api.<name>.<baseDomain>`.
-pub fn api_hostname(hc: &Value) -> String {
-    let from_services = hc
-        .pointer("/spec/services")
-        .and_then(Value::as_array)
-        .and_then(|svcs| {
-            svcs.iter().find_map(|s| {
-                (str_at(s, "/service") == Some("APIServer"))
-                    .then(|| str_at(s, "/servicePublishingStrategy/route/hostname"))
-                    .flatten()
-            })
-        });
-    match from_services {
-        Some(h) => h.to_string(),
-        None => format!(
-            "api.{}.{}",
-            name_of(hc),
-            str_at(hc, "/spec/dns/baseDomain")
-                .filter(|d| !d.is_empty())
-                .unwrap_or("sandbox.hcp-dr.local")
-        ),
-    }
 }
 
 /// One pass over every HostedCluster.
@@ -242,7 +218,7 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
     let ha = is_highly_available(hc);
     ensure_etcd_statefulset(ctx, hc, &hcp_ns, &hcp, ha).await?;
     ensure_deployments(ctx, hc, &hcp_ns, &hcp, ha).await?;
-    ensure_route(ctx, hc, &hcp_ns, &hcp).await?;
+    super::publishing::ensure_published(ctx, hc, &hcp_ns, &hcp).await?;
     ensure_capi_cluster(ctx, hc, &hcp_ns, &infra_id).await?;
     for np in nodepools_of(hc, nps) {
         if let Err(e) = reconcile_nodepool(ctx, hc, np, &hcp_ns, &infra_id).await {
@@ -538,9 +514,6 @@ async fn ensure_services(ctx: &Ctx, ns: &str, hcp: &Value) -> Result<(), Operato
             "spec": {"selector": {"app": "etcd"}, "type": "ClusterIP",
                 "ports": [{"name": "etcd-client", "port": 2379, "protocol": "TCP", "targetPort": "client"},
                           {"name": "metrics", "port": 2381, "protocol": "TCP", "targetPort": "metrics"}]}}),
-        json!({"metadata": {"name": "kube-apiserver", "namespace": ns, "labels": {"app": "kube-apiserver"}, "ownerReferences": owner},
-            "spec": {"selector": {"app": "kube-apiserver"}, "type": "ClusterIP",
-                "ports": [{"name": "client", "port": 6443, "protocol": "TCP", "targetPort": "client"}]}}),
     ];
     for svc in services {
         ctx.kube.create_if_absent(&SERVICE, Some(ns), svc).await?;
@@ -780,46 +753,6 @@ async fn ensure_deployments(
             replicas,
         )
         .await?;
-    }
-    Ok(())
-}
-
-/// The Routes HyperShift makes in the HCP namespace for the services
-/// published through a Route with a hostname: `(route name, host)`. The API
-/// server always has one (its hostname defaults to `api.<name>.<baseDomain>`).
-pub fn published_routes(hc: &Value) -> Vec<(&'static str, String)> {
-    let mut routes = vec![("kube-apiserver", api_hostname(hc))];
-    for service in hc.pointer("/spec/services").and_then(Value::as_array).into_iter().flatten() {
-        if str_at(service, "/servicePublishingStrategy/type") != Some("Route") {
-            continue;
-        }
-        let Some(host) = str_at(service, "/servicePublishingStrategy/route/hostname").filter(|h| !h.is_empty()) else {
-            continue;
-        };
-        let name = match str_at(service, "/service") {
-            Some("OAuthServer") => "oauth",
-            Some("Konnectivity") => "konnectivity-server",
-            Some("Ignition") => "ignition-server",
-            _ => continue,
-        };
-        routes.push((name, host.to_string()));
-    }
-    routes
-}
-
-async fn ensure_route(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Value) -> Result<(), OperatorError> {
-    for (name, host) in published_routes(hc) {
-        let route = json!({
-            "metadata": {"name": name, "namespace": ns,
-                "labels": {HCP_LABEL: ns},
-                "annotations": {"external-dns.alpha.kubernetes.io/hostname": host},
-                "ownerReferences": [owner_ref(&HOSTED_CONTROL_PLANE, hcp)]},
-            "spec": {"host": host, "to": {"kind": "Service", "name": name, "weight": 100},
-                "port": {"targetPort": if name == "kube-apiserver" { "client" } else { "https" }},
-                "tls": {"termination": "passthrough", "insecureEdgeTerminationPolicy": "None"},
-                "wildcardPolicy": "None"},
-        });
-        ctx.kube.create_if_absent(&ROUTE, Some(ns), route).await?;
     }
     Ok(())
 }
@@ -1247,16 +1180,6 @@ mod tests {
                 .all(|n| n.starts_with(&machine_set_name("np", "infra")))
         );
         assert_eq!(names, machine_names("np", "infra", 3));
-    }
-
-    #[test]
-    fn api_hostname_prefers_the_route_hostname() {
-        let hc = json!({"metadata": {"name": "hc1"}, "spec": {"dns": {"baseDomain": "example.com"}, "services": [
-            {"service": "APIServer", "servicePublishingStrategy": {"type": "Route", "route": {"hostname": "api.custom.example.com"}}}]}});
-        assert_eq!(api_hostname(&hc), "api.custom.example.com");
-        let hc =
-            json!({"metadata": {"name": "hc1"}, "spec": {"dns": {"baseDomain": "example.com"}}});
-        assert_eq!(api_hostname(&hc), "api.hc1.example.com");
     }
 
     #[test]

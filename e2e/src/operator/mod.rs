@@ -22,6 +22,7 @@ pub mod etcd_member;
 pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
+pub mod publishing;
 pub(crate) mod objects;
 pub mod restore_pod;
 pub mod workloads;
@@ -45,6 +46,8 @@ pub struct Route53Config {
     pub zone_id: String,
     /// AWS region to sign with.
     pub region: String,
+    /// The zone's domain: external-dns's domain filter.
+    pub domain: String,
 }
 
 /// Everything the operator needs.

@@ -12,6 +12,7 @@ use kube::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 
 use super::MigrateContext;
+use crate::hosted::publishing::{PublishedName, in_domain, managed, published_names};
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
@@ -23,8 +24,11 @@ pub struct DestinationCheck;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Checked {
     pub api_hostname: String,
-    /// Every Route/LoadBalancer hostname the HostedCluster publishes.
+    /// The hostnames hcp-dr's DNS steps manage (inside the zone).
     pub hosts: Vec<String>,
+    /// Every name the cluster is reached under, managed or left alone, and why.
+    #[serde(default)]
+    pub names: Vec<PublishedName>,
 }
 
 async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
@@ -47,6 +51,18 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
             hosts.join(", ")
         ));
     }
+    let (routes, services) = crate::kube::publishing_objects(&ctx.source.client, &ctx.source.hcp_namespace()).await?;
+    let names = published_names(&hc, &routes, &services, ctx.dns.as_ref().map(|z| (z.zone_id(), z.domain())));
+    if let (Some(zone), Some(api_host)) = (&ctx.dns, &api_host)
+        && !in_domain(api_host, zone.domain())
+    {
+        problems.push(format!(
+            "the API hostname {api_host} is not in Route53 zone {} ({}): give the zone external-dns publishes it in (--route53-zone)",
+            zone.zone_id(),
+            zone.domain()
+        ));
+    }
+    let hosts = managed(&names);
 
     // The destination.
     let dest = ctx.destination.client.clone();
@@ -90,6 +106,7 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
     Ok(Checked {
         api_hostname: api_host.unwrap_or_default(),
         hosts,
+        names,
     })
 }
 
@@ -112,11 +129,13 @@ impl Stage<MigrateContext> for DestinationCheck {
     async fn run(&self, ctx: &mut MigrateContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let checked = check(ctx).await?;
         ctx.hosts = checked.hosts.clone();
+        ctx.published = checked.names.clone();
         Ok(checked)
     }
     fn restore(&self, ctx: &mut MigrateContext, output: Self::Output) -> Result<(), StageFailure> {
         let checked: Checked = output;
         ctx.hosts = checked.hosts;
+        ctx.published = checked.names;
         Ok(())
     }
 }

@@ -53,8 +53,11 @@ pub struct MigrateContext {
     pub destination: RestoreContext,
     pub dns: Option<Box<dyn DnsZone>>,
     pub inputs: MigrateInputs,
-    /// Hostnames the cluster publishes (found by `destination-check`).
+    /// Hostnames the cluster publishes that hcp-dr's DNS steps manage
+    /// (found by `destination-check`).
     pub hosts: Vec<String>,
+    /// Every name the cluster is reached under, managed or left alone.
+    pub published: Vec<crate::hosted::publishing::PublishedName>,
 }
 
 /// A context that carries a backup context for the backup stages it reuses

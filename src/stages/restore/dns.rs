@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::RestoreContext;
 use super::verify::manifest;
 use crate::dns::{DnsZone, Record, normalize_names};
+use crate::hosted::publishing::in_domain;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json};
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
@@ -54,7 +55,11 @@ pub struct TakenOver {
     /// Why nothing was taken over (`None`: the take-over ran).
     pub skipped: Option<String>,
     pub zone_id: Option<String>,
+    /// The hostnames taken over (or checked): those inside the zone.
     pub hostnames: Vec<String>,
+    /// The cluster's hostnames outside the zone, left alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_zone: Vec<String>,
     /// The external-dns owner the records were taken from.
     pub old_owner: Option<String>,
     /// The records deleted (address and owner records).
@@ -126,6 +131,12 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<TakenOver,
         return Ok(out);
     };
     out.zone_id = Some(zone.zone_id().to_string());
+    // the zone holds only its own names: the others (a Route without a
+    // hostname, named in the lost management cluster's ingress domain) are
+    // left alone
+    let (hosts, outside): (Vec<String>, Vec<String>) = hosts.into_iter().partition(|h| in_domain(h, zone.domain()));
+    out.hostnames = hosts.clone();
+    out.outside_zone = outside;
     if hosts.is_empty() {
         out.skipped = Some("the cluster publishes no hostname".into());
         return Ok(out);
