@@ -149,15 +149,12 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     assert!(out.status.success(), "{}", text(&out));
     assert!(!a.names("crd").iter().any(|c| c.ends_with("/routes.route.openshift.io")));
     // a HostedCluster named like the demo on it: a second sandbox refuses
-    // one file per object: kubectl validates a `List` against /openapi/v2,
-    // which the emulator does not serve
-    let objects = tmp.path().join("demo");
-    std::fs::create_dir(&objects).unwrap();
+    // applied as one `v1 List`, as a user would (kubectl reads /openapi/v2
+    // to validate a List)
+    let objects = tmp.path().join("demo.json");
     let mut spec = hcp_dr_e2e::sandbox::HostedClusterSpec::demo();
     spec.availability = "SingleReplica".into();
-    for (i, obj) in spec.objects().iter().enumerate() {
-        std::fs::write(objects.join(format!("{i}.json")), obj.to_string()).unwrap();
-    }
+    std::fs::write(&objects, serde_json::json!({"apiVersion": "v1", "kind": "List", "items": spec.objects()}).to_string()).unwrap();
     let out = a.kubectl(&["apply", "-f", objects.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let other = tmp.path().join("other");

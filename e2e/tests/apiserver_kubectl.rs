@@ -126,6 +126,26 @@ async fn kubectl_workflow_on_builtin_kinds() {
     let out = k.ok(&["apply", "-f", &file]).await;
     assert!(out.contains("configmap/demo unchanged"), "{out}");
 
+    // a `v1 List`: kubectl reads /openapi/v2 for it; the server still
+    // refuses an unknown field of an item (strict field validation)
+    let list = write(
+        env.dir.path(),
+        "list.yaml",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: listed, namespace: clusters}\n  data: {k: v}\n",
+    );
+    let out = k.ok(&["apply", "-f", &list]).await;
+    assert!(out.contains("configmap/listed created"), "{out}");
+    let out = k.ok(&["apply", "-f", &list]).await;
+    assert!(out.contains("configmap/listed unchanged"), "{out}");
+    let bad = write(
+        env.dir.path(),
+        "bad-list.yaml",
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: listed, namespace: clusters}\n  bogus: 1\n",
+    );
+    let out = k.run(&["apply", "-f", &bad]).await;
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("unknown field \"bogus\""), "{}", out.stderr);
+
     let cm = k
         .json(&["get", "configmap", "demo", "-n", "clusters"])
         .await;

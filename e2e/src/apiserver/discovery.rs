@@ -141,6 +141,37 @@ pub(crate) fn resource_list(inner: &Inner, group: &str, version: &str) -> Option
     )
 }
 
+/// The `/openapi/v2` document as JSON: Swagger 2.0, no paths or definitions.
+pub(crate) fn openapi_v2_json() -> Value {
+    json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": GIT_VERSION}, "paths": {}, "definitions": {}})
+}
+
+/// The same document as gnostic's `openapi_v2.Document` protobuf: field 1
+/// `swagger`, field 2 `info` (`title` 1, `version` 2).
+pub(crate) fn openapi_v2_protobuf() -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2); // length-delimited
+        let mut len = bytes.len();
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"Kubernetes");
+    field(&mut info, 2, GIT_VERSION.as_bytes());
+    let mut doc = Vec::new();
+    field(&mut doc, 1, b"2.0");
+    field(&mut doc, 2, &info);
+    doc
+}
+
 /// `/openapi/v3`: one entry per group-version.
 pub(crate) fn openapi_v3_root(inner: &Inner) -> Value {
     let mut paths = serde_json::Map::new();

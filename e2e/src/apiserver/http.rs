@@ -50,6 +50,7 @@ pub(crate) fn router(inner: Arc<Inner>) -> Router {
         .route("/api", any(api_versions))
         .route("/apis", any(api_group_list))
         .route("/apis/{group}", any(api_group))
+        .route("/openapi/v2", any(openapi_v2))
         .route("/openapi/v3", any(openapi_root))
         .route("/openapi/v3/api/v1", any(openapi_group_version))
         .route("/openapi/v3/apis/{group}/{version}", any(openapi_group_version))
@@ -317,6 +318,25 @@ async fn api_group(
     let (group, _) = params.group_version();
     let v = discovery::api_group(&inner, group).ok_or_else(ApiError::no_route)?;
     Ok(json_response(StatusCode::OK, &v, &[]))
+}
+
+/// `/openapi/v2`: a Swagger 2.0 document without definitions, in protobuf
+/// (gnostic's `openapi_v2.Document`, what kubectl asks for) or JSON. kubectl
+/// reads it to validate a `v1 List` client-side: with no definitions it
+/// skips the items' client-side validation, and the server validates each
+/// object as it is created (field validation), as it does for any apply.
+async fn openapi_v2(method: Method, headers: axum::http::HeaderMap) -> Result<Response, ApiError> {
+    get_only(&method)?;
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if accept.contains("protobuf") {
+        let body = discovery::openapi_v2_protobuf();
+        return Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(axum::http::header::CONTENT_TYPE, "application/octet-stream")
+            .body(axum::body::Body::from(body))
+            .expect("static response"));
+    }
+    Ok(json_response(StatusCode::OK, &discovery::openapi_v2_json(), &[]))
 }
 
 /// `/openapi/v3`.
