@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy};
-use kube::discovery::{Discovery, Scope, verbs};
+use kube::discovery::{Scope, verbs};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -331,7 +331,7 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
 
     // CAPI and platform objects, machines first.
     if hcp_ns_exists {
-        let discovery = Discovery::new(client.clone()).run().await.map_err(request("discovering the source's API groups"))?;
+        let discovery = crate::kube::discover(&client, |g| exported_group(g) && g != HOSTED_CLUSTER.group, "discovering the source's API groups").await?;
         let mut objects = Vec::new();
         for group in discovery.groups() {
             if !exported_group(group.name()) || group.name() == HOSTED_CLUSTER.group {

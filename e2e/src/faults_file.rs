@@ -26,10 +26,16 @@ pub trait FaultSettings: Serialize + DeserializeOwned + Debug {
         if !(0.0..=1.0).contains(&self.share()) {
             return Err(format!("share must be within 0.0..=1.0, not {}", self.share()));
         }
-        if self.kind_count() == 0 {
+        if self.kind_count() == 0 && !self.standing() {
             return Err("kinds must name at least one kind of fault".into());
         }
         Ok(())
+    }
+
+    /// Whether the settings hold a fault that is not drawn (so `kinds` may
+    /// be empty): an API that is down for every request.
+    fn standing(&self) -> bool {
+        false
     }
 }
 

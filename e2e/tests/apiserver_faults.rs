@@ -47,7 +47,7 @@ fn set(env: &Env, faults: Option<&ApiFaults>) {
 }
 
 fn only(kind: FaultKind) -> ApiFaults {
-    ApiFaults { share: 1.0, kinds: vec![kind], user_agent: None, delay_ms: 0, seed: None }
+    ApiFaults { share: 1.0, kinds: vec![kind], user_agent: None, delay_ms: 0, seed: None, unavailable_api_services: Vec::new() }
 }
 
 /// What a plain client saw: an answer, or an error of the connection.
@@ -360,6 +360,7 @@ async fn share_user_agent_seed_log_and_unparsable_files() {
         user_agent: None,
         delay_ms: 0,
         seed: Some(42),
+        unavailable_api_services: Vec::new(),
     };
     let mut runs = Vec::new();
     for _ in 0..2 {
@@ -468,6 +469,33 @@ fn fake_sandbox(dir: &Path, api_url: &str) {
     std::fs::write(dir.join("sandbox.json"), serde_json::to_string(&state).unwrap()).unwrap();
 }
 
+/// An aggregated API registered but down, as real clusters often carry
+/// one: listed in discovery, 503 under its path for every client. A
+/// discovery of every group fails on it (after the client's retries); one
+/// of the groups needed does not.
+#[tokio::test]
+async fn an_unavailable_aggregated_api_is_listed_and_answers_503() {
+    let env = start().await;
+    let s = &env.server;
+    let mut faults = only(FaultKind::Unavailable);
+    faults.share = 0.0;
+    faults.kinds.clear();
+    faults.unavailable_api_services = vec!["metrics.k8s.io/v1beta1".into()];
+    set(&env, Some(&faults));
+    let groups = get(s, "/apis", "kubectl/v1.32").await;
+    assert_eq!(groups.code, 200);
+    assert!(groups.body["groups"].as_array().unwrap().iter().any(|g| g["name"] == "metrics.k8s.io"), "{}", groups.body);
+    let down = get(s, "/apis/metrics.k8s.io/v1beta1", "kubectl/v1.32").await;
+    assert_eq!(down.code, 503, "{}", down.body);
+    assert_eq!(down.body["message"], "the server is currently unable to handle the request");
+    assert_eq!(get(s, "/apis/metrics.k8s.io/v1beta1/nodes", "anyone").await.code, 503);
+    assert_eq!(get(s, "/apis/apps/v1", "anyone").await.code, 200, "other groups answer");
+
+    let client = s.client().await.unwrap();
+    let some = kube::discovery::Discovery::new(client).filter(&["apps", ""]).run().await.expect("a discovery of the groups needed");
+    assert!(some.has_group("apps"));
+}
+
 #[tokio::test]
 async fn sandbox_faults_command() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -518,7 +546,8 @@ async fn sandbox_faults_command() {
             kinds: vec![FaultKind::TooManyRequests, FaultKind::Unavailable],
             user_agent: Some("hcp-dr".into()),
             delay_ms: 0,
-            seed: Some(7)
+            seed: Some(7),
+            unavailable_api_services: Vec::new(),
         }
     );
     let mut codes = Vec::new();

@@ -282,6 +282,21 @@ pub async fn list_json(api: &Api<DynamicObject>, params: &ListParams, what: &str
         .collect()
 }
 
+/// API discovery of only the groups `wanted` accepts (`""`: the core
+/// group). A management cluster often has an aggregated API registered but
+/// down (a stale metrics or package server answering 503): a discovery of
+/// every group, as `Discovery::run` alone does, would fail an operation on
+/// a group it never uses. The groups asked for must answer.
+pub async fn discover(client: &Client, wanted: impl Fn(&str) -> bool, what: &str) -> Result<kube::discovery::Discovery, KubeError> {
+    let listed = client.list_api_groups().await.map_err(request(what))?;
+    let mut names: Vec<String> = listed.groups.into_iter().map(|g| g.name).filter(|name| wanted(name)).collect();
+    if wanted("") {
+        names.push(String::new());
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    kube::discovery::Discovery::new(client.clone()).filter(&names).run().await.map_err(request(what))
+}
+
 /// The Routes (none when the server does not serve them) and Services of
 /// a namespace, as JSON: what publishes a hosted cluster's services.
 pub async fn publishing_objects(client: &Client, namespace: &str) -> Result<(Vec<Value>, Vec<Value>), KubeError> {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
-use kube::discovery::{Discovery, Scope, verbs};
+use kube::discovery::{Scope, verbs};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -84,9 +84,8 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
 
     let discovery = ctx
         .api_groups
-        .get_or_try_init(|| async { Discovery::new(ctx.client.clone()).run().await.map(std::sync::Arc::new) })
-        .await
-        .map_err(request("discovering API groups"))?;
+        .get_or_try_init(|| async { crate::kube::discover(&ctx.client, exported_group, "discovering API groups").await.map(std::sync::Arc::new) })
+        .await?;
     for group in discovery.groups() {
         if !exported_group(group.name()) {
             continue;

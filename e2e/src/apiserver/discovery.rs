@@ -40,6 +40,14 @@ fn served_groups(inner: &Inner) -> Vec<(String, Vec<String>)> {
             groups.push((group.to_string(), vec!["v1".to_string()]));
         }
     }
+    // aggregated APIs that are down are still listed, as the aggregator does
+    for (group, version) in inner.faults.as_ref().map(|f| f.unavailable_api_services()).unwrap_or_default() {
+        match groups.iter_mut().find(|(g, _)| g == &group) {
+            Some((_, versions)) if !versions.contains(&version) => versions.push(version),
+            Some(_) => {}
+            None => groups.push((group, vec![version])),
+        }
+    }
     groups.sort_by(|a, b| a.0.cmp(&b.0));
     groups
 }

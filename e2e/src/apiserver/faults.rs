@@ -32,9 +32,18 @@ pub const DEFAULT_DELAY_MS: u64 = 2000;
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ApiFaults {
     /// Share (0.0 to 1.0) of the matching requests that get a fault.
+    #[serde(default)]
     pub share: f64,
     /// The kinds of fault, one drawn uniformly for each faulted request.
+    #[serde(default)]
     pub kinds: Vec<FaultKind>,
+    /// Aggregated APIs (`metrics.k8s.io/v1beta1`) registered but down, as
+    /// an APIService whose backing service does not answer: the group is
+    /// listed in `/apis`, and every request under `/apis/<group>/<version>`
+    /// gets the aggregator's 503 (real management clusters often carry one,
+    /// e.g. a stale metrics or package server). For every client.
+    #[serde(default)]
+    pub unavailable_api_services: Vec<String>,
     /// Only requests whose `User-Agent` header starts with this match
     /// (all requests when absent).
     #[serde(default)]
@@ -120,6 +129,9 @@ impl crate::faults_file::FaultSettings for ApiFaults {
     fn seed(&self) -> Option<u64> {
         self.seed
     }
+    fn standing(&self) -> bool {
+        !self.unavailable_api_services.is_empty()
+    }
 }
 
 /// Write `faults` to `faults_file` (replaced atomically, so a server never
@@ -193,6 +205,16 @@ impl Injector {
             state.refresh();
             let Watched { faults, rng, .. } = &mut *state;
             let faults = faults.as_ref()?;
+            let down = faults.unavailable_api_services.iter().any(|gv| {
+                path.strip_prefix("/apis/")
+                    .and_then(|rest| rest.strip_prefix(gv.as_str()))
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            });
+            if down {
+                drop(state);
+                self.record(method, path, user_agent, FaultKind::Unavailable);
+                return Some(Fault::Answer(FaultKind::Unavailable));
+            }
             if let Some(prefix) = &faults.user_agent
                 && !user_agent.is_some_and(|ua| ua.starts_with(prefix.as_str()))
             {
@@ -220,6 +242,23 @@ impl Injector {
             FaultKind::Delay => Fault::Delay(delay),
             other => Fault::Answer(other),
         })
+    }
+
+    /// The unavailable aggregated APIs as `(group, version)`.
+    pub(crate) fn unavailable_api_services(&self) -> Vec<(String, String)> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.refresh();
+        state
+            .faults
+            .as_ref()
+            .map(|f| {
+                f.unavailable_api_services
+                    .iter()
+                    .filter_map(|gv| gv.split_once('/'))
+                    .map(|(g, v)| (g.to_string(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn record(&self, method: &str, path: &str, user_agent: Option<&str>, kind: FaultKind) {

@@ -88,6 +88,11 @@ enum Command {
         /// Seed of the random draws, for a repeatable sequence of faults.
         #[arg(long, requires = "share")]
         seed: Option<u64>,
+        /// An aggregated API (GROUP/VERSION, e.g. metrics.k8s.io/v1beta1)
+        /// listed in discovery but down: every request under it gets a 503,
+        /// as a real cluster with a stale APIService answers (repeatable).
+        #[arg(long, conflicts_with_all = ["s3", "off"])]
+        unavailable_api_service: Vec<String>,
         /// Stop injecting faults and count those injected, by kind.
         #[arg(long)]
         off: bool,
@@ -174,16 +179,26 @@ fn main() -> ExitCode {
             Command::Apiserver { dir, name } => apiserver(&dir, &name).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
-            Command::Faults { dir, cluster, s3: true, share, kinds, methods, user_agent, delay_ms, seed, off } => {
+            Command::Faults { dir, cluster, s3: true, share, kinds, methods, user_agent, delay_ms, seed, off, .. } => {
                 debug_assert!(cluster.is_none(), "clap: --cluster conflicts with --s3");
                 let kinds = parse_kinds::<S3FaultKind>(&kinds, "S3", "API fault, without --s3")?;
                 let methods = methods.iter().map(|m| m.to_uppercase()).collect();
                 let faults = share.map(|share| S3Faults { share, kinds, methods, user_agent, delay_ms, seed });
                 s3_faults_command(&dir, faults, off)
             }
-            Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, off, .. } => {
+            Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, unavailable_api_service, off, .. } => {
                 let kinds = parse_kinds::<FaultKind>(&kinds, "API", "S3 fault, with --s3")?;
-                let faults = share.map(|share| ApiFaults { share, kinds, user_agent, delay_ms, seed });
+                if let Some(bad) = unavailable_api_service.iter().find(|gv| gv.split_once('/').is_none_or(|(g, v)| g.is_empty() || v.is_empty() || v.contains('/'))) {
+                    anyhow::bail!("--unavailable-api-service {bad}: expected GROUP/VERSION, e.g. metrics.k8s.io/v1beta1");
+                }
+                let faults = (share.is_some() || !unavailable_api_service.is_empty()).then(|| ApiFaults {
+                    share: share.unwrap_or(0.0),
+                    kinds,
+                    user_agent,
+                    delay_ms,
+                    seed,
+                    unavailable_api_services: unavailable_api_service,
+                });
                 faults_command(&dir, cluster.as_deref().unwrap_or_default(), faults, off)
             }
             Command::Drill { dir, json, clusters } => drill(dir, json, &clusters).await,
@@ -520,8 +535,13 @@ fn faults_command(dir: &Path, cluster: &str, set: Option<ApiFaults>, off: bool) 
                 None => String::new(),
             };
             let kinds: Vec<&str> = f.kinds.iter().map(|k| k.as_str()).collect();
-            println!("API faults in force on {cluster}: {} of the requests{from} fail", f.share);
-            println!("  kinds: {}", kinds.join(", "));
+            for gv in &f.unavailable_api_services {
+                println!("aggregated API {gv} is down on {cluster}: listed in discovery, every request under /apis/{gv} gets a 503");
+            }
+            if !kinds.is_empty() {
+                println!("API faults in force on {cluster}: {} of the requests{from} fail", f.share);
+                println!("  kinds: {}", kinds.join(", "));
+            }
             if f.kinds.contains(&FaultKind::Delay) {
                 println!("  delay: {} ms", f.delay().as_millis());
             }

@@ -8,7 +8,6 @@
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
-use kube::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 
 use super::MigrateContext;
@@ -66,10 +65,7 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
 
     // The destination.
     let dest = ctx.destination.client.clone();
-    let discovery = Discovery::new(dest.clone())
-        .run()
-        .await
-        .map_err(request("discovering the destination's API groups"))?;
+    let discovery = crate::kube::discover(&dest, |g| g == HOSTED_CLUSTER.group, "discovering the destination's API groups").await?;
     let gvk = kube::core::GroupVersionKind::gvk(HOSTED_CLUSTER.group, HOSTED_CLUSTER.version, HOSTED_CLUSTER.kind);
     if discovery.resolve_gvk(&gvk).is_none() {
         problems.push("the destination does not serve HostedCluster: install the HyperShift operator there first".into());

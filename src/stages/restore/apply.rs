@@ -76,6 +76,10 @@ impl ObjRef {
         self.resource_version = stamped.resource_version;
         self
     }
+    /// The API group (`""`: core).
+    fn group(&self) -> &str {
+        self.api_version.rsplit_once('/').map(|(group, _)| group).unwrap_or("")
+    }
     fn label(&self) -> String {
         format!("{} {}/{}", self.kind, self.namespace.as_deref().unwrap_or(""), self.name)
     }
@@ -253,14 +257,12 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
 
     // Objects, in order.
     ensure_url(ctx, step).await?;
-    let discovery = Discovery::new(ctx.client.clone())
-        .run()
-        .await
-        .map_err(request("discovering the destination's API groups"))?;
     let url = ctx.snapshot_url.clone().ok_or(StageError::Missing("the snapshot URL"))?;
     let from = format!("{}/{}", ctx.store.url(), ctx.inputs.layout().dir());
     let source_uid = super::verify::manifest(ctx, step).await?.cluster.uid;
     let objects = prepared(ctx.objects.as_deref().unwrap_or_default(), &url, &from, &source_uid);
+    let groups: std::collections::BTreeSet<String> = objects.iter().map(|o| ObjRef::of(o).group().to_string()).collect();
+    let discovery = crate::kube::discover(&ctx.client, |g| groups.contains(g), "discovering the destination's API groups").await?;
     let mut conflicts = Vec::new();
     for mut obj in objects {
         let r = ObjRef::of(&obj);
@@ -374,12 +376,10 @@ impl Stage<RestoreContext> for Apply {
     }
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
         let Some(applied) = input.record::<Applied>()? else { return Ok(()) };
-        let discovery = Discovery::new(ctx.client.clone())
-            .run()
-            .await
-            .map_err(request("discovering the destination's API groups"))?;
         let mut refs = applied.created.clone();
         refs.extend(applied.pending.clone());
+        let groups: std::collections::BTreeSet<String> = refs.iter().map(|r| r.group().to_string()).collect();
+        let discovery = crate::kube::discover(&ctx.client, |g| groups.contains(g), "discovering the destination's API groups").await?;
         let timeout = ctx.inputs.wait_timeout().min(Duration::from_secs(300));
         // namespaces holding an object this run did not create are kept
         let mut foreign: Vec<String> = Vec::new();

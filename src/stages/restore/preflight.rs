@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::core::GroupVersionKind;
-use kube::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -78,10 +77,6 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
     }
 
     // Every kind is served.
-    let discovery = Discovery::new(ctx.client.clone())
-        .run()
-        .await
-        .map_err(request("discovering the destination's API groups"))?;
     let kinds: BTreeSet<(String, String, String)> = objects
         .iter()
         .map(|o| {
@@ -89,6 +84,7 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
             (g.group, g.version, g.kind)
         })
         .collect();
+    let discovery = crate::kube::discover(&ctx.client, |g| kinds.iter().any(|k| k.0 == g), "discovering the destination's API groups").await?;
     for (group, version, kind) in &kinds {
         if discovery.resolve_gvk(&GroupVersionKind::gvk(group, version, kind)).is_none() {
             problems.push(format!(
