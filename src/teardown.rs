@@ -102,6 +102,65 @@ where
     }
 }
 
+/// Delete Namespace `name` (only the one with `uid`, when given) and wait
+/// until the namespace controller has emptied and removed it. Its finalizer
+/// is `spec.finalizers: [kubernetes]`, which no patch of the object can
+/// lift, so none is attempted: a namespace still Terminating after
+/// `timeout` is an error that says what holds it (its
+/// `NamespaceContentRemaining` and `NamespaceFinalizersRemaining`
+/// conditions). A second delete of a Terminating namespace is answered 409:
+/// that is the deletion already under way, and it is waited for.
+pub async fn delete_namespace(client: &kube::Client, name: &str, uid: Option<&str>, timeout: Duration) -> Result<Removal, KubeError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let what = format!("Namespace {name}");
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: uid.map(|uid| Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => return Ok(Removal::Absent),
+        Err(err) if is_conflict(&err) => match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {
+            None => return Ok(Removal::Absent),
+            Some(live) if uid.is_some() && live.metadata.uid.as_deref() != uid => {
+                return Ok(Removal::NotOurs { uid: live.metadata.uid.unwrap_or_default() });
+            }
+            Some(live) if live.metadata.deletion_timestamp.is_some() => {}
+            Some(_) => return Err(request(format!("deleting {what}"))(err)),
+        },
+        Err(err) => return Err(request(format!("deleting {what}"))(err)),
+    }
+    if wait_gone_or_replaced(&api, name, uid, &what, timeout).await? {
+        return Ok(Removal::Deleted);
+    }
+    let held = match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {
+        None => return Ok(Removal::Deleted),
+        Some(ns) => terminating_because(&ns),
+    };
+    Err(KubeError::Timeout {
+        what: format!(
+            "{what} to be deleted: it is still Terminating{held}. The namespace controller removes it once its content is gone; see what is left with `kubectl api-resources --verbs=list --namespaced -o name | xargs -n1 kubectl get -n {name} --ignore-not-found`, then resume"
+        ),
+        seconds: timeout.as_secs(),
+    })
+}
+
+/// What a Terminating namespace's conditions say holds it (empty when they
+/// say nothing): `: <message>; <message>`.
+fn terminating_because(ns: &Namespace) -> String {
+    let messages: Vec<String> = ns
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.status == "True" && matches!(c.type_.as_str(), "NamespaceContentRemaining" | "NamespaceFinalizersRemaining" | "NamespaceDeletionContentFailure" | "NamespaceDeletionDiscoveryFailure"))
+        .filter_map(|c| c.message.clone())
+        .collect();
+    if messages.is_empty() { String::new() } else { format!(": {}", messages.join("; ")) }
+}
+
 /// Whether an object was created by the run `run_id`: its
 /// [`RUN_ANNOTATION`] says so. A journal of an older hcp-dr has no run id,
 /// and the name is all it had.
@@ -358,7 +417,7 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
             let hcp_name = hcp["metadata"]["name"].as_str().unwrap_or_default().to_string();
             gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), out, record).await?;
         }
-        delete_and_wait(&namespaces, &hcp_ns, &format!("Namespace {hcp_ns}"), Duration::from_secs(300)).await?;
+        delete_namespace(&client, &hcp_ns, None, Duration::from_secs(300)).await?;
         out.deleted.push(format!("Namespace {hcp_ns}"));
         record(out)?;
     }
@@ -429,4 +488,24 @@ pub async fn destroy_paused(client: &kube::Client, ns: &str, name: &str) -> Resu
     };
     destroy(client, ns, name, &mut out, &mut record).await?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminating_namespace_says_what_holds_it() {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "clusters-demo"}, "status": {"phase": "Terminating", "conditions": [
+            {"type": "NamespaceDeletionDiscoveryFailure", "status": "False", "reason": "ResourcesDiscovered", "message": "All resources successfully discovered"},
+            {"type": "NamespaceContentRemaining", "status": "True", "reason": "SomeResourcesRemain", "message": "Some resources are remaining: persistentvolumeclaims. has 1 resource instances"},
+            {"type": "NamespaceFinalizersRemaining", "status": "True", "reason": "SomeFinalizersRemain", "message": "Some content in the namespace has finalizers remaining: kubernetes.io/pvc-protection in 1 resource instances"}]}}))
+        .unwrap();
+        assert_eq!(
+            terminating_because(&ns),
+            ": Some resources are remaining: persistentvolumeclaims. has 1 resource instances; Some content in the namespace has finalizers remaining: kubernetes.io/pvc-protection in 1 resource instances"
+        );
+        let plain: Namespace = serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap();
+        assert_eq!(terminating_because(&plain), "");
+    }
 }

@@ -178,6 +178,33 @@ async fn damaged_backups_leftover_volumes_and_bad_input_are_refused_before_any_c
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--stage-snapshot-to"), "{}", text(&out));
 
+    // a namespace still Terminating (held here by an object's finalizer, on a
+    // real cluster by pods' grace periods, PVC protection, ...) takes no new
+    // object: refused, with what to wait for
+    let held: Namespace = serde_json::from_value(json!({"metadata": {"name": "clusters"}})).unwrap();
+    namespaces.create(&PostParams::default(), &held).await.unwrap();
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(b.clone(), "clusters");
+    let cm = serde_json::from_value(json!({"metadata": {"name": "held", "finalizers": ["hcp-dr.test/hold"]}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    namespaces.delete("clusters", &Default::default()).await.unwrap();
+    let out = env.hcp_dr(
+        &["restore", "--from", backup.to_str().unwrap(), "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Namespace clusters is being deleted (Terminating) on the destination"), "{}", text(&out));
+    // and the namespace says what holds it, as the namespace controller does
+    let terminating = namespaces.get("clusters").await.unwrap();
+    let said: Vec<String> = terminating.status.unwrap().conditions.unwrap_or_default().into_iter().filter(|c| c.status == "True").filter_map(|c| c.message).collect();
+    assert!(said.iter().any(|m| m == "Some content in the namespace has finalizers remaining: hcp-dr.test/hold in 1 resource instances"), "{said:?}");
+    assert!(said.iter().any(|m| m == "Some resources are remaining: configmaps. has 1 resource instances"), "{said:?}");
+    cms.patch("held", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    let start = std::time::Instant::now();
+    while namespaces.get_opt("clusters").await.unwrap().is_some() {
+        assert!(start.elapsed() < Duration::from_secs(30), "namespace clusters still there");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // leftover etcd volumes would silently defeat the restore: refused
     let hcp_ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "clusters-demo"}})).unwrap();
     namespaces.create(&PostParams::default(), &hcp_ns).await.unwrap();

@@ -202,6 +202,10 @@ async fn terminate_namespaces(inner: &Arc<Inner>) -> Result<(), ApiError> {
         let ns = meta_str(&s.obj, "name").to_string();
         let types = inner.registry().storage_types();
         let mut remaining = 0usize;
+        // what is left, as the namespace controller reports it:
+        // `<resource>.<group>` → instances, finalizer → instances
+        let mut by_resource: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut by_finalizer: std::collections::BTreeMap<String, usize> = Default::default();
         for rt in types.iter().filter(|t| t.namespaced) {
             let objs = inner
                 .store
@@ -210,11 +214,18 @@ async fn terminate_namespaces(inner: &Arc<Inner>) -> Result<(), ApiError> {
                 .map_err(store_err)?;
             for o in objs.items {
                 remaining += 1;
+                *by_resource.entry(format!("{}.{}", rt.plural, rt.group)).or_default() += 1;
+                for f in o.obj.pointer("/metadata/finalizers").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(f) = f.as_str() {
+                        *by_finalizer.entry(f.to_string()).or_default() += 1;
+                    }
+                }
                 if !deleting(&o.obj) {
                     delete_quietly(inner, rt, &o.obj).await?;
                 }
             }
         }
+        set_namespace_conditions(inner, &s, &by_resource, &by_finalizer).await?;
         if remaining == 0 {
             let mut wanted = s.obj.clone();
             wanted["spec"]["finalizers"] = json!([]);
@@ -225,6 +236,48 @@ async fn terminate_namespaces(inner: &Arc<Inner>) -> Result<(), ApiError> {
             }
         }
     }
+    Ok(())
+}
+
+/// The `NamespaceContentRemaining` and `NamespaceFinalizersRemaining`
+/// conditions of a Terminating namespace, worded as kube-controller-manager's
+/// namespace controller words them; written only when they change.
+async fn set_namespace_conditions(
+    inner: &Arc<Inner>,
+    stored: &super::store::Stored,
+    by_resource: &std::collections::BTreeMap<String, usize>,
+    by_finalizer: &std::collections::BTreeMap<String, usize>,
+) -> Result<(), ApiError> {
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let content = if by_resource.is_empty() {
+        json!({"type": "NamespaceContentRemaining", "status": "False", "reason": "ContentDeleted", "message": "All content successfully deleted, may be waiting on finalization"})
+    } else {
+        let left: Vec<String> = by_resource.iter().map(|(r, n)| format!("{r} has {n} resource instances")).collect();
+        json!({"type": "NamespaceContentRemaining", "status": "True", "reason": "SomeResourcesRemain", "message": format!("Some resources are remaining: {}", left.join(", "))})
+    };
+    let finalizers = if by_finalizer.is_empty() {
+        json!({"type": "NamespaceFinalizersRemaining", "status": "False", "reason": "ContentHasNoFinalizers", "message": "All content-preserving finalizers finished"})
+    } else {
+        let left: Vec<String> = by_finalizer.iter().map(|(f, n)| format!("{f} in {n} resource instances")).collect();
+        json!({"type": "NamespaceFinalizersRemaining", "status": "True", "reason": "SomeFinalizersRemain", "message": format!("Some content in the namespace has finalizers remaining: {}", left.join(", "))})
+    };
+    let current = stored.obj.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let same = |c: &Value, want: &Value| c["type"] == want["type"] && c["status"] == want["status"] && c["message"] == want["message"];
+    if [&content, &finalizers].iter().all(|want| current.iter().any(|c| same(c, want))) {
+        return Ok(());
+    }
+    let mut conditions: Vec<Value> = current
+        .into_iter()
+        .filter(|c| c["type"] != "NamespaceContentRemaining" && c["type"] != "NamespaceFinalizersRemaining")
+        .collect();
+    for mut want in [content, finalizers] {
+        want["lastTransitionTime"] = json!(now);
+        conditions.push(want);
+    }
+    let mut new = stored.obj.clone();
+    new["status"]["conditions"] = json!(conditions);
+    // a lost race is retried on the next pass
+    inner.store.update(&stored.key, &new, stored.mod_revision).await.map_err(store_err)?;
     Ok(())
 }
 

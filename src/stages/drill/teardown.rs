@@ -122,7 +122,7 @@ async fn run(ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Removed, Sta
     for created in applied.namespaces.iter().rev() {
         let what = format!("Namespace {created}");
         let uid = applied.namespace_uids.get(created).map(String::as_str);
-        removed(&mut out, delete_if_uid(&namespaces, created, uid, &what, WAIT).await?, what);
+        removed(&mut out, crate::teardown::delete_namespace(&client, created, uid, WAIT).await?, what);
         step.record(serde_json::to_value(&out)?)?;
     }
     // Gone, as far as the staging cluster can tell.
