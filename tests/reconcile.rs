@@ -122,6 +122,11 @@ async fn reconcile_creates_converges_is_idempotent_and_reports_drift() {
     let journal = converged["journal"].as_str().unwrap().to_string();
     assert_eq!(live(&client, "NodePool", pool).await["spec"]["replicas"], 1);
     assert_eq!(live(&client, "HostedCluster", "recon").await["metadata"]["labels"]["example.com/team"], "platform");
+    // the wait ended on a Ready about the spec as changed, not the one before
+    let np = live(&client, "NodePool", pool).await;
+    let ready = np["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+    assert_eq!(ready["observedGeneration"], np["metadata"]["generation"], "{np:#}");
+    assert_eq!(ready["status"], "True", "{np:#}");
     let out = run(&kubeconfig, &state, &["cluster", "reconcile", "-f", file, "--no-wait", "-o", "json"]);
     assert_eq!(report(&out)["changed"], false, "{}", text(&out));
 

@@ -232,6 +232,20 @@ impl HostedCluster {
     }
 }
 
+/// The value of condition `kind` in `obj.status.conditions` if it speaks of
+/// the current spec: `None` while its `observedGeneration` is below
+/// `metadata.generation` (the controller has not seen the last change; its
+/// `True` is about the spec before). A condition without
+/// `observedGeneration` is taken as current.
+pub fn current_condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
+    let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64);
+    let cond = obj["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == kind)?;
+    match (cond["observedGeneration"].as_i64(), generation) {
+        (Some(observed), Some(generation)) if observed < generation => None,
+        _ => cond["status"].as_str(),
+    }
+}
+
 /// The value of condition `kind` in `obj.status.conditions`.
 pub fn condition<'a>(obj: &'a Value, kind: &str) -> Option<&'a str> {
     obj["status"]["conditions"]
@@ -268,6 +282,21 @@ pub fn longest_pause(existing: Option<&str>, wanted: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_condition_about_an_older_spec_is_not_current() {
+        let obj = |observed: Option<i64>| {
+            let mut c = serde_json::json!({"type": "Available", "status": "True"});
+            if let Some(g) = observed {
+                c["observedGeneration"] = serde_json::json!(g);
+            }
+            serde_json::json!({"metadata": {"generation": 3}, "status": {"conditions": [c]}})
+        };
+        assert_eq!(current_condition(&obj(Some(2)), "Available"), None);
+        assert_eq!(current_condition(&obj(Some(3)), "Available"), Some("True"));
+        assert_eq!(current_condition(&obj(None), "Available"), Some("True"));
+        assert_eq!(current_condition(&obj(Some(3)), "Degraded"), None);
+    }
     use serde_json::json;
 
     #[test]

@@ -451,12 +451,13 @@ impl Stage<ReconcileContext> for Wait {
             Duration::from_secs(1),
             || async {
                 let hc = get_json(&api(&client, &HOSTED_CLUSTER, &ns), &name, &label).await?;
-                if !hc.is_some_and(|h| HostedCluster(h).condition("Available") == Some("True")) {
+                // conditions about the spec before the change do not count
+                if !hc.is_some_and(|h| crate::hosted::current_condition(&h, "Available") == Some("True")) {
                     return Ok(None);
                 }
                 for pool in &pools {
                     let np = get_json(&api(&client, &NODE_POOL, &ns), pool, &format!("NodePool {ns}/{pool}")).await?;
-                    if !np.is_some_and(|n| crate::hosted::condition(&n, "Ready") == Some("True")) {
+                    if !np.is_some_and(|n| crate::hosted::current_condition(&n, "Ready") == Some("True")) {
                         return Ok(None);
                     }
                 }

@@ -885,7 +885,7 @@ async fn reconcile_nodepool(
             objects::condition(conds, "AllNodesHealthy", ready, if ready { "AsExpected" } else { "WaitingForNodes" }, ""),
         ],
     });
-    patch_status_if_changed(ctx, &NODE_POOL, np, status).await
+    patch_status_if_changed(ctx, &NODE_POOL, np, objects::observed(status, np)).await
 }
 
 fn machine_labels(np: &str, ms: &str, infra_id: &str) -> Value {
@@ -1128,7 +1128,7 @@ async fn update_status(
             "availableUpdates": [],
         },
     });
-    patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, status).await?;
+    patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, objects::observed(status, hc)).await?;
     let hcp_status = json!({
         "initialized": etcd_ok,
         "ready": available,

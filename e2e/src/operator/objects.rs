@@ -459,6 +459,17 @@ pub(crate) fn now() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// `status` with every condition's `observedGeneration` set to `obj`'s
+/// `metadata.generation`, as HyperShift stamps the conditions it computes
+/// from the spec it has seen.
+pub(crate) fn observed(mut status: Value, obj: &Value) -> Value {
+    let generation = obj.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+    for c in status.pointer_mut("/conditions").and_then(Value::as_array_mut).into_iter().flatten() {
+        c["observedGeneration"] = generation.clone();
+    }
+    status
+}
+
 /// Build a metav1.Condition, keeping `lastTransitionTime` from `previous`
 /// when the status did not change.
 pub(crate) fn condition(
