@@ -56,9 +56,14 @@ impl Stage<BackupContext> for Resume {
             let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
             let what = format!("Deployment {ns}/{} to be available again", d.name);
             // judged from the watched Deployment itself: no GET per change
+            // counted only once the controller has seen the scale-up: a
+            // status about the scaled-down spec (observedGeneration below
+            // generation) says nothing yet
             let waited = wait_for_object(&api, &d.name, &what, ctx.inputs.wait_timeout(), Duration::from_millis(250), |dep: Option<&Deployment>| {
-                let available = dep.and_then(|dep| dep.status.as_ref()).and_then(|s| s.available_replicas).unwrap_or(0);
-                (available >= d.replicas).then_some(())
+                let dep = dep?;
+                let status = dep.status.as_ref()?;
+                let seen = status.observed_generation.unwrap_or(0) >= dep.metadata.generation.unwrap_or(0);
+                (seen && status.available_replicas.unwrap_or(0) >= d.replicas).then_some(())
             })
             .await;
             if let Err(err) = waited {
