@@ -148,15 +148,32 @@ fn copy_request(req: &Request<Body>) -> Option<Request<Body>> {
 }
 
 /// Whether `have` holds every field of `want` with the same value
-/// (metadata the server sets aside).
+/// (metadata the server sets aside). What a real server adds is allowed:
+/// fields (defaults), elements appended to a list (a Pod's service-account
+/// token volume and its mount, added by admission), and a Secret's
+/// `stringData` folded into `data`.
 fn holds(have: &Value, want: &Value) -> bool {
     match (have, want) {
         (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| {
             matches!(k.as_str(), "resourceVersion" | "creationTimestamp" | "managedFields" | "uid" | "generation" | "status")
                 || h.get(k).is_some_and(|hv| holds(hv, wv))
+                || (k == "stringData" && folded_into_data(h.get("data"), wv))
         }),
+        (Value::Array(h), Value::Array(w)) => h.len() >= w.len() && w.iter().zip(h).all(|(wv, hv)| holds(hv, wv)),
         (h, w) => h == w,
     }
+}
+
+/// Whether every `stringData` entry is in `data`, base64-encoded, as the
+/// server stores it.
+fn folded_into_data(data: Option<&Value>, string_data: &Value) -> bool {
+    use base64::Engine;
+    let Some(entries) = string_data.as_object() else { return false };
+    entries.iter().all(|(k, v)| {
+        let stored = data.and_then(|d| d.get(k)).and_then(Value::as_str);
+        let decoded = stored.and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok());
+        decoded.as_deref() == v.as_str().map(str::as_bytes)
+    })
 }
 
 impl<S, B> Service<Request<Body>> for RetryService<S>
@@ -327,6 +344,38 @@ mod tests {
         let stored = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "uid": "u", "resourceVersion": "5", "labels": {"x": "1", "added": "by-server"}}, "data": {"k": "v"}});
         assert!(holds(&stored, &sent));
         let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "labels": {"x": "2"}}, "data": {"k": "v"}});
+        assert!(!holds(&other, &sent));
+    }
+
+    /// A Pod as a real server stores it: container defaults, and the
+    /// service-account token volume and mount appended by admission.
+    #[test]
+    fn a_pod_holds_what_was_sent_after_admission_and_defaults() {
+        let sent = json!({"metadata": {"name": "etcd-restore"}, "spec": {
+            "containers": [{"name": "restore", "image": "etcd:3.5", "volumeMounts": [{"name": "data", "mountPath": "/var/lib"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-etcd-0"}}]}});
+        let stored = json!({"metadata": {"name": "etcd-restore", "uid": "u"}, "spec": {
+            "containers": [{"name": "restore", "image": "etcd:3.5", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+                "volumeMounts": [{"name": "data", "mountPath": "/var/lib"}, {"name": "kube-api-access-x2k9p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-etcd-0"}}, {"name": "kube-api-access-x2k9p", "projected": {"sources": []}}],
+            "restartPolicy": "Always"}});
+        assert!(holds(&stored, &sent));
+        // another pod of that name, with another volume first: not ours
+        let other = json!({"metadata": {"name": "etcd-restore"}, "spec": {
+            "containers": [{"name": "restore", "image": "etcd:3.5", "volumeMounts": [{"name": "data", "mountPath": "/var/lib"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-etcd-1"}}]}});
+        assert!(!holds(&other, &sent));
+        // fewer elements than sent: not ours
+        let fewer = json!({"metadata": {"name": "etcd-restore"}, "spec": {"containers": [], "volumes": []}});
+        assert!(!holds(&fewer, &sent));
+    }
+
+    #[test]
+    fn a_secrets_string_data_is_found_in_its_data() {
+        let sent = json!({"metadata": {"name": "s"}, "type": "Opaque", "stringData": {"url": "https://x/y?sig=1"}});
+        let stored = json!({"metadata": {"name": "s"}, "type": "Opaque", "data": {"url": "aHR0cHM6Ly94L3k/c2lnPTE="}});
+        assert!(holds(&stored, &sent));
+        let other = json!({"metadata": {"name": "s"}, "type": "Opaque", "data": {"url": "b3RoZXI="}});
         assert!(!holds(&other, &sent));
     }
 }
