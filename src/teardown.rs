@@ -58,15 +58,7 @@ pub async fn delete_if_uid<K>(api: &Api<K>, name: &str, uid: Option<&str>, what:
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        preconditions: uid.map(|uid| Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
+    match api.delete(name, &delete_params(uid)).await {
         Ok(_) => {}
         Err(err) if is_not_found(&err) => return Ok(Removal::Absent),
         // 409: another object holds the name, or ours is already being
@@ -102,6 +94,15 @@ where
     }
 }
 
+/// A background delete, conditional on `uid` when given.
+fn delete_params(uid: Option<&str>) -> DeleteParams {
+    DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: uid.map(|uid| Preconditions { uid: Some(uid.to_string()), resource_version: None }),
+        ..DeleteParams::default()
+    }
+}
+
 /// Delete Namespace `name` (only the one with `uid`, when given) and wait
 /// until the namespace controller has emptied and removed it. Its finalizer
 /// is `spec.finalizers: [kubernetes]`, which no patch of the object can
@@ -113,12 +114,7 @@ where
 pub async fn delete_namespace(client: &kube::Client, name: &str, uid: Option<&str>, timeout: Duration) -> Result<Removal, KubeError> {
     let api: Api<Namespace> = Api::all(client.clone());
     let what = format!("Namespace {name}");
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        preconditions: uid.map(|uid| Preconditions { uid: Some(uid.to_string()), resource_version: None }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
+    match api.delete(name, &delete_params(uid)).await {
         Ok(_) => {}
         Err(err) if is_not_found(&err) => return Ok(Removal::Absent),
         Err(err) if is_conflict(&err) => match api.get_opt(name).await.map_err(request(format!("reading {what}")))? {

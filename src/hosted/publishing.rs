@@ -51,13 +51,19 @@ pub fn in_domain(name: &str, domain: &str) -> bool {
     name == domain || name.ends_with(&format!(".{domain}"))
 }
 
+/// The hostnames an external-dns hostname annotation's value names
+/// (comma-separated), normalised.
+pub fn hostnames_in(value: &str) -> Vec<String> {
+    value.split(',').map(normalize_name).filter(|h| !h.is_empty()).collect()
+}
+
 /// The hostnames in an external-dns hostname annotation of `object`.
 pub fn annotated_hostnames(object: &Value) -> Vec<String> {
     object
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(HOSTNAME_ANNOTATION))
         .and_then(Value::as_str)
-        .map(|v| v.split(',').map(normalize_name).filter(|h| !h.is_empty()).collect())
+        .map(hostnames_in)
         .unwrap_or_default()
 }
 

@@ -297,6 +297,18 @@ pub async fn discover(client: &Client, wanted: impl Fn(&str) -> bool, what: &str
     kube::discovery::Discovery::new(client.clone()).filter(&names).run().await.map_err(request(what))
 }
 
+/// Why a namespace the destination must create things in cannot be used:
+/// it is being deleted (Terminating), and a Terminating namespace refuses
+/// every new object (403) until the namespace controller has emptied and
+/// removed it (on a real cluster: the pods' grace periods and more).
+pub fn terminating_namespace(name: &str, live: Option<&k8s_openapi::api::core::v1::Namespace>) -> Option<String> {
+    live.filter(|n| n.metadata.deletion_timestamp.is_some()).map(|_| {
+        format!(
+            "Namespace {name} is being deleted (Terminating) on the destination: nothing can be created in it until it is gone. Wait until `kubectl get namespace {name}` finds nothing, then run again"
+        )
+    })
+}
+
 /// The Routes (none when the server does not serve them) and Services of
 /// a namespace, as JSON: what publishes a hosted cluster's services.
 pub async fn publishing_objects(client: &Client, namespace: &str) -> Result<(Vec<Value>, Vec<Value>), KubeError> {

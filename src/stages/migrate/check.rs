@@ -74,15 +74,12 @@ async fn check(ctx: &mut MigrateContext) -> Result<Checked, StageFailure> {
     }
     let hcp_ns = ctx.source.hcp_namespace();
     let namespaces: Api<Namespace> = Api::all(dest.clone());
-    for name in [&ns, &hcp_ns] {
-        let live = namespaces.get_opt(name).await.map_err(request(format!("reading Namespace {name} on the destination")))?;
-        if live.is_some_and(|n| n.metadata.deletion_timestamp.is_some()) {
-            problems.push(format!(
-                "Namespace {name} is being deleted (Terminating) on the destination: nothing can be created in it until it is gone. Wait until `kubectl get namespace {name}` finds nothing there"
-            ));
-        }
+    let hc_namespace = namespaces.get_opt(&ns).await.map_err(request(format!("reading Namespace {ns} on the destination")))?;
+    let hcp_namespace = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns} on the destination")))?;
+    for (name, live) in [(&ns, &hc_namespace), (&hcp_ns, &hcp_namespace)] {
+        problems.extend(crate::kube::terminating_namespace(name, live.as_ref()));
     }
-    if namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns} on the destination")))?.is_some() {
+    if hcp_namespace.is_some() {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(dest.clone(), &hcp_ns);
         let pods: Api<Pod> = Api::namespaced(dest.clone(), &hcp_ns);
         let pvcs = pvcs.list(&ListParams::default()).await.map_err(request(format!("listing PVCs in {hcp_ns}")))?.items;

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::MigrateContext;
-use crate::hosted::publishing::{HOSTNAME_ANNOTATION, PublishedName, in_domain};
+use crate::hosted::publishing::{HOSTNAME_ANNOTATION, PublishedName, hostnames_in, in_domain};
 use crate::kube::{is_conflict, is_not_found, request};
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, UndoInput, read_params};
 use crate::stages::params::DnsParams;
@@ -139,7 +139,7 @@ async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<Withdrawn,
     // the zone; the others are left alone (reported by destination-check).
     let mut hosts = ctx.hosts.clone();
     hosts.extend(out.deleted_routes.iter().filter_map(|r| r.pointer("/spec/host").and_then(Value::as_str)).map(str::to_string));
-    hosts.extend(out.unannotated.iter().flat_map(|(_, v)| v.split(',').map(str::to_string)));
+    hosts.extend(out.unannotated.iter().flat_map(|(_, v)| hostnames_in(v)));
     let hosts: Vec<String> = crate::dns::normalize_names(hosts).into_iter().filter(|h| !h.is_empty() && in_domain(h, zone.domain())).collect();
     out.hosts = hosts.clone();
     if ctx.inputs.dns_direct {

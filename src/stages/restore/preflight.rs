@@ -119,15 +119,8 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
     let hcp_namespace = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?;
     let hc_namespace = namespaces.get_opt(&ns).await.map_err(request(format!("reading Namespace {ns}")))?;
-    // a Terminating namespace refuses every new object (403) until the
-    // namespace controller has emptied and removed it, which on a real
-    // cluster takes the pods' grace periods and more
     for (name, namespace) in [(&ns, &hc_namespace), (&hcp_ns, &hcp_namespace)] {
-        if namespace.as_ref().is_some_and(|n| n.metadata.deletion_timestamp.is_some()) {
-            problems.push(format!(
-                "Namespace {name} is being deleted (Terminating) on the destination: nothing can be created in it until it is gone. Wait until `kubectl get namespace {name}` finds nothing, then restore"
-            ));
-        }
+        problems.extend(crate::kube::terminating_namespace(name, namespace.as_ref()));
     }
     let hcp_namespace_exists = hcp_namespace.is_some();
     let hc_namespace_exists = hc_namespace.is_some();
