@@ -1,7 +1,11 @@
 //! Where the CRDs come from, for the sandbox and every test: the real
 //! HyperShift and Cluster API CRDs named by `$HCP_DR_CRDS`, else
 //! `../shared/crds` beside the repository; the sandbox falls back to the
-//! project's minimal ones (`fixtures/crds`) when neither is there.
+//! project's minimal ones (`fixtures/crds`) when neither is there. Each of
+//! these directories may hold a [`PLATFORM_DIR`] subdirectory with the CRDs
+//! of the platforms' own controllers (assisted-service's Agent, InfraEnv and
+//! NMStateConfig, metal3's BareMetalHost, ...), loaded with the others
+//! ([`crd_files`]).
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +60,20 @@ pub fn crd_dir() -> (PathBuf, &'static str) {
             "the minimal fallback CRDs (fixtures/crds; ../shared/crds is absent)",
         )
     })
+}
+
+/// The subdirectory of a CRD directory holding the platform CRDs.
+pub const PLATFORM_DIR: &str = "platform";
+
+/// The CRD files of a CRD directory: its `*.yaml` files, then those of its
+/// [`PLATFORM_DIR`] subdirectory when there is one, each group sorted by name.
+pub fn crd_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = yaml_files(dir)?;
+    let platform = dir.join(PLATFORM_DIR);
+    if platform.is_dir() {
+        files.extend(yaml_files(&platform)?);
+    }
+    Ok(files)
 }
 
 /// The `*.yaml` and `*.yml` files of `dir`, sorted by name.

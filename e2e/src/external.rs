@@ -7,7 +7,8 @@
 //! does (cluster-admin in practice; the missing permissions are listed),
 //! no HyperShift operator runs there (unless forced), and no HostedCluster
 //! is named like the demo. Then [`prepare`] records what is already there
-//! and installs the CRDs that are missing (HyperShift, Cluster API, Route);
+//! and installs the CRDs that are missing (HyperShift, Cluster API, and the
+//! platform CRDs: Route, Agent, BareMetalHost, ...);
 //! the simulated operator runs against the cluster as against an emulated
 //! one. At the end [`remove`] deletes only what the sandbox created: its
 //! HostedClusters (the operator, still running, tears each down), the
@@ -159,6 +160,8 @@ const NEEDED: &[(&str, &str, &str, &str)] = &[
     ("*", "cluster.x-k8s.io", "*", ""),
     ("*", "infrastructure.cluster.x-k8s.io", "*", ""),
     ("*", "route.openshift.io", "routes", ""),
+    ("*", "agent-install.openshift.io", "*", ""),
+    ("*", "metal3.io", "baremetalhosts", ""),
 ];
 
 /// Whether the kubeconfig's user may do what the sandbox does; the error
@@ -295,12 +298,13 @@ fn hosted_clusters(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject
 }
 
 /// The CRDs of each file of `paths`, and of every `*.yaml` in each
-/// directory of them (multi-document files allowed).
+/// directory of them and in its `platform/` subdirectory
+/// ([`crate::crds::crd_files`]; multi-document files allowed).
 pub fn crds_in(paths: &[PathBuf]) -> Result<Vec<Value>, SandboxError> {
     let mut crds = Vec::new();
     for given in paths {
         let files = if given.is_dir() {
-            crate::crds::yaml_files(given).map_err(|source| SandboxError::Io { path: given.clone(), source })?
+            crate::crds::crd_files(given).map_err(|source| SandboxError::Io { path: given.clone(), source })?
         } else {
             vec![given.clone()]
         };

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use crate::apiserver::faults::ApiFaults;
 use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::external::{External, Footprint, Removal};
+use crate::operator::agent::INFRAENV_LABEL;
 use crate::operator::{Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
@@ -216,6 +217,84 @@ pub fn api_faults_path(dir: &Path, cluster: &str) -> PathBuf {
     dir.join(cluster).join("state").join(crate::apiserver::faults::API_FAULTS_FILE)
 }
 
+/// `DIR/cloud`: the simulated cloud the sandbox's management clusters share
+/// (see [`crate::operator::cloud`]).
+pub fn cloud_dir(dir: &Path) -> PathBuf {
+    dir.join("cloud")
+}
+
+/// The worker instances the sandbox's CAPI terminated so far,
+/// `<infraID>/<machine> by <management cluster>` each.
+pub fn terminated_instances(dir: &Path) -> Vec<String> {
+    crate::operator::cloud::terminated(&cloud_dir(dir))
+}
+
+/// The bare-metal hosts the sandbox's metal3 deprovisioned so far (a
+/// BareMetalHost it managed was deleted), `<bootMACAddress> by <management
+/// cluster>` each.
+pub fn deprovisioned_hosts(dir: &Path) -> Vec<String> {
+    crate::operator::cloud::deprovisioned(&cloud_dir(dir))
+}
+
+/// The boot MAC address of host `index` of [`agent_inventory`]`(namespace,
+/// infraenv, ..)`.
+pub fn inventory_mac(namespace: &str, infraenv: &str, index: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(format!("{namespace}/{infraenv}").as_bytes());
+    format!("52:54:{:02x}:{:02x}:{:02x}:{:02x}", h[0], h[1], (index >> 8) & 0xff, index & 0xff)
+}
+
+/// An Agent-platform host inventory, as an administrator writes it before
+/// any cluster uses it: the Namespace `namespace`, the pull secret
+/// `<infraenv>-pull-secret` the InfraEnv `infraenv` references, the
+/// InfraEnv (selecting the NMStateConfigs labelled
+/// `infraenvs.agent-install.openshift.io: <infraenv>`), and per host
+/// `<infraenv>-host-<i>` (`i` from 0; at most 254 hosts, the addresses of
+/// 192.0.2.0/24): its NMStateConfig, its BMC credentials Secret
+/// `<host>-bmc-secret` and its BareMetalHost (labelled with the InfraEnv,
+/// online, boot MAC [`inventory_mac`], BMC at
+/// `redfish-virtualmedia+https://192.0.2.<i+1>/redfish/v1/Systems/1`,
+/// automated cleaning disabled). Shaped to pass the real CRD schemas; the
+/// simulated metal3 and assisted-service turn the hosts into Agents.
+pub fn agent_inventory(namespace: &str, infraenv: &str, hosts: usize) -> Vec<Value> {
+    let selector = json!({INFRAENV_LABEL: infraenv});
+    let pull_secret = base64_encode(br#"{"auths":{"sandbox.invalid":{"auth":"c2FuZGJveDpzYW5kYm94"}}}"#);
+    let mut objects = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+               "metadata": {"name": format!("{infraenv}-pull-secret"), "namespace": namespace},
+               "data": {".dockerconfigjson": pull_secret}}),
+        json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "InfraEnv",
+               "metadata": {"name": infraenv, "namespace": namespace},
+               "spec": {"pullSecretRef": {"name": format!("{infraenv}-pull-secret")},
+                        "cpuArchitecture": "x86_64",
+                        "nmStateConfigLabelSelector": {"matchLabels": selector}}}),
+    ];
+    for i in 0..hosts.min(254) {
+        let host = format!("{infraenv}-host-{i}");
+        let mac = inventory_mac(namespace, infraenv, i);
+        let ip = format!("192.0.2.{}", i + 1);
+        objects.push(json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "NMStateConfig",
+            "metadata": {"name": host, "namespace": namespace, "labels": selector},
+            "spec": {"interfaces": [{"name": "eth0", "macAddress": mac}],
+                     "config": {"interfaces": [{"name": "eth0", "type": "ethernet", "state": "up",
+                                                "mac-address": mac,
+                                                "ipv4": {"enabled": true, "dhcp": true}}]}}}));
+        objects.push(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": format!("{host}-bmc-secret"), "namespace": namespace},
+            "data": {"username": base64_encode(b"admin"), "password": base64_encode(format!("sandbox-{i}").as_bytes())}}));
+        objects.push(json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": host, "namespace": namespace, "labels": selector,
+                         "annotations": {"inspect.metal3.io": "disabled"}},
+            "spec": {"online": true, "bootMACAddress": mac, "automatedCleaningMode": "disabled",
+                     "bootMode": "UEFI",
+                     "bmc": {"address": format!("redfish-virtualmedia+https://{ip}/redfish/v1/Systems/1"),
+                             "credentialsName": format!("{host}-bmc-secret"),
+                             "disableCertificateVerification": true}}}));
+    }
+    objects
+}
+
 /// `DIR/<cluster>/state/audit.log`: every request the API server of
 /// management cluster `cluster` served, one JSON line each (see
 /// [`crate::apiserver::audit`]).
@@ -287,6 +366,7 @@ async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -
             domain: BASE_DOMAIN.into(),
         }),
         snapshot_ca_pem: Some(common.ca.cert_pem().to_string()),
+        cloud_dir: Some(cloud_dir(common.dir)),
     })
     .await
     .map_err(|source| SandboxError::Operator {
@@ -329,15 +409,11 @@ async fn external_clusters(opts: &UpOptions) -> Result<Vec<External>, SandboxErr
 }
 
 /// The CRDs an external cluster needs: those of `crds` (HyperShift, Cluster
-/// API) and the Route CRD (which the emulator serves built in) from the
-/// `platform/` folder beside them.
+/// API) and of its `platform/` folder (the Route CRD, which the emulator
+/// serves built in, and the Agent platform's: Agent, InfraEnv,
+/// NMStateConfig, BareMetalHost, ...).
 fn external_crds(crds: &Path) -> Result<Vec<Value>, SandboxError> {
-    let mut paths = vec![crds.to_path_buf()];
-    let route = crds.join("platform").join("route.openshift.io_routes.yaml");
-    if route.is_file() {
-        paths.push(route);
-    }
-    crate::external::crds_in(&paths)
+    crate::external::crds_in(&[crds.to_path_buf()])
 }
 
 /// Copy `from` (a kubeconfig given with `--mgmt-kubeconfig`) to `to`, private.
@@ -715,6 +791,9 @@ pub struct HostedClusterSpec {
     /// `spec.services`; `None`: every service a Route with the hostname
     /// `<service>.<name>.<base domain>`.
     pub services: Option<Value>,
+    /// The HostedCluster's and the NodePool's `spec.platform`; `None`:
+    /// `{"type": "None"}` (no Machines).
+    pub platform: Option<(Value, Value)>,
 }
 
 impl HostedClusterSpec {
@@ -726,6 +805,20 @@ impl HostedClusterSpec {
             node_pool_replicas: 2,
             release_image: "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64".into(),
             services: None,
+            platform: None,
+        }
+    }
+
+    /// [`HostedClusterSpec::demo`] on KubeVirt: its NodePool's workers are
+    /// CAPI Machines (KubevirtMachines), as on every platform but None.
+    pub fn kubevirt() -> Self {
+        HostedClusterSpec {
+            platform: Some((
+                json!({"type": "KubeVirt", "kubevirt": {"baseDomainPassthrough": true}}),
+                json!({"type": "KubeVirt", "kubevirt": {"compute": {"cores": 2, "memory": "8Gi"},
+                       "rootVolume": {"type": "Persistent", "persistent": {"size": "32Gi"}}}}),
+            )),
+            ..HostedClusterSpec::demo()
         }
     }
 
@@ -736,6 +829,7 @@ impl HostedClusterSpec {
         let (name, ns) = (&self.name, &self.namespace);
         let pull_secret = base64_encode(br#"{"auths":{"sandbox.invalid":{"auth":"c2FuZGJveDpzYW5kYm94"}}}"#);
         let key: [u8; 32] = rand_bytes();
+        let (hc_platform, np_platform) = self.platform.clone().unwrap_or_else(|| (json!({"type": "None"}), json!({"type": "None"})));
         let route = |service: &str, host: Option<String>| {
             let mut strategy = json!({"type": "Route"});
             if let Some(host) = host {
@@ -766,7 +860,7 @@ impl HostedClusterSpec {
                        "networking": {"networkType": "OVNKubernetes",
                                       "clusterNetwork": [{"cidr": "10.132.0.0/14"}],
                                       "serviceNetwork": [{"cidr": "172.31.0.0/16"}]},
-                       "platform": {"type": "None"},
+                       "platform": hc_platform,
                        "services": self.services.clone().unwrap_or_else(|| json!([
                            route("APIServer", Some(format!("api.{name}.{BASE_DOMAIN}"))),
                            route("OAuthServer", Some(format!("oauth.{name}.{BASE_DOMAIN}"))),
@@ -780,7 +874,7 @@ impl HostedClusterSpec {
                        "clusterName": name,
                        "replicas": self.node_pool_replicas,
                        "management": {"upgradeType": "InPlace"},
-                       "platform": {"type": "None"},
+                       "platform": np_platform,
                        "release": {"image": self.release_image},
                    }}),
         ]

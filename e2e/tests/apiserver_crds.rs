@@ -529,3 +529,66 @@ async fn hosted_cluster_with_real_crds() {
     .await;
     assert_eq!(code, 200);
 }
+
+/// The `platform/` CRDs beside the real ones are served too, except the
+/// Route CRD: Routes are built in, and stay so.
+#[tokio::test]
+async fn platform_crds_are_served_except_built_in_groups() {
+    let Some(crds) = shared_crds() else { return };
+    if !crds.join(hcp_dr_e2e::crds::PLATFORM_DIR).is_dir() {
+        eprintln!(
+            "SKIP: {} has no platform/ subdirectory; the platform CRD case not run",
+            crds.display()
+        );
+        return;
+    }
+    let env = start(vec![crds]).await;
+    let c = &env.client;
+    let crd =
+        |name: &str| format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+    for name in [
+        "agents.agent-install.openshift.io",
+        "infraenvs.agent-install.openshift.io",
+        "nmstateconfigs.agent-install.openshift.io",
+        "baremetalhosts.metal3.io",
+    ] {
+        let (code, body, _) = raw(c, "GET", &crd(name), "application/json", None).await;
+        assert_eq!(code, 200, "{name}: {body}");
+    }
+    let (code, _, _) = raw(
+        c,
+        "GET",
+        &crd("routes.route.openshift.io"),
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(
+        code, 404,
+        "the Route CRD is not registered over the built-in Routes"
+    );
+    let (_, rl, _) = raw(
+        c,
+        "GET",
+        "/apis/metal3.io/v1alpha1",
+        "application/json",
+        None,
+    )
+    .await;
+    let names: Vec<&str> = rl["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(names.contains(&"baremetalhosts/status"), "{rl}");
+    let (code, rl, _) = raw(
+        c,
+        "GET",
+        "/apis/route.openshift.io/v1",
+        "application/json",
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{rl}");
+}

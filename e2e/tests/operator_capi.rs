@@ -1,7 +1,8 @@
 //! Agent platform: the CAPI Cluster, AgentCluster and per-NodePool
 //! MachineDeployment / MachineSet / Machines / AgentMachineTemplate /
 //! AgentMachines, all accepted by the real CRD schemas; scaling the NodePool
-//! scales machines and hosted nodes; deleting the HostedCluster tears it down.
+//! scales machines and hosted nodes; deleting the HostedCluster tears it down
+//! and terminates the instance of each Machine (`DIR/cloud/terminated`).
 
 mod operator_support;
 
@@ -157,5 +158,14 @@ async fn agent_cluster_gets_capi_objects_scales_and_tears_down() {
             .then_some(())
     })
     .await;
+    // CAPI terminated the instance of each of the 3 Machines, once
+    let terminated = hcp_dr_e2e::operator::cloud::terminated(&mgmt.dir.path().join("cloud"));
+    assert_eq!(terminated.len(), 3, "{terminated:?}");
+    for line in &terminated {
+        assert!(
+            line.starts_with(&format!("{infra_id}/")) && line.ends_with(" by mgmt-a"),
+            "{line}"
+        );
+    }
     mgmt.stop().await;
 }

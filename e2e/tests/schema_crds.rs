@@ -536,3 +536,94 @@ fn hosted_control_plane_restore_snapshot_url_rules() {
         "{msgs:#?}"
     );
 }
+
+/// The storage schema of a CRD of the `platform/` subdirectory.
+fn platform_schema(file: &str) -> Option<Schema> {
+    let dir = crd_dir()?.join(hcp_dr_e2e::crds::PLATFORM_DIR);
+    let crd = load(&dir.join(file));
+    Some(Schema::compile(storage_schema(&crd)).expect("schema compiles"))
+}
+
+/// Pruned nothing, and valid.
+fn admitted_whole(schema: &Schema, obj: &mut Value) {
+    let pruned = schema.prune(obj);
+    assert!(pruned.is_empty(), "unknown fields {pruned:?} in {obj:#}");
+    schema.apply_defaults(obj);
+    let errs = schema.validate_create(obj);
+    assert!(errs.is_empty(), "{:#?}\n{obj:#}", messages(&errs));
+}
+
+#[test]
+fn every_platform_crd_compiles() {
+    let Some(dir) = crd_dir() else { return };
+    let files = hcp_dr_e2e::crds::yaml_files(&dir.join(hcp_dr_e2e::crds::PLATFORM_DIR))
+        .expect("the platform CRDs");
+    assert!(files.len() >= 4, "{files:?}");
+    for path in &files {
+        let crd = load(path);
+        for version in crd["spec"]["versions"].as_array().expect("versions") {
+            if let Some(s) = version.pointer("/schema/openAPIV3Schema") {
+                Schema::compile(s).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_agent_inventory_and_the_simulated_statuses_pass_the_platform_schemas() {
+    use hcp_dr_e2e::operator::agent::{agent_name, agent_status, provisioned_status};
+    let (Some(bmh_schema), Some(agent_schema), Some(infraenv_schema), Some(nmstate_schema)) = (
+        platform_schema("metal3.io_baremetalhosts.yaml"),
+        platform_schema("agent-install.openshift.io_agents.yaml"),
+        platform_schema("agent-install.openshift.io_infraenvs.yaml"),
+        platform_schema("agent-install.openshift.io_nmstateconfigs.yaml"),
+    ) else {
+        return;
+    };
+    let inventory = hcp_dr_e2e::sandbox::agent_inventory("hardware", "rack-a", 3);
+    let of_kind = |kind: &str| -> Vec<Value> {
+        inventory
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .cloned()
+            .collect()
+    };
+    for mut infraenv in of_kind("InfraEnv") {
+        admitted_whole(&infraenv_schema, &mut infraenv);
+    }
+    let nmstate = of_kind("NMStateConfig");
+    assert_eq!(nmstate.len(), 3);
+    for mut config in nmstate {
+        admitted_whole(&nmstate_schema, &mut config);
+    }
+    let hosts = of_kind("BareMetalHost");
+    assert_eq!(hosts.len(), 3);
+    for host in hosts {
+        let mut bmh = host.clone();
+        admitted_whole(&bmh_schema, &mut bmh);
+        bmh["status"] = provisioned_status(&host);
+        admitted_whole(&bmh_schema, &mut bmh);
+        let mac = host["spec"]["bootMACAddress"].as_str().expect("boot MAC");
+        let mut agent = json!({
+            "apiVersion": "agent-install.openshift.io/v1beta1", "kind": "Agent",
+            "metadata": {"name": agent_name(mac), "namespace": "hardware"},
+            "spec": {"approved": true, "role": "", "hostname": host["metadata"]["name"],
+                     "clusterDeploymentName": {"name": "echo", "namespace": "clusters-echo"}},
+            "status": agent_status(&host, None),
+        });
+        admitted_whole(&agent_schema, &mut agent);
+    }
+    let Some(machine_schema) =
+        schema("capi-provider.agent-install.openshift.io_agentmachines.yaml")
+    else {
+        return;
+    };
+    let mut machine = json!({
+        "apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine",
+        "metadata": {"name": "echo-workers-abcde-fghij", "namespace": "clusters-echo"},
+        "spec": {},
+        "status": {"agentRef": {"namespace": "hardware", "name": "x"},
+                   "addresses": [{"type": "InternalDNS", "address": "rack-a-host-0"}]},
+    });
+    admitted_whole(&machine_schema, &mut machine);
+}

@@ -96,7 +96,9 @@ pub struct ApiServerConfig {
     pub etcd_tls: Option<EtcdClientTls>,
     /// `/registry` (management clusters) or `/kubernetes.io` (hosted clusters).
     pub key_prefix: String,
-    /// Every `*.yaml` here is created (or updated) as a CRD at start; multi-document YAML allowed.
+    /// Every `*.yaml` here and in its `platform/` subdirectory is created (or
+    /// updated) as a CRD at start, except a CRD of a group served built in
+    /// (Routes); multi-document YAML allowed.
     pub crd_dirs: Vec<PathBuf>,
     /// Issues the serving certificate (SANs: bind_ip, 127.0.0.1, localhost).
     pub ca: pki::Ca,
@@ -463,11 +465,16 @@ impl Drop for ApiServer {
     }
 }
 
+/// Register the CRDs of `dir` and of its platform subdirectory
+/// ([`crate::crds::crd_files`]), except those of a group served built in
+/// (the Route CRD: Routes are built in), which would register it twice.
 async fn load_crd_dir(inner: &Arc<Inner>, dir: &Path) -> Result<(), ApiServerError> {
-    let files = crate::crds::yaml_files(dir).map_err(|source| ApiServerError::CrdRead {
+    let files = crate::crds::crd_files(dir).map_err(|source| ApiServerError::CrdRead {
         path: dir.to_path_buf(),
         source,
     })?;
+    let builtin_groups: std::collections::BTreeSet<String> =
+        resources::builtins().into_iter().map(|t| t.group).collect();
     for path in files {
         let text = std::fs::read_to_string(&path).map_err(|source| ApiServerError::CrdRead {
             path: path.clone(),
@@ -479,6 +486,11 @@ async fn load_crd_dir(inner: &Arc<Inner>, dir: &Path) -> Result<(), ApiServerErr
         })?;
         for doc in docs {
             if doc.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition") {
+                continue;
+            }
+            let group = doc.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+            if builtin_groups.contains(group) {
+                tracing::debug!(path = %path.display(), group, "CRD of a group served built in: skipped");
                 continue;
             }
             inner

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 
 use super::etcd_member::{ca_from_pair, load_signer};
 use super::objects::{
-    self, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, MACHINE,
-    MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE,
+    self, AGENT_MACHINE, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE,
+    MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE,
     STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
 use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer};
@@ -143,7 +143,8 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
     Ok(())
 }
 
-fn nodepools_of<'a>(hc: &Value, nps: &'a [Value]) -> Vec<&'a Value> {
+/// The NodePools of `hc` among `nps`.
+pub(crate) fn nodepools_of<'a>(hc: &Value, nps: &'a [Value]) -> Vec<&'a Value> {
     nps.iter()
         .filter(|np| ns_of(np) == ns_of(hc) && str_at(np, "/spec/clusterName") == Some(name_of(hc)))
         .collect()
@@ -965,7 +966,11 @@ async fn ensure_machines(
         ) == Some(np_name)
             && !wanted.iter().any(|w| w == name_of(&m))
         {
-            ctx.kube.delete(&MACHINE, Some(ns), name_of(&m)).await?;
+            // the provider unbinds an AgentMachine's Agent before it goes
+            super::agent::release_agent_of(ctx, &machine_kind, ns, name_of(&m)).await?;
+            if ctx.kube.delete(&MACHINE, Some(ns), name_of(&m)).await? {
+                super::cloud::terminate(ctx, infra_id, name_of(&m))?;
+            }
             ctx.kube
                 .delete(&machine_kind, Some(ns), name_of(&m))
                 .await?;
@@ -1007,7 +1012,14 @@ async fn delete_nodepool_machines(
             .iter()
             .filter(|i| str_at(i, &format!("/metadata/labels/{label}")) == Some(np_name))
         {
-            ctx.kube.delete(&res, Some(hcp_ns), name_of(item)).await?;
+            if res.group == AGENT_MACHINE.group && res.kind == AGENT_MACHINE.kind {
+                super::agent::release_agent(ctx, item).await?;
+            }
+            let deleted = ctx.kube.delete(&res, Some(hcp_ns), name_of(item)).await?;
+            if deleted && res.kind == MACHINE.kind && res.group == MACHINE.group {
+                let infra_id = str_at(item, "/spec/clusterName").unwrap_or_default();
+                super::cloud::terminate(ctx, infra_id, name_of(item))?;
+            }
         }
     }
     Ok(())
@@ -1040,6 +1052,16 @@ async fn teardown(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorEr
         remove_finalizer(ctx, &HOSTED_CONTROL_PLANE, &hcp, FINALIZER).await?;
     }
     let ns_obj = ctx.kube.get(&NAMESPACE, None, &hcp_ns).await?;
+    // CAPI deprovisions every worker still there before its namespace goes
+    if ns_obj.is_some() {
+        for m in ctx.kube.list(&MACHINE, Some(&hcp_ns), None).await? {
+            if ctx.kube.delete(&MACHINE, Some(&hcp_ns), name_of(&m)).await? {
+                let infra_id = str_at(&m, "/spec/clusterName").unwrap_or_default();
+                super::cloud::terminate(ctx, infra_id, name_of(&m))?;
+            }
+        }
+        super::agent::release_agents_in(ctx, &hcp_ns).await?;
+    }
     if let Some(n) = &ns_obj
         && !is_deleting(n)
     {

@@ -17,7 +17,12 @@
 //! - [`hosted_api`]: the hosted cluster's own API server (an emulator on the
 //!   etcd members) while kube-apiserver pods run and etcd has quorum.
 //! - [`external_dns`]: Route53 records for the Routes of hosted control planes.
+//! - [`agent`]: the Agent platform's metal3, assisted-service (with BMAC)
+//!   and Cluster API agent provider, where their CRDs are served.
+//! - [`cloud`]: the ledgers of what a real provider would have destroyed.
 
+pub mod agent;
+pub mod cloud;
 pub mod etcd_member;
 pub mod external_dns;
 pub mod hosted_api;
@@ -71,6 +76,10 @@ pub struct OperatorConfig {
     pub route53: Option<Route53Config>,
     /// Extra CA trusted when downloading `restoreSnapshotURL`.
     pub snapshot_ca_pem: Option<String>,
+    /// The simulated cloud shared by the sandbox's management clusters
+    /// (the ledgers of terminated worker instances and deprovisioned
+    /// bare-metal hosts, [`cloud`]); `None`: not recorded.
+    pub cloud_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -299,6 +308,7 @@ impl Operator {
                 ctx.clone(),
                 hosted_api::sync,
             ),
+            spawn_loop("agent", Duration::from_millis(1000), ctx.clone(), agent::sync),
         ];
         if let Some(r53) = ctx.cfg.route53.clone() {
             let dns = Arc::new(external_dns::ExternalDns::new(&r53));

@@ -95,6 +95,17 @@ pub(crate) const MACHINE_DEPLOYMENT: Res = Res::new(
 pub(crate) const MACHINE_SET: Res =
     Res::new("cluster.x-k8s.io", "v1beta1", "MachineSet", "machinesets");
 pub(crate) const MACHINE: Res = Res::new("cluster.x-k8s.io", "v1beta1", "Machine", "machines");
+pub(crate) const AGENT_MACHINE: Res = Res::new(
+    "capi-provider.agent-install.openshift.io",
+    "v1beta1",
+    "AgentMachine",
+    "agentmachines",
+);
+pub(crate) const AGENT: Res = Res::new("agent-install.openshift.io", "v1beta1", "Agent", "agents");
+pub(crate) const INFRA_ENV: Res =
+    Res::new("agent-install.openshift.io", "v1beta1", "InfraEnv", "infraenvs");
+pub(crate) const BARE_METAL_HOST: Res =
+    Res::new("metal3.io", "v1alpha1", "BareMetalHost", "baremetalhosts");
 
 /// Platform infrastructure kinds (`infrastructure.cluster.x-k8s.io` and the
 /// agent provider group): (cluster, machine template, machine).
@@ -133,12 +144,7 @@ pub(crate) fn platform_kinds(platform: &str) -> Option<(Res, Res, Res)> {
                 "AgentMachineTemplate",
                 "agentmachinetemplates",
             ),
-            Res::new(
-                "capi-provider.agent-install.openshift.io",
-                "v1beta1",
-                "AgentMachine",
-                "agentmachines",
-            ),
+            AGENT_MACHINE,
         )),
         "KubeVirt" => Some((
             Res::new(

@@ -80,6 +80,7 @@ impl Mgmt {
             sandbox_id: sandbox_id.clone(),
             route53,
             snapshot_ca_pem: None,
+            cloud_dir: Some(dir.path().join("cloud")),
         })
         .await
         .expect("operator starts");
