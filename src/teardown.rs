@@ -262,6 +262,53 @@ where
     }
 }
 
+/// Pause the HostedCluster or NodePool with `uid` at `name` for good
+/// (`spec.pausedUntil: "true"`), so neither HyperShift nor CAPI acts on its
+/// deletion: an undo removes the object, never the machines and cloud
+/// resources it stands for. The patch names the UID, so it fails on any
+/// other object of that name (false: gone, or not that object).
+pub async fn pause_if_uid(api: &Api<DynamicObject>, name: &str, uid: &str, what: &str) -> Result<bool, KubeError> {
+    let patch = json!({"metadata": {"uid": uid}, "spec": {"pausedUntil": "true"}});
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(true),
+        Err(err) if is_not_found(&err) || is_conflict(&err) || is_invalid(&err) => Ok(false),
+        Err(err) => Err(request(format!("pausing {what}"))(err)),
+    }
+}
+
+/// Set annotation `key` (empty value) on the object with `uid` at `name`:
+/// a BareMetalHost's `baremetalhost.metal3.io/detached`, so metal3 neither
+/// powers it nor deprovisions it when it is deleted. False: gone, or not
+/// that object.
+pub async fn annotate_if_uid(api: &Api<DynamicObject>, name: &str, uid: &str, key: &str, what: &str) -> Result<bool, KubeError> {
+    let patch = json!({"metadata": {"uid": uid, "annotations": {key: ""}}});
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(true),
+        Err(err) if is_not_found(&err) || is_conflict(&err) || is_invalid(&err) => Ok(false),
+        Err(err) => Err(request(format!("annotating {what} {key}"))(err)),
+    }
+}
+
+/// Clear the finalizers of the object with `uid` at `name`, whose
+/// controller was paused or scaled away; returns those it held (none when
+/// the object is gone or another one holds the name).
+pub async fn remove_finalizers_if_uid(api: &Api<DynamicObject>, name: &str, uid: &str, what: &str) -> Result<Vec<String>, KubeError> {
+    let Some(live) = get_json(api, name, what).await? else { return Ok(Vec::new()) };
+    if live["metadata"]["uid"].as_str() != Some(uid) {
+        return Ok(Vec::new());
+    }
+    let held: Vec<String> = live["metadata"]["finalizers"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect();
+    if held.is_empty() {
+        return Ok(held);
+    }
+    let patch = json!({"metadata": {"uid": uid, "finalizers": null}});
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await {
+        Ok(_) => Ok(held),
+        Err(err) if is_not_found(&err) || is_conflict(&err) || is_invalid(&err) => Ok(Vec::new()),
+        Err(err) => Err(request(format!("removing the finalizers of {what}"))(err)),
+    }
+}
+
 /// Wait until `name` no longer exists.
 pub async fn wait_gone<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration) -> Result<(), KubeError>
 where
@@ -312,7 +359,9 @@ fn deletion_rank(group: &str, kind: &str) -> usize {
     }
 }
 
-async fn scale_to_zero(client: &kube::Client, ns: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
+/// Scale every StatefulSet and Deployment of namespace `ns` to zero (the
+/// control plane and, with it, the CAPI manager).
+pub async fn scale_to_zero(client: &kube::Client, ns: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
     let ns = ns.to_string();
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     for set in sts.list(&ListParams::default()).await.map_err(request(format!("listing StatefulSets in {ns}")))?.items {
@@ -384,35 +433,8 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
         }
     }
 
-    // CAPI and platform objects, machines first.
     if hcp_ns_exists {
-        let discovery = crate::kube::discover(&client, |g| exported_group(g) && g != HOSTED_CLUSTER.group, "discovering the source's API groups").await?;
-        let mut objects = Vec::new();
-        for group in discovery.groups() {
-            if !exported_group(group.name()) || group.name() == HOSTED_CLUSTER.group {
-                continue;
-            }
-            for (resource, caps) in group.recommended_resources() {
-                if caps.scope != Scope::Namespaced || !caps.supports_operation(verbs::LIST) {
-                    continue;
-                }
-                let api = api_for(&client, &resource, &hcp_ns);
-                for obj in list_json(&api, &ListParams::default(), &format!("{} in {hcp_ns}", resource.plural)).await? {
-                    let obj_name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-                    objects.push((deletion_rank(&resource.group, &resource.kind), resource.clone(), obj_name));
-                }
-            }
-        }
-        objects.sort_by(|a, b| (a.0, &a.1.kind, &a.2).cmp(&(b.0, &b.1.kind, &b.2)));
-        for (_, resource, obj_name) in objects {
-            let api = api_for(&client, &resource, &hcp_ns);
-            gone(&api, &obj_name, &format!("{} {hcp_ns}/{obj_name}", resource.kind), out, record).await?;
-        }
-        let hcps = api(&client, &HOSTED_CONTROL_PLANE, &hcp_ns);
-        for hcp in list_json(&hcps, &ListParams::default(), "HostedControlPlanes").await? {
-            let hcp_name = hcp["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), out, record).await?;
-        }
+        clear_control_plane_namespace(&client, &hcp_ns, out, record).await?;
         delete_namespace(&client, &hcp_ns, None, Duration::from_secs(300)).await?;
         out.deleted.push(format!("Namespace {hcp_ns}"));
         record(out)?;
@@ -441,6 +463,41 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
         delete_and_wait(&secrets, secret, &what, WAIT).await?;
         out.deleted.push(what);
         record(out)?;
+    }
+    Ok(())
+}
+
+/// Remove, with their finalizers, the CAPI and platform objects (machines
+/// first) and the HostedControlPlane in a control-plane namespace whose
+/// controllers were paused or scaled to zero: nothing else will, and the
+/// namespace cannot go while they hold it. Idempotent.
+pub async fn clear_control_plane_namespace(client: &kube::Client, hcp_ns: &str, out: &mut TornDown, record: Record<'_>) -> Result<(), Failure> {
+    let discovery = crate::kube::discover(client, |g| exported_group(g) && g != HOSTED_CLUSTER.group, "discovering the management cluster's API groups").await?;
+    let mut objects = Vec::new();
+    for group in discovery.groups() {
+        if !exported_group(group.name()) || group.name() == HOSTED_CLUSTER.group {
+            continue;
+        }
+        for (resource, caps) in group.recommended_resources() {
+            if caps.scope != Scope::Namespaced || !caps.supports_operation(verbs::LIST) {
+                continue;
+            }
+            let api = api_for(client, &resource, hcp_ns);
+            for obj in list_json(&api, &ListParams::default(), &format!("{} in {hcp_ns}", resource.plural)).await? {
+                let obj_name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                objects.push((deletion_rank(&resource.group, &resource.kind), resource.clone(), obj_name));
+            }
+        }
+    }
+    objects.sort_by(|a, b| (a.0, &a.1.kind, &a.2).cmp(&(b.0, &b.1.kind, &b.2)));
+    for (_, resource, obj_name) in objects {
+        let api = api_for(client, &resource, hcp_ns);
+        gone(&api, &obj_name, &format!("{} {hcp_ns}/{obj_name}", resource.kind), out, record).await?;
+    }
+    let hcps = api(client, &HOSTED_CONTROL_PLANE, hcp_ns);
+    for hcp in list_json(&hcps, &ListParams::default(), "HostedControlPlanes").await? {
+        let hcp_name = hcp["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        gone(&hcps, &hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}"), out, record).await?;
     }
     Ok(())
 }

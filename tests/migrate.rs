@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::Value;
 use support::*;
 
-const STAGES: [&str; 19] = [
+const STAGES: [&str; 20] = [
     "lock",
     "preflight",
     "destination-check",
@@ -25,6 +25,7 @@ const STAGES: [&str; 19] = [
     "snapshot-finish",
     "package",
     "dns-withdraw",
+    "detach-hosts",
     "verify",
     "destination-preflight",
     "snapshot-url",
@@ -144,7 +145,9 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abort_before_teardown_returns_the_source_to_service_and_bad_input_is_refused() {
-    let env = env("SingleReplica").await;
+    // on KubeVirt: its workers are CAPI Machines, which a careless undo would deprovision
+    let spec = hcp_dr_e2e::sandbox::HostedClusterSpec { availability: "SingleReplica".into(), ..hcp_dr_e2e::sandbox::HostedClusterSpec::kubevirt() };
+    let env = env_of(spec, &Default::default()).await;
     let b = env.sandbox.clusters[1].api.client().await.unwrap();
     let (a, bk) = (env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string(), env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string());
     let via = format!("s3://{BUCKET}/migrations");
@@ -175,11 +178,21 @@ async fn abort_before_teardown_returns_the_source_to_service_and_bad_input_is_re
     let report = json_report(&out);
     assert_eq!(report["outcome"], "stopped", "{report:#}");
     assert!(hc_on(&b).await.is_some(), "the destination was not restored before the stop");
+    let machines = Api::<kube::api::DynamicObject>::namespaced_with(
+        b.clone(),
+        &env.hcp_ns(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta1", "Machine")),
+    );
+    assert_eq!(machines.list(&Default::default()).await.expect("Machines on mgmt-b").items.len(), 2, "the copy on mgmt-b has no workers to protect");
     assert!(hc_on(&env.mgmt).await.is_some(), "the source was torn down before the destination was confirmed");
 
     let out = env.hcp_dr(&["migrate", "--abort", journal.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(hc_on(&b).await.is_none(), "--abort left the copy on mgmt-b");
+    // the copy was paused before it was deleted: mgmt-b's CAPI terminated none of the workers the source goes on using
+    let terminated = hcp_dr_e2e::sandbox::terminated_instances(&env.sandbox.dir);
+    assert!(terminated.is_empty(), "--abort deprovisioned the source's workers: {terminated:?}\n{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("before deleting, so no controller cleaned up"), "{}", text(&out));
     env.assert_in_service("after --abort").await;
     let cpo = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.mgmt.clone(), &env.hcp_ns())
         .get("control-plane-operator")

@@ -542,6 +542,7 @@ mod tests {
             encryption: Some(Encryption { scheme: "age".into(), recipients: vec![recipient.to_string()], artifacts: plain }),
             origin: None,
             etcd_health: Default::default(),
+            agent_inventory: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)

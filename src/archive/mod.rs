@@ -296,6 +296,10 @@ pub struct Manifest {
     /// Members skipped on a degraded etcd, and whether it had quorum.
     #[serde(default, skip_serializing_if = "EtcdHealth::is_whole")]
     pub etcd_health: EtcdHealth,
+    /// On the Agent platform: the hosts and their objects taken with the
+    /// cluster (the objects are in the objects archive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_inventory: Option<crate::hosted::agent::AgentInventory>,
 }
 
 /// A management cluster as a backup or a fence names it: its API server
@@ -540,6 +544,7 @@ mod tests {
             encryption: None,
             origin: None,
             etcd_health: EtcdHealth::default(),
+            agent_inventory: None,
         }
     }
 

@@ -76,6 +76,28 @@ fn remove_capi_pause(obj: &mut Value) {
     }
 }
 
+fn is_bare_metal_host(obj: &Value) -> bool {
+    obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("metal3.io/")) && obj["kind"] == "BareMetalHost"
+}
+
+fn status_into_annotation(obj: &mut Value) {
+    use crate::hosted::agent::{DETACHED, STATUS_ANNOTATION};
+    let status = obj.as_object_mut().and_then(|map| map.remove("status")).filter(|s| s.as_object().is_some_and(|m| !m.is_empty()));
+    if !obj["metadata"]["annotations"].is_object() {
+        obj["metadata"]["annotations"] = Value::Object(Default::default());
+    }
+    let Some(annotations) = obj.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) else { return };
+    annotations.remove(DETACHED);
+    if let Some(status) = status {
+        annotations.insert(STATUS_ANNOTATION.to_string(), Value::String(status.to_string()));
+    }
+    if annotations.is_empty() {
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("annotations");
+        }
+    }
+}
+
 fn is_hypershift_top(obj: &Value) -> bool {
     obj["apiVersion"].as_str().is_some_and(|v| v.starts_with("hypershift.openshift.io/"))
         && matches!(obj["kind"].as_str(), Some("HostedCluster" | "NodePool" | "HostedControlPlane"))
@@ -91,8 +113,8 @@ pub const EXPORT: &[Sanitizer] = &[
     },
     Sanitizer {
         name: "strip-status",
-        applies_to: "every object (status is rebuilt by controllers)",
-        applies: all,
+        applies_to: "every object but Agents and BareMetalHosts (status is rebuilt by controllers; theirs is the host's record of discovery and provisioning, which would otherwise be redone)",
+        applies: |obj| !crate::hosted::agent::keeps_status(obj),
         apply: strip_status,
     },
     Sanitizer {
@@ -122,6 +144,12 @@ pub const REPLAY: &[Sanitizer] = &[
         applies_to: "HostedCluster, NodePool, HostedControlPlane (the backup's pause must not travel)",
         applies: is_hypershift_top,
         apply: remove_paused_until,
+    },
+    Sanitizer {
+        name: "bare-metal-host-status",
+        applies_to: "BareMetalHost (its status goes into the baremetalhost.metal3.io/status annotation, from which metal3 restores it instead of inspecting or provisioning the host again; a detach by the source's migration must not travel)",
+        applies: is_bare_metal_host,
+        apply: status_into_annotation,
     },
     Sanitizer {
         name: "remove-capi-pause",
@@ -177,6 +205,26 @@ mod tests {
         assert!(obj["metadata"].get("ownerReferences").is_none());
         assert!(obj["spec"].get("pausedUntil").is_none());
         assert_eq!(obj["spec"]["unknownField"]["kept"], true);
+    }
+
+    #[test]
+    fn a_bare_metal_host_keeps_its_status_in_the_annotation_metal3_restores() {
+        let mut bmh = json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": "host-0", "namespace": "hosts", "uid": "u", "annotations": {"baremetalhost.metal3.io/detached": ""}},
+            "spec": {"online": true, "bootMACAddress": "52:54:00:00:00:01"},
+            "status": {"provisioning": {"state": "provisioned"}, "poweredOn": true}});
+        assert!(!apply(EXPORT, &mut bmh).contains(&"strip-status"));
+        assert_eq!(bmh["status"]["provisioning"]["state"], "provisioned");
+        assert!(apply(REPLAY, &mut bmh).contains(&"bare-metal-host-status"));
+        assert!(bmh.get("status").is_none());
+        let annotations = bmh["metadata"]["annotations"].as_object().unwrap();
+        assert!(!annotations.contains_key("baremetalhost.metal3.io/detached"), "{annotations:?}");
+        let restored: Value = serde_json::from_str(annotations["baremetalhost.metal3.io/status"].as_str().unwrap()).unwrap();
+        assert_eq!(restored, json!({"provisioning": {"state": "provisioned"}, "poweredOn": true}));
+        // an Agent keeps its status for the status subresource
+        let mut agent = json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "Agent", "metadata": {"name": "a"}, "status": {"inventory": {}}});
+        apply(EXPORT, &mut agent);
+        assert!(agent.get("status").is_some());
     }
 
     #[test]

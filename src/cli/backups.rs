@@ -265,6 +265,20 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
     for (kind, n) in &m.object_counts {
         out.push_str(&format!("  {kind:<28} {n}\n"));
     }
+    if let Some(inventory) = &m.agent_inventory {
+        out.push_str(&format!("agent inventory: {}\n", inventory.summary()));
+        for host in &inventory.hosts {
+            out.push_str(&format!(
+                "  Agent {:<38} {} {:<8} {}  BareMetalHost {} ({})\n",
+                host.agent,
+                host.hostname.as_deref().unwrap_or("-"),
+                host.role.as_deref().unwrap_or("-"),
+                if host.approved { "approved" } else { "NOT approved" },
+                host.bare_metal_host.as_deref().unwrap_or("-"),
+                host.boot_mac.as_deref().unwrap_or("no boot MAC")
+            ));
+        }
+    }
     if let Some(e) = &m.encryption {
         out.push_str(&format!("encrypted: {} for {}\n", e.scheme, e.recipients.join(", ")));
         for a in &e.artifacts {

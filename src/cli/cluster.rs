@@ -209,6 +209,10 @@ pub struct CreateArgs {
     /// AWS subnet for the NodePool's machines (--platform aws).
     #[arg(long)]
     pub aws_subnet_id: Option<String>,
+    /// The namespace of the hosts' Agents, BareMetalHosts and InfraEnv
+    /// (--platform agent; default `<namespace>-<name>-agents`). It must exist.
+    #[arg(long)]
+    pub agent_namespace: Option<String>,
     /// Print the objects as YAML; create nothing.
     #[arg(long)]
     pub render: bool,
@@ -239,6 +243,7 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
         base_domain: args.base_domain.clone(),
         node_pool_replicas: args.node_pool_replicas,
         availability: args.availability.clone(),
+        agent_namespace: args.agent_namespace.clone(),
         aws: match (&args.aws_region, &args.aws_role_arn_prefix, &args.aws_subnet_id) {
             (Some(region), Some(prefix), Some(subnet)) => {
                 Some(AwsSpec { region: region.clone(), role_arn_prefix: prefix.clone(), subnet_id: subnet.clone() })

@@ -2,6 +2,7 @@
 //! rules that tie them together (HCP namespace, secret names, writers).
 //! Views wrap the object as JSON so nothing the tool does not know is lost.
 
+pub mod agent;
 pub mod publishing;
 pub mod render;
 

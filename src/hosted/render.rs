@@ -43,6 +43,15 @@ pub struct NewCluster {
     /// `SingleReplica` or `HighlyAvailable`.
     pub availability: String,
     pub aws: Option<AwsSpec>,
+    /// `spec.platform.agent.agentNamespace` (Agent; None: `<namespace>-<name>-agents`).
+    pub agent_namespace: Option<String>,
+}
+
+impl NewCluster {
+    /// Where an Agent-platform cluster's hosts live.
+    pub fn agent_namespace(&self) -> String {
+        self.agent_namespace.clone().unwrap_or_else(|| format!("{}-{}-agents", self.namespace, self.name))
+    }
 }
 
 fn secret(name: &str, namespace: &str, kind: &str, key: &str, value: Vec<u8>) -> Result<Value, String> {
@@ -118,7 +127,7 @@ pub fn objects(c: &NewCluster) -> Result<Vec<Value>, String> {
     };
     let (hc_platform, np_platform) = match c.platform {
         Platform::None => (json!({"type": "None"}), json!({"type": "None"})),
-        Platform::Agent => (json!({"type": "Agent", "agent": {"agentNamespace": format!("{ns}-{name}-agents")}}), json!({"type": "Agent", "agent": {}})),
+        Platform::Agent => (json!({"type": "Agent", "agent": {"agentNamespace": c.agent_namespace()}}), json!({"type": "Agent", "agent": {}})),
         Platform::Kubevirt => (
             json!({"type": "KubeVirt", "kubevirt": {"baseDomainPassthrough": true}}),
             json!({"type": "KubeVirt", "kubevirt": {"compute": {"cores": 2, "memory": "8Gi"},
@@ -185,6 +194,7 @@ pub(crate) mod tests {
             node_pool_replicas: 2,
             availability: "HighlyAvailable".into(),
             aws: Some(AwsSpec { region: "us-east-1".into(), role_arn_prefix: "arn:aws:iam::123456789012:role/demo".into(), subnet_id: "subnet-0123456789abcdef0".into() }),
+            agent_namespace: None,
         }
     }
 

@@ -39,6 +39,14 @@ pub async fn create(options: &CreateOptions) -> Result<Value, OpsError> {
         return Err(OpsError::Input(format!("{label} already exists: choose another --name, or `hcp-dr cluster destroy` it first")));
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    if options.cluster.platform == crate::hosted::render::Platform::Agent {
+        let agent_ns = options.cluster.agent_namespace();
+        if namespaces.get_opt(&agent_ns).await.map_err(request(format!("reading Namespace {agent_ns}")))?.is_none() {
+            return Err(OpsError::Input(format!(
+                "--platform agent: the agent namespace `{agent_ns}` does not exist; it holds the hosts' InfraEnv, BareMetalHosts and Agents, which must be there before the cluster (create them, or name their namespace with --agent-namespace)"
+            )));
+        }
+    }
     if namespaces.get_opt(ns).await.map_err(request(format!("reading Namespace {ns}")))?.is_none() {
         let body: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).map_err(|e| OpsError::Input(e.to_string()))?;
         namespaces.create(&PostParams::default(), &body).await.map_err(request(format!("creating Namespace {ns}")))?;

@@ -73,6 +73,12 @@ pub fn rules() -> Vec<(Value, &'static str)> {
          "the external-dns hostnames of the HCP namespace's Services (an API server published through a LoadBalancer) are recorded in the manifest too"),
         (json!({"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}),
          "the management cluster's identity (the kube-system namespace's UID): the store fence is checked against it and the manifest records it"),
+        (json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}),
+         "on the Agent platform, that the HostedCluster's agentNamespace exists (a backup without its hosts is refused)"),
+        (json!({"apiGroups": ["agent-install.openshift.io"], "resources": ["agents", "infraenvs", "nmstateconfigs"], "verbs": ["get", "list"]}),
+         "on the Agent platform, the cluster's inventory: the Agents bound to it, their InfraEnvs and NMStateConfigs"),
+        (json!({"apiGroups": ["metal3.io"], "resources": ["baremetalhosts"], "verbs": ["get"]}),
+         "on the Agent platform, the BareMetalHosts of the cluster's Agents, with their status"),
     ]
 }
 

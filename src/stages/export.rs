@@ -6,7 +6,11 @@
 //!   provider groups found by discovery in the HCP namespace (so AWS, Agent,
 //!   KubeVirt, None and providers unknown to hcp-dr alike);
 //! - HCP-namespace Secrets, minus generated ones (service-account tokens,
-//!   docker configs, OAuth-generated).
+//!   docker configs, OAuth-generated);
+//! - on the Agent platform, the cluster's inventory in its agentNamespace
+//!   (Agents bound to it, their BareMetalHosts and BMC Secrets, InfraEnvs,
+//!   NMStateConfigs, pull secrets: [`crate::hosted::agent`]), Agents and
+//!   BareMetalHosts with their status.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +24,7 @@ use serde_json::{Value, json};
 use super::context::BackupContext;
 use super::StageError;
 use crate::archive::{self, OBJECTS, sanitize};
+use crate::hosted::agent::AgentInventory;
 use crate::hosted::{HOSTED_CLUSTER, HostedCluster, NODE_POOL, exported_group};
 use crate::kube::{api, api_for, get_json, list_json, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
@@ -53,7 +58,7 @@ fn with_kind(mut obj: Value, api_version: &str, kind: &str) -> Value {
     obj
 }
 
-async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
+async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInventory>), StageFailure> {
     let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
     let hcp_ns = ctx.hcp_namespace();
     let mut objects = Vec::new();
@@ -62,6 +67,16 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
         .await?
         .ok_or_else(|| StageError::Precondition(format!("{} disappeared during the backup", ctx.hc_label())))?;
     let referenced = HostedCluster(hc.clone()).referenced_secrets();
+    // the Agent platform's hosts, from their own namespace
+    let agent_inventory = match crate::hosted::agent::read(&ctx.client, &hc, &hcp_ns).await {
+        Ok(Some((inventory, inventory_objects))) => {
+            objects.extend(inventory_objects);
+            Some(inventory)
+        }
+        Ok(None) => None,
+        Err(crate::hosted::agent::InventoryError::Refused(why)) => return Err(StageError::Precondition(why).into()),
+        Err(crate::hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
+    };
     objects.push(hc);
     for np in &ctx.node_pools {
         if let Some(obj) = get_json(&api(&ctx.client, &NODE_POOL, ns), np, &format!("NodePool {ns}/{np}")).await? {
@@ -116,7 +131,7 @@ async fn collect(ctx: &BackupContext) -> Result<Vec<Value>, StageFailure> {
             objects.push(value);
         }
     }
-    Ok(objects.into_iter().map(clean).collect())
+    Ok((objects.into_iter().map(clean).collect(), agent_inventory))
 }
 
 /// What export stored: the objects archive, how many objects of each kind,
@@ -127,6 +142,9 @@ pub struct Exported {
     pub object_counts: BTreeMap<String, usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plaintext: Option<archive::Artifact>,
+    /// The Agent platform's inventory taken with the objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_inventory: Option<AgentInventory>,
 }
 
 impl StageId for Export {
@@ -157,7 +175,7 @@ impl Stage<BackupContext> for Export {
         vec![line]
     }
     async fn run(&self, ctx: &mut BackupContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        let objects = collect(ctx).await?;
+        let (objects, agent_inventory) = collect(ctx).await?;
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for obj in &objects {
             *counts.entry(obj["kind"].as_str().unwrap_or("?").to_string()).or_default() += 1;
@@ -175,7 +193,7 @@ impl Stage<BackupContext> for Export {
             }
             None => None,
         };
-        Ok(Exported { artifact: artifact(put.size, put.sha256), object_counts: counts, plaintext })
+        Ok(Exported { artifact: artifact(put.size, put.sha256), object_counts: counts, plaintext, agent_inventory })
     }
     fn undoable(&self) -> bool {
         true

@@ -128,6 +128,7 @@ impl Stage<BackupContext> for Package {
             },
             encryption,
             origin: ctx.origin.clone(),
+            agent_inventory: export.agent_inventory.clone(),
             etcd_health: ctx.etcd_health.clone(),
         };
         manifest.check()?;

@@ -35,6 +35,9 @@ pub struct Findings {
     /// journals lack it).
     #[serde(default)]
     pub origin: Option<Origin>,
+    /// The Agent platform's inventory of the cluster (None: another platform).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_inventory: Option<hosted::agent::AgentInventory>,
 }
 
 pub struct Preflight;
@@ -142,6 +145,16 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         }
     }
 
+    // The platform's own objects, checked before anything is paused.
+    let agent_inventory = match hosted::agent::read(&ctx.client, &hc.0, &hcp_ns).await {
+        Ok(found) => found.map(|(inventory, _)| inventory),
+        Err(hosted::agent::InventoryError::Refused(why)) => return Err(StageError::Precondition(why).into()),
+        Err(hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
+    };
+    if let Some(missing) = platform_gap(hc.platform()) {
+        warnings.push(format!("{} is on the {} platform: {missing}", ctx.hc_label(), hc.platform()));
+    }
+
     // The store must answer before anything is paused.
     ctx.store
         .list(&crate::archive::Layout::cluster_prefix(&ns, &name))
@@ -235,7 +248,20 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         tls_source,
         warnings,
         origin,
+        agent_inventory,
     })
+}
+
+/// What a backup of a cluster on `platform` does not hold (None: nothing
+/// hcp-dr knows of): said as a warning, so nobody takes the backup for
+/// more than it is.
+pub fn platform_gap(platform: &str) -> Option<String> {
+    match platform {
+        "None" | "Agent" => None,
+        "KubeVirt" => Some("the guest cluster's persistent volumes (kubevirt-csi PVCs on the management cluster) and the worker VMs' root disks are not in this backup; a restore brings back the control plane and recreates workers from the NodePool's image, without their data".into()),
+        "AWS" => Some("the OIDC issuer documents and IAM trust are not in this backup and are not checked after a restore onto another management cluster; fix them as `hypershift fix dr-oidc-iam` does if the cluster reports WebIdentityErr".into()),
+        other => Some(format!("hcp-dr does not know the platform `{other}`: the backup holds etcd, the HyperShift objects and the control-plane namespace's Cluster API and provider objects, but none of the platform's objects elsewhere (hosts, volumes, cloud identity); back those up with the platform's own tooling")),
+    }
 }
 
 /// How long one member has to answer: a hung member (stopped,

@@ -318,10 +318,6 @@ impl KeptRule {
 /// Fields kept as the backup has them although they may name the source.
 pub const KEPT: &[KeptRule] = &[
     KeptRule {
-        path: "/spec/platform/agent/agentNamespace",
-        reason: "the Agent inventory (InfraEnv, Agents) is outside the backup and never touched by DR; the drill's NodePools take free Agents from it",
-    },
-    KeptRule {
         path: "/spec/platform/aws/rolesRef/",
         reason: "IAM roles are cloud resources outside the backup; renamed they would name roles that do not exist. They trust the source's OIDC issuer: an AWS drill needs roles of its own (see docs/runbooks/drill.md)",
     },
@@ -345,6 +341,11 @@ pub const DROPS: &[DropRule] = &[
         name: "source-bound-data",
         applies_to: "Secrets of the HCP namespace whose data (certificates decoded) names the source's HCP namespace, infra ID, cluster ID or hostnames",
         reason: "issued for the source's names; the control-plane operator issues new ones for the drill (keys that name nothing, like signer CAs, client certificates and the encryption key, are kept)",
+    },
+    DropRule {
+        name: "agent-inventory",
+        applies_to: "the Agent platform's inventory in the agentNamespace (Agents, BareMetalHosts, InfraEnvs, NMStateConfigs and their Secrets): every object outside the cluster's two namespaces",
+        reason: "the hosts are the source's, in service: a drill never touches its Agents, BareMetalHosts or InfraEnv, so its NodePools get no hosts",
     },
     DropRule {
         name: "control-plane-endpoint",
@@ -555,6 +556,11 @@ pub fn rewrite(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, Rew
             report.dropped.push(dropped);
             continue;
         }
+        let namespace = original["metadata"]["namespace"].as_str().unwrap_or_default();
+        if crate::hosted::agent::is_inventory(original) || (!namespace.is_empty() && namespace != id.source.namespace && namespace != id.source.hcp_namespace()) {
+            report.dropped.push(Dropped { what: describe(original), rule: DROPS[2].name.to_string(), reason: DROPS[2].reason.to_string() });
+            continue;
+        }
         let mut obj = original.clone();
         sanitize::apply(sanitize::REPLAY, &mut obj);
         let endpoint = is_platform_cluster(&obj)
@@ -563,8 +569,8 @@ pub fn rewrite(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, Rew
         if endpoint.is_some() {
             report.dropped.push(Dropped {
                 what: format!("{} spec.controlPlaneEndpoint", describe(original)),
-                rule: DROPS[2].name.to_string(),
-                reason: DROPS[2].reason.to_string(),
+                rule: DROPS[3].name.to_string(),
+                reason: DROPS[3].reason.to_string(),
             });
         }
         let kind = obj["kind"].as_str().unwrap_or_default().to_string();
@@ -594,6 +600,16 @@ pub fn rewrite(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, Rew
         if is_kind(&obj, "hypershift.openshift.io", &["HostedCluster", "HostedControlPlane"]) {
             obj["spec"]["clusterID"] = json!(id.cluster_id);
             obj["spec"]["infraID"] = json!(id.infra_id);
+            // its hosts are the source's: the drill's NodePools must find none
+            if let Some(agent_ns) = crate::hosted::agent::agent_namespace(original) {
+                let own = format!("{}-no-hosts", id.drill.hcp_namespace());
+                obj["spec"]["platform"]["agent"]["agentNamespace"] = json!(own);
+                report.dropped.push(Dropped {
+                    what: format!("{} spec.platform.agent.agentNamespace {agent_ns} (now {own}, which holds no hosts)", describe(original)),
+                    rule: DROPS[2].name.to_string(),
+                    reason: DROPS[2].reason.to_string(),
+                });
+            }
         }
         report.values_rewritten += count;
         walk(&mut obj, &mut Vec::new(), &mut |path, key, s| {
@@ -798,9 +814,9 @@ mod tests {
         assert!(hc["spec"].get("pausedUntil").is_none(), "the backup's pause travelled");
         let hosts: Vec<&str> = hc["spec"]["services"].as_array().unwrap().iter().filter_map(|s| s.pointer("/servicePublishingStrategy/route/hostname").and_then(Value::as_str)).collect();
         assert_eq!(hosts, ["api.demo-drill.example.com", "oauth.demo-drill.example.com", "konnectivity.demo-drill.example.com", "ignition.demo-drill.example.com"]);
-        // the Agent inventory is kept, and said so
-        assert_eq!(hc["spec"]["platform"]["agent"]["agentNamespace"], "clusters-demo-agents");
-        assert!(report.kept.iter().any(|k| k.path == "/spec/platform/agent/agentNamespace" && k.object.starts_with("HostedCluster")));
+        // the Agent inventory is the source's: the drill points at a namespace without hosts, and says so
+        assert_eq!(hc["spec"]["platform"]["agent"]["agentNamespace"], "clusters-drill-demo-drill-no-hosts");
+        assert!(report.dropped.iter().any(|d| d.rule == "agent-inventory" && d.what.starts_with("HostedCluster clusters/demo spec.platform.agent.agentNamespace clusters-demo-agents")), "{:#?}", report.dropped);
 
         let np = find(&objects, "NodePool", "demo-drill-workers");
         assert_eq!(np["metadata"]["namespace"], "clusters-drill");
@@ -860,7 +876,8 @@ mod tests {
         for platform in [Platform::None, Platform::Agent, Platform::Kubevirt, Platform::Aws] {
             let source = backup(platform);
             let (objects, report) = rewrite(&source, &identity()).unwrap_or_else(|e| panic!("{platform:?}: {e}"));
-            let dropped_objects = report.dropped.iter().filter(|d| d.rule != "control-plane-endpoint").count();
+            // (a dropped field is not a dropped object)
+            let dropped_objects = report.dropped.iter().filter(|d| !d.what.contains(" spec.")).count();
             assert_eq!(objects.len() + dropped_objects, source.len(), "{platform:?}");
             assert_eq!(report.objects.len(), objects.len());
             let hc = find(&objects, "HostedCluster", "demo-drill");

@@ -10,6 +10,7 @@
 
 pub mod check;
 pub mod dns;
+pub mod hosts;
 pub mod ovn;
 pub mod teardown;
 
@@ -217,7 +218,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
     use super::lock::{Lock, Unlock};
     use super::restore::{apply::Apply, fence::WriteFence, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
     use super::{export::Export, package::Package, pause::Pause, preflight::Preflight, scale_down::ScaleDown};
-    use {check::DestinationCheck, dns::DnsWithdraw, ovn::OvnRestart, teardown::Teardown};
+    use {check::DestinationCheck, dns::DnsWithdraw, hosts::DetachHosts, ovn::OvnRestart, teardown::Teardown};
     Catalog::new("migrate")
         .with(OnSource::new(Lock, true))
         .with(OnSource::new(Preflight, true))
@@ -237,6 +238,8 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .after(&[SnapshotFinish::NAME, Export::NAME, Preflight::NAME])
         .with(DnsWithdraw)
         .after(&[Package::NAME, DestinationCheck::NAME])
+        .with(DetachHosts)
+        .after(&[Export::NAME])
         .with(OnDestination::new(Verify, true))
         .after(&[Package::NAME])
         .with(OnDestination::new(super::restore::preflight::Preflight, true).named(DESTINATION_PREFLIGHT))
@@ -244,7 +247,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnDestination::new(SnapshotUrl, true))
         .after(&[Verify::NAME])
         .with(OnDestination::new(Apply, true))
-        .after(&[DnsWithdraw::NAME, DESTINATION_PREFLIGHT, SnapshotUrl::NAME])
+        .after(&[DnsWithdraw::NAME, DetachHosts::NAME, DESTINATION_PREFLIGHT, SnapshotUrl::NAME])
         .with(OnDestination::new(Wait, true))
         .after(&[Apply::NAME])
         .with(OnDestination::new(WriteFence { by: "migrate" }, true))

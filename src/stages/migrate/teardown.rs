@@ -30,8 +30,13 @@ pub struct Teardown;
 async fn run(ctx: &mut MigrateContext, step: &mut Step<'_>) -> Result<TornDown, StageFailure> {
     let (ns, name) = (ctx.inputs.source.namespace.clone(), ctx.inputs.source.hosted_cluster.clone());
     let mut out: TornDown = step.earlier_progress().unwrap_or_default();
+    let inventory = step.output_of::<crate::stages::export::Export>()?.and_then(|e| e.agent_inventory);
     let mut record = |t: &TornDown| -> Result<(), StageFailure> { Ok(step.record(serde_json::to_value(t)?)?) };
     destroy(&ctx.source.client, &ns, &name, &mut out, &mut record).await?;
+    // the Agent inventory it moved (its hosts detached by `detach-hosts`)
+    if let Some(inventory) = inventory {
+        super::hosts::remove_inventory(&ctx.source.client, &inventory, &mut out, &mut record).await?;
+    }
     Ok(out)
 }
 

@@ -13,7 +13,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::Discovery;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -27,7 +28,12 @@ use crate::kube::{KubeError, api_for, is_not_found, request};
 use crate::pipeline::journal::RUN_ANNOTATION;
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::StageError;
-use crate::teardown::{Removal, created_by_run, delete_created};
+use crate::hosted::agent::{BARE_METAL_HOST, DETACHED};
+use crate::hosted::{HOSTED_CLUSTER, NODE_POOL, exported_group};
+use crate::teardown::{
+    Owned, Removal, TornDown, annotate_if_uid, clear_control_plane_namespace, created_by_run, delete_if_uid, delete_namespace, ownership, pause_if_uid,
+    remove_finalizers_if_uid, scale_to_zero,
+};
 
 pub struct Apply;
 
@@ -82,6 +88,11 @@ impl ObjRef {
     }
     fn label(&self) -> String {
         format!("{} {}/{}", self.kind, self.namespace.as_deref().unwrap_or(""), self.name)
+    }
+    /// A HostedCluster or NodePool: what a pause stops HyperShift and CAPI
+    /// acting on.
+    fn is_paused_kind(&self) -> bool {
+        self.group() == HOSTED_CLUSTER.group && (self.kind == HOSTED_CLUSTER.kind || self.kind == NODE_POOL.kind)
     }
 }
 
@@ -145,6 +156,8 @@ pub fn differs(want: &Value, have: &Value) -> Option<String> {
                 a.remove(RESTORED_FROM);
                 a.remove(RUN_ANNOTATION);
                 a.remove(LINEAGE);
+                // metal3 takes it off once it restored the status
+                a.remove(crate::hosted::agent::STATUS_ANNOTATION);
             }
         }
         if let Some(map) = v.as_object_mut() {
@@ -176,6 +189,19 @@ pub fn prepared(objects: &[Value], url: &str, from: &str, source_uid: &str) -> V
         }
     }
     out
+}
+
+/// The status a backup kept (an Agent's: the host's discovered inventory
+/// and conditions), written through the status subresource: a create
+/// ignores it, and without it the agent service would rediscover the host.
+async fn write_status(api: &Api<DynamicObject>, r: &ObjRef, obj: &Value) -> Result<(), KubeError> {
+    let Some(status) = obj.get("status").filter(|s| s.as_object().is_some_and(|m| !m.is_empty())) else {
+        return Ok(());
+    };
+    api.patch_status(&r.name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .await
+        .map_err(request(format!("writing the status of {}", r.label())))?;
+    Ok(())
 }
 
 fn api_of(ctx: &RestoreContext, discovery: &Discovery, r: &ObjRef) -> Result<Api<DynamicObject>, StageError> {
@@ -232,9 +258,11 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
         .await?;
     }
 
-    // Namespaces.
+    // Namespaces: the cluster's, its control plane's, and any other its objects live in (an Agent inventory's).
+    let mut wanted = vec![ns.clone(), hcp_ns.clone()];
+    wanted.extend(super::preflight::other_namespaces(ctx.objects.as_deref().unwrap_or_default(), &ns, &hcp_ns));
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
-    for name in [&ns, &hcp_ns] {
+    for name in &wanted {
         if namespaces.get_opt(name).await.map_err(request(format!("reading Namespace {name}")))?.is_none() {
             if !applied.namespaces.contains(name) {
                 applied.namespaces.push(name.clone());
@@ -278,6 +306,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                     .create(&PostParams::default(), &body)
                     .await
                     .map_err(request(format!("creating {}", r.label())))?;
+                write_status(&api, &r, &obj).await?;
                 applied.created.push(r.created_as(&serde_json::to_value(created)?));
                 applied.pending = None;
                 step.record(serde_json::to_value(&applied)?)?;
@@ -296,6 +325,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                 }
                 match differs(&obj, &have) {
                     _ if ours => {
+                        write_status(&api, &r, &obj).await?;
                         applied.created.push(r.created_as(&have));
                         applied.pending = None;
                         step.record(serde_json::to_value(&applied)?)?;
@@ -374,6 +404,16 @@ impl Stage<RestoreContext> for Apply {
     fn undoable(&self) -> bool {
         true
     }
+    /// Deletes what this run created, newest first, without letting any
+    /// controller clean up behind it: the replayed HostedCluster and
+    /// NodePools stand for the cluster's real machines and cloud resources
+    /// (the source's, still in use or needed by the next attempt), and
+    /// deleting them unpaused would start HyperShift's and CAPI's clean-up
+    /// of those. So the HostedCluster and NodePools it created are paused
+    /// first and its control-plane namespace is scaled to zero (the CAPI
+    /// manager with it); then the objects lose their finalizers (no
+    /// controller is going to act on them) and are deleted, and the
+    /// namespaces it created go once emptied.
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
         let Some(applied) = input.record::<Applied>()? else { return Ok(()) };
         let mut refs = applied.created.clone();
@@ -381,19 +421,63 @@ impl Stage<RestoreContext> for Apply {
         let groups: std::collections::BTreeSet<String> = refs.iter().map(|r| r.group().to_string()).collect();
         let discovery = crate::kube::discover(&ctx.client, |g| groups.contains(g), "discovering the destination's API groups").await?;
         let timeout = ctx.inputs.wait_timeout().min(Duration::from_secs(300));
+        // whose each object is (the pending one has no UID yet: ours only if it carries this run's id)
+        let mut owned = Vec::new();
+        for r in &refs {
+            let api = api_of(ctx, &discovery, r)?;
+            owned.push(ownership(&api, &r.name, r.uid.as_deref(), &applied.run_id, &r.label()).await?);
+        }
+        // 1. no controller acts on what is deleted: clusters paused, hosts detached (metal3 deprovisions a deleted host otherwise)
+        let mut paused = Vec::new();
+        for (r, own) in refs.iter().zip(&owned) {
+            let Owned::Ours(uid) = own else { continue };
+            let held = if r.is_paused_kind() {
+                pause_if_uid(&api_of(ctx, &discovery, r)?, &r.name, uid, &r.label()).await?
+            } else if r.group() == BARE_METAL_HOST.group && r.kind == BARE_METAL_HOST.kind {
+                annotate_if_uid(&api_of(ctx, &discovery, r)?, &r.name, uid, DETACHED, &r.label()).await?
+            } else {
+                false
+            };
+            if held {
+                paused.push(r.label());
+            }
+        }
+        // the control plane (and the CAPI manager) of the HostedCluster this run created
+        let hcp_ns = ctx.inputs.hcp_namespace();
+        let stilled = refs.iter().zip(&owned).any(|(r, own)| r.kind == HOSTED_CLUSTER.kind && r.group() == HOSTED_CLUSTER.group && !matches!(own, Owned::NotOurs(_)));
+        let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+        let mut torn = TornDown::default();
+        let mut quiet = |_: &TornDown| Ok(());
+        if stilled && namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?.is_some() {
+            scale_to_zero(&ctx.client, &hcp_ns, &mut torn, &mut quiet).await?;
+        }
+        // 2. newest first: NodePools, HostedCluster, ..., secrets
+        let mut unheld = Vec::new();
         // namespaces holding an object this run did not create are kept
         let mut foreign: Vec<String> = Vec::new();
-        // newest first: NodePools, HostedCluster, ..., secrets
-        for r in refs.iter().rev() {
+        for (r, own) in refs.iter().zip(&owned).rev() {
+            let uid = match own {
+                Owned::Ours(uid) => uid,
+                Owned::Gone => continue,
+                Owned::NotOurs(uid) => {
+                    left_alone(ctx, &r.label(), uid);
+                    foreign.extend(r.namespace.clone());
+                    continue;
+                }
+            };
             let api = api_of(ctx, &discovery, r)?;
-            // the pending object has no UID yet: ours only if it carries this run's id
-            let removal = delete_created(&api, &r.name, r.uid.as_deref(), &applied.run_id, &r.label(), timeout).await?;
-            if let Removal::NotOurs { uid } = removal {
+            if (stilled && exported_group(r.group())) || paused.contains(&r.label()) {
+                // (a detached host's finalizer is metal3's: it lets go of it without deprovisioning)
+                for finalizer in remove_finalizers_if_uid(&api, &r.name, uid, &r.label()).await? {
+                    unheld.push(format!("{}: {finalizer}", r.label()));
+                }
+            }
+            if let Removal::NotOurs { uid } = delete_if_uid(&api, &r.name, Some(uid), &r.label(), timeout).await? {
                 left_alone(ctx, &r.label(), &uid);
                 foreign.extend(r.namespace.clone());
             }
         }
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
+        // 3. the namespaces this run created, emptied by their controllers
         for name in applied.namespaces.iter().rev() {
             let what = format!("Namespace {name}");
             if foreign.contains(name) {
@@ -403,10 +487,31 @@ impl Stage<RestoreContext> for Apply {
                 continue;
             }
             let recorded = applied.namespace_uids.get(name).map(String::as_str);
-            let removal = delete_created(&namespaces, name, recorded, &applied.run_id, &what, Duration::from_secs(300)).await?;
-            if let Removal::NotOurs { uid } = removal {
+            let uid = match ownership(&namespaces, name, recorded, &applied.run_id, &what).await? {
+                Owned::Ours(uid) => uid,
+                Owned::Gone => continue,
+                Owned::NotOurs(uid) => {
+                    left_alone(ctx, &what, &uid);
+                    continue;
+                }
+            };
+            if stilled && *name == hcp_ns {
+                // what CAPI made from the replayed objects (MachineSets, Machines) holds it otherwise
+                clear_control_plane_namespace(&ctx.client, name, &mut torn, &mut quiet).await?;
+            }
+            if let Removal::NotOurs { uid } = delete_namespace(&ctx.client, name, Some(&uid), Duration::from_secs(300)).await? {
                 left_alone(ctx, &what, &uid);
             }
+        }
+        unheld.extend(torn.finalizers_removed);
+        if !paused.is_empty() || !unheld.is_empty() {
+            let note = format!(
+                "the undo paused (clusters) or detached (hosts) {} before deleting, so no controller cleaned up or deprovisioned the machines, hosts or cloud resources they stand for{}",
+                if paused.is_empty() { "nothing (already paused or gone)".to_string() } else { paused.join(", ") },
+                if unheld.is_empty() { String::new() } else { format!("; finalizers it removed (their controllers were paused or scaled to zero): {}", unheld.join("; ")) }
+            );
+            tracing::info!("{note}");
+            ctx.warnings.push(note);
         }
         Ok(())
     }

@@ -28,6 +28,26 @@ pub const ORDER: &[Class] = &[
         matches: |g, k| g.is_empty() && k == "Secret",
     },
     Class {
+        name: "InfraEnvs",
+        reason: "Agent platform: the hosts' discovery environment, which the Agents and BareMetalHosts name by label",
+        matches: |g, k| g == "agent-install.openshift.io" && k == "InfraEnv",
+    },
+    Class {
+        name: "NMStateConfigs",
+        reason: "Agent platform: the hosts' static network configuration, selected by the InfraEnv",
+        matches: |g, k| g == "agent-install.openshift.io" && k == "NMStateConfig",
+    },
+    Class {
+        name: "Agents",
+        reason: "Agent platform: bound to the cluster, approved, their status written back; before their BareMetalHosts (once metal3 has a host back, the assisted-service would register an Agent for it itself) and the AgentMachines, which find them",
+        matches: |g, k| g == "agent-install.openshift.io" && k == "Agent",
+    },
+    Class {
+        name: "BareMetalHosts",
+        reason: "Agent platform: created with their status in the baremetalhost.metal3.io/status annotation, so metal3 adopts the provisioned hosts instead of inspecting or provisioning them",
+        matches: |g, k| g == "metal3.io" && k == "BareMetalHost",
+    },
+    Class {
         name: "HostedControlPlane",
         reason: "carries restoreSnapshotURL; replayed before the HostedCluster so HyperShift adopts it rather than creating one without the URL",
         matches: |g, k| g == "hypershift.openshift.io" && k == "HostedControlPlane",
@@ -118,6 +138,10 @@ mod tests {
             obj("cluster.x-k8s.io/v1beta1", "Cluster"),
             obj("hypershift.openshift.io/v1beta1", "HostedControlPlane"),
             obj("capi-provider.agent-install.openshift.io/v1beta1", "AgentMachine"),
+            obj("agent-install.openshift.io/v1beta1", "Agent"),
+            obj("metal3.io/v1alpha1", "BareMetalHost"),
+            obj("agent-install.openshift.io/v1beta1", "NMStateConfig"),
+            obj("agent-install.openshift.io/v1beta1", "InfraEnv"),
             obj("v1", "Secret"),
         ];
         sort(&mut objects);
@@ -126,6 +150,10 @@ mod tests {
             kinds,
             [
                 "Secret",
+                "InfraEnv",
+                "NMStateConfig",
+                "Agent",
+                "BareMetalHost",
                 "HostedControlPlane",
                 "Cluster",
                 "AWSCluster",

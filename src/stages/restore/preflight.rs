@@ -50,6 +50,18 @@ pub fn describe(obj: &Value) -> String {
     )
 }
 
+/// The namespaces of `objects` other than the HostedCluster's and the
+/// control plane's (an Agent inventory's agentNamespace), sorted.
+pub fn other_namespaces(objects: &[Value], ns: &str, hcp_ns: &str) -> Vec<String> {
+    let found: BTreeSet<String> = objects
+        .iter()
+        .filter_map(|o| o["metadata"]["namespace"].as_str())
+        .filter(|n| *n != ns && *n != hcp_ns && !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    found.into_iter().collect()
+}
+
 /// The backup's HostedCluster object.
 pub fn hosted_cluster(objects: &[Value]) -> Result<HostedCluster, StageError> {
     let mut found = objects.iter().filter(|o| {
@@ -115,12 +127,26 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
         }
     }
 
+    // Each host of an Agent inventory is managed by one cluster only.
+    if objects.iter().any(crate::hosted::agent::is_inventory) {
+        for clash in crate::hosted::agent::clashes(&ctx.client, &objects).await? {
+            problems.push(format!(
+                "{clash}: one host cannot be managed from two places. Remove it from the destination first (annotate the BareMetalHost baremetalhost.metal3.io/detached before deleting it, or metal3 deprovisions the host), or restore onto another management cluster"
+            ));
+        }
+    }
+
     // The HCP namespace is absent or empty; no leftover etcd volumes.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
     let hcp_namespace = namespaces.get_opt(&hcp_ns).await.map_err(request(format!("reading Namespace {hcp_ns}")))?;
     let hc_namespace = namespaces.get_opt(&ns).await.map_err(request(format!("reading Namespace {ns}")))?;
     for (name, namespace) in [(&ns, &hc_namespace), (&hcp_ns, &hcp_namespace)] {
         problems.extend(crate::kube::terminating_namespace(name, namespace.as_ref()));
+    }
+    // the other namespaces the backup's objects live in (an Agent inventory's)
+    for name in other_namespaces(&objects, &ns, &hcp_ns) {
+        let namespace = namespaces.get_opt(&name).await.map_err(request(format!("reading Namespace {name}")))?;
+        problems.extend(crate::kube::terminating_namespace(&name, namespace.as_ref()));
     }
     let hcp_namespace_exists = hcp_namespace.is_some();
     let hc_namespace_exists = hc_namespace.is_some();

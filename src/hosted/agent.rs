@@ -1,0 +1,336 @@
+//! The Agent (bare metal) platform's inventory of a hosted cluster: what a
+//! restored control plane needs besides etcd and the HyperShift objects to
+//! get its workers back. It lives in the HostedCluster's
+//! `spec.platform.agent.agentNamespace`, outside the control-plane
+//! namespace:
+//! - the Agents bound to the cluster (`spec.clusterDeploymentName.namespace`
+//!   is its control-plane namespace), with their approval, role, hostname
+//!   and status (the host's inventory, as discovered);
+//! - the BareMetalHosts those Agents run on (the Agent's
+//!   `agent-install.openshift.io/bmh` label), with their BMC credential
+//!   Secrets and their status (provisioning state, power), so metal3 on
+//!   another management cluster adopts the provisioned host instead of
+//!   inspecting or deprovisioning it;
+//! - the InfraEnvs the Agents came from (their
+//!   `infraenvs.agent-install.openshift.io` label), the NMStateConfigs each
+//!   selects and the pull secret each names.
+//!
+//! Read-only here; the backup stages call [`read`] and the restore replays
+//! what it exported.
+
+use std::collections::BTreeSet;
+
+use kube::api::ListParams;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Gvk;
+use crate::kube::{KubeError, api, get_json, is_not_found, list_json};
+
+pub const AGENT: Gvk = Gvk {
+    group: "agent-install.openshift.io",
+    version: "v1beta1",
+    kind: "Agent",
+    plural: "agents",
+};
+pub const INFRA_ENV: Gvk = Gvk {
+    group: "agent-install.openshift.io",
+    version: "v1beta1",
+    kind: "InfraEnv",
+    plural: "infraenvs",
+};
+pub const NMSTATE_CONFIG: Gvk = Gvk {
+    group: "agent-install.openshift.io",
+    version: "v1beta1",
+    kind: "NMStateConfig",
+    plural: "nmstateconfigs",
+};
+pub const BARE_METAL_HOST: Gvk = Gvk {
+    group: "metal3.io",
+    version: "v1alpha1",
+    kind: "BareMetalHost",
+    plural: "baremetalhosts",
+};
+const SECRET: Gvk = Gvk { group: "", version: "v1", kind: "Secret", plural: "secrets" };
+const AGENT_MACHINE_GROUP: &str = "capi-provider.agent-install.openshift.io";
+
+/// The label naming the InfraEnv a BareMetalHost or an Agent belongs to.
+pub const INFRAENV_LABEL: &str = "infraenvs.agent-install.openshift.io";
+/// The label naming the BareMetalHost an Agent runs on.
+pub const BMH_LABEL: &str = "agent-install.openshift.io/bmh";
+/// metal3 leaves a detached host alone: no power change, and deleting the
+/// BareMetalHost does not deprovision it.
+pub const DETACHED: &str = "baremetalhost.metal3.io/detached";
+/// A BareMetalHost created with this annotation (its status as JSON) gets
+/// that status back from metal3, which then removes the annotation: how a
+/// provisioned host moves between management clusters untouched.
+pub const STATUS_ANNOTATION: &str = "baremetalhost.metal3.io/status";
+
+/// Whether `obj` is part of an Agent inventory (Agent, InfraEnv,
+/// NMStateConfig, BareMetalHost).
+pub fn is_inventory(obj: &Value) -> bool {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    api_version.starts_with("agent-install.openshift.io/") || (api_version.starts_with("metal3.io/") && obj["kind"] == BARE_METAL_HOST.kind)
+}
+
+/// Whether `obj` is an Agent or a BareMetalHost: their status is the host's
+/// record (what was discovered and provisioned), kept in the backup.
+pub fn keeps_status(obj: &Value) -> bool {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    (api_version.starts_with("agent-install.openshift.io/") && obj["kind"] == AGENT.kind) || (api_version.starts_with("metal3.io/") && obj["kind"] == BARE_METAL_HOST.kind)
+}
+
+/// The `spec.platform.agent.agentNamespace` of an Agent-platform HostedCluster.
+pub fn agent_namespace(hc: &Value) -> Option<&str> {
+    (hc.pointer("/spec/platform/type").and_then(Value::as_str) == Some("Agent"))
+        .then(|| hc.pointer("/spec/platform/agent/agentNamespace").and_then(Value::as_str))
+        .flatten()
+        .filter(|ns| !ns.is_empty())
+}
+
+/// The control-plane namespace an Agent is bound to (None: free).
+pub fn bound_to(agent: &Value) -> Option<&str> {
+    agent.pointer("/spec/clusterDeploymentName/namespace").and_then(Value::as_str).filter(|ns| !ns.is_empty())
+}
+
+/// One host of the inventory, as `backups describe` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Host {
+    /// The Agent's name (the host's UUID).
+    pub agent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    pub approved: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bare_metal_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_mac: Option<String>,
+}
+
+/// What a backup took of a cluster's Agent inventory (in its manifest).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInventory {
+    pub namespace: String,
+    pub hosts: Vec<Host>,
+    pub infra_envs: Vec<String>,
+    pub nmstate_configs: Vec<String>,
+    /// The Secrets taken with them: BMC credentials, the InfraEnvs' pull secrets.
+    pub secrets: Vec<String>,
+}
+
+impl AgentInventory {
+    /// `3 hosts (agents bound to the cluster), InfraEnv x, 3 NMStateConfigs, 4 Secrets in NS`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} host(s) bound to the cluster, InfraEnv {}, {} NMStateConfig(s), {} Secret(s), in namespace {}",
+            self.hosts.len(),
+            if self.infra_envs.is_empty() { "(none)".to_string() } else { self.infra_envs.join(", ") },
+            self.nmstate_configs.len(),
+            self.secrets.len(),
+            self.namespace
+        )
+    }
+}
+
+/// Why the inventory cannot be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// Bad input: says what is wrong and how to fix it.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+}
+
+/// The inventory of `hc` (an Agent-platform HostedCluster; None for any
+/// other platform) and its objects, as read from the management cluster.
+/// Refused: an agentNamespace that does not exist, an AgentMachine of the
+/// cluster using an Agent that is missing or bound to another cluster.
+pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Option<(AgentInventory, Vec<Value>)>, InventoryError> {
+    let Some(ns) = agent_namespace(hc) else { return Ok(None) };
+    let label = format!("HostedCluster {}/{}", hc["metadata"]["namespace"].as_str().unwrap_or_default(), hc["metadata"]["name"].as_str().unwrap_or_default());
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    if namespaces.get_opt(ns).await.map_err(crate::kube::request(format!("reading Namespace {ns}")))?.is_none() {
+        return Err(InventoryError::Refused(format!(
+            "{label} is on the Agent platform with spec.platform.agent.agentNamespace `{ns}`, but that namespace does not exist on this management cluster: its hosts (Agents, BareMetalHosts, InfraEnv) would be missing from the backup. Fix the HostedCluster's agentNamespace, or recreate the inventory there"
+        )));
+    }
+    let agents = match list_json(&api(client, &AGENT, ns), &ListParams::default(), &format!("Agents in {ns}")).await {
+        Ok(agents) => agents,
+        Err(KubeError::Request { source, .. }) if is_not_found(&source) => {
+            return Err(InventoryError::Refused(format!(
+                "{label} is on the Agent platform, but this management cluster does not serve agent-install.openshift.io Agents (is the Infrastructure Operator / multicluster engine installed?)"
+            )));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let bound: Vec<&Value> = agents.iter().filter(|a| bound_to(a) == Some(hcp_ns)).collect();
+    check_machines(client, hcp_ns, ns, &agents, &label).await?;
+
+    let mut objects: Vec<Value> = Vec::new();
+    let mut inventory = AgentInventory { namespace: ns.to_string(), ..AgentInventory::default() };
+    let mut infra_envs = BTreeSet::new();
+    let mut secrets = BTreeSet::new();
+    for agent in &bound {
+        let labels = &agent["metadata"]["labels"];
+        let name = agent["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let bmh_name = labels[BMH_LABEL].as_str().map(str::to_string);
+        let mut host = Host {
+            agent: name,
+            hostname: agent.pointer("/spec/hostname").and_then(Value::as_str).or_else(|| agent.pointer("/status/inventory/hostname").and_then(Value::as_str)).map(str::to_string),
+            role: agent.pointer("/spec/role").and_then(Value::as_str).filter(|r| !r.is_empty()).map(str::to_string),
+            approved: agent.pointer("/spec/approved").and_then(Value::as_bool).unwrap_or(false),
+            bare_metal_host: bmh_name.clone(),
+            boot_mac: None,
+        };
+        if let Some(infra_env) = labels[INFRAENV_LABEL].as_str() {
+            infra_envs.insert(infra_env.to_string());
+        }
+        if let Some(bmh_name) = &bmh_name
+            && let Some(bmh) = get_json(&api(client, &BARE_METAL_HOST, ns), bmh_name, &format!("BareMetalHost {ns}/{bmh_name}")).await?
+        {
+            host.boot_mac = bmh.pointer("/spec/bootMACAddress").and_then(Value::as_str).map(str::to_string);
+            if let Some(credentials) = bmh.pointer("/spec/bmc/credentialsName").and_then(Value::as_str) {
+                secrets.insert(credentials.to_string());
+            }
+            objects.push(typed(bmh, &BARE_METAL_HOST));
+        }
+        objects.push(typed((*agent).clone(), &AGENT));
+        inventory.hosts.push(host);
+    }
+    for name in &infra_envs {
+        let Some(infra_env) = get_json(&api(client, &INFRA_ENV, ns), name, &format!("InfraEnv {ns}/{name}")).await? else {
+            continue;
+        };
+        if let Some(pull) = infra_env.pointer("/spec/pullSecretRef/name").and_then(Value::as_str) {
+            secrets.insert(pull.to_string());
+        }
+        if let Some(selector) = infra_env.pointer("/spec/nmStateConfigLabelSelector/matchLabels").and_then(Value::as_object).filter(|m| !m.is_empty()) {
+            let selector: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect();
+            let params = ListParams::default().labels(&selector.join(","));
+            for config in list_json(&api(client, &NMSTATE_CONFIG, ns), &params, &format!("NMStateConfigs in {ns}")).await? {
+                inventory.nmstate_configs.push(config["metadata"]["name"].as_str().unwrap_or_default().to_string());
+                objects.push(typed(config, &NMSTATE_CONFIG));
+            }
+        }
+        inventory.infra_envs.push(name.clone());
+        objects.push(typed(infra_env, &INFRA_ENV));
+    }
+    for name in &secrets {
+        if let Some(secret) = get_json(&api(client, &SECRET, ns), name, &format!("Secret {ns}/{name}")).await? {
+            inventory.secrets.push(name.clone());
+            objects.push(typed(secret, &SECRET));
+        }
+    }
+    Ok(Some((inventory, objects)))
+}
+
+/// `obj` with its apiVersion and kind (list items may lack them).
+fn typed(mut obj: Value, gvk: &Gvk) -> Value {
+    obj["apiVersion"] = Value::String(gvk.api_resource().api_version);
+    obj["kind"] = Value::String(gvk.kind.to_string());
+    obj
+}
+
+/// Every AgentMachine of the cluster must use an Agent of the agent
+/// namespace that is bound to it: anything else is an inventory the backup
+/// cannot take whole.
+async fn check_machines(client: &kube::Client, hcp_ns: &str, ns: &str, agents: &[Value], label: &str) -> Result<(), InventoryError> {
+    let machines = Gvk { group: AGENT_MACHINE_GROUP, version: "v1beta1", kind: "AgentMachine", plural: "agentmachines" };
+    let listed = match list_json(&api(client, &machines, hcp_ns), &ListParams::default(), &format!("AgentMachines in {hcp_ns}")).await {
+        Ok(listed) => listed,
+        Err(KubeError::Request { source, .. }) if is_not_found(&source) => return Ok(()),
+        Err(err) => return Err(err.into()),
+    };
+    for machine in listed {
+        let Some(agent_name) = machine.pointer("/status/agentRef/name").and_then(Value::as_str) else { continue };
+        let agent_ns = machine.pointer("/status/agentRef/namespace").and_then(Value::as_str).unwrap_or(ns);
+        let machine_name = machine["metadata"]["name"].as_str().unwrap_or_default();
+        if agent_ns != ns {
+            return Err(InventoryError::Refused(format!(
+                "AgentMachine {hcp_ns}/{machine_name} of {label} uses Agent {agent_ns}/{agent_name}, outside the cluster's agentNamespace `{ns}`: the backup takes the inventory of that namespace only. Move the host's Agent into `{ns}` or fix spec.platform.agent.agentNamespace"
+            )));
+        }
+        match agents.iter().find(|a| a["metadata"]["name"] == agent_name) {
+            None => {
+                return Err(InventoryError::Refused(format!(
+                    "AgentMachine {hcp_ns}/{machine_name} of {label} uses Agent {ns}/{agent_name}, which does not exist: the host is gone from the inventory. Check `kubectl -n {ns} get agents`"
+                )));
+            }
+            Some(agent) if bound_to(agent) != Some(hcp_ns) => {
+                let other = agent.pointer("/spec/clusterDeploymentName").map(|c| format!("{}/{}", c["namespace"].as_str().unwrap_or("?"), c["name"].as_str().unwrap_or("?")));
+                return Err(InventoryError::Refused(format!(
+                    "AgentMachine {hcp_ns}/{machine_name} of {label} uses Agent {ns}/{agent_name}, which is bound to {} instead: the same host cannot be backed up for two clusters. Find out which cluster the host serves (`kubectl -n {ns} get agent {agent_name} -o yaml`) and fix its spec.clusterDeploymentName",
+                    other.unwrap_or_else(|| "no cluster".into())
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The host identities of `objects` (an inventory) that the destination
+/// already has under another object: the same Agent (by name: the host's
+/// UUID) or a BareMetalHost with the same boot MAC or BMC address. Each
+/// finding says which objects clash.
+pub async fn clashes(client: &kube::Client, objects: &[Value]) -> Result<Vec<String>, KubeError> {
+    let mut found = Vec::new();
+    let all = |gvk: &Gvk| kube::Api::<kube::api::DynamicObject>::all_with(client.clone(), &gvk.api_resource());
+    let live_hosts = match list_json(&all(&BARE_METAL_HOST), &ListParams::default(), "BareMetalHosts").await {
+        Ok(hosts) => hosts,
+        Err(KubeError::Request { source, .. }) if is_not_found(&source) => Vec::new(),
+        Err(err) => return Err(err),
+    };
+    let live_agents = match list_json(&all(&AGENT), &ListParams::default(), "Agents").await {
+        Ok(agents) => agents,
+        Err(KubeError::Request { source, .. }) if is_not_found(&source) => Vec::new(),
+        Err(err) => return Err(err),
+    };
+    let path = |o: &Value| format!("{}/{}", o["metadata"]["namespace"].as_str().unwrap_or_default(), o["metadata"]["name"].as_str().unwrap_or_default());
+    for obj in objects {
+        if obj["kind"] == BARE_METAL_HOST.kind && is_inventory(obj) {
+            for (field, pointer) in [("boot MAC address", "/spec/bootMACAddress"), ("BMC address", "/spec/bmc/address")] {
+                let Some(value) = obj.pointer(pointer).and_then(Value::as_str).filter(|v| !v.is_empty()) else { continue };
+                for live in &live_hosts {
+                    if live.pointer(pointer).and_then(Value::as_str).is_some_and(|l| l.eq_ignore_ascii_case(value)) {
+                        found.push(format!("BareMetalHost {} of the backup has the {field} {value} of BareMetalHost {} on the destination", path(obj), path(live)));
+                    }
+                }
+            }
+        }
+        if obj["kind"] == AGENT.kind && is_inventory(obj) {
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+            for live in live_agents.iter().filter(|l| l["metadata"]["name"] == name) {
+                found.push(format!("Agent {} of the backup is the same host as Agent {} on the destination", path(obj), path(live)));
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_an_agent_platform_has_an_agent_namespace() {
+        let agent = json!({"spec": {"platform": {"type": "Agent", "agent": {"agentNamespace": "hosts"}}}});
+        assert_eq!(agent_namespace(&agent), Some("hosts"));
+        assert_eq!(agent_namespace(&json!({"spec": {"platform": {"type": "None"}}})), None);
+        assert_eq!(agent_namespace(&json!({"spec": {"platform": {"type": "Agent", "agent": {"agentNamespace": ""}}}})), None);
+    }
+
+    #[test]
+    fn agents_and_hosts_keep_their_status() {
+        assert!(keeps_status(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "Agent"})));
+        assert!(keeps_status(&json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost"})));
+        assert!(!keeps_status(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "InfraEnv"})));
+        assert!(!keeps_status(&json!({"apiVersion": "v1", "kind": "Secret"})));
+        assert!(is_inventory(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "NMStateConfig"})));
+        assert!(!is_inventory(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine"})));
+    }
+}

@@ -1,0 +1,182 @@
+//! The Agent (bare metal) platform on the sandbox: a cluster made by
+//! `hcp-dr cluster create --platform agent` on hosts of an inventory
+//! (InfraEnv, BareMetalHosts with BMC Secrets, NMStateConfigs; the
+//! sandbox's assisted-service makes the Agents and its CAPI provider binds
+//! them). Its backup takes the inventory and `backups describe` shows it; a
+//! drill leaves it alone; a restore onto a cluster that already has the
+//! hosts is refused; a migration moves it to mgmt-b (the source's hosts
+//! detached first, so no host is ever deprovisioned) and removes it from
+//! mgmt-a.
+
+mod support;
+
+use std::time::Duration;
+
+use hcp_dr_e2e::drill::hosted_client;
+use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, api_for, create_all, wait_available};
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use support::*;
+
+const HOSTS_NS: &str = "hosts";
+const INFRA_ENV: &str = "demo-hosts";
+
+fn kind(api_version: &str, kind: &str, ns: &str) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "metadata": {"namespace": ns}})
+}
+
+async fn list(client: &kube::Client, api_version: &str, kind_name: &str) -> Vec<Value> {
+    let api: Api<DynamicObject> = api_for(client, &kind(api_version, kind_name, HOSTS_NS));
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list.items.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect(),
+        Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
+        Err(err) => panic!("listing {kind_name}: {err}"),
+    }
+}
+
+async fn agents(client: &kube::Client) -> Vec<Value> {
+    list(client, "agent-install.openshift.io/v1beta1", "Agent").await
+}
+
+async fn hosts(client: &kube::Client) -> Vec<Value> {
+    list(client, "metal3.io/v1alpha1", "BareMetalHost").await
+}
+
+fn bound(agents: &[Value]) -> Vec<&Value> {
+    agents.iter().filter(|a| a.pointer("/spec/clusterDeploymentName/namespace").and_then(Value::as_str) == Some("clusters-demo")).collect()
+}
+
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..360 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A sandbox whose mgmt-a has an inventory of 3 hosts and `demo` made by
+/// `hcp-dr cluster create --platform agent` on 2 of them.
+async fn agent_env() -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
+    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
+    let spec = HostedClusterSpec { availability: "SingleReplica".into(), ..HostedClusterSpec::demo() };
+    let mut env = Env { hosted: mgmt.clone(), dir, sandbox, spec, mgmt, replicas: Vec::new() };
+
+    let pull = env.dir.path().join("pull-secret.json");
+    std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
+    let create = |agent_ns: &str| {
+        env.hcp_dr(
+            &[
+                "cluster", "create", "--name", "demo", "--platform", "agent", "--agent-namespace", agent_ns, "--availability", "SingleReplica",
+                "--node-pool-replicas", "2", "--release-image", &env.spec.release_image, "--pull-secret", pull.to_str().unwrap(), "--base-domain",
+                hcp_dr_e2e::sandbox::BASE_DOMAIN, "--wait", "5m",
+            ],
+            &[],
+        )
+    };
+    // bad input: the hosts' namespace must exist; nothing is created
+    let out = create("no-such-hosts");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`no-such-hosts` does not exist"), "{}", text(&out));
+
+    create_all(&env.mgmt, &hcp_dr_e2e::sandbox::agent_inventory(HOSTS_NS, INFRA_ENV, 3)).await.expect("inventory");
+    let out = create(HOSTS_NS);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available");
+    let mgmt = env.mgmt.clone();
+    wait_for("2 Agents bound to demo", || async { bound(&agents(&mgmt).await).len() == 2 }).await;
+    env.hosted = hosted_client(&env.mgmt, "clusters", "demo").await.expect("hosted client");
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
+    let env = agent_env().await;
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let hc = api_for(&env.mgmt, &kind("hypershift.openshift.io/v1beta1", "HostedCluster", "clusters")).get("demo").await.expect("demo");
+    let infra_id = serde_json::to_value(hc).unwrap()["spec"]["infraID"].as_str().expect("infraID").to_string();
+    let before = agents(&env.mgmt).await;
+    let bound_before: Vec<String> = bound(&before).iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+
+    // backup: the inventory is in the backup and its manifest
+    let (folder, _) = backup_to_s3(&env);
+    let out = env.hcp_dr(&["backups", "describe", &folder, "--s3-endpoint", &endpoint], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let described = String::from_utf8_lossy(&out.stdout);
+    assert!(described.contains(&format!("agent inventory: 2 host(s) bound to the cluster, InfraEnv {INFRA_ENV}")), "{described}");
+    for agent in &bound_before {
+        assert!(described.contains(agent.as_str()), "{agent} missing:\n{described}");
+    }
+    let out = env.hcp_dr(&["backups", "describe", &folder, "--s3-endpoint", &endpoint, "-o", "json"], &[]);
+    let manifest = json_report(&out);
+    let counts = &manifest["object_counts"];
+    assert_eq!((counts["Agent"].as_u64(), counts["BareMetalHost"].as_u64(), counts["InfraEnv"].as_u64()), (Some(2), Some(2), Some(1)), "{manifest:#}");
+    assert_eq!(counts["NMStateConfig"].as_u64(), Some(3), "the InfraEnv selects all 3 hosts' configs: {manifest:#}");
+
+    // a drill on mgmt-b leaves the inventory where it is and says so
+    let staging = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+    let out = env.hcp_dr(&["drill", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &staging, "--wait", "5m", "-o", "json"], &[]);
+    let drill = json_report(&out);
+    let dropped = drill.to_string();
+    assert!(dropped.contains("agent-inventory"), "the drill report does not say the inventory was left alone: {drill:#}");
+    assert!(agents(&b).await.is_empty() && hosts(&b).await.is_empty(), "the drill created hosts on mgmt-b");
+    assert_eq!(bound(&agents(&env.mgmt).await).len(), 2, "the drill touched the source's Agents");
+
+    // a restore onto a cluster that has the same hosts is refused, naming them; nothing is created
+    let out = env.hcp_dr(&["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", env.sandbox.clusters[0].kubeconfig.to_str().unwrap()], &[]);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("boot MAC address") && said.contains("one host cannot be managed from two places"), "{said}");
+
+    // migrate: the inventory moves to mgmt-b, the source's goes, no host is deprovisioned
+    let via = format!("s3://{BUCKET}/migrations");
+    let (a, bk) = (env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string(), staging.clone());
+    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", &a, "--to-kubeconfig", &bk, "--via", &via, "--s3-endpoint", &endpoint, "--wait", "5m", "--dns-wait", "2m", "--dns-direct", "-o", "json"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(dns_args(&env));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let detached = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "detach-hosts").expect("detach-hosts ran")["output"]["hosts"].as_array().map_or(0, Vec::len);
+    assert_eq!(detached, 2, "{report:#}");
+
+    wait_available(&b, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-b");
+    let moved = agents(&b).await;
+    let bound_after: Vec<String> = bound(&moved).iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(bound_after, bound_before, "the same hosts serve the cluster on mgmt-b");
+    for agent in bound(&moved) {
+        assert_eq!(agent["spec"]["approved"], true, "{agent:#}");
+        assert_eq!(agent["spec"]["role"], "worker", "{agent:#}");
+        assert!(agent.pointer("/status/inventory/interfaces").is_some(), "the Agent's discovered inventory did not come back: {agent:#}");
+    }
+    let b_hosts = hosts(&b).await;
+    assert_eq!(b_hosts.len(), 2, "{b_hosts:#?}");
+    for host in &b_hosts {
+        assert_eq!(host.pointer("/status/provisioning/state").and_then(Value::as_str), Some("provisioned"), "metal3 on mgmt-b did not adopt the host: {host:#}");
+        let annotations = &host["metadata"]["annotations"];
+        assert!(annotations.get(hcp_dr::hosted::agent::DETACHED).is_none(), "the host is detached on mgmt-b: {host:#}");
+        let credentials = host.pointer("/spec/bmc/credentialsName").and_then(Value::as_str).expect("BMC credentials");
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(b.clone(), HOSTS_NS);
+        assert!(secrets.get_opt(credentials).await.unwrap().is_some(), "the BMC Secret {credentials} did not come with its host");
+    }
+    // mgmt-a keeps only the host the cluster did not use, and its InfraEnv
+    let left = hosts(&env.mgmt).await;
+    assert_eq!(left.len(), 1, "{left:#?}");
+    assert!(bound(&agents(&env.mgmt).await).is_empty(), "Agents bound to demo are left on mgmt-a");
+    let deprovisioned = hcp_dr_e2e::sandbox::deprovisioned_hosts(&env.sandbox.dir);
+    assert!(deprovisioned.is_empty(), "a metal3 deprovisioned hosts: {deprovisioned:?}");
+    // (the drill's own workers, under its own infra ID, come and go with it)
+    let terminated: Vec<String> = hcp_dr_e2e::sandbox::terminated_instances(&env.sandbox.dir).into_iter().filter(|t| t.starts_with(&format!("{infra_id}/"))).collect();
+    assert!(terminated.is_empty(), "CAPI terminated the cluster's workers: {terminated:?}");
+}
