@@ -344,6 +344,17 @@ pub struct TornDown {
     pub finalizers_removed: Vec<String>,
 }
 
+impl TornDown {
+    /// Notes `what` as deleted (once, however often a resumed teardown
+    /// gets there) and journals it.
+    pub fn record_deleted(&mut self, what: String, record: Record<'_>) -> Result<(), Failure> {
+        if !self.deleted.contains(&what) {
+            self.deleted.push(what);
+        }
+        record(self)
+    }
+}
+
 const WAIT: Duration = Duration::from_secs(120);
 
 /// Rank of a CAPI or platform kind in the deletion order.
@@ -405,8 +416,7 @@ async fn gone(api: &Api<DynamicObject>, name: &str, what: &str, out: &mut TornDo
     }
     remove_finalizers(api, name, what).await?;
     delete_and_wait(api, name, what, WAIT).await?;
-    out.deleted.push(what.to_string());
-    record(out)
+    out.record_deleted(what.to_string(), record)
 }
 
 /// Scale the HCP namespace to zero, then remove finalizers and delete, in
@@ -436,8 +446,7 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
     if hcp_ns_exists {
         clear_control_plane_namespace(&client, &hcp_ns, out, record).await?;
         delete_namespace(&client, &hcp_ns, None, Duration::from_secs(300)).await?;
-        out.deleted.push(format!("Namespace {hcp_ns}"));
-        record(out)?;
+        out.record_deleted(format!("Namespace {hcp_ns}"), record)?;
     }
 
     let hcs = api(&client, &HOSTED_CLUSTER, &ns);
@@ -461,8 +470,7 @@ pub async fn destroy(client: &kube::Client, ns: &str, name: &str, out: &mut Torn
     for secret in used.iter().filter(|s| !others.contains(s)) {
         let what = format!("Secret {ns}/{secret}");
         delete_and_wait(&secrets, secret, &what, WAIT).await?;
-        out.deleted.push(what);
-        record(out)?;
+        out.record_deleted(what, record)?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use hcp_dr_e2e::drill::hosted_client;
-use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, api_for, create_all, wait_available};
+use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, api_for, create_all, wait_available};
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 use support::*;
@@ -137,13 +137,7 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
     assert!(said.contains("boot MAC address") && said.contains("one host cannot be managed from two places"), "{said}");
 
     // migrate: the inventory moves to mgmt-b, the source's goes, no host is deprovisioned
-    let via = format!("s3://{BUCKET}/migrations");
-    let (a, bk) = (env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string(), staging.clone());
-    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", &a, "--to-kubeconfig", &bk, "--via", &via, "--s3-endpoint", &endpoint, "--wait", "5m", "--dns-wait", "2m", "--dns-direct", "-o", "json"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(dns_args(&env));
+    let args = migrate_json_args(&env);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = env.hcp_dr(&args, &[]);
     assert!(out.status.success(), "{}", text(&out));
@@ -159,6 +153,15 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
         assert_eq!(agent["spec"]["approved"], true, "{agent:#}");
         assert_eq!(agent["spec"]["role"], "worker", "{agent:#}");
         assert!(agent.pointer("/status/inventory/interfaces").is_some(), "the Agent's discovered inventory did not come back: {agent:#}");
+    }
+    // each restored AgentMachine keeps its host, and the host's Agent names the AgentMachine's new UID
+    let machines: Api<DynamicObject> = api_for(&b, &kind("capi-provider.agent-install.openshift.io/v1beta1", "AgentMachine", "clusters-demo"));
+    let machines: Vec<Value> = machines.list(&ListParams::default()).await.expect("AgentMachines on mgmt-b").items.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect();
+    assert_eq!(machines.len(), 2, "{machines:#?}");
+    for machine in &machines {
+        let agent_name = machine.pointer("/status/agentRef/name").and_then(Value::as_str).unwrap_or_else(|| panic!("an AgentMachine without its host on mgmt-b: {machine:#}"));
+        let agent = moved.iter().find(|a| a["metadata"]["name"] == agent_name).expect("its Agent");
+        assert_eq!(agent["metadata"]["labels"][hcp_dr::hosted::agent::AGENT_MACHINE_REF], machine["metadata"]["uid"], "{agent:#}");
     }
     let b_hosts = hosts(&b).await;
     assert_eq!(b_hosts.len(), 2, "{b_hosts:#?}");

@@ -24,8 +24,8 @@ use kube::api::ListParams;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::Gvk;
-use crate::kube::{KubeError, api, get_json, is_not_found, list_json};
+use super::{Gvk, SECRET};
+use crate::kube::{KubeError, api, get_json, list_if_served, list_json};
 
 pub const AGENT: Gvk = Gvk {
     group: "agent-install.openshift.io",
@@ -51,8 +51,15 @@ pub const BARE_METAL_HOST: Gvk = Gvk {
     kind: "BareMetalHost",
     plural: "baremetalhosts",
 };
-const SECRET: Gvk = Gvk { group: "", version: "v1", kind: "Secret", plural: "secrets" };
 const AGENT_MACHINE_GROUP: &str = "capi-provider.agent-install.openshift.io";
+pub const AGENT_MACHINE: Gvk = Gvk { group: AGENT_MACHINE_GROUP, version: "v1beta1", kind: "AgentMachine", plural: "agentmachines" };
+/// The label the CAPI agent provider puts on the Agent an AgentMachine
+/// took: the AgentMachine's UID. An Agent with it is never taken by another
+/// AgentMachine; an AgentMachine without `status.agentRef` looks for the
+/// Agent labelled with its own UID.
+pub const AGENT_MACHINE_REF: &str = "agentMachineRef";
+/// The annotation naming that AgentMachine's namespace.
+pub const AGENT_MACHINE_REF_NAMESPACE: &str = "agentMachineRefNamespace";
 
 /// The label naming the InfraEnv a BareMetalHost or an Agent belongs to.
 pub const INFRAENV_LABEL: &str = "infraenvs.agent-install.openshift.io";
@@ -73,11 +80,51 @@ pub fn is_inventory(obj: &Value) -> bool {
     api_version.starts_with("agent-install.openshift.io/") || (api_version.starts_with("metal3.io/") && obj["kind"] == BARE_METAL_HOST.kind)
 }
 
-/// Whether `obj` is an Agent or a BareMetalHost: their status is the host's
-/// record (what was discovered and provisioned), kept in the backup.
+/// Whether `obj` is an Agent or a BareMetalHost, whose status is the host's
+/// record (what was discovered and provisioned), or an AgentMachine, whose
+/// status (`agentRef`) is its binding to its host: kept in the backup.
+/// Without it a restored AgentMachine looks for an Agent labelled with its
+/// new UID, finds none, and the provider takes a free host instead.
 pub fn keeps_status(obj: &Value) -> bool {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default();
-    (api_version.starts_with("agent-install.openshift.io/") && obj["kind"] == AGENT.kind) || (api_version.starts_with("metal3.io/") && obj["kind"] == BARE_METAL_HOST.kind)
+    (api_version.starts_with("agent-install.openshift.io/") && obj["kind"] == AGENT.kind)
+        || (api_version.starts_with("metal3.io/") && obj["kind"] == BARE_METAL_HOST.kind)
+        || is_agent_machine(obj)
+}
+
+pub fn is_agent_machine(obj: &Value) -> bool {
+    obj["apiVersion"].as_str().unwrap_or_default().starts_with("capi-provider.agent-install.openshift.io/") && obj["kind"] == AGENT_MACHINE.kind
+}
+
+/// After a restore created `machine` (an AgentMachine, as the server
+/// returned it: its new UID) from `backed_up` (with the status the backup
+/// kept): label the Agent it uses with the new UID, as the provider labels
+/// the Agent it takes. The Agent still carries the old AgentMachine's UID,
+/// which names nothing here. An Agent that is missing or bound to another
+/// cluster is left alone (the restore's checks refused those); returns the
+/// Agent relabelled.
+pub async fn relabel_agent(client: &kube::Client, machine: &Value, backed_up: &Value) -> Result<Option<String>, KubeError> {
+    let (Some(uid), Some(name)) = (machine.pointer("/metadata/uid").and_then(Value::as_str), backed_up.pointer("/status/agentRef/name").and_then(Value::as_str)) else {
+        return Ok(None);
+    };
+    let machine_ns = machine["metadata"]["namespace"].as_str().unwrap_or_default();
+    let ns = backed_up.pointer("/status/agentRef/namespace").and_then(Value::as_str).unwrap_or(machine_ns);
+    let agents = api(client, &AGENT, ns);
+    let what = format!("Agent {ns}/{name}");
+    let Some(agent) = get_json(&agents, name, &what).await? else { return Ok(None) };
+    if bound_to(&agent) != Some(machine_ns) {
+        return Ok(None);
+    }
+    if agent["metadata"]["labels"][AGENT_MACHINE_REF] == uid && agent["metadata"]["annotations"][AGENT_MACHINE_REF_NAMESPACE] == machine_ns {
+        return Ok(Some(what));
+    }
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": agent["metadata"]["resourceVersion"],
+        "labels": {AGENT_MACHINE_REF: uid},
+        "annotations": {AGENT_MACHINE_REF_NAMESPACE: machine_ns},
+    }});
+    crate::kube::merge_patch(&agents, name, &patch, &what).await?;
+    Ok(Some(what))
 }
 
 /// The `spec.platform.agent.agentNamespace` of an Agent-platform HostedCluster.
@@ -144,11 +191,16 @@ pub enum InventoryError {
     Kube(#[from] KubeError),
 }
 
-/// The inventory of `hc` (an Agent-platform HostedCluster; None for any
-/// other platform) and its objects, as read from the management cluster.
-/// Refused: an agentNamespace that does not exist, an AgentMachine of the
-/// cluster using an Agent that is missing or bound to another cluster.
-pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Option<(AgentInventory, Vec<Value>)>, InventoryError> {
+/// The checks of [`read`] alone, without reading the hosts' objects (the
+/// backup's preflight; the export reads them when the cluster is paused):
+/// the names of the Agents bound to the cluster, None for another platform.
+pub async fn check(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Option<Vec<String>>, InventoryError> {
+    Ok(bound_agents(client, hc, hcp_ns).await?.map(|(_, agents)| agents.iter().map(|a| a["metadata"]["name"].as_str().unwrap_or_default().to_string()).collect()))
+}
+
+/// The agent namespace of `hc` and the Agents bound to the cluster, after
+/// the refusals of [`read`]; None for another platform.
+async fn bound_agents<'a>(client: &kube::Client, hc: &'a Value, hcp_ns: &str) -> Result<Option<(&'a str, Vec<Value>)>, InventoryError> {
     let Some(ns) = agent_namespace(hc) else { return Ok(None) };
     let label = format!("HostedCluster {}/{}", hc["metadata"]["namespace"].as_str().unwrap_or_default(), hc["metadata"]["name"].as_str().unwrap_or_default());
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
@@ -157,17 +209,21 @@ pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Opt
             "{label} is on the Agent platform with spec.platform.agent.agentNamespace `{ns}`, but that namespace does not exist on this management cluster: its hosts (Agents, BareMetalHosts, InfraEnv) would be missing from the backup. Fix the HostedCluster's agentNamespace, or recreate the inventory there"
         )));
     }
-    let agents = match list_json(&api(client, &AGENT, ns), &ListParams::default(), &format!("Agents in {ns}")).await {
-        Ok(agents) => agents,
-        Err(KubeError::Request { source, .. }) if is_not_found(&source) => {
-            return Err(InventoryError::Refused(format!(
-                "{label} is on the Agent platform, but this management cluster does not serve agent-install.openshift.io Agents (is the Infrastructure Operator / multicluster engine installed?)"
-            )));
-        }
-        Err(err) => return Err(err.into()),
+    let Some(agents) = list_if_served(&api(client, &AGENT, ns), &ListParams::default(), &format!("Agents in {ns}")).await? else {
+        return Err(InventoryError::Refused(format!(
+            "{label} is on the Agent platform, but this management cluster does not serve agent-install.openshift.io Agents (is the Infrastructure Operator / multicluster engine installed?)"
+        )));
     };
-    let bound: Vec<&Value> = agents.iter().filter(|a| bound_to(a) == Some(hcp_ns)).collect();
     check_machines(client, hcp_ns, ns, &agents, &label).await?;
+    Ok(Some((ns, agents.into_iter().filter(|a| bound_to(a) == Some(hcp_ns)).collect())))
+}
+
+/// The inventory of `hc` (an Agent-platform HostedCluster; None for any
+/// other platform) and its objects, as read from the management cluster.
+/// Refused: an agentNamespace that does not exist, an AgentMachine of the
+/// cluster using an Agent that is missing or bound to another cluster.
+pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Option<(AgentInventory, Vec<Value>)>, InventoryError> {
+    let Some((ns, bound)) = bound_agents(client, hc, hcp_ns).await? else { return Ok(None) };
 
     let mut objects: Vec<Value> = Vec::new();
     let mut inventory = AgentInventory { namespace: ns.to_string(), ..AgentInventory::default() };
@@ -238,11 +294,8 @@ fn typed(mut obj: Value, gvk: &Gvk) -> Value {
 /// namespace that is bound to it: anything else is an inventory the backup
 /// cannot take whole.
 async fn check_machines(client: &kube::Client, hcp_ns: &str, ns: &str, agents: &[Value], label: &str) -> Result<(), InventoryError> {
-    let machines = Gvk { group: AGENT_MACHINE_GROUP, version: "v1beta1", kind: "AgentMachine", plural: "agentmachines" };
-    let listed = match list_json(&api(client, &machines, hcp_ns), &ListParams::default(), &format!("AgentMachines in {hcp_ns}")).await {
-        Ok(listed) => listed,
-        Err(KubeError::Request { source, .. }) if is_not_found(&source) => return Ok(()),
-        Err(err) => return Err(err.into()),
+    let Some(listed) = list_if_served(&api(client, &AGENT_MACHINE, hcp_ns), &ListParams::default(), &format!("AgentMachines in {hcp_ns}")).await? else {
+        return Ok(());
     };
     for machine in listed {
         let Some(agent_name) = machine.pointer("/status/agentRef/name").and_then(Value::as_str) else { continue };
@@ -279,16 +332,8 @@ async fn check_machines(client: &kube::Client, hcp_ns: &str, ns: &str, agents: &
 pub async fn clashes(client: &kube::Client, objects: &[Value]) -> Result<Vec<String>, KubeError> {
     let mut found = Vec::new();
     let all = |gvk: &Gvk| kube::Api::<kube::api::DynamicObject>::all_with(client.clone(), &gvk.api_resource());
-    let live_hosts = match list_json(&all(&BARE_METAL_HOST), &ListParams::default(), "BareMetalHosts").await {
-        Ok(hosts) => hosts,
-        Err(KubeError::Request { source, .. }) if is_not_found(&source) => Vec::new(),
-        Err(err) => return Err(err),
-    };
-    let live_agents = match list_json(&all(&AGENT), &ListParams::default(), "Agents").await {
-        Ok(agents) => agents,
-        Err(KubeError::Request { source, .. }) if is_not_found(&source) => Vec::new(),
-        Err(err) => return Err(err),
-    };
+    let live_hosts = list_if_served(&all(&BARE_METAL_HOST), &ListParams::default(), "BareMetalHosts").await?.unwrap_or_default();
+    let live_agents = list_if_served(&all(&AGENT), &ListParams::default(), "Agents").await?.unwrap_or_default();
     let path = |o: &Value| format!("{}/{}", o["metadata"]["namespace"].as_str().unwrap_or_default(), o["metadata"]["name"].as_str().unwrap_or_default());
     for obj in objects {
         if obj["kind"] == BARE_METAL_HOST.kind && is_inventory(obj) {
@@ -330,6 +375,8 @@ mod tests {
         assert!(keeps_status(&json!({"apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost"})));
         assert!(!keeps_status(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "InfraEnv"})));
         assert!(!keeps_status(&json!({"apiVersion": "v1", "kind": "Secret"})));
+        assert!(keeps_status(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine"})));
+        assert!(!keeps_status(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentCluster"})));
         assert!(is_inventory(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "NMStateConfig"})));
         assert!(!is_inventory(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine"})));
     }

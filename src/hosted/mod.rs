@@ -34,6 +34,7 @@ impl Gvk {
     }
 }
 
+pub const SECRET: Gvk = Gvk { group: "", version: "v1", kind: "Secret", plural: "secrets" };
 pub const HOSTED_CLUSTER: Gvk = Gvk {
     group: "hypershift.openshift.io",
     version: "v1beta1",

@@ -282,6 +282,16 @@ pub async fn list_json(api: &Api<DynamicObject>, params: &ListParams, what: &str
         .collect()
 }
 
+/// List objects as JSON; `None` when the server does not serve the type
+/// (a 404 on the list: its CRD is not installed).
+pub async fn list_if_served(api: &Api<DynamicObject>, params: &ListParams, what: &str) -> Result<Option<Vec<Value>>, KubeError> {
+    match list_json(api, params, what).await {
+        Ok(items) => Ok(Some(items)),
+        Err(KubeError::Request { source, .. }) if is_not_found(&source) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
 /// API discovery of only the groups `wanted` accepts (`""`: the core
 /// group). A management cluster often has an aggregated API registered but
 /// down (a stale metrics or package server answering 503): a discovery of

@@ -35,9 +35,10 @@ pub struct Findings {
     /// journals lack it).
     #[serde(default)]
     pub origin: Option<Origin>,
-    /// The Agent platform's inventory of the cluster (None: another platform).
+    /// The Agents bound to the cluster (None: another platform); the
+    /// export takes them and the rest of the inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_inventory: Option<hosted::agent::AgentInventory>,
+    pub agents: Option<Vec<String>>,
 }
 
 pub struct Preflight;
@@ -146,8 +147,8 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
     }
 
     // The platform's own objects, checked before anything is paused.
-    let agent_inventory = match hosted::agent::read(&ctx.client, &hc.0, &hcp_ns).await {
-        Ok(found) => found.map(|(inventory, _)| inventory),
+    let agents = match hosted::agent::check(&ctx.client, &hc.0, &hcp_ns).await {
+        Ok(found) => found,
         Err(hosted::agent::InventoryError::Refused(why)) => return Err(StageError::Precondition(why).into()),
         Err(hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
     };
@@ -248,7 +249,7 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         tls_source,
         warnings,
         origin,
-        agent_inventory,
+        agents,
     })
 }
 

@@ -534,6 +534,20 @@ pub fn migrate_args(env: &Env, journal: &Path, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// `hcp-dr migrate` of demo from mgmt-a to mgmt-b through the sandbox's S3
+/// store, DNS records taken over directly, reporting JSON.
+pub fn migrate_json_args(env: &Env) -> Vec<String> {
+    let (a, b) = (&env.sandbox.clusters[0].kubeconfig, &env.sandbox.clusters[1].kubeconfig);
+    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", a.to_str().unwrap(), "--to-kubeconfig", b.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--via".into(), format!("s3://{}/migrations", hcp_dr_e2e::sandbox::BUCKET), "--s3-endpoint".into(), env.sandbox.s3.https_url().to_string()]);
+    args.extend(["--wait", "5m", "--dns-wait", "2m", "--dns-direct", "-o", "json"].map(String::from));
+    args.extend(dns_args(env));
+    args
+}
+
 /// The etcd keys under `/kubernetes.io/` of demo's most advanced member on
 /// `mgmt`: its revision and keys.
 pub async fn etcd_keys(mgmt: &kube::Client, hcp_ns: &str) -> (i64, std::collections::BTreeSet<String>) {

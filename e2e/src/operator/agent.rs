@@ -28,22 +28,25 @@
 //!   on every management cluster), approved (BMAC approves the Agents of its
 //!   hosts), with the host's inventory and ready conditions as status. An
 //!   Agent with a status keeps it.
-//! - The CAPI agent provider: for each AgentMachine of a
-//!   NodePool of an Agent-platform HostedCluster, neither paused nor being
-//!   deleted, without `status.agentRef`: an Agent of the HostedCluster's
-//!   `spec.platform.agent.agentNamespace` matching the NodePool's
-//!   `agentLabelSelector`: first one bound to this cluster that no
-//!   AgentMachine references (after a restore the AgentMachines come back
-//!   without status and the Agents bound), else an approved unbound one. It
-//!   is bound (`spec.clusterDeploymentName: {name: <hc>, namespace: <hcp
+//! - The CAPI agent provider, as the real one (openshift/
+//!   cluster-api-provider-agent) does: for each AgentMachine of a NodePool
+//!   of an Agent-platform HostedCluster, neither paused nor being deleted,
+//!   without `status.agentRef`: the Agent of the HostedCluster's
+//!   `spec.platform.agent.agentNamespace` labelled `agentMachineRef: <the
+//!   AgentMachine's UID>` (one it took before it could write its status),
+//!   else an approved, unbound Agent without that label matching the
+//!   NodePool's `agentLabelSelector`. An Agent bound to the cluster whose
+//!   label names another AgentMachine (one restored with a new UID) is NOT
+//!   taken back: a restore must bring the AgentMachines' status back. The
+//!   Agent is labelled, annotated `agentMachineRefNamespace`, bound
+//!   (`spec.clusterDeploymentName: {name: <hc>, namespace: <hcp
 //!   namespace>}`, `spec.role: worker`) and named in the AgentMachine's
 //!   `status.agentRef`. When the HyperShift reconciler deletes an
 //!   AgentMachine (a NodePool scaled down or deleted, a HostedCluster deleted,
-//!   never while paused), its Agent is unbound first.
+//!   never while paused), its Agent is unbound and unlabelled first.
 //!
 //! Not simulated: BMAC setting the host's image and detaching it once its
-//! Agent is installed, the provider's `agentMachineRef` label, the Agents'
-//! installation progress and `Bound`/`Installed` conditions, metal3's
+//! Agent is installed, the Agents' installation progress and `Bound`/`Installed` conditions, metal3's
 //! HardwareData objects.
 
 use std::collections::HashSet;
@@ -55,7 +58,7 @@ use serde_json::{Map, Value, json};
 use super::hypershift::{NODEPOOL_LABEL, Pause, hcp_namespace, nodepools_of, pause_state};
 use super::objects::{
     self, AGENT, AGENT_MACHINE, BARE_METAL_HOST, HOSTED_CLUSTER, INFRA_ENV, NODE_POOL, Res,
-    is_deleting, name_of, ns_of, str_at,
+    is_deleting, name_of, ns_of, str_at, uid_of,
 };
 use super::workloads::{add_finalizer, remove_finalizer};
 use super::{Ctx, OperatorError, log_failure};
@@ -432,29 +435,35 @@ fn agent_ref(machine: &Value) -> Option<(String, String)> {
     (!name.is_empty()).then(|| (ns.to_string(), name.to_string()))
 }
 
-/// The Agent for an AgentMachine of cluster `hc_name` among `agents`: one
-/// already bound to it and not `taken`, else an approved unbound one; both
-/// matching `selector`.
+/// The label the provider puts on the Agent an AgentMachine took (its UID).
+pub const AGENT_MACHINE_REF: &str = "agentMachineRef";
+/// The annotation naming that AgentMachine's namespace.
+pub const AGENT_MACHINE_REF_NAMESPACE: &str = "agentMachineRefNamespace";
+
+/// The Agent for the AgentMachine whose UID is `machine_uid` among
+/// `agents`, as the real provider's `findAgent` picks it: the one labelled
+/// with that UID, else an approved, unbound one without the label (and not
+/// `taken` in this pass), matching `selector`.
 pub fn pick_agent<'a>(
     agents: &'a [Value],
     taken: &HashSet<(String, String)>,
-    hc_name: &str,
-    hcp_ns: &str,
+    machine_uid: &str,
     selector: Option<&Value>,
 ) -> Option<&'a Value> {
-    let free: Vec<&Value> = agents
+    let live: Vec<&Value> = agents.iter().filter(|a| !is_deleting(a)).collect();
+    if let Some(labelled) = live
         .iter()
-        .filter(|a| !is_deleting(a) && selected(a, selector))
-        .filter(|a| !taken.contains(&(ns_of(a).to_string(), name_of(a).to_string())))
-        .collect();
-    free.iter()
-        .find(|a| bound_to(a, hc_name, hcp_ns))
-        .or_else(|| {
-            free.iter().find(|a| {
-                unbound(a) && a.pointer("/spec/approved").and_then(Value::as_bool) == Some(true)
-            })
-        })
-        .copied()
+        .find(|a| !machine_uid.is_empty() && label(a, AGENT_MACHINE_REF) == Some(machine_uid))
+    {
+        return Some(labelled);
+    }
+    live.into_iter().find(|a| {
+        label(a, AGENT_MACHINE_REF).is_none()
+            && selected(a, selector)
+            && unbound(a)
+            && a.pointer("/spec/approved").and_then(Value::as_bool) == Some(true)
+            && !taken.contains(&(ns_of(a).to_string(), name_of(a).to_string()))
+    })
 }
 
 async fn capi_provider(ctx: &Ctx) -> Result<(), OperatorError> {
@@ -506,7 +515,7 @@ async fn bind_machines(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), Opera
                 && agent_ref(m).is_none()
         });
         for machine in waiting {
-            let Some(agent) = pick_agent(&agents, &taken, hc_name, &hcp_ns, selector) else {
+            let Some(agent) = pick_agent(&agents, &taken, uid_of(machine), selector) else {
                 log_failure(
                     "capi-provider-agent",
                     &key(machine),
@@ -531,10 +540,18 @@ async fn bind(
     agent: &Value,
     machine: &Value,
 ) -> Result<(), OperatorError> {
-    if !bound_to(agent, hc_name, hcp_ns) || str_at(agent, "/spec/role") != Some("worker") {
+    let uid = uid_of(machine);
+    if !bound_to(agent, hc_name, hcp_ns)
+        || str_at(agent, "/spec/role") != Some("worker")
+        || label(agent, AGENT_MACHINE_REF) != Some(uid)
+    {
         // conditional on what was seen: an Agent taken meanwhile is a conflict
         let patch = json!({
-            "metadata": {"resourceVersion": agent.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)},
+            "metadata": {
+                "resourceVersion": agent.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null),
+                "labels": {AGENT_MACHINE_REF: uid},
+                "annotations": {AGENT_MACHINE_REF_NAMESPACE: ns_of(machine)},
+            },
             "spec": {"clusterDeploymentName": {"name": hc_name, "namespace": hcp_ns}, "role": "worker"},
         });
         ctx.kube
@@ -579,7 +596,10 @@ pub(crate) async fn release_agent(ctx: &Ctx, machine: &Value) -> Result<(), Oper
             &AGENT,
             Some(&ns),
             &name,
-            &json!({"spec": {"clusterDeploymentName": null}}),
+            &json!({
+                "metadata": {"labels": {AGENT_MACHINE_REF: null}, "annotations": {AGENT_MACHINE_REF_NAMESPACE: null}},
+                "spec": {"clusterDeploymentName": null},
+            }),
         )
         .await
         .map(|_| ())
@@ -632,12 +652,13 @@ mod tests {
     }
 
     #[test]
-    fn a_bound_agent_is_preferred_then_an_approved_unbound_one() {
+    fn the_agent_labelled_for_the_machine_comes_first_then_a_free_unlabelled_one() {
         let agents = vec![
             agent("a", json!({}), json!({"approved": true, "role": ""})),
+            // bound to the cluster for an AgentMachine of another UID (restored without status): never taken back
             agent(
                 "b",
-                json!({}),
+                json!({AGENT_MACHINE_REF: "old-uid"}),
                 json!({"approved": true, "role": "worker",
                 "clusterDeploymentName": {"name": "hc", "namespace": "clusters-hc"}}),
             ),
@@ -648,16 +669,15 @@ mod tests {
                 json!({"approved": true, "role": "worker",
                 "clusterDeploymentName": {"name": "other", "namespace": "clusters-other"}}),
             ),
+            agent("e", json!({AGENT_MACHINE_REF: "m-1"}), json!({"approved": true, "role": "worker",
+                "clusterDeploymentName": {"name": "hc", "namespace": "clusters-hc"}})),
         ];
         let mut taken = HashSet::new();
-        let first = pick_agent(&agents, &taken, "hc", "clusters-hc", None).expect("one");
-        assert_eq!(name_of(first), "b");
-        taken.insert(("hosts".to_string(), "b".to_string()));
-        let second = pick_agent(&agents, &taken, "hc", "clusters-hc", None).expect("one");
-        assert_eq!(name_of(second), "a");
+        assert_eq!(pick_agent(&agents, &taken, "m-1", None).map(name_of), Some("e"));
+        assert_eq!(pick_agent(&agents, &taken, "m-2", None).map(name_of), Some("a"));
         taken.insert(("hosts".to_string(), "a".to_string()));
-        // c is not approved, d is bound to another cluster
-        assert!(pick_agent(&agents, &taken, "hc", "clusters-hc", None).is_none());
+        // b names another AgentMachine, c is not approved, d is bound to another cluster
+        assert!(pick_agent(&agents, &taken, "m-2", None).is_none());
     }
 
     #[test]
@@ -676,7 +696,7 @@ mod tests {
         ];
         let selector = json!({"matchLabels": {"size": "large"}});
         let taken = HashSet::new();
-        let picked = pick_agent(&agents, &taken, "hc", "clusters-hc", Some(&selector));
+        let picked = pick_agent(&agents, &taken, "m-1", Some(&selector));
         assert_eq!(picked.map(name_of), Some("b"));
     }
 

@@ -344,7 +344,7 @@ pub const DROPS: &[DropRule] = &[
     },
     DropRule {
         name: "agent-inventory",
-        applies_to: "the Agent platform's inventory in the agentNamespace (Agents, BareMetalHosts, InfraEnvs, NMStateConfigs and their Secrets): every object outside the cluster's two namespaces",
+        applies_to: "the Agent platform's inventory in the agentNamespace (Agents, BareMetalHosts, InfraEnvs, NMStateConfigs and their Secrets): every object outside the cluster's two namespaces; and each AgentMachine's status (its binding to one of those hosts)",
         reason: "the hosts are the source's, in service: a drill never touches its Agents, BareMetalHosts or InfraEnv, so its NodePools get no hosts",
     },
     DropRule {
@@ -563,6 +563,10 @@ pub fn rewrite(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, Rew
         }
         let mut obj = original.clone();
         sanitize::apply(sanitize::REPLAY, &mut obj);
+        // an AgentMachine's binding names the source's host: the drill's must take none
+        if crate::hosted::agent::is_agent_machine(&obj) && obj.as_object_mut().and_then(|o| o.remove("status")).is_some() {
+            report.dropped.push(Dropped { what: format!("{} status.agentRef", describe(original)), rule: DROPS[2].name.to_string(), reason: DROPS[2].reason.to_string() });
+        }
         let endpoint = is_platform_cluster(&obj)
             .then(|| obj.get_mut("spec").and_then(Value::as_object_mut).and_then(|spec| spec.remove("controlPlaneEndpoint")))
             .flatten();

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::MigrateContext;
+use crate::hosted::SECRET;
 use crate::hosted::agent::{AGENT, AgentInventory, BARE_METAL_HOST, DETACHED, INFRA_ENV, INFRAENV_LABEL, NMSTATE_CONFIG};
 use crate::kube::{api, get_json, is_not_found, list_json, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
@@ -103,7 +104,6 @@ impl Stage<MigrateContext> for DetachHosts {
 /// without deprovisioning), their BMC Secrets, and each InfraEnv with its
 /// NMStateConfigs and pull secret once no other Agent comes from it.
 /// Idempotent: what is gone is skipped.
-const SECRET: crate::hosted::Gvk = crate::hosted::Gvk { group: "", version: "v1", kind: "Secret", plural: "secrets" };
 const WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// One detached BareMetalHost of the inventory and its BMC Secret. A host
@@ -136,13 +136,7 @@ async fn remove_host(
 
 pub async fn remove_inventory(client: &kube::Client, inventory: &AgentInventory, out: &mut TornDown, record: Record<'_>) -> Result<(), crate::teardown::Failure> {
     let ns = &inventory.namespace;
-    let mut gone = |what: String, out: &mut TornDown| -> Result<(), crate::teardown::Failure> {
-        if !out.deleted.contains(&what) {
-            out.deleted.push(what);
-            record(out)?;
-        }
-        Ok(())
-    };
+    let mut gone = |what: String, out: &mut TornDown| out.record_deleted(what, record);
     let agents = api(client, &AGENT, ns);
     let secrets = api(client, &SECRET, ns);
     for host in &inventory.hosts {

@@ -204,6 +204,17 @@ async fn write_status(api: &Api<DynamicObject>, r: &ObjRef, obj: &Value) -> Resu
     Ok(())
 }
 
+/// An AgentMachine's Agent gets the label naming the AgentMachine's new UID
+/// ([`crate::hosted::agent::relabel_agent`]).
+async fn relabel_agent(ctx: &RestoreContext, created: &Value, backed_up: &Value) -> Result<(), KubeError> {
+    if crate::hosted::agent::is_agent_machine(backed_up)
+        && let Some(agent) = crate::hosted::agent::relabel_agent(&ctx.client, created, backed_up).await?
+    {
+        tracing::info!(agent = %agent, machine = %created["metadata"]["name"].as_str().unwrap_or_default(), "the Agent names the restored AgentMachine");
+    }
+    Ok(())
+}
+
 fn api_of(ctx: &RestoreContext, discovery: &Discovery, r: &ObjRef) -> Result<Api<DynamicObject>, StageError> {
     let obj = json!({"apiVersion": r.api_version, "kind": r.kind});
     let (resource, caps) = discovery
@@ -307,7 +318,9 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                     .await
                     .map_err(request(format!("creating {}", r.label())))?;
                 write_status(&api, &r, &obj).await?;
-                applied.created.push(r.created_as(&serde_json::to_value(created)?));
+                let created = serde_json::to_value(created)?;
+                relabel_agent(ctx, &created, &obj).await?;
+                applied.created.push(r.created_as(&created));
                 applied.pending = None;
                 step.record(serde_json::to_value(&applied)?)?;
             }
@@ -326,6 +339,7 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
                 match differs(&obj, &have) {
                     _ if ours => {
                         write_status(&api, &r, &obj).await?;
+                        relabel_agent(ctx, &have, &obj).await?;
                         applied.created.push(r.created_as(&have));
                         applied.pending = None;
                         step.record(serde_json::to_value(&applied)?)?;
