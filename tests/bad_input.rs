@@ -174,6 +174,8 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["cluster", "create", "--name", "x", "--release-image", "img", "--pull-secret", &not_pem, "--availability", "Sometimes"], 2, &["--availability", "Sometimes"]),
         case(&["cluster", "reconcile", "--file", &not_yaml], 2, &["not-yaml.yaml"]),
         case(&["cluster", "destroy", "nope"], 2, &["nope"]),
+        case(&["cluster", "oidc", "demo"], 2, &["clusters/demo is on the None platform", "only AWS clusters have an OIDC issuer"]),
+        case(&["cluster", "oidc", "nope"], 2, &["clusters/nope not found"]),
         // fence
         case(&["fence", "--hosted-cluster", "demo"], 2, &["--store", "--runs-on"]),
         case(&["fence", "--hosted-cluster", "nope", "--runs-on", "https://elsewhere:6443"], 2, &["clusters/nope not found"]),

@@ -301,7 +301,7 @@ fn stage_descriptions_fit_the_terminal_width() {
 /// The commands that name their hosted cluster with a positional NAME
 /// rather than --hosted-cluster. Renaming them would break the runbooks
 /// and every script that calls them; a new command takes --hosted-cluster.
-const POSITIONAL_NAME: [&str; 4] = ["cluster pause", "cluster resume", "cluster scale", "cluster destroy"];
+const POSITIONAL_NAME: [&str; 5] = ["cluster pause", "cluster resume", "cluster scale", "cluster oidc", "cluster destroy"];
 
 /// The same thing has the same flag everywhere: -n is --namespace (or, in
 /// `schedule render`, whose --namespace is the CronJob's, --cluster-namespace),

@@ -51,7 +51,7 @@ fn rendered_objects_pass_the_real_crd_schemas_on_every_platform() {
     let tmp = tempfile::tempdir().unwrap();
     for platform in ["none", "agent", "kubevirt", "aws"] {
         let out = hcp_dr(
-            &["--name", "demo", "--platform", platform, "--render", "-o", "json", "--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo", "--aws-subnet-id", "subnet-0123456789abcdef0"],
+            &["--name", "demo", "--platform", platform, "--render", "-o", "json", "--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-oidc-bucket-url", "https://hcp-oidc.s3.us-east-1.amazonaws.com"],
             tmp.path(),
         );
         assert!(out.status.success(), "{platform}: {}", String::from_utf8_lossy(&out.stderr));

@@ -79,7 +79,7 @@ fn rendered(platform: &str, dir: &Path) -> Vec<Value> {
         .args(["cluster", "create", "--name", "demo", "--platform", platform, "--render", "-o", "json"])
         .args(["--release-image", "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64", "--pull-secret"])
         .arg(&pull)
-        .args(["--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo", "--aws-subnet-id", "subnet-0123456789abcdef0"])
+        .args(["--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-oidc-bucket-url", "https://hcp-oidc.s3.us-east-1.amazonaws.com"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{platform}: {}", String::from_utf8_lossy(&out.stderr));
@@ -93,7 +93,10 @@ fn rewritten_clusters_pass_the_real_crd_schemas_on_every_platform() {
         let mut objects = rendered(platform, tmp.path());
         // what HyperShift adds once it reconciled the cluster
         let hc = objects.iter_mut().find(|o| o["kind"] == "HostedCluster").unwrap();
-        hc["spec"]["infraID"] = json!("demo-x7k2p");
+        // (on AWS `cluster create` chose the infraID, which its issuer URL names)
+        if hc["spec"]["infraID"].is_null() {
+            hc["spec"]["infraID"] = json!("demo-x7k2p");
+        }
         hc["spec"]["clusterID"] = json!("2b1f3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d");
         let id = identity("clusters", "demo");
         let (rewritten, report) = rewrite(&objects, &id).unwrap_or_else(|e| panic!("{platform}: {e}"));

@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::Value;
 use support::*;
 
-const STAGES: [&str; 20] = [
+const STAGES: [&str; 21] = [
     "lock",
     "preflight",
     "destination-check",
@@ -32,6 +32,7 @@ const STAGES: [&str; 20] = [
     "apply",
     "wait",
     "fence",
+    "oidc-issuer",
     "teardown",
     "ovn-restart",
     "unlock",

@@ -1,6 +1,7 @@
 //! The sandbox: two emulated management clusters (`mgmt-a`, `mgmt-b`), each an
 //! API emulator on its own real etcd with the HyperShift CRDs and a simulated
-//! operator, plus an S3 endpoint (HTTPS, sandbox CA) and a Route53 endpoint.
+//! operator, plus an S3 endpoint (HTTPS, sandbox CA; the backup bucket and
+//! each operator's OIDC bucket, [`oidc_bucket`]) and a Route53 endpoint.
 //! `hcp-dr-sandbox up|down|status|drill|faults` is built on this module.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -16,7 +17,7 @@ use crate::apiserver::faults::ApiFaults;
 use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::external::{External, Footprint, Removal};
 use crate::operator::agent::INFRAENV_LABEL;
-use crate::operator::{Operator, OperatorConfig, OperatorError, Route53Config};
+use crate::operator::{OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
 use crate::procs::etcd::EtcdProcess;
@@ -308,6 +309,23 @@ pub fn s3_faults_path(dir: &Path) -> PathBuf {
     dir.join("s3").join(crate::procs::s3_faults::S3_FAULTS_FILE)
 }
 
+/// The OIDC bucket of the HyperShift operator of management cluster
+/// `cluster_name` (`oidc-mgmt-a`): each install has its own, so the issuer
+/// documents of a hosted cluster moved to another management cluster stay
+/// in the first one's bucket (see [`crate::operator::oidc`]).
+pub fn oidc_bucket(cluster_name: &str) -> String {
+    format!("oidc-{cluster_name}")
+}
+
+/// The issuer URL of documents at `path` (`<infraID>`) of `bucket`, served
+/// path-style by the sandbox's S3 endpoint at `s3_https_url`:
+/// `https://127.0.0.1:PORT/oidc-mgmt-a/<infraID>`. Set it as a
+/// HostedCluster's `spec.issuerURL`; its documents are then at
+/// `<issuer>/.well-known/openid-configuration` and `<issuer>/openid/v1/jwks`.
+pub fn oidc_issuer_url(s3_https_url: &str, bucket: &str, path: &str) -> String {
+    format!("{}/{bucket}/{path}", s3_https_url.trim_end_matches('/'))
+}
+
 /// What every management cluster of one sandbox shares.
 struct Common<'a> {
     dir: &'a Path,
@@ -316,6 +334,7 @@ struct Common<'a> {
     crds: &'a Path,
     route53: &'a Route53Endpoint,
     zone_id: &'a str,
+    s3: &'a S3Endpoint,
 }
 
 /// One management cluster's API server on `etcd` (at `port`, 0: any) with
@@ -367,6 +386,14 @@ async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -
         }),
         snapshot_ca_pem: Some(common.ca.cert_pem().to_string()),
         cloud_dir: Some(cloud_dir(common.dir)),
+        oidc: Some(OidcConfig {
+            endpoint_url: common.s3.https_url().to_string(),
+            bucket: oidc_bucket(name),
+            region: common.s3.region().to_string(),
+            access_key: common.s3.access_key().to_string(),
+            secret_key: common.s3.secret_key().to_string(),
+            ca_pem: common.ca.cert_pem().to_string(),
+        }),
     })
     .await
     .map_err(|source| SandboxError::Operator {
@@ -447,12 +474,15 @@ impl Sandbox {
         std::fs::create_dir_all(&s3_dir).map_err(io_err(&s3_dir))?;
         let s3 = S3Endpoint::start(&s3_dir, &ca).await?;
         s3.create_bucket(BUCKET).await?;
+        for name in CLUSTERS {
+            s3.create_bucket(&oidc_bucket(name)).await?;
+        }
         let r53_dir = dir.join("route53");
         std::fs::create_dir_all(&r53_dir).map_err(io_err(&r53_dir))?;
         let route53 = Route53Endpoint::start(&r53_dir).await?;
         let zone_id = route53.create_hosted_zone(BASE_DOMAIN).await?;
 
-        let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id };
+        let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id, s3: &s3 };
         let mut clusters = Vec::new();
         for name in CLUSTERS {
             let cluster_dir = dir.join(name);
@@ -704,6 +734,7 @@ impl Sandbox {
             crds: &self.crds,
             route53: &self.route53,
             zone_id: &self.zone_id,
+            s3: &self.s3,
         };
         let (api, operator) = start_cluster(&common, &lost.name, &etcd, port).await?;
         tracing::info!(cluster = %lost.name, "management cluster back with its old state");

@@ -3,44 +3,16 @@
 
 use std::time::Duration;
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
-use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use hcp_dr_e2e::pki::Ca;
-use hcp_dr_e2e::procs::s3::{S3Endpoint, https_get};
+use hcp_dr_e2e::procs::s3::{S3Endpoint, https_get, sdk_config};
 
 const BUCKET: &str = "hcp-backups";
 
 /// An SDK client against `endpoint`, trusting only the sandbox CA.
 fn s3_client(s3: &S3Endpoint, endpoint: &str, ca: &Ca, secret_key: &str) -> aws_sdk_s3::Client {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .tls_context(
-            TlsContext::builder()
-                .with_trust_store(
-                    TrustStore::empty().with_pem_certificate(ca.cert_pem().as_bytes()),
-                )
-                .build()
-                .expect("tls context"),
-        )
-        .build_https();
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(s3.region().to_string()))
-        .endpoint_url(endpoint)
-        .force_path_style(true)
-        .credentials_provider(Credentials::new(
-            s3.access_key(),
-            secret_key,
-            None,
-            None,
-            "sandbox",
-        ))
-        .http_client(http)
-        .build();
+    let config = sdk_config(endpoint, s3.region(), s3.access_key(), secret_key, ca.cert_pem()).expect("S3 client").build();
     aws_sdk_s3::Client::from_conf(config)
 }
 

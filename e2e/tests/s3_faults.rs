@@ -6,13 +6,11 @@
 use std::time::{Duration, Instant};
 
 use aws_sdk_s3::config::retry::RetryConfig;
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::ProvideErrorMetadata as _;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
-use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use hcp_dr_e2e::pki::Ca;
-use hcp_dr_e2e::procs::s3::{S3Endpoint, https_get};
+use hcp_dr_e2e::procs::s3::{S3Endpoint, https_get, sdk_config};
 use hcp_dr_e2e::procs::s3_faults::{S3FaultKind, S3Faults};
 
 const BUCKET: &str = "hcp-backups";
@@ -20,23 +18,9 @@ const BUCKET: &str = "hcp-backups";
 /// An SDK client against `endpoint`, trusting only the sandbox CA, making
 /// one attempt per request (so a test sees each fault itself).
 fn s3_client(s3: &S3Endpoint, endpoint: &str, ca: &Ca) -> aws_sdk_s3::Client {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-        .tls_context(
-            TlsContext::builder()
-                .with_trust_store(TrustStore::empty().with_pem_certificate(ca.cert_pem().as_bytes()))
-                .build()
-                .expect("tls context"),
-        )
-        .build_https();
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(s3.region().to_string()))
-        .endpoint_url(endpoint)
-        .force_path_style(true)
-        .credentials_provider(Credentials::new(s3.access_key(), s3.secret_key(), None, None, "sandbox"))
+    let config = sdk_config(endpoint, s3.region(), s3.access_key(), s3.secret_key(), ca.cert_pem())
+        .expect("S3 client")
         .retry_config(RetryConfig::standard().with_max_attempts(1))
-        .http_client(http)
         .build();
     aws_sdk_s3::Client::from_conf(config)
 }
@@ -207,4 +191,42 @@ async fn a_large_object_streams_through_the_front_unchanged() {
     let listed = client.list_objects_v2().bucket(BUCKET).prefix("small/").send().await.expect("list");
     assert_eq!(listed.contents().len(), 20);
     assert!(s3.faults_injected().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn access_denied_refuses_only_the_paths_under_its_prefix() {
+    let (_dir, ca, s3) = start().await;
+    s3.create_bucket("oidc-mgmt-a").await.expect("create bucket");
+    let client = s3_client(&s3, s3.https_url(), &ca);
+    let plain = s3_client(&s3, s3.http_url(), &ca);
+    s3.set_faults(Some(&S3Faults {
+        share: 1.0,
+        kinds: vec![S3FaultKind::AccessDenied],
+        path_prefix: Some("/oidc-mgmt-a/".into()),
+        ..Default::default()
+    }))
+    .expect("set faults");
+
+    // A PUT under the prefix: 403 AccessDenied, nothing stored.
+    let err = client
+        .put_object()
+        .bucket("oidc-mgmt-a")
+        .key("infra/openid/v1/jwks")
+        .body(ByteStream::from_static(b"{}"))
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(err.raw_response().map(|r| r.status().as_u16()), Some(403), "{err:?}");
+    assert_eq!(err.code(), Some("AccessDenied"), "{err:?}");
+    assert_eq!(err.message(), Some("Access Denied"), "{err:?}");
+    let stored = plain.head_object().bucket("oidc-mgmt-a").key("infra/openid/v1/jwks").send().await;
+    assert!(stored.is_err(), "the refused PUT must not reach s3s-fs");
+    let denied = logged(&s3, S3FaultKind::AccessDenied);
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!((denied[0]["method"].as_str(), denied[0]["path"].as_str()), (Some("PUT"), Some("/oidc-mgmt-a/infra/openid/v1/jwks")));
+
+    // Another bucket passes, PUT and GET.
+    put(&client, "backup/one", b"data").await.expect("PUT outside the prefix");
+    assert_eq!(get(&client, "backup/one").await.expect("GET outside the prefix"), b"data");
+    assert_eq!(s3.faults_injected().len(), 1, "{:#?}", s3.faults_injected());
 }

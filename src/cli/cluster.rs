@@ -1,4 +1,4 @@
-//! `hcp-dr cluster create`.
+//! `hcp-dr cluster`: create, pause, resume, scale, oidc, reconcile, destroy.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,6 +60,30 @@ pub enum Command {
         /// The NodePool's replicas [range: 0 to 500].
         #[arg(long, value_parser = super::node_pool_replicas())]
         replicas: i64,
+        #[command(flatten)]
+        access: Access,
+    },
+    /// AWS: check that the cluster's OIDC issuer documents (in S3) publish
+    /// its service-account signing key, and with --repair rewrite them, as
+    /// `hypershift fix dr-oidc-iam` does. Exits 1 when they are still wrong
+    /// or could not be checked; prints what IAM must hold (not checked).
+    #[command(after_help = "Example:\n  hcp-dr cluster oidc demo -n clusters --repair")]
+    Oidc {
+        /// The HostedCluster.
+        #[arg(value_parser = super::k8s_name)]
+        name: String,
+        /// Its namespace.
+        #[arg(short = 'n', long, default_value = "clusters", value_parser = super::k8s_name)]
+        namespace: String,
+        /// Rewrite the documents when they are missing or do not publish the key.
+        #[arg(long)]
+        repair: bool,
+        /// S3 endpoint of an issuer served by an S3-compatible service (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
+        #[arg(long)]
+        s3_endpoint: Option<String>,
+        /// Extra CA bundle (PEM) to trust for the S3 endpoint.
+        #[arg(long, env = "HCP_DR_CA_BUNDLE")]
+        ca_bundle: Option<PathBuf>,
         #[command(flatten)]
         access: Access,
     },
@@ -209,6 +233,11 @@ pub struct CreateArgs {
     /// AWS subnet for the NodePool's machines (--platform aws).
     #[arg(long)]
     pub aws_subnet_id: Option<String>,
+    /// The HyperShift operator's OIDC bucket as a URL,
+    /// https://<bucket>.s3.<region>.amazonaws.com; the cluster's issuer is
+    /// <it>/<infraID> (--platform aws).
+    #[arg(long)]
+    pub aws_oidc_bucket_url: Option<String>,
     /// The namespace of the hosts' Agents, BareMetalHosts and InfraEnv
     /// (--platform agent; default `<namespace>-<name>-agents`). It must exist.
     #[arg(long)]
@@ -244,9 +273,9 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
         node_pool_replicas: args.node_pool_replicas,
         availability: args.availability.clone(),
         agent_namespace: args.agent_namespace.clone(),
-        aws: match (&args.aws_region, &args.aws_role_arn_prefix, &args.aws_subnet_id) {
-            (Some(region), Some(prefix), Some(subnet)) => {
-                Some(AwsSpec { region: region.clone(), role_arn_prefix: prefix.clone(), subnet_id: subnet.clone() })
+        aws: match (&args.aws_region, &args.aws_role_arn_prefix, &args.aws_subnet_id, &args.aws_oidc_bucket_url) {
+            (Some(region), Some(prefix), Some(subnet), Some(issuer)) => {
+                Some(AwsSpec { region: region.clone(), role_arn_prefix: prefix.clone(), subnet_id: subnet.clone(), oidc_bucket_url: issuer.clone() })
             }
             _ => None,
         },
@@ -319,7 +348,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
 
 async fn exec_other(command: Command, output: Output) -> Exit {
     let access = match &command {
-        Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } => access,
+        Command::Pause { access, .. } | Command::Resume { access, .. } | Command::Scale { access, .. } | Command::Oidc { access, .. } => access,
         Command::Create(_) | Command::Reconcile(_) | Command::Destroy { .. } => return Exit::Usage,
     };
     let client = match crate::kube::client(access.kubeconfig.as_deref(), access.context.as_deref()).await {
@@ -345,6 +374,23 @@ async fn exec_other(command: Command, output: Output) -> Exit {
         Command::Scale { name, namespace, node_pool, replicas, .. } => crate::ops::cluster::scale(&client, namespace, name, node_pool, *replicas)
             .await
             .map(|()| serde_json::json!({"node_pool": node_pool, "replicas": replicas})),
+        Command::Oidc { name, namespace, repair, s3_endpoint, ca_bundle, .. } => {
+            let s3 = crate::store::S3Options { endpoint: s3_endpoint.clone(), ca_bundle: ca_bundle.clone(), ..Default::default() };
+            return match crate::ops::cluster::oidc(&client, namespace, name, &s3, *repair).await {
+                Ok(report) => {
+                    let (line, warn) = report.summary();
+                    super::report::print(output, &report, || {
+                        let mut out = format!("{line}\n");
+                        for need in &report.iam {
+                            out.push_str(&format!("IAM (not checked): {need}\n"));
+                        }
+                        out
+                    });
+                    if warn { Exit::Failed } else { Exit::Success }
+                }
+                Err(e) => super::report::error_exit(&e),
+            };
+        }
         Command::Create(_) | Command::Reconcile(_) | Command::Destroy { .. } => return Exit::Usage,
     };
     match result {

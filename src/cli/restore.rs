@@ -219,6 +219,9 @@ pub fn render(result: &RestoreResult) -> String {
     if let Some(fence) = &result.fence {
         out.push_str(&format!("fenced in the store: {}; backups of any other copy are refused\n", fence.describe()));
     }
+    if let Some(report) = result.oidc.as_ref().filter(|r| !r.summary().1) {
+        out.push_str(&format!("{}\n", report.summary().0));
+    }
     out.push_str(&dns_lines(result));
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));

@@ -26,6 +26,10 @@ pub struct AwsSpec {
     pub role_arn_prefix: String,
     /// The subnet the NodePool's machines go in.
     pub subnet_id: String,
+    /// The HyperShift operator's OIDC bucket, as a URL
+    /// (`https://<bucket>.s3.<region>.amazonaws.com`): the cluster's
+    /// `spec.issuerURL` is `<it>/<infraID>`, as `hcp create iam aws` makes it.
+    pub oidc_bucket_url: String,
 }
 
 /// A new hosted cluster.
@@ -76,6 +80,12 @@ pub(crate) fn random_key() -> Result<Vec<u8>, String> {
     Ok(key)
 }
 
+/// Five random lowercase letters and digits, as HyperShift suffixes an infraID.
+fn infra_suffix() -> Result<String, String> {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    Ok(random_key()?.iter().take(5).map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect())
+}
+
 /// Check the input; the message says what to fix.
 pub fn check(c: &NewCluster) -> Result<(), String> {
     let name_ok = |s: &str| {
@@ -100,7 +110,10 @@ pub fn check(c: &NewCluster) -> Result<(), String> {
         return Err("--pull-secret has no \"auths\" object: is it a docker config JSON?".into());
     }
     if c.platform == Platform::Aws && c.aws.is_none() {
-        return Err("--platform aws needs --aws-region, --aws-role-arn-prefix (the roles `hcp create iam aws` made) and --aws-subnet-id".into());
+        return Err("--platform aws needs --aws-region, --aws-role-arn-prefix (the roles `hcp create iam aws` made), --aws-subnet-id and --aws-oidc-bucket-url".into());
+    }
+    if let Some(aws) = c.aws.as_ref().filter(|a| !a.oidc_bucket_url.starts_with("https://")) {
+        return Err(format!("--aws-oidc-bucket-url `{}` must be an https:// URL (AWS STS only trusts https issuers), e.g. https://<oidc-bucket>.s3.<region>.amazonaws.com", aws.oidc_bucket_url));
     }
     if c.base_domain.is_empty() || !c.base_domain.contains('.') {
         return Err(format!("--base-domain `{}`: give the DNS domain the cluster's names live under, e.g. example.com", c.base_domain));
@@ -165,6 +178,12 @@ pub fn objects(c: &NewCluster) -> Result<Vec<Value>, String> {
         "platform": hc_platform,
         "services": [api, route("OAuthServer", "oauth"), route("Konnectivity", "konnectivity"), route("Ignition", "ignition")],
     });
+    if let Some(aws) = c.aws.as_ref().filter(|_| c.platform == Platform::Aws) {
+        // the issuer names the infraID, so both are chosen here (as `hcp create cluster aws` does)
+        let infra_id = format!("{name}-{}", infra_suffix()?);
+        spec["issuerURL"] = json!(format!("{}/{infra_id}", aws.oidc_bucket_url.trim_end_matches('/')));
+        spec["infraID"] = json!(infra_id);
+    }
     if c.ssh_public_key.is_some() {
         spec["sshKey"] = json!({"name": format!("{name}-ssh-key")});
     }
@@ -193,7 +212,7 @@ pub(crate) mod tests {
             base_domain: "example.com".into(),
             node_pool_replicas: 2,
             availability: "HighlyAvailable".into(),
-            aws: Some(AwsSpec { region: "us-east-1".into(), role_arn_prefix: "arn:aws:iam::123456789012:role/demo".into(), subnet_id: "subnet-0123456789abcdef0".into() }),
+            aws: Some(AwsSpec { region: "us-east-1".into(), role_arn_prefix: "arn:aws:iam::123456789012:role/demo".into(), subnet_id: "subnet-0123456789abcdef0".into(), oidc_bucket_url: "https://hcp-oidc.s3.us-east-1.amazonaws.com".into() }),
             agent_namespace: None,
         }
     }

@@ -90,6 +90,20 @@ pub async fn resume(client: &kube::Client, ns: &str, name: &str) -> Result<Vec<S
     set_pause(client, ns, name, None).await
 }
 
+/// Check the OIDC issuer of an AWS cluster against its service-account
+/// key; with `repair`, rewrite the documents when they do not publish it.
+/// A cluster on another platform is refused (it has no issuer to check).
+pub async fn oidc(client: &kube::Client, ns: &str, name: &str, s3: &crate::store::S3Options, repair: bool) -> Result<crate::hosted::oidc::IssuerReport, OpsError> {
+    let label = format!("HostedCluster {ns}/{name}");
+    let Some(hc) = get_json(&api(client, &HOSTED_CLUSTER, ns), name, &label).await? else {
+        return Err(OpsError::Input(format!("{label} not found: check the name and -n")));
+    };
+    let hcp_ns = crate::hosted::hcp_namespace(ns, name);
+    crate::hosted::oidc::check_issuer(client, &hc, &hcp_ns, s3, repair).await?.ok_or_else(|| {
+        OpsError::Input(format!("{label} is on the {} platform: only AWS clusters have an OIDC issuer hcp-dr checks", HostedCluster(hc.clone()).platform()))
+    })
+}
+
 /// `until` None lifts the pause; a fenced copy keeps a pause in place that
 /// lasts longer than `until` (the fence's).
 async fn set_pause(client: &kube::Client, ns: &str, name: &str, until: Option<&str>) -> Result<Vec<String>, OpsError> {

@@ -71,6 +71,9 @@ pub struct RestoreResult {
     /// The fence `fence` wrote, when it ran.
     #[serde(skip)]
     pub fence: Option<crate::archive::fence::Fence>,
+    /// What `oidc-issuer` found (an AWS cluster), when it ran.
+    #[serde(skip)]
+    pub oidc: Option<crate::hosted::oidc::IssuerReport>,
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
@@ -361,6 +364,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         dns_takeover,
         healthy: run.output_of::<crate::stages::restore::wait::Wait>()?,
         fence: run.output_of::<crate::stages::restore::fence::WriteFence>()?.map(|fenced| fenced.fence),
+        oidc: run.output_of::<crate::stages::restore::oidc::OidcIssuer>()?.flatten(),
         backup,
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
         warnings: ctx.warnings.clone(),

@@ -315,6 +315,27 @@ impl S3Store {
         .map_err(|(failure, tries)| self.err("PutObject", key, failure.describe(tries)))
     }
 
+    /// Write a small document anyone may read (`public-read`), as HyperShift
+    /// writes an OIDC issuer's: without the store's server-side encryption,
+    /// which a KMS key would make unreadable to the anonymous readers (STS)
+    /// the document is for.
+    pub async fn put_public_document(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        let key = self.full_key(key)?;
+        retried(self.options.part_attempts, "PutObject", &key, || {
+            let request = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .acl(aws_sdk_s3::types::ObjectCannedAcl::PublicRead)
+                .content_type("application/json")
+                .body(ByteStream::from(bytes.clone()));
+            async move { request.send().await.map(|_| ()).map_err(|e| Failure::of(&e)) }
+        })
+        .await
+        .map_err(|(failure, tries)| self.err("PutObject", &key, failure.describe(tries)))
+    }
+
     async fn put_multipart(
         &self,
         key: &str,

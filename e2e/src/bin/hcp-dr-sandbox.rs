@@ -58,7 +58,9 @@ enum Command {
     /// API faults (429, 500, 503, connection reset, delay) are decided before
     /// a request is processed: nothing of a faulted request is applied.
     /// S3 faults: internal-error, slow-down (nothing applied), reset-request
-    /// (upload cut), reset-response (applied, answer cut), slow-read.
+    /// (upload cut), reset-response (applied, answer cut), slow-read, and
+    /// access-denied (403, nothing applied: no rights, e.g. on one bucket
+    /// with --path-prefix /BUCKET/).
     Faults {
         #[arg(long)]
         dir: PathBuf,
@@ -77,6 +79,10 @@ enum Command {
         /// With --s3: only requests with these methods (comma-separated, e.g. GET,PUT).
         #[arg(long, value_delimiter = ',', requires = "s3", requires = "share")]
         methods: Vec<String>,
+        /// With --s3: only requests whose URL path starts with this (e.g.
+        /// /oidc-mgmt-a/ for one bucket).
+        #[arg(long, requires = "s3", requires = "share")]
+        path_prefix: Option<String>,
         /// Only requests whose User-Agent starts with this (e.g. hcp-dr; the
         /// AWS SDK for Rust sends aws-sdk-rust).
         #[arg(long, requires = "share")]
@@ -179,11 +185,11 @@ fn main() -> ExitCode {
             Command::Apiserver { dir, name } => apiserver(&dir, &name).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
-            Command::Faults { dir, cluster, s3: true, share, kinds, methods, user_agent, delay_ms, seed, off, .. } => {
+            Command::Faults { dir, cluster, s3: true, share, kinds, methods, path_prefix, user_agent, delay_ms, seed, off, .. } => {
                 debug_assert!(cluster.is_none(), "clap: --cluster conflicts with --s3");
                 let kinds = parse_kinds::<S3FaultKind>(&kinds, "S3", "API fault, without --s3")?;
                 let methods = methods.iter().map(|m| m.to_uppercase()).collect();
-                let faults = share.map(|share| S3Faults { share, kinds, methods, user_agent, delay_ms, seed });
+                let faults = share.map(|share| S3Faults { share, kinds, methods, user_agent, path_prefix, delay_ms, seed });
                 s3_faults_command(&dir, faults, off)
             }
             Command::Faults { dir, cluster, share, kinds, user_agent, delay_ms, seed, unavailable_api_service, off, .. } => {
@@ -475,7 +481,7 @@ async fn drill(dir: Option<PathBuf>, json: bool, clusters: &ExistingClusters) ->
 /// Every kind of fault `faults --kinds` knows: the API ones and the S3 ones.
 fn kind_names() -> clap::builder::PossibleValuesParser {
     let api = FaultKind::ALL.iter().map(|k| k.as_str());
-    let s3 = S3FaultKind::ALL.iter().map(|k| k.as_str());
+    let s3 = S3FaultKind::EVERY.iter().map(|k| k.as_str());
     let mut names: Vec<&'static str> = api.chain(s3).collect();
     names.sort_unstable();
     names.dedup();
@@ -592,12 +598,16 @@ fn s3_faults_command(dir: &Path, set: Option<S3Faults>, off: bool) -> anyhow::Re
             if !f.methods.is_empty() {
                 which.push(format!(" {}", f.methods.join("/")));
             }
+            let to = match &f.path_prefix {
+                Some(prefix) => format!(" to {prefix}*"),
+                None => String::new(),
+            };
             let from = match &f.user_agent {
                 Some(prefix) => format!(" from user agents starting with {prefix:?}"),
                 None => String::new(),
             };
             let kinds: Vec<&str> = f.kinds.iter().map(|k| k.as_str()).collect();
-            println!("S3 faults in force on {}: {} of the{} requests{from} fail", state.s3_url, f.share, which.concat());
+            println!("S3 faults in force on {}: {} of the{} requests{to}{from} fail", state.s3_url, f.share, which.concat());
             println!("  kinds: {}", kinds.join(", "));
             if f.kinds.contains(&S3FaultKind::SlowRead) {
                 println!("  slow-read stall: {} ms", f.stall().as_millis());
@@ -613,7 +623,7 @@ fn s3_faults_command(dir: &Path, set: Option<S3Faults>, off: bool) -> anyhow::Re
     }
     let injected = s3_faults::read_log(&file);
     if off || !injected.is_empty() {
-        let by_kind: Vec<String> = S3FaultKind::ALL
+        let by_kind: Vec<String> = S3FaultKind::EVERY
             .iter()
             .map(|k| (k, injected.iter().filter(|f| f["kind"] == k.as_str()).count()))
             .filter(|(_, n)| *n > 0)

@@ -14,6 +14,9 @@
 //! report what is observed: `EtcdAvailable` from ready etcd members (quorum),
 //! `KubeAPIServerAvailable` from the hosted API server actually serving.
 //!
+//! On AWS, the service-account signing key and the OIDC issuer documents
+//! ([`super::oidc`]).
+//!
 //! Paused (`spec.pausedUntil` "true"/"True" or a future RFC3339 time): nothing
 //! is reconciled except the `ReconciliationActive=False` condition
 //! (reason `ReconciliationPaused`), re-checked on every pass so a deadline
@@ -30,7 +33,7 @@ use super::objects::{
     MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE,
     STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
-use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer};
+use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer, remove_finalizers};
 use super::{Ctx, OperatorError, log_failure};
 use crate::pki::{Ca, CertPair, CertSpec};
 
@@ -213,7 +216,13 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
         )
         .await?;
     copy_secrets(ctx, hc, &hcp_ns).await?;
+    if super::oidc::is_aws(hc) {
+        super::oidc::ensure_signing_key(ctx, &hcp_ns).await?;
+    }
     let hcp = ensure_hcp(ctx, hc, &hcp_ns, &infra_id).await?;
+    if super::oidc::is_aws(hc) {
+        super::oidc::publish_documents(ctx, hc, &infra_id, &hcp_ns).await?;
+    }
     ensure_etcd_pki(ctx, &hcp_ns, &hcp).await?;
     ensure_services(ctx, &hcp_ns, &hcp).await?;
     let ha = is_highly_available(hc);
@@ -1025,7 +1034,8 @@ async fn delete_nodepool_machines(
     Ok(())
 }
 
-/// HC deletion: NodePools, the HCP, the HCP namespace, then the finalizer.
+/// HC deletion: NodePools, the HCP, the HCP namespace, the OIDC documents,
+/// then the finalizers.
 async fn teardown(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorError> {
     let ns = ns_of(hc);
     let name = name_of(hc);
@@ -1076,7 +1086,8 @@ async fn teardown(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorEr
             name,
             "hosted cluster torn down: removing finalizer"
         );
-        remove_finalizer(ctx, &HOSTED_CLUSTER, hc, FINALIZER).await?;
+        super::oidc::withdraw_documents(ctx, hc).await?;
+        remove_finalizers(ctx, &HOSTED_CLUSTER, hc, &[super::oidc::OIDC_FINALIZER, FINALIZER]).await?;
     }
     Ok(())
 }

@@ -20,6 +20,8 @@
 //! - [`agent`]: the Agent platform's metal3, assisted-service (with BMAC)
 //!   and Cluster API agent provider, where their CRDs are served.
 //! - [`cloud`]: the ledgers of what a real provider would have destroyed.
+//! - [`oidc`]: the OIDC issuer documents of AWS hosted clusters in the
+//!   operator's OIDC bucket, and their service-account signing keys.
 
 pub mod agent;
 pub mod cloud;
@@ -27,6 +29,7 @@ pub mod etcd_member;
 pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
+pub mod oidc;
 pub mod publishing;
 pub(crate) mod objects;
 pub mod restore_pod;
@@ -41,6 +44,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::pki::Ca;
+
+pub use oidc::OidcConfig;
 
 /// The Route53 zone external-dns writes into.
 #[derive(Debug, Clone)]
@@ -80,6 +85,10 @@ pub struct OperatorConfig {
     /// (the ledgers of terminated worker instances and deprovisioned
     /// bare-metal hosts, [`cloud`]); `None`: not recorded.
     pub cloud_dir: Option<PathBuf>,
+    /// The OIDC S3 bucket of this HyperShift install
+    /// (`--oidc-storage-provider-s3-bucket-name`), where the issuer documents
+    /// of AWS hosted clusters go ([`oidc`]); `None`: none are published.
+    pub oidc: Option<OidcConfig>,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -89,6 +98,7 @@ impl std::fmt::Debug for OperatorConfig {
             .field("state_dir", &self.state_dir)
             .field("sandbox_id", &self.sandbox_id)
             .field("route53", &self.route53)
+            .field("oidc", &self.oidc)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +166,14 @@ pub enum OperatorError {
         /// The SDK's error, rendered.
         message: String,
     },
+    /// An S3 call to the OIDC bucket failed.
+    #[error("s3 {action}: {message}")]
+    S3 {
+        /// The call and object (`PutObject bucket/key`).
+        action: String,
+        /// The SDK's error, rendered.
+        message: String,
+    },
     /// Something is not ready yet (a peer address, a secret): retried later.
     #[error("waiting: {0}")]
     Waiting(String),
@@ -199,6 +217,8 @@ pub(crate) struct Ctx {
     pub hosted_up: std::sync::Mutex<HashMap<String, hosted_api::HostedStatus>>,
     /// hcp-dr restore pods being run, by pod uid.
     pub restores: restore_pod::Running,
+    /// The client of the OIDC bucket, when there is one.
+    pub oidc: Option<oidc::OidcStore>,
 }
 
 impl Ctx {
@@ -275,6 +295,7 @@ impl Operator {
     /// have converged).
     pub async fn start(cfg: OperatorConfig) -> Result<Operator, OperatorError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("creating", &cfg.state_dir))?;
+        let oidc = cfg.oidc.as_ref().map(oidc::OidcStore::new).transpose()?;
         let ctx = Arc::new(Ctx {
             kube: objects::Kube::new(cfg.kubeconfig_client.clone()),
             cfg,
@@ -282,6 +303,7 @@ impl Operator {
             hosted: tokio::sync::Mutex::new(HashMap::new()),
             hosted_up: std::sync::Mutex::new(HashMap::new()),
             restores: std::sync::Mutex::new(HashMap::new()),
+            oidc,
         });
         let mut tasks = vec![
             spawn_loop(

@@ -215,19 +215,27 @@ pub(crate) async fn remove_finalizer(
     obj: &Value,
     finalizer: &str,
 ) -> Result<(), OperatorError> {
+    remove_finalizers(ctx, res, obj, &[finalizer]).await
+}
+
+/// Remove each of `finalizers` from `obj` in one patch (as [`remove_finalizer`]).
+pub(crate) async fn remove_finalizers(
+    ctx: &Ctx,
+    res: &Res,
+    obj: &Value,
+    finalizers: &[&str],
+) -> Result<(), OperatorError> {
     let Some(list) = obj
         .pointer("/metadata/finalizers")
         .and_then(Value::as_array)
     else {
         return Ok(());
     };
-    if !list.iter().any(|f| f.as_str() == Some(finalizer)) {
+    let gone = |f: &Value| f.as_str().is_some_and(|f| finalizers.contains(&f));
+    if !list.iter().any(gone) {
         return Ok(());
     }
-    let kept: Vec<&Value> = list
-        .iter()
-        .filter(|f| f.as_str() != Some(finalizer))
-        .collect();
+    let kept: Vec<&Value> = list.iter().filter(|f| !gone(f)).collect();
     let patch = json!({"metadata": {"finalizers": kept,
         "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
     let ns = ns_of(obj);

@@ -199,6 +199,28 @@ impl S3Endpoint {
     }
 }
 
+/// An AWS SDK S3 client configuration for `endpoint` (the HTTPS front, or
+/// s3s-fs itself), path-style, trusting only `ca_pem`, signing with
+/// `access_key` and `secret_key`; callers add retries or timeouts and build.
+pub fn sdk_config(endpoint: &str, region: &str, access_key: &str, secret_key: &str, ca_pem: &str) -> Result<aws_sdk_s3::config::Builder, ProcError> {
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
+    let tls_context = TlsContext::builder()
+        .with_trust_store(TrustStore::empty().with_pem_certificate(ca_pem.as_bytes()))
+        .build()
+        .map_err(|e| ProcError::InvalidConfig(format!("the S3 client's trust store: {e}")))?;
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_context(tls_context)
+        .build_https();
+    Ok(aws_sdk_s3::Config::builder()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .region(aws_sdk_s3::config::Region::new(region.to_string()))
+        .endpoint_url(endpoint)
+        .force_path_style(true)
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(access_key, secret_key, None, None, "hcp-dr-sandbox"))
+        .http_client(http))
+}
+
 /// S3 bucket naming rules: 3-63 characters of lowercase letters, digits, `.`
 /// and `-`, starting and ending with a letter or digit, no `..`, not an IP.
 pub fn valid_bucket_name(name: &str) -> bool {

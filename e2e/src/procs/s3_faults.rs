@@ -1,7 +1,9 @@
 //! Fault injection at the S3 endpoint's HTTPS front: a share of the requests
 //! is answered with an S3 error (500 `InternalError`, 503 `SlowDown`), has
 //! its connection reset mid-upload or mid-download, or gets its answer
-//! slowly, as S3 (or the network to it) misbehaves.
+//! slowly, as S3 (or the network to it) misbehaves; or is refused with 403
+//! `AccessDenied`, as for credentials without rights on a bucket
+//! (`access-denied`, with a `path_prefix` naming the bucket).
 //!
 //! The settings are a JSON file ([`S3Faults`], `DIR/s3/s3-faults.json` in the
 //! sandbox, [`crate::procs::s3::S3Endpoint::faults_path`]), read again
@@ -43,6 +45,10 @@ pub struct S3Faults {
     /// when absent; the AWS SDK for Rust sends `aws-sdk-rust/...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_agent: Option<String>,
+    /// Only requests whose URL path starts with this match (all when
+    /// absent), e.g. `/oidc-mgmt-a/` for one bucket addressed path-style.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
     /// How long a `slow-read` stalls mid-body (0: [`DEFAULT_STALL_MS`]).
     #[serde(default)]
     pub delay_ms: u64,
@@ -70,15 +76,32 @@ pub enum S3FaultKind {
     /// The request is forwarded; the answer's body stalls for `delay_ms`
     /// halfway (at its end when empty), then arrives complete.
     SlowRead,
+    /// 403 with an S3 XML error `AccessDenied`; nothing forwarded. Not a
+    /// transient failure (retrying does not help): never in [`S3FaultKind::ALL`],
+    /// only injected when asked for by name, usually with `path_prefix`.
+    AccessDenied,
 }
 
 impl S3FaultKind {
+    /// The transient kinds, which a client is expected to survive by
+    /// retrying: what chaos runs draw from. [`S3FaultKind::AccessDenied`]
+    /// is not one of them ([`S3FaultKind::EVERY`] lists every kind).
     pub const ALL: [S3FaultKind; 5] = [
         S3FaultKind::InternalError,
         S3FaultKind::SlowDown,
         S3FaultKind::ResetRequest,
         S3FaultKind::ResetResponse,
         S3FaultKind::SlowRead,
+    ];
+
+    /// Every kind: [`S3FaultKind::ALL`] and [`S3FaultKind::AccessDenied`].
+    pub const EVERY: [S3FaultKind; 6] = [
+        S3FaultKind::InternalError,
+        S3FaultKind::SlowDown,
+        S3FaultKind::ResetRequest,
+        S3FaultKind::ResetResponse,
+        S3FaultKind::SlowRead,
+        S3FaultKind::AccessDenied,
     ];
 
     /// The name used in the faults file, the log and the CLI (`slow-down`).
@@ -89,6 +112,7 @@ impl S3FaultKind {
             S3FaultKind::ResetRequest => "reset-request",
             S3FaultKind::ResetResponse => "reset-response",
             S3FaultKind::SlowRead => "slow-read",
+            S3FaultKind::AccessDenied => "access-denied",
         }
     }
 }
@@ -167,6 +191,11 @@ impl S3Injector {
         {
             return None;
         }
+        if let Some(prefix) = &faults.path_prefix
+            && !request.path.starts_with(prefix.as_str())
+        {
+            return None;
+        }
         if faults.share <= 0.0 || rng.next_f64() >= faults.share {
             return None;
         }
@@ -205,8 +234,20 @@ mod tests {
         .unwrap();
         assert_eq!(f.kinds, S3FaultKind::ALL.to_vec());
         assert_eq!((f.methods.len(), f.user_agent.as_deref(), f.delay_ms, f.seed), (0, None, 0, None));
+        assert_eq!(f.path_prefix, None);
+        assert!(!serde_json::to_string(&f).unwrap().contains("path_prefix"));
+        assert!(!S3FaultKind::ALL.contains(&S3FaultKind::AccessDenied), "never drawn in chaos runs");
+        assert_eq!(&S3FaultKind::EVERY[..5], &S3FaultKind::ALL[..]);
+        assert_eq!(
+            <S3FaultKind as clap::ValueEnum>::value_variants(),
+            &S3FaultKind::EVERY[..],
+            "EVERY lists every kind"
+        );
+        let denied: S3Faults =
+            serde_json::from_str(r#"{"share": 1, "kinds": ["access-denied"], "path_prefix": "/oidc-mgmt-a/"}"#).unwrap();
+        assert_eq!((denied.kinds[0], denied.path_prefix.as_deref()), (S3FaultKind::AccessDenied, Some("/oidc-mgmt-a/")));
         assert_eq!(f.stall(), Duration::from_millis(DEFAULT_STALL_MS));
-        for k in S3FaultKind::ALL {
+        for k in S3FaultKind::EVERY {
             assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
         }
     }
@@ -232,6 +273,12 @@ mod tests {
         assert_eq!(injector.decide(&get).map(|d| d.0), Some(S3FaultKind::SlowDown));
         assert_eq!(injector.decide(&put), None);
         assert_eq!(injector.decide(&curl), None);
+
+        let only_oidc = S3Faults { path_prefix: Some("/oidc-mgmt-a/".into()), ..faults.clone() };
+        write_faults_file(&file, Some(&only_oidc)).unwrap();
+        assert_eq!(injector.decide(&get), None, "another path");
+        let oidc = RequestInfo { path: "/oidc-mgmt-a/id/openid/v1/jwks".into(), ..get.clone() };
+        assert_eq!(injector.decide(&oidc).map(|d| d.0), Some(S3FaultKind::SlowDown));
 
         std::fs::write(&file, "{not json").unwrap();
         assert_eq!(injector.decide(&get), None, "a file that does not parse: no faults");

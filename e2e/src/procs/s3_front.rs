@@ -130,7 +130,7 @@ impl Conn {
             return Ok(self.forward(req).await?.map(|b| b.map_err(FrontError::Forward).boxed_unsync()));
         };
         match kind {
-            S3FaultKind::InternalError | S3FaultKind::SlowDown => {
+            S3FaultKind::InternalError | S3FaultKind::SlowDown | S3FaultKind::AccessDenied => {
                 self.faults.record(&info, kind, None);
                 Ok(error_answer(kind, req).await)
             }
@@ -317,13 +317,15 @@ async fn read_part(req: Request<Incoming>) -> u64 {
     read
 }
 
-/// The answer of an `internal-error` or `slow-down` fault, as S3 gives it.
+/// The answer of an `internal-error`, `slow-down` or `access-denied` fault,
+/// as S3 gives it.
 /// A request body is read and dropped first (so the client gets the answer
 /// rather than a reset for unread data), unless the client waits for
 /// `100 Continue`: then it is not asked for the body at all.
 async fn error_answer(kind: S3FaultKind, req: Request<Incoming>) -> Response<FrontBody> {
     let (status, code, message) = match kind {
         S3FaultKind::SlowDown => (StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "Please reduce your request rate."),
+        S3FaultKind::AccessDenied => (StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "We encountered an internal error. Please try again."),
     };
     let resource = req.uri().path().to_string();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use hcp_dr_e2e::apiserver::{ApiServer, ApiServerConfig};
-use hcp_dr_e2e::operator::{Operator, OperatorConfig, Route53Config};
+use hcp_dr_e2e::operator::{OidcConfig, Operator, OperatorConfig, Route53Config};
 use hcp_dr_e2e::pki::{Ca, CertSpec};
 use hcp_dr_e2e::procs::etcd::{ClientTls, EtcdProcess};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -49,6 +49,20 @@ impl Mgmt {
 
     /// With external-dns writing into `route53`.
     pub async fn start_with(cluster: &str, route53: Option<Route53Config>) -> Mgmt {
+        Mgmt::start_full(cluster, route53, None).await
+    }
+
+    /// With the operator's OIDC bucket `oidc`.
+    pub async fn start_with_oidc(cluster: &str, oidc: OidcConfig) -> Mgmt {
+        Mgmt::start_full(cluster, None, Some(oidc)).await
+    }
+
+    /// With external-dns writing into `route53` and the OIDC bucket `oidc`.
+    pub async fn start_full(
+        cluster: &str,
+        route53: Option<Route53Config>,
+        oidc: Option<OidcConfig>,
+    ) -> Mgmt {
         let dir = tempfile::tempdir().expect("temp dir");
         let etcd = match EtcdProcess::start_plain(&dir.path().join("mgmt-etcd")).await {
             Ok(e) => e,
@@ -81,6 +95,7 @@ impl Mgmt {
             route53,
             snapshot_ca_pem: None,
             cloud_dir: Some(dir.path().join("cloud")),
+            oidc,
         })
         .await
         .expect("operator starts");
@@ -173,6 +188,32 @@ impl Mgmt {
         platform: Value,
         np_platform: Value,
     ) {
+        self.create_hosted_cluster_with(
+            name,
+            policy,
+            nodes,
+            restore_url,
+            platform,
+            np_platform,
+            json!({}),
+        )
+        .await;
+    }
+
+    /// As [`Mgmt::create_hosted_cluster_on`], with the fields of `extra`'s
+    /// `metadata` and `spec` set on the HostedCluster (e.g. `infraID`,
+    /// `issuerURL`, `pausedUntil`, `finalizers`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_hosted_cluster_with(
+        &self,
+        name: &str,
+        policy: &str,
+        nodes: u32,
+        restore_url: Option<&str>,
+        platform: Value,
+        np_platform: Value,
+        extra: Value,
+    ) {
         let ns_api = self.api("", "v1", "Namespace", "namespaces", None);
         if self.get(&ns_api, HC_NS).await.is_none() {
             self.create(
@@ -194,7 +235,7 @@ impl Mgmt {
         if let Some(url) = restore_url {
             storage["restoreSnapshotURL"] = json!([url]);
         }
-        let hc = json!({
+        let mut hc = json!({
             "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
             "metadata": {"name": name, "namespace": HC_NS},
             "spec": {
@@ -216,6 +257,13 @@ impl Mgmt {
                 "infrastructureAvailabilityPolicy": "SingleReplica",
             },
         });
+        for part in ["metadata", "spec"] {
+            if let Some(fields) = extra.get(part).and_then(Value::as_object) {
+                for (k, v) in fields {
+                    hc[part][k] = v.clone();
+                }
+            }
+        }
         self.create(&self.hc_api(), hc).await;
         if nodes > 0 {
             let np_api = self.api(

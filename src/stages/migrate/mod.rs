@@ -216,7 +216,7 @@ pub const DESTINATION_PREFLIGHT: &str = "destination-preflight";
 pub fn migrate_catalog() -> Catalog<MigrateContext> {
     use super::etcd_snapshot::{EtcdSnapshot, SnapshotFinish};
     use super::lock::{Lock, Unlock};
-    use super::restore::{apply::Apply, fence::WriteFence, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use super::restore::{apply::Apply, fence::WriteFence, oidc::OidcIssuer, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
     use super::{export::Export, package::Package, pause::Pause, preflight::Preflight, scale_down::ScaleDown};
     use {check::DestinationCheck, dns::DnsWithdraw, hosts::DetachHosts, ovn::OvnRestart, teardown::Teardown};
     Catalog::new("migrate")
@@ -251,6 +251,8 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .with(OnDestination::new(Wait, true))
         .after(&[Apply::NAME])
         .with(OnDestination::new(WriteFence { by: "migrate" }, true))
+        .after(&[Wait::NAME])
+        .with(OnDestination::new(OidcIssuer, true))
         .after(&[Wait::NAME])
         .with(Teardown)
         .after(&[Wait::NAME])

@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod dns;
 pub mod fence;
+pub mod oidc;
 pub mod order;
 pub mod preflight;
 pub mod snapshot_url;
@@ -154,7 +155,7 @@ impl RestoreContext {
 
 /// Every restore stage, and what must come before what (the playbook rules).
 pub fn restore_catalog() -> Catalog<RestoreContext> {
-    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, oidc::OidcIssuer, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
     Catalog::new("restore")
         .with(Verify)
         .with(Preflight)
@@ -166,6 +167,8 @@ pub fn restore_catalog() -> Catalog<RestoreContext> {
         .with(Wait)
         .after(&[Apply::NAME])
         .with(WriteFence { by: "restore" })
+        .after(&[Wait::NAME])
+        .with(OidcIssuer)
         .after(&[Wait::NAME])
         .with(DnsTakeover)
 }
