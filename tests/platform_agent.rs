@@ -6,7 +6,7 @@
 //! drill leaves it alone; a restore onto a cluster that already has the
 //! hosts is refused; a migration moves it to mgmt-b (the source's hosts
 //! detached first, so no host is ever deprovisioned) and removes it from
-//! mgmt-a.
+//! mgmt-a; with mgmt-b then lost, a restore brings it back onto mgmt-a.
 
 mod support;
 
@@ -60,6 +60,41 @@ where
     panic!("timed out waiting for {what}");
 }
 
+/// The cluster's hosts serve it on `mgmt` (`name`): the Agents `bound` are
+/// bound, approved workers with their discovered inventory; each
+/// AgentMachine names its host, whose label names the AgentMachine's UID;
+/// the BareMetalHosts are provisioned (adopted, not inspected again), not
+/// detached, with their BMC Secrets.
+async fn assert_hosts_serve(mgmt: &kube::Client, name: &str, bound_before: &[String]) {
+    let moved = agents(mgmt).await;
+    let bound_after: Vec<String> = bound(&moved).iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(bound_after, bound_before, "the same hosts serve the cluster on {name}");
+    for agent in bound(&moved) {
+        assert_eq!(agent["spec"]["approved"], true, "{agent:#}");
+        assert_eq!(agent["spec"]["role"], "worker", "{agent:#}");
+        assert!(agent.pointer("/status/inventory/interfaces").is_some(), "the Agent's discovered inventory did not come back: {agent:#}");
+    }
+    let machines: Api<DynamicObject> = api_for(mgmt, &kind("capi-provider.agent-install.openshift.io/v1beta1", "AgentMachine", "clusters-demo"));
+    let machines: Vec<Value> = machines.list(&ListParams::default()).await.expect("AgentMachines").items.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect();
+    assert_eq!(machines.len(), bound_before.len(), "{machines:#?}");
+    for machine in &machines {
+        let agent_name = machine.pointer("/status/agentRef/name").and_then(Value::as_str).unwrap_or_else(|| panic!("an AgentMachine without its host on {name}: {machine:#}"));
+        let agent = moved.iter().find(|a| a["metadata"]["name"] == agent_name).expect("its Agent");
+        assert_eq!(agent["metadata"]["labels"][hcp_dr::hosted::agent::AGENT_MACHINE_REF], machine["metadata"]["uid"], "{agent:#}");
+    }
+    let bmh_names: Vec<&str> = bound(&moved).iter().filter_map(|a| a["metadata"]["labels"][hcp_dr::hosted::agent::BMH_LABEL].as_str()).collect();
+    let serving: Vec<Value> = hosts(mgmt).await.into_iter().filter(|h| bmh_names.contains(&h["metadata"]["name"].as_str().unwrap_or_default())).collect();
+    assert_eq!(serving.len(), bound_before.len(), "{serving:#?}");
+    for host in &serving {
+        assert_eq!(host.pointer("/status/provisioning/state").and_then(Value::as_str), Some("provisioned"), "metal3 on {name} did not adopt the host: {host:#}");
+        let annotations = &host["metadata"]["annotations"];
+        assert!(annotations.get(hcp_dr::hosted::agent::DETACHED).is_none(), "the host is detached on {name}: {host:#}");
+        let credentials = host.pointer("/spec/bmc/credentialsName").and_then(Value::as_str).expect("BMC credentials");
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(mgmt.clone(), HOSTS_NS);
+        assert!(secrets.get_opt(credentials).await.unwrap().is_some(), "the BMC Secret {credentials} did not come with its host");
+    }
+}
+
 /// A sandbox whose mgmt-a has an inventory of 3 hosts and `demo` made by
 /// `hcp-dr cluster create --platform agent` on 2 of them.
 async fn agent_env() -> Env {
@@ -97,8 +132,9 @@ async fn agent_env() -> Env {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
-    let env = agent_env().await;
+async fn the_agent_inventory_is_backed_up_drilled_refused_migrated_and_restored_with_the_source_lost() {
+    let mut env = agent_env().await;
+    let a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
     let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     let endpoint = env.sandbox.s3.https_url().to_string();
     let hc = api_for(&env.mgmt, &kind("hypershift.openshift.io/v1beta1", "HostedCluster", "clusters")).get("demo").await.expect("demo");
@@ -146,33 +182,7 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
     assert_eq!(detached, 2, "{report:#}");
 
     wait_available(&b, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-b");
-    let moved = agents(&b).await;
-    let bound_after: Vec<String> = bound(&moved).iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(bound_after, bound_before, "the same hosts serve the cluster on mgmt-b");
-    for agent in bound(&moved) {
-        assert_eq!(agent["spec"]["approved"], true, "{agent:#}");
-        assert_eq!(agent["spec"]["role"], "worker", "{agent:#}");
-        assert!(agent.pointer("/status/inventory/interfaces").is_some(), "the Agent's discovered inventory did not come back: {agent:#}");
-    }
-    // each restored AgentMachine keeps its host, and the host's Agent names the AgentMachine's new UID
-    let machines: Api<DynamicObject> = api_for(&b, &kind("capi-provider.agent-install.openshift.io/v1beta1", "AgentMachine", "clusters-demo"));
-    let machines: Vec<Value> = machines.list(&ListParams::default()).await.expect("AgentMachines on mgmt-b").items.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect();
-    assert_eq!(machines.len(), 2, "{machines:#?}");
-    for machine in &machines {
-        let agent_name = machine.pointer("/status/agentRef/name").and_then(Value::as_str).unwrap_or_else(|| panic!("an AgentMachine without its host on mgmt-b: {machine:#}"));
-        let agent = moved.iter().find(|a| a["metadata"]["name"] == agent_name).expect("its Agent");
-        assert_eq!(agent["metadata"]["labels"][hcp_dr::hosted::agent::AGENT_MACHINE_REF], machine["metadata"]["uid"], "{agent:#}");
-    }
-    let b_hosts = hosts(&b).await;
-    assert_eq!(b_hosts.len(), 2, "{b_hosts:#?}");
-    for host in &b_hosts {
-        assert_eq!(host.pointer("/status/provisioning/state").and_then(Value::as_str), Some("provisioned"), "metal3 on mgmt-b did not adopt the host: {host:#}");
-        let annotations = &host["metadata"]["annotations"];
-        assert!(annotations.get(hcp_dr::hosted::agent::DETACHED).is_none(), "the host is detached on mgmt-b: {host:#}");
-        let credentials = host.pointer("/spec/bmc/credentialsName").and_then(Value::as_str).expect("BMC credentials");
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(b.clone(), HOSTS_NS);
-        assert!(secrets.get_opt(credentials).await.unwrap().is_some(), "the BMC Secret {credentials} did not come with its host");
-    }
+    assert_hosts_serve(&b, "mgmt-b", &bound_before).await;
     // mgmt-a keeps only the host the cluster did not use, and its InfraEnv
     let left = hosts(&env.mgmt).await;
     assert_eq!(left.len(), 1, "{left:#?}");
@@ -180,6 +190,21 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_twice_and_migrated() {
     let deprovisioned = hcp_dr_e2e::sandbox::deprovisioned_hosts(&env.sandbox.dir);
     assert!(deprovisioned.is_empty(), "a metal3 deprovisioned hosts: {deprovisioned:?}");
     // (the drill's own workers, under its own infra ID, come and go with it)
+    let terminated: Vec<String> = hcp_dr_e2e::sandbox::terminated_instances(&env.sandbox.dir).into_iter().filter(|t| t.starts_with(&format!("{infra_id}/"))).collect();
+    assert!(terminated.is_empty(), "CAPI terminated the cluster's workers: {terminated:?}");
+
+    // mgmt-b is lost with the cluster on it: a restore of the migration's
+    // backup onto mgmt-a brings the same hosts back there, each AgentMachine
+    // with its host, and nothing is deprovisioned or terminated
+    let backup = report["backup"].as_str().expect("the migration's backup").to_string();
+    env.sandbox.lose("mgmt-b").await.expect("lose mgmt-b");
+    let out = env.hcp_dr(&["restore", "--from", &backup, "--s3-endpoint", &endpoint, "--kubeconfig", &a, "--wait", "5m", "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-a");
+    assert_hosts_serve(&env.mgmt, "mgmt-a", &bound_before).await;
+    assert_eq!(hosts(&env.mgmt).await.len(), 3, "mgmt-a has its unused host and the cluster's two again");
+    let deprovisioned = hcp_dr_e2e::sandbox::deprovisioned_hosts(&env.sandbox.dir);
+    assert!(deprovisioned.is_empty(), "a metal3 deprovisioned hosts: {deprovisioned:?}");
     let terminated: Vec<String> = hcp_dr_e2e::sandbox::terminated_instances(&env.sandbox.dir).into_iter().filter(|t| t.starts_with(&format!("{infra_id}/"))).collect();
     assert!(terminated.is_empty(), "CAPI terminated the cluster's workers: {terminated:?}");
 }

@@ -1,6 +1,7 @@
 //! `preflight` (read-only) on the destination: every kind in the backup is
 //! served (CRDs installed), the HostedCluster's name is unused, none of the
-//! objects to create exists, the HCP namespace is absent or empty, no
+//! objects to create exists (but an Agent inventory's shared objects, which
+//! may be there as the backup has them: [`shared`]), the HCP namespace is absent or empty, no
 //! leftover `data-etcd-*` PVC would make etcd skip the restore, the etcd
 //! encryption key is in the backup, and the snapshot can be given a URL.
 
@@ -62,6 +63,18 @@ pub fn other_namespaces(objects: &[Value], ns: &str, hcp_ns: &str) -> Vec<String
     found.into_iter().collect()
 }
 
+/// Whether `obj` is an Agent inventory's shared object: an InfraEnv, an
+/// NMStateConfig or a Secret of the agent namespace, which a management
+/// cluster's other hosts may come from too. One already on the destination
+/// as the backup has it is kept, not refused; the hosts themselves (Agents,
+/// BareMetalHosts) never are (see `agent::clashes`).
+pub fn shared(obj: &Value, ns: &str, hcp_ns: &str) -> bool {
+    let namespace = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+    let inventory_kind = crate::hosted::agent::is_inventory(obj) && matches!(obj["kind"].as_str(), Some("InfraEnv" | "NMStateConfig"));
+    let outside_secret = obj["kind"] == "Secret" && obj["apiVersion"] == "v1" && !namespace.is_empty() && namespace != ns && namespace != hcp_ns;
+    inventory_kind || outside_secret
+}
+
 /// The backup's HostedCluster object.
 pub fn hosted_cluster(objects: &[Value]) -> Result<HostedCluster, StageError> {
     let mut found = objects.iter().filter(|o| {
@@ -121,8 +134,17 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
             let Some((resource, _)) = discovery.resolve_gvk(&gvk) else { continue };
             let namespace = obj["metadata"]["namespace"].as_str().unwrap_or(&ns);
             let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-            if get_json(&crate::kube::api_for(&ctx.client, &resource, namespace), name, &describe(obj)).await?.is_some() {
+            let Some(existing) = get_json(&crate::kube::api_for(&ctx.client, &resource, namespace), name, &describe(obj)).await? else { continue };
+            if !shared(obj, &ns, &hcp_ns) {
                 problems.push(format!("{} already exists on the destination", describe(obj)));
+                continue;
+            }
+            match super::apply::differs(obj, &existing) {
+                None => tracing::info!(object = %describe(obj), "already on the destination as the backup has it: kept (other hosts there come from it)"),
+                Some(path) => problems.push(format!(
+                    "{} already exists on the destination and differs from the backup's at {path}: the destination's other hosts may come from it, so the restore neither replaces nor deletes it. Make the two agree (or restore onto another management cluster)",
+                    describe(obj)
+                )),
             }
         }
     }
@@ -240,5 +262,26 @@ impl Stage<RestoreContext> for Preflight {
     fn restore(&self, ctx: &mut RestoreContext, output: Self::Output) -> Result<(), StageFailure> {
         ctx.findings = Some(output);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_an_inventorys_infraenvs_nmstateconfigs_and_secrets_are_shared() {
+        let obj = |api_version: &str, kind: &str, ns: &str| json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "x", "namespace": ns}});
+        let shared = |o: &Value| shared(o, "clusters", "clusters-demo");
+        assert!(shared(&obj("agent-install.openshift.io/v1beta1", "InfraEnv", "hosts")));
+        assert!(shared(&obj("agent-install.openshift.io/v1beta1", "NMStateConfig", "hosts")));
+        assert!(shared(&obj("v1", "Secret", "hosts")));
+        // the hosts themselves, and anything of the cluster's own namespaces, never
+        assert!(!shared(&obj("agent-install.openshift.io/v1beta1", "Agent", "hosts")));
+        assert!(!shared(&obj("metal3.io/v1alpha1", "BareMetalHost", "hosts")));
+        assert!(!shared(&obj("v1", "Secret", "clusters")));
+        assert!(!shared(&obj("v1", "Secret", "clusters-demo")));
+        assert!(!shared(&obj("v1", "ConfigMap", "hosts")));
     }
 }
