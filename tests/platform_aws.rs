@@ -141,7 +141,7 @@ async fn the_oidc_issuer_is_checked_and_repaired_after_a_migration_and_a_restore
     let checked = stage_output(&restored, "oidc-issuer");
     assert_eq!(checked["state"], "stale", "{checked:#}");
     let warnings = restored["warnings"].to_string();
-    for needed in ["does not exist", "s3:PutObject", "hcp-dr cluster oidc --name demo --namespace clusters --repair", "WebIdentityErr"] {
+    for needed in ["does not exist", "s3:PutObject", "hcp-dr cluster oidc demo --namespace clusters --repair", "WebIdentityErr"] {
         assert!(warnings.contains(needed), "the restore's warnings do not say `{needed}`: {warnings}");
     }
     assert_eq!(documents(&env, &infra_id), (None, None), "something wrote the documents although the bucket refused it");

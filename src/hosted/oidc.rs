@@ -425,14 +425,14 @@ pub async fn check_issuer(client: &kube::Client, hc: &Value, hcp_ns: &str, s3: &
         return Ok(Some(report));
     }
     let grant = format!(
-        "give the identity hcp-dr runs as s3:PutObject and s3:PutObjectAcl on arn:aws:s3:::{}/{}*, then run `hcp-dr cluster oidc --name {} --namespace {} --repair`",
+        "give the identity hcp-dr runs as s3:PutObject and s3:PutObjectAcl on arn:aws:s3:::{}/{}*, then run `hcp-dr cluster oidc {} --namespace {} --repair`",
         place.bucket,
         place.key(""),
         hc["metadata"]["name"].as_str().unwrap_or_default(),
         hc["metadata"]["namespace"].as_str().unwrap_or_default()
     );
     if !repair {
-        report.state = IssuerState::Stale { problems: wrong, fix: format!("To repair: run `hcp-dr cluster oidc --name {} --namespace {} --repair`", hc["metadata"]["name"].as_str().unwrap_or_default(), hc["metadata"]["namespace"].as_str().unwrap_or_default()) };
+        report.state = IssuerState::Stale { problems: wrong, fix: format!("To repair: run `hcp-dr cluster oidc {} --namespace {} --repair`", hc["metadata"]["name"].as_str().unwrap_or_default(), hc["metadata"]["namespace"].as_str().unwrap_or_default()) };
         return Ok(Some(report));
     }
     // the key set first: a discovery document never points at a key set without the key
