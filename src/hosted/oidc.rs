@@ -415,24 +415,21 @@ pub async fn check_issuer(client: &kube::Client, hc: &Value, hcp_ns: &str, s3: &
         Err(err) => return not_checked(report, format!("connecting to S3 for {}: {err}", place.url())),
     };
     let (discovery_key, jwks_key) = (place.key(DISCOVERY_PATH), place.key(JWKS_PATH));
-    let found = async { Ok::<_, StoreError>((read(&store, &discovery_key).await?, read(&store, &jwks_key).await?)) }.await;
-    let (discovery, jwks) = match found {
-        Ok(found) => found,
+    // what is wrong with the documents the bucket holds now
+    let check = || async { Ok::<_, StoreError>(problems(&issuer, &key, read(&store, &discovery_key).await?.as_deref(), read(&store, &jwks_key).await?.as_deref())) };
+    let wrong = match check().await {
+        Ok(wrong) if wrong.is_empty() => return Ok(Some(report)),
+        Ok(wrong) => wrong,
         Err(err) => return not_checked(report, format!("reading the documents in {}: {err}", place.url())),
     };
-    let wrong = problems(&issuer, &key, discovery.as_deref(), jwks.as_deref());
-    if wrong.is_empty() {
-        return Ok(Some(report));
-    }
-    let grant = format!(
-        "give the identity hcp-dr runs as s3:PutObject and s3:PutObjectAcl on arn:aws:s3:::{}/{}*, then run `hcp-dr cluster oidc {} --namespace {} --repair`",
-        place.bucket,
-        place.key(""),
+    let command = format!(
+        "`hcp-dr cluster oidc {} --namespace {} --repair`",
         hc["metadata"]["name"].as_str().unwrap_or_default(),
         hc["metadata"]["namespace"].as_str().unwrap_or_default()
     );
+    let grant = format!("give the identity hcp-dr runs as s3:PutObject and s3:PutObjectAcl on arn:aws:s3:::{}/{}*, then run {command}", place.bucket, place.key(""));
     if !repair {
-        report.state = IssuerState::Stale { problems: wrong, fix: format!("To repair: run `hcp-dr cluster oidc {} --namespace {} --repair`", hc["metadata"]["name"].as_str().unwrap_or_default(), hc["metadata"]["namespace"].as_str().unwrap_or_default()) };
+        report.state = IssuerState::Stale { problems: wrong, fix: format!("To repair: run {command}") };
         return Ok(Some(report));
     }
     // the key set first: a discovery document never points at a key set without the key
@@ -445,10 +442,9 @@ pub async fn check_issuer(client: &kube::Client, hc: &Value, hcp_ns: &str, s3: &
         report.state = IssuerState::Stale { problems: wrong, fix: format!("hcp-dr could not rewrite them ({err}): {grant}") };
         return Ok(Some(report));
     }
-    let reread = async { Ok::<_, StoreError>((read(&store, &discovery_key).await?, read(&store, &jwks_key).await?)) }.await;
-    report.state = match reread {
-        Ok((d, j)) if problems(&issuer, &key, d.as_deref(), j.as_deref()).is_empty() => IssuerState::Repaired { problems: wrong },
-        Ok((d, j)) => IssuerState::Stale { problems: problems(&issuer, &key, d.as_deref(), j.as_deref()), fix: format!("they were rewritten but read back differently (a cache or another writer?): {grant}") },
+    report.state = match check().await {
+        Ok(still) if still.is_empty() => IssuerState::Repaired { problems: wrong },
+        Ok(still) => IssuerState::Stale { problems: still, fix: format!("they were rewritten but read back differently (a cache or another writer?): {grant}") },
         Err(err) => IssuerState::Stale { problems: wrong, fix: format!("they were rewritten but could not be read back ({err}): check them, or {grant}") },
     };
     Ok(Some(report))

@@ -520,31 +520,32 @@ pub fn dns_args(env: &Env) -> Vec<String> {
 }
 
 /// `hcp-dr migrate` of demo from mgmt-a to mgmt-b through the sandbox's S3
-/// store, journaled at `journal`, with `extra` arguments after the rest.
-pub fn migrate_args(env: &Env, journal: &Path, extra: &[&str]) -> Vec<String> {
+/// store, waiting 5m for the destination and 2m for DNS, with the sandbox's
+/// Route53 zone.
+fn migrate_common(env: &Env) -> Vec<String> {
     let (a, b) = (&env.sandbox.clusters[0].kubeconfig, &env.sandbox.clusters[1].kubeconfig);
     let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", a.to_str().unwrap(), "--to-kubeconfig", b.to_str().unwrap()]
         .iter()
         .map(|s| s.to_string())
         .collect();
     args.extend(["--via".into(), format!("s3://{}/migrations", hcp_dr_e2e::sandbox::BUCKET), "--s3-endpoint".into(), env.sandbox.s3.https_url().to_string()]);
-    args.extend(["--journal".into(), journal.display().to_string(), "--wait".into(), "5m".into(), "--dns-wait".into(), "2m".into()]);
+    args.extend(["--wait", "5m", "--dns-wait", "2m"].map(String::from));
     args.extend(dns_args(env));
+    args
+}
+
+/// [`migrate_common`], journaled at `journal`, with `extra` arguments after the rest.
+pub fn migrate_args(env: &Env, journal: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = migrate_common(env);
+    args.extend(["--journal".into(), journal.display().to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
 
-/// `hcp-dr migrate` of demo from mgmt-a to mgmt-b through the sandbox's S3
-/// store, DNS records taken over directly, reporting JSON.
+/// [`migrate_common`], DNS records taken over directly, reporting JSON.
 pub fn migrate_json_args(env: &Env) -> Vec<String> {
-    let (a, b) = (&env.sandbox.clusters[0].kubeconfig, &env.sandbox.clusters[1].kubeconfig);
-    let mut args: Vec<String> = ["migrate", "--hosted-cluster", "demo", "--from-kubeconfig", a.to_str().unwrap(), "--to-kubeconfig", b.to_str().unwrap()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(["--via".into(), format!("s3://{}/migrations", hcp_dr_e2e::sandbox::BUCKET), "--s3-endpoint".into(), env.sandbox.s3.https_url().to_string()]);
-    args.extend(["--wait", "5m", "--dns-wait", "2m", "--dns-direct", "-o", "json"].map(String::from));
-    args.extend(dns_args(env));
+    let mut args = migrate_common(env);
+    args.extend(["--dns-direct", "-o", "json"].map(String::from));
     args
 }
 
