@@ -76,6 +76,7 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
     let garbage_kubeconfig = file("garbage.kubeconfig", "clusters: [\n");
     let unreachable = file("unreachable.kubeconfig", &kubeconfig("https://127.0.0.1:1"));
     let not_pem = file("not.pem", "not a certificate\n");
+    let pull_secret = file("pull-secret.json", r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#);
     let not_identity = file("identity.txt", "AGE-SECRET-KEY-NOTREALLY\n");
     let junk_snapshot = file("junk.db", "junk");
     let kc_a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
@@ -172,6 +173,12 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["cluster", "pause", "demo", "--until", "yesterday"], 2, &["yesterday"]),
         case(&["cluster", "create", "--name", "x", "--release-image", "img", "--pull-secret", "/nonexistent/pull-secret.json"], 2, &["--pull-secret", "/nonexistent/pull-secret.json"]),
         case(&["cluster", "create", "--name", "x", "--release-image", "img", "--pull-secret", &not_pem, "--availability", "Sometimes"], 2, &["--availability", "Sometimes"]),
+        case(
+            &["cluster", "create", "--name", "x", "--release-image", "img", "--pull-secret", &pull_secret, "--platform", "aws", "--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/x", "--aws-subnet-id", "subnet-1", "--aws-oidc-bucket-url", "http://oidc.example.com"],
+            2,
+            &["--aws-oidc-bucket-url `http://oidc.example.com` must be an https:// URL"],
+        ),
+        case(&["cluster", "create", "--name", "x", "--release-image", "img", "--pull-secret", &pull_secret, "--platform", "aws", "--aws-region", "us-east-1"], 2, &["--platform aws needs", "--aws-oidc-bucket-url"]),
         case(&["cluster", "reconcile", "--file", &not_yaml], 2, &["not-yaml.yaml"]),
         case(&["cluster", "destroy", "nope"], 2, &["nope"]),
         case(&["cluster", "oidc", "demo"], 2, &["clusters/demo is on the None platform", "only AWS clusters have an OIDC issuer"]),
