@@ -162,6 +162,11 @@ const NEEDED: &[(&str, &str, &str, &str)] = &[
     ("*", "route.openshift.io", "routes", ""),
     ("*", "agent-install.openshift.io", "*", ""),
     ("*", "metal3.io", "baremetalhosts", ""),
+    // the storage controllers (snapshots, Jobs, provisioning Events)
+    ("list", "storage.k8s.io", "storageclasses", ""),
+    ("*", "snapshot.storage.k8s.io", "*", ""),
+    ("patch", "batch", "jobs", "status"),
+    ("create", "", "events", ""),
 ];
 
 /// Whether the kubeconfig's user may do what the sandbox does; the error

@@ -17,6 +17,7 @@ use crate::apiserver::faults::ApiFaults;
 use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::external::{External, Footprint, Removal};
 use crate::operator::agent::INFRAENV_LABEL;
+pub use crate::operator::snapshots::{SANDBOX_CSI_DRIVER, SANDBOX_SNAPSHOT_CLASS, SANDBOX_STORAGE_CLASS};
 use crate::operator::{OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
@@ -365,6 +366,7 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
         cluster: name.into(),
         source,
     })?;
+    install_storage(&client).await?;
     let operator = start_operator(common, name, client).await?;
     Ok((api, operator))
 }
@@ -591,6 +593,29 @@ impl Sandbox {
 
     pub fn cluster(&self, name: &str) -> Option<&ManagementCluster> {
         self.clusters.iter().find(|c| c.name == name)
+    }
+
+    /// [`guest_volume_on`] management cluster `mgmt`: a volume of KubeVirt
+    /// hosted cluster `hc_namespace/hc_name`'s guest, as kubevirt-csi makes
+    /// one (a DataVolume and its claim `pvc-<uuid>` in the HCP namespace, of
+    /// the [`SANDBOX_STORAGE_CLASS`]); returns the claim's name and its data
+    /// directory, where a test writes the guest's files.
+    pub async fn guest_volume(
+        &self,
+        mgmt: &str,
+        hc_namespace: &str,
+        hc_name: &str,
+        size: &str,
+    ) -> Result<(String, PathBuf), SandboxError> {
+        let cluster = self
+            .cluster(mgmt)
+            .ok_or_else(|| SandboxError::Check(format!("no running management cluster {mgmt}")))?;
+        let client = cluster
+            .api
+            .client()
+            .await
+            .map_err(|source| SandboxError::ApiServer { cluster: mgmt.into(), source })?;
+        guest_volume_on(&client, &self.dir.join(mgmt).join("state"), hc_namespace, hc_name, size).await
     }
 
     /// Stop (`down`) or start again the simulated HyperShift operator of
@@ -961,6 +986,140 @@ pub async fn create_all(client: &kube::Client, objects: &[Value]) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// The storage an emulated management cluster has, as installing a CSI
+/// driver gives a real one: the default StorageClass [`SANDBOX_STORAGE_CLASS`]
+/// and the default VolumeSnapshotClass [`SANDBOX_SNAPSHOT_CLASS`] of the
+/// sandbox's CSI driver [`SANDBOX_CSI_DRIVER`], which the simulated operator
+/// provisions and snapshots (see [`crate::operator::snapshots`]). Existing
+/// ones are left as they are; without the VolumeSnapshot CRDs the snapshot
+/// class is skipped, with a warning.
+pub async fn install_storage(client: &kube::Client) -> Result<(), SandboxError> {
+    for obj in crate::operator::snapshots::storage_objects() {
+        match create_all(client, std::slice::from_ref(&obj)).await {
+            Err(SandboxError::Kube { source: kube::Error::Api(status), .. })
+                if status.code == 404 && obj["kind"] == "VolumeSnapshotClass" =>
+            {
+                tracing::warn!("the VolumeSnapshot CRDs are not served: no VolumeSnapshotClass {SANDBOX_SNAPSHOT_CLASS}");
+            }
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// How long [`guest_volume_on`] waits for the hosted cluster's infraID and
+/// for the claim to be bound.
+const GUEST_VOLUME_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A volume of KubeVirt hosted cluster `hc_namespace/hc_name`'s guest, made
+/// as kubevirt-csi's controller makes one on the management cluster when the
+/// guest cluster asks for a volume of `size` (a quantity, `1Gi`): in the HCP
+/// namespace, a DataVolume `pvc-<uuid>` labelled
+/// `hypershift.openshift.io/infra-id: <spec.infraID>` (blank source,
+/// `spec.storage` of the [`SANDBOX_STORAGE_CLASS`], Filesystem,
+/// ReadWriteOnce), and the claim of the same name CDI makes for it (same
+/// label, owned by the DataVolume), bound by the sandbox; the DataVolume's
+/// status then says Succeeded, as CDI's would. Returns the claim's name and
+/// its data directory (write the guest's files there). `state_dir` is the
+/// state directory of the cluster's operator (`DIR/<cluster>/state` in a
+/// sandbox).
+pub async fn guest_volume_on(
+    client: &kube::Client,
+    state_dir: &Path,
+    hc_namespace: &str,
+    hc_name: &str,
+    size: &str,
+) -> Result<(String, PathBuf), SandboxError> {
+    let kube_err = |action: String| move |source| SandboxError::Kube { action, source };
+    let hc_api = api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+        "metadata": {"namespace": hc_namespace}}));
+    let start = Instant::now();
+    let infra_id = loop {
+        let hc = hc_api
+            .get_opt(hc_name)
+            .await
+            .map_err(kube_err(format!("getting HostedCluster {hc_namespace}/{hc_name}")))?
+            .ok_or_else(|| SandboxError::Check(format!("no HostedCluster {hc_namespace}/{hc_name}")))?;
+        let hc = serde_json::to_value(hc).unwrap_or(Value::Null);
+        let ns_api = api_for(client, &json!({"apiVersion": "v1", "kind": "Namespace"}));
+        let hcp_ns = crate::operator::hypershift::hcp_namespace(hc_namespace, hc_name);
+        let ns_ready = ns_api.get_opt(&hcp_ns).await.map_err(kube_err(format!("getting Namespace {hcp_ns}")))?.is_some();
+        match hc["spec"]["infraID"].as_str().filter(|id| !id.is_empty()) {
+            Some(id) if ns_ready => break id.to_string(),
+            _ if start.elapsed() > GUEST_VOLUME_TIMEOUT => {
+                return Err(SandboxError::Timeout {
+                    what: format!("HostedCluster {hc_namespace}/{hc_name} to have spec.infraID and its namespace {hcp_ns}"),
+                    seconds: GUEST_VOLUME_TIMEOUT.as_secs(),
+                });
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    };
+    let hcp_ns = crate::operator::hypershift::hcp_namespace(hc_namespace, hc_name);
+    let name = format!("pvc-{}", uuid::Uuid::new_v4());
+    let labels = json!({"hypershift.openshift.io/infra-id": infra_id});
+    let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": name, "namespace": hcp_ns, "labels": labels},
+        "spec": {"source": {"blank": {}},
+                 "storage": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                             "storageClassName": SANDBOX_STORAGE_CLASS,
+                             "resources": {"requests": {"storage": size}}}}});
+    let dv_api = api_for(client, &dv);
+    let dynamic: DynamicObject = serde_json::from_value(dv.clone()).map_err(|e| SandboxError::Check(format!("DataVolume {name}: {e}")))?;
+    let created = dv_api
+        .create(&PostParams::default(), &dynamic)
+        .await
+        .map_err(kube_err(format!("creating DataVolume {hcp_ns}/{name}")))?;
+    let mut pvc_labels = labels.clone();
+    pvc_labels["app"] = json!("containerized-data-importer");
+    pvc_labels["app.kubernetes.io/component"] = json!("storage");
+    pvc_labels["app.kubernetes.io/managed-by"] = json!("cdi-controller");
+    let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": hcp_ns, "labels": pvc_labels,
+            "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt", "cdi.kubevirt.io/storage.import.source": "none"},
+            "ownerReferences": [{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "name": name,
+                "uid": created.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem", "storageClassName": SANDBOX_STORAGE_CLASS,
+                 "resources": {"requests": {"storage": size}}}});
+    let pvc_api = api_for(client, &pvc);
+    let dynamic: DynamicObject = serde_json::from_value(pvc.clone()).map_err(|e| SandboxError::Check(format!("PersistentVolumeClaim {name}: {e}")))?;
+    pvc_api
+        .create(&PostParams::default(), &dynamic)
+        .await
+        .map_err(kube_err(format!("creating PersistentVolumeClaim {hcp_ns}/{name}")))?;
+    let start = Instant::now();
+    let dir = loop {
+        let got = pvc_api.get(&name).await.map_err(kube_err(format!("getting PersistentVolumeClaim {hcp_ns}/{name}")))?;
+        let got = serde_json::to_value(got).unwrap_or(Value::Null);
+        let dir = crate::operator::workloads::existing_pv_dir(state_dir, &got);
+        match dir.filter(|_| got["status"]["phase"] == "Bound") {
+            Some(dir) => break dir,
+            None if start.elapsed() > GUEST_VOLUME_TIMEOUT => {
+                return Err(SandboxError::Timeout {
+                    what: format!("PersistentVolumeClaim {hcp_ns}/{name} to be bound (kubectl describe pvc shows why not)"),
+                    seconds: GUEST_VOLUME_TIMEOUT.as_secs(),
+                });
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+        json!({"type": type_, "status": status, "reason": reason, "message": message,
+               "lastHeartbeatTime": now, "lastTransitionTime": now})
+    };
+    let status = json!({"status": {"phase": "Succeeded", "progress": "100.0%", "claimName": name,
+        "conditions": [condition("Bound", "True", "Bound", &format!("PVC {name} Bound")),
+                       condition("Ready", "True", "", ""),
+                       condition("Running", "False", "Completed", "")]}});
+    dv_api
+        .patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status))
+        .await
+        .map_err(kube_err(format!("setting the status of DataVolume {hcp_ns}/{name}")))?;
+    tracing::info!(namespace = %hcp_ns, pvc = %name, dir = %dir.display(), "guest volume provisioned");
+    Ok((name, dir))
 }
 
 /// The value of a condition of an object's status, e.g. `Available`.

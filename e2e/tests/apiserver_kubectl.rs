@@ -404,3 +404,93 @@ spec:
         .await;
     assert!(out.contains("deleted"), "{out}");
 }
+
+const STORAGE: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: sandbox-csi
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: csi.sandbox.hcp-dr.io
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata:
+  name: sandbox-csi-snapshots
+driver: csi.sandbox.hcp-dr.io
+deletionPolicy: Delete
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: guest-disk
+  namespace: clusters-vm
+spec:
+  source: {persistentVolumeClaimName: pvc-guest}
+"#;
+
+/// The storage kinds a KubeVirt guest-volume backup touches: the built-in
+/// StorageClass (defaults, `NAME (default)`, immutable fields) and the
+/// snapshot CRDs (the real ones, else the fallback ones).
+#[tokio::test]
+async fn kubectl_on_storage_classes_and_volume_snapshots() {
+    let (crds, from) = hcp_dr_e2e::crds::crd_dir();
+    eprintln!("CRDs: {from}");
+    let env = start(vec![crds]).await;
+    let kc = env.dir.path().join("kubeconfig");
+    env.server
+        .write_kubeconfig(&kc, "mgmt-a")
+        .expect("kubeconfig");
+    let k = Kubectl { kubeconfig: kc };
+
+    k.ok(&["create", "namespace", "clusters-vm"]).await;
+    let file = write(env.dir.path(), "storage.yaml", STORAGE);
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(
+        out.contains("storageclass.storage.k8s.io/sandbox-csi created")
+            && out.contains("volumesnapshotclass.snapshot.storage.k8s.io/sandbox-csi-snapshots created")
+            && out.contains("volumesnapshot.snapshot.storage.k8s.io/guest-disk created"),
+        "{out}"
+    );
+    let out = k.ok(&["apply", "-f", &file]).await;
+    assert!(out.contains("storageclass.storage.k8s.io/sandbox-csi unchanged"), "{out}");
+
+    let table = k.ok(&["get", "storageclass"]).await;
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "PROVISIONER", "RECLAIMPOLICY", "VOLUMEBINDINGMODE", "ALLOWVOLUMEEXPANSION", "AGE"] {
+        assert!(header.contains(column), "{table}");
+    }
+    assert!(
+        table.contains("sandbox-csi (default)") && table.contains("csi.sandbox.hcp-dr.io") && table.contains("Delete") && table.contains("Immediate"),
+        "{table}"
+    );
+    let sc = k.json(&["get", "sc", "sandbox-csi"]).await;
+    assert_eq!((sc["reclaimPolicy"].as_str(), sc["volumeBindingMode"].as_str()), (Some("Delete"), Some("Immediate")));
+
+    let o = k
+        .run(&["patch", "storageclass", "sandbox-csi", "--type", "merge", "-p", r#"{"reclaimPolicy":"Retain"}"#])
+        .await;
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    assert!(
+        o.stderr.contains("The StorageClass \"sandbox-csi\" is invalid: reclaimPolicy: Forbidden: updates to reclaimPolicy are forbidden."),
+        "{}",
+        o.stderr
+    );
+
+    let list = k.ok(&["get", "volumesnapshot", "-A"]).await;
+    assert!(
+        list.contains("NAMESPACE") && list.contains("SOURCEPVC") && list.contains("clusters-vm") && list.contains("guest-disk") && list.contains("pvc-guest"),
+        "{list}"
+    );
+    let classes = k.ok(&["get", "vsclass"]).await;
+    assert!(classes.contains("sandbox-csi-snapshots") && classes.contains("DRIVER"), "{classes}");
+    // exactly one source (the CRD's rule)
+    let both = write(
+        env.dir.path(),
+        "both.yaml",
+        "apiVersion: snapshot.storage.k8s.io/v1\nkind: VolumeSnapshot\nmetadata: {name: both, namespace: clusters-vm}\nspec:\n  source: {persistentVolumeClaimName: a, volumeSnapshotContentName: b}\n",
+    );
+    let o = k.run(&["apply", "-f", &both]).await;
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    assert!(o.stderr.contains("exactly one of volumeSnapshotContentName and persistentVolumeClaimName must be set"), "{}", o.stderr);
+}

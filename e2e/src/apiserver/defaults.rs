@@ -152,16 +152,127 @@ pub(crate) fn apply(
             let spec = obj_at(obj, "spec");
             default_field(spec, "volumeMode", json!("Filesystem"));
         }
-        "Job" => {
-            let spec = obj_at(obj, "spec");
-            default_field(spec, "backoffLimit", json!(6));
-            default_field(spec, "completions", json!(1));
-            default_field(spec, "parallelism", json!(1));
+        "Job" => job(obj),
+        "StorageClass" => {
+            if let Some(o) = obj.as_object_mut() {
+                default_field(o, "reclaimPolicy", json!("Delete"));
+                default_field(o, "volumeBindingMode", json!("Immediate"));
+            }
         }
         _ => {}
     }
     Ok(())
 }
+
+/// `SetDefaults_Job` (batch/v1): completions and parallelism 1 when both are
+/// unset, backoffLimit 6, the other knobs' defaults, and the Job's labels
+/// from its template's when it has none.
+fn job(obj: &mut Value) {
+    let template_labels = obj.pointer("/spec/template/metadata/labels").filter(|l| l.is_object()).cloned();
+    let spec = obj_at(obj, "spec");
+    let unset = |m: &Map<String, Value>, k: &str| m.get(k).is_none_or(Value::is_null);
+    if unset(spec, "completions") && unset(spec, "parallelism") {
+        spec.insert("completions".into(), json!(1));
+    }
+    default_field(spec, "parallelism", json!(1));
+    let backoff = if unset(spec, "backoffLimitPerIndex") { 6 } else { i32::MAX };
+    default_field(spec, "backoffLimit", json!(backoff));
+    default_field(spec, "completionMode", json!("NonIndexed"));
+    default_field(spec, "suspend", json!(false));
+    default_field(spec, "manualSelector", json!(false));
+    let replacement = if unset(spec, "podFailurePolicy") { "TerminatingOrFailed" } else { "Failed" };
+    default_field(spec, "podReplacementPolicy", json!(replacement));
+    let meta = obj_at(obj, "metadata");
+    let no_labels = meta.get("labels").and_then(Value::as_object).is_none_or(Map::is_empty);
+    if let (Some(labels), true) = (template_labels, no_labels) {
+        meta.insert("labels".into(), labels);
+    }
+}
+
+/// The `PrepareForCreate` steps of built-in kinds that run on create only
+/// (after [`apply`], with `metadata.uid` assigned).
+pub(crate) fn prepare_for_create(kind: &str, obj: &mut Value) {
+    match kind {
+        "PersistentVolumeClaim" => normalize_data_sources(obj),
+        "Job" => generate_job_selector(obj),
+        _ => {}
+    }
+}
+
+/// `NormalizeDataSources`: `spec.dataSource` and `spec.dataSourceRef` get the
+/// same contents when only one is given (not a cross-namespace
+/// `dataSourceRef`).
+fn normalize_data_sources(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let copy = |from: &Value| {
+        let mut to = Map::new();
+        for k in ["apiGroup", "kind", "name"] {
+            if let Some(v) = from.get(k).filter(|v| !v.is_null()) {
+                to.insert(k.into(), v.clone());
+            }
+        }
+        Value::Object(to)
+    };
+    let set = |k: &str| spec.get(k).is_some_and(|v| !v.is_null());
+    match (set("dataSource"), set("dataSourceRef")) {
+        (true, false) => {
+            let r = copy(&spec["dataSource"]);
+            spec.insert("dataSourceRef".into(), r);
+        }
+        (false, true) => {
+            let cross = spec["dataSourceRef"].get("namespace").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+            if !cross {
+                let r = copy(&spec["dataSourceRef"]);
+                spec.insert("dataSource".into(), r);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `generateSelector` of the Job strategy (unless `spec.manualSelector`):
+/// the template gets `batch.kubernetes.io/job-name`, `job-name`,
+/// `batch.kubernetes.io/controller-uid` and `controller-uid` (those not
+/// set), and the selector matches `batch.kubernetes.io/controller-uid`.
+fn generate_job_selector(obj: &mut Value) {
+    if obj.pointer("/spec/manualSelector") == Some(&json!(true)) {
+        return;
+    }
+    let name = obj.pointer("/metadata/name").cloned().unwrap_or(json!(""));
+    let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(json!(""));
+    let spec = obj_at(obj, "spec");
+    let template = spec.entry("template").or_insert_with(|| json!({}));
+    let labels = obj_at(obj_at_value(template, "metadata"), "labels");
+    for (key, value) in [
+        ("job-name", &name),
+        (JOB_NAME_LABEL, &name),
+        ("controller-uid", &uid),
+        (CONTROLLER_UID_LABEL, &uid),
+    ] {
+        labels.entry(key).or_insert_with(|| value.clone());
+    }
+    let spec = obj_at(obj, "spec");
+    let selector = spec.entry("selector").or_insert_with(|| json!({}));
+    if !selector.is_object() {
+        *selector = json!({});
+    }
+    let match_labels = obj_at(selector, "matchLabels");
+    match_labels.entry(CONTROLLER_UID_LABEL).or_insert(uid);
+}
+
+fn obj_at_value<'a>(v: &'a mut Value, key: &str) -> &'a mut Value {
+    if !v.get(key).is_some_and(Value::is_object) {
+        v[key] = json!({});
+    }
+    &mut v[key]
+}
+
+/// The label naming a Job on its pods (and `job-name`, its legacy twin).
+pub(crate) const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+/// The label holding a Job's uid on its pods (and `controller-uid`).
+pub(crate) const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 
 /// Validate `metadata.labels` keys and values as upstream ObjectMeta validation does.
 pub(crate) fn validate_labels(obj: &Value) -> Vec<super::schema::FieldError> {

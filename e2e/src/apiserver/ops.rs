@@ -454,6 +454,45 @@ impl Inner {
         }
     }
 
+    /// The `DefaultStorageClass` admission plugin: a claim created without
+    /// `spec.storageClassName` (absent or null; `""` asks for no class) gets
+    /// the default StorageClass, the newest when several are marked
+    /// `storageclass.kubernetes.io/is-default-class: "true"`.
+    async fn default_storage_class(&self, claim: &mut Value) -> Result<(), ApiError> {
+        if claim.pointer("/spec/storageClassName").is_some_and(|v| !v.is_null()) {
+            return Ok(());
+        }
+        let Some(rt) = self.registry().get("storage.k8s.io", "v1", "storageclasses") else {
+            return Ok(());
+        };
+        let page = self
+            .store
+            .list_all(&self.store.collection_prefix(&rt, None))
+            .await
+            .map_err(store_err)?;
+        let default = page
+            .items
+            .iter()
+            .filter(|s| {
+                s.obj
+                    .pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class")
+                    .and_then(Value::as_str)
+                    == Some("true")
+            })
+            .max_by(|a, b| {
+                meta_str(&a.obj, "creationTimestamp")
+                    .cmp(meta_str(&b.obj, "creationTimestamp"))
+                    .then_with(|| meta_str(&b.obj, "name").cmp(meta_str(&a.obj, "name")))
+            });
+        if let Some(class) = default {
+            if !claim.get("spec").is_some_and(Value::is_object) {
+                claim["spec"] = json!({});
+            }
+            claim["spec"]["storageClassName"] = json!(meta_str(&class.obj, "name"));
+        }
+        Ok(())
+    }
+
     async fn check_namespace_for_create(
         &self,
         rt: &ResourceType,
@@ -635,6 +674,14 @@ impl Inner {
         }
         if rt.is_builtin() {
             defaults::apply(&rt.kind, &mut obj, &allocate_cluster_ip)?;
+            defaults::prepare_for_create(&rt.kind, &mut obj);
+            if rt.group.is_empty() && rt.kind == "PersistentVolumeClaim" {
+                self.default_storage_class(&mut obj).await?;
+            }
+            let errs = validation::validate_builtin(&rt.kind, &obj);
+            if !errs.is_empty() {
+                return Err(ApiError::invalid(&rt.group, &rt.kind, &name, &errs));
+            }
         }
         // status: writes through the main resource cannot set it (as upstream PrepareForCreate)
         if rt.status_subresource
@@ -1013,7 +1060,8 @@ impl Inner {
                     }
                 }
                 defaults::apply(&rt.kind, &mut new, &allocate_cluster_ip)?;
-                let errs = validation::validate_builtin_update(&rt.kind, old, &new);
+                let mut errs = validation::validate_builtin(&rt.kind, &new);
+                errs.extend(validation::validate_builtin_update(&rt.kind, old, &new));
                 if !errs.is_empty() {
                     return Err(ApiError::invalid(&rt.group, &rt.kind, name, &errs));
                 }

@@ -326,6 +326,17 @@ const BUILTINS: &[Builtin] = &[
         true,
     ),
     b(
+        "storage.k8s.io",
+        "v1",
+        "storageclasses",
+        "StorageClass",
+        false,
+        &["sc"],
+        false,
+        false,
+        false,
+    ),
+    b(
         "rbac.authorization.k8s.io",
         "v1",
         "roles",

@@ -139,6 +139,16 @@ fn columns(rt: &ResourceType) -> Vec<(Value, Option<String>)> {
                     Some(".spec.replicas".into()),
                 ));
             }
+            if rt.is_builtin() && rt.kind == "StorageClass" {
+                for (name, path) in [
+                    ("Provisioner", ".provisioner"),
+                    ("ReclaimPolicy", ".reclaimPolicy"),
+                    ("VolumeBindingMode", ".volumeBindingMode"),
+                    ("AllowVolumeExpansion", ".allowVolumeExpansion"),
+                ] {
+                    cols.push((column(name, "string", "", "", 0), Some(path.into())));
+                }
+            }
             if rt.kind == "Pod" || rt.kind == "Namespace" {
                 cols.push((
                     column("Status", "string", "", "Phase", 0),
@@ -191,7 +201,20 @@ pub(crate) fn to_table(
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
-            let cells: Vec<Value> = cols.iter().map(|(c, p)| cell(o, c, p)).collect();
+            let mut cells: Vec<Value> = cols.iter().map(|(c, p)| cell(o, c, p)).collect();
+            // as kubectl's printer for StorageClasses: `NAME (default)`
+            if rt.is_builtin()
+                && rt.kind == "StorageClass"
+                && o.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class")
+                    .and_then(Value::as_str)
+                    == Some("true")
+                && let Some(Value::String(name)) = cells.first_mut()
+            {
+                name.push_str(" (default)");
+            }
+            if rt.is_builtin() && rt.kind == "StorageClass" && cells.get(4) == Some(&json!("<none>")) {
+                cells[4] = json!(false);
+            }
             json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                 "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}})
         })

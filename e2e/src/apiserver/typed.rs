@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use k8s_openapi::api::{apps, batch, coordination, core, events, rbac};
+use k8s_openapi::api::{apps, batch, coordination, core, events, rbac, storage};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 
 fn roundtrip<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, String> {
@@ -38,6 +38,7 @@ fn typed(group: &str, kind: &str, v: &Value) -> Option<Result<Value, String>> {
         ("events.k8s.io", "Event") => roundtrip::<events::v1::Event>(v),
         ("batch", "Job") => roundtrip::<batch::v1::Job>(v),
         ("batch", "CronJob") => roundtrip::<batch::v1::CronJob>(v),
+        ("storage.k8s.io", "StorageClass") => roundtrip::<storage::v1::StorageClass>(v),
         ("rbac.authorization.k8s.io", "Role") => roundtrip::<rbac::v1::Role>(v),
         ("rbac.authorization.k8s.io", "RoleBinding") => roundtrip::<rbac::v1::RoleBinding>(v),
         ("rbac.authorization.k8s.io", "ClusterRole") => roundtrip::<rbac::v1::ClusterRole>(v),

@@ -22,6 +22,11 @@
 //! - [`cloud`]: the ledgers of what a real provider would have destroyed.
 //! - [`oidc`]: the OIDC issuer documents of AWS hosted clusters in the
 //!   operator's OIDC bucket, and their service-account signing keys.
+//! - [`snapshots`]: the CSI driver of the sandbox's StorageClass and the
+//!   snapshot controller (VolumeSnapshots cut as copies of a claim's data).
+//! - [`jobs`]: the Job controller (one pod at a time).
+//! - [`volume_mover`]: the "kubelet" for hcp-dr's volume-mover pods, run as
+//!   local processes of the real hcp-dr binary.
 
 pub mod agent;
 pub mod cloud;
@@ -29,10 +34,13 @@ pub mod etcd_member;
 pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
+pub mod jobs;
 pub mod oidc;
 pub mod publishing;
 pub(crate) mod objects;
 pub mod restore_pod;
+pub mod snapshots;
+pub mod volume_mover;
 pub mod workloads;
 
 use std::collections::HashMap;
@@ -217,6 +225,8 @@ pub(crate) struct Ctx {
     pub hosted_up: std::sync::Mutex<HashMap<String, hosted_api::HostedStatus>>,
     /// hcp-dr restore pods being run, by pod uid.
     pub restores: restore_pod::Running,
+    /// hcp-dr volume-mover pods being run, by pod uid.
+    pub movers: volume_mover::Running,
     /// The client of the OIDC bucket, when there is one.
     pub oidc: Option<oidc::OidcStore>,
 }
@@ -303,6 +313,7 @@ impl Operator {
             hosted: tokio::sync::Mutex::new(HashMap::new()),
             hosted_up: std::sync::Mutex::new(HashMap::new()),
             restores: std::sync::Mutex::new(HashMap::new()),
+            movers: std::sync::Mutex::new(HashMap::new()),
             oidc,
         });
         let mut tasks = vec![
@@ -331,6 +342,19 @@ impl Operator {
                 hosted_api::sync,
             ),
             spawn_loop("agent", Duration::from_millis(1000), ctx.clone(), agent::sync),
+            spawn_loop(
+                "snapshot-controller",
+                Duration::from_millis(400),
+                ctx.clone(),
+                snapshots::sync,
+            ),
+            spawn_loop("job-controller", Duration::from_millis(400), ctx.clone(), jobs::sync),
+            spawn_loop(
+                "volume-mover-kubelet",
+                Duration::from_millis(300),
+                ctx.clone(),
+                volume_mover::sync,
+            ),
         ];
         if let Some(r53) = ctx.cfg.route53.clone() {
             let dns = Arc::new(external_dns::ExternalDns::new(&r53));
@@ -348,7 +372,7 @@ impl Operator {
     }
 
     /// Stop every controller, then the hosted API servers, then kill the etcd
-    /// members.
+    /// members and the volume movers.
     pub async fn shutdown(self) {
         for t in &self.tasks {
             t.abort();
@@ -358,5 +382,6 @@ impl Operator {
         }
         hosted_api::stop_all(&self.ctx).await;
         etcd_member::stop_all(&self.ctx).await;
+        volume_mover::stop_all(&self.ctx).await;
     }
 }

@@ -67,6 +67,22 @@ pub(crate) const SERVICE: Res = Res::new("", "v1", "Service", "services");
 pub(crate) const DEPLOYMENT: Res = Res::new("apps", "v1", "Deployment", "deployments");
 pub(crate) const STATEFULSET: Res = Res::new("apps", "v1", "StatefulSet", "statefulsets");
 pub(crate) const ROUTE: Res = Res::new("route.openshift.io", "v1", "Route", "routes");
+pub(crate) const EVENT: Res = Res::new("", "v1", "Event", "events");
+pub(crate) const JOB: Res = Res::new("batch", "v1", "Job", "jobs");
+pub(crate) const STORAGE_CLASS: Res = Res {
+    namespaced: false,
+    ..Res::new("storage.k8s.io", "v1", "StorageClass", "storageclasses")
+};
+pub(crate) const VOLUME_SNAPSHOT: Res =
+    Res::new("snapshot.storage.k8s.io", "v1", "VolumeSnapshot", "volumesnapshots");
+pub(crate) const VOLUME_SNAPSHOT_CLASS: Res = Res {
+    namespaced: false,
+    ..Res::new("snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass", "volumesnapshotclasses")
+};
+pub(crate) const VOLUME_SNAPSHOT_CONTENT: Res = Res {
+    namespaced: false,
+    ..Res::new("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent", "volumesnapshotcontents")
+};
 pub(crate) const HOSTED_CLUSTER: Res = Res::new(
     "hypershift.openshift.io",
     "v1beta1",
@@ -336,6 +352,54 @@ impl Kube {
                 ns.unwrap_or("")
             )))?;
         Ok(to_value(out))
+    }
+
+    /// LIST of a kind that may not be served (a CRD not installed): empty then.
+    pub async fn list_if_served(&self, res: &Res, ns: Option<&str>) -> Result<Vec<Value>, OperatorError> {
+        match self.list(res, ns, None).await {
+            Err(e) if status_code(&e) == Some(404) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
+    /// Record a core/v1 Event about `obj` (of kind `res`) from `component`,
+    /// once per distinct reason and message (later repeats are not counted).
+    pub async fn event(
+        &self,
+        res: &Res,
+        obj: &Value,
+        warning: bool,
+        reason: &str,
+        message: &str,
+        component: &str,
+    ) -> Result<(), OperatorError> {
+        let ns = match ns_of(obj) {
+            "" => "default",
+            ns => ns,
+        };
+        // recorded once: later passes do not ask the API server again
+        static RECORDED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> = std::sync::OnceLock::new();
+        let name = format!("{}.{}", name_of(obj), short_hash(&[uid_of(obj), reason, message], 16));
+        let key = format!("{ns}/{name}");
+        let recorded = RECORDED.get_or_init(Default::default);
+        if recorded.lock().is_ok_and(|set| set.contains(&key)) {
+            return Ok(());
+        }
+        let now = now();
+        let event = json!({
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": {"apiVersion": res.api_version(), "kind": res.kind, "name": name_of(obj),
+                "namespace": (!ns_of(obj).is_empty()).then(|| ns_of(obj)), "uid": uid_of(obj),
+                "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned()},
+            "reason": reason, "message": message, "type": if warning { "Warning" } else { "Normal" },
+            "source": {"component": component}, "reportingComponent": component, "reportingInstance": "",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        });
+        self.create_if_absent(&EVENT, Some(ns), event).await?;
+        if let Ok(mut set) = recorded.lock() {
+            set.insert(key);
+        }
+        Ok(())
     }
 
     /// DELETE; `false` when it was already gone.

@@ -5,10 +5,18 @@
 //! PVC-protection controller holds PVCs used by pods. (Garbage collection by
 //! ownerReferences and namespace termination run inside the API emulator.)
 //!
+//! Claims are provisioned by the provisioner of their StorageClass when it is
+//! one of the sandbox's (the CSI driver of [`super::snapshots`], or the local
+//! one), from a VolumeSnapshot or a claim when `spec.dataSource(Ref)` names
+//! one (the new directory starts as a copy of its data).
+//!
 //! Differences from a real cluster: Deployments own their pods directly (no
 //! ReplicaSets); there is no scheduler or node (pods get `spec.nodeName` of a
 //! virtual node); rolling updates are not simulated (a template change does not
-//! replace pods).
+//! replace pods); no PersistentVolume objects are made (a claim's
+//! `spec.volumeName` names a volume that exists only as its directory); a
+//! claim without a class (`""` included) is bound to a local volume, where a
+//! real cluster without a default class would leave it Pending.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -18,9 +26,10 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::objects::{
-    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, controller_of, is_deleting, name_of, ns_of,
-    owner_ref, str_at, uid_of,
+    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, STORAGE_CLASS, controller_of, is_deleting, name_of,
+    ns_of, owner_ref, str_at, uid_of,
 };
+use super::snapshots::SANDBOX_CSI_DRIVER;
 use super::{Ctx, OperatorError, io_err, log_failure};
 
 /// Annotation on a StatefulSet PVC holding the pod IP of its ordinal: the
@@ -28,8 +37,11 @@ use super::{Ctx, OperatorError, io_err, log_failure};
 pub const POD_IP_ANNOTATION: &str = "sandbox.hcp-dr.io/pod-ip";
 /// The finalizer real clusters put on PVCs in use.
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
-/// Marker file in a PV directory naming the PVC uid it belongs to.
-const PV_OWNER_FILE: &str = ".sandbox-pvc-uid";
+/// The provisioner of claims without a StorageClass (and of the class name
+/// `sandbox-local` a StatefulSet's claims get): a local volume, no snapshots.
+pub const LOCAL_PROVISIONER: &str = "sandbox.hcp-dr.io/local";
+/// The class name of the StatefulSet claims the sandbox binds at creation.
+const LOCAL_CLASS: &str = "sandbox-local";
 
 /// Whether a pod's containers are run by the etcd "kubelet" (a real etcd
 /// process) rather than marked running here.
@@ -46,22 +58,39 @@ pub fn pv_path(state_dir: &Path, ns: &str, pvc: &str) -> PathBuf {
     state_dir.join("pv").join(ns).join(pvc)
 }
 
-/// The data directory of `pvc`, created on first use. A directory left by an
-/// earlier PVC of the same name (another uid) is wiped first: a new claim is a
-/// new, empty volume.
+/// The file naming the claim uid a data directory was provisioned for:
+/// beside it (`pv/<ns>/.<pvc>.uid`; claim names never start with a dot), so
+/// a volume holds only what its users wrote (a data mover archives all of it).
+fn owner_marker(state_dir: &Path, ns: &str, pvc: &str) -> PathBuf {
+    state_dir.join("pv").join(ns).join(format!(".{pvc}.uid"))
+}
+
+/// The data directory of `pvc`, created (empty) on first use. A directory
+/// left by an earlier PVC of the same name (another uid) is wiped first: a
+/// new claim is a new, empty volume.
 pub fn ensure_pv_dir(state_dir: &Path, pvc: &Value) -> Result<PathBuf, OperatorError> {
-    let dir = pv_path(state_dir, ns_of(pvc), name_of(pvc));
-    let marker = dir.join(PV_OWNER_FILE);
-    let uid = uid_of(pvc);
-    match std::fs::read_to_string(&marker) {
-        Ok(owner) if owner.trim() == uid => return Ok(dir),
-        Ok(_) => std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?,
-        Err(_) if dir.exists() => {
-            std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?
-        }
-        Err(_) => {}
+    provision_pv_dir(state_dir, pvc, None)
+}
+
+/// [`ensure_pv_dir`], a new directory starting as a copy of `from` (the
+/// data of the snapshot or claim it is provisioned from). The owner marker
+/// is written last: a copy cut short is redone.
+pub(crate) fn provision_pv_dir(state_dir: &Path, pvc: &Value, from: Option<&Path>) -> Result<PathBuf, OperatorError> {
+    let (ns, name, uid) = (ns_of(pvc), name_of(pvc), uid_of(pvc));
+    let dir = pv_path(state_dir, ns, name);
+    let marker = owner_marker(state_dir, ns, name);
+    if std::fs::read_to_string(&marker).is_ok_and(|owner| owner.trim() == uid) && dir.is_dir() {
+        return Ok(dir);
     }
-    std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+    match from {
+        Some(src) => super::snapshots::replace_with_copy(src, &dir)?,
+        None => {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(io_err("removing", &dir))?;
+            }
+            std::fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        }
+    }
     std::fs::write(&marker, uid).map_err(io_err("writing", &marker))?;
     Ok(dir)
 }
@@ -69,8 +98,8 @@ pub fn ensure_pv_dir(state_dir: &Path, pvc: &Value) -> Result<PathBuf, OperatorE
 /// The existing data directory of `pvc`, if it was provisioned for this uid.
 pub fn existing_pv_dir(state_dir: &Path, pvc: &Value) -> Option<PathBuf> {
     let dir = pv_path(state_dir, ns_of(pvc), name_of(pvc));
-    let owner = std::fs::read_to_string(dir.join(PV_OWNER_FILE)).ok()?;
-    (owner.trim() == uid_of(pvc)).then_some(dir)
+    let owner = std::fs::read_to_string(owner_marker(state_dir, ns_of(pvc), name_of(pvc))).ok()?;
+    (owner.trim() == uid_of(pvc) && dir.is_dir()).then_some(dir)
 }
 
 /// Everything listed once per pass.
@@ -148,6 +177,18 @@ async fn release_storage(ctx: &Ctx, world: &World) {
             };
             for d in dirs.flatten() {
                 let name = d.file_name().to_string_lossy().to_string();
+                // `.<pvc>.uid` markers and `.<pvc>.copying` scratch copies
+                if let Some(hidden) = name.strip_prefix('.') {
+                    let pvc = hidden.trim_end_matches(".uid").trim_end_matches(".copying");
+                    if !live.contains(&(ns.clone(), pvc.to_string())) {
+                        let path = d.path();
+                        let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                        if let Err(e) = gone {
+                            tracing::warn!(path = %path.display(), "removing: {e}");
+                        }
+                    }
+                    continue;
+                }
                 if !live.contains(&(ns.clone(), name.clone())) {
                     tracing::info!(namespace = %ns, pvc = %name, "PVC gone: deleting its volume data");
                     if let Err(e) = std::fs::remove_dir_all(d.path()) {
@@ -159,12 +200,28 @@ async fn release_storage(ctx: &Ctx, world: &World) {
     }
 }
 
-/// The provisioner and the PV controller for claims made outside a
-/// StatefulSet (a StatefulSet's own are bound as it creates them): bind each
-/// to a new local volume, with the pod address the sandbox gives the pod of a
-/// StatefulSet claim.
+/// The provisioners and the PV controller for claims made outside a
+/// StatefulSet (a StatefulSet's own are bound as it creates them): each is
+/// bound to a new volume of its class's provisioner (the local one for a
+/// claim without a class), with the pod address the sandbox gives the pod of
+/// a StatefulSet claim. A claim of a class that does not exist, or that waits
+/// for its first consumer, or whose data source is not ready stays Pending
+/// with an Event saying why, as with real provisioners; a claim of another
+/// provisioner's class is left to it.
 async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
-    for pvc in world.pvcs.iter().filter(|p| !is_deleting(p) && str_at(p, "/spec/volumeName").is_none()) {
+    let unbound: Vec<&Value> = world
+        .pvcs
+        .iter()
+        .filter(|p| !is_deleting(p) && str_at(p, "/spec/volumeName").is_none_or(str::is_empty))
+        .collect();
+    if unbound.is_empty() {
+        return;
+    }
+    let classes = match ctx.kube.list_if_served(&STORAGE_CLASS, None).await {
+        Ok(c) => c,
+        Err(e) => return log_failure("pv-controller", "storageclasses", &e),
+    };
+    for pvc in unbound {
         // The StatefulSet whose pods would mount it: `<template>-<set>-<ordinal>`.
         let spec = statefulsets.iter().find_map(|s| {
             s.pointer("/spec/volumeClaimTemplates").and_then(Value::as_array)?.iter().find_map(|c| {
@@ -173,12 +230,29 @@ async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
             })
         });
         let bound = async {
+            let Some(provisioner) = claim_provisioner(ctx, pvc, &classes, world).await? else {
+                return Ok(());
+            };
+            let source = match claim_source(ctx, pvc, provisioner, world).await? {
+                Ok(source) => source,
+                Err(Some(message)) => {
+                    ctx.kube.event(&PVC, pvc, true, "ProvisioningFailed", &message, provisioner).await?;
+                    return Ok(());
+                }
+                Err(None) => return Ok(()),
+            };
             let ip = alloc_pod_ip(spec.as_ref().unwrap_or(&Value::Null))?.to_string();
+            // the volume (and its data) first: a Bound claim has its directory
+            let (state_dir, claim) = (ctx.cfg.state_dir.clone(), pvc.clone());
+            tokio::task::spawn_blocking(move || provision_pv_dir(&state_dir, &claim, source.as_deref()))
+                .await
+                .map_err(|e| OperatorError::Invalid { what: format!("provisioning task: {e}") })??;
             let patch = json!({
                 "metadata": {"annotations": {POD_IP_ANNOTATION: ip.clone(), "pv.kubernetes.io/bind-completed": "yes",
-                    "volume.kubernetes.io/storage-provisioner": "sandbox.hcp-dr.io/local"},
+                    "pv.kubernetes.io/bound-by-controller": "yes",
+                    "volume.kubernetes.io/storage-provisioner": provisioner},
                     "resourceVersion": pvc.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)},
-                "spec": {"volumeName": format!("pvc-{}", uuid::Uuid::new_v4())},
+                "spec": {"volumeName": format!("pvc-{}", uid_of(pvc))},
             });
             let updated = ctx.kube.merge(&PVC, Some(ns_of(pvc)), name_of(pvc), &patch).await?;
             add_finalizer(ctx, &PVC, &updated, PVC_PROTECTION).await?;
@@ -188,14 +262,91 @@ async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
                 .merge_status(&PVC, Some(ns_of(pvc)), name_of(pvc),
                     &json!({"status": {"phase": "Bound", "accessModes": access, "capacity": {"storage": capacity}}}))
                 .await?;
-            ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
-            tracing::info!(namespace = ns_of(pvc), pvc = name_of(pvc), pod_ip = %ip, "bound claim");
+            tracing::info!(namespace = ns_of(pvc), pvc = name_of(pvc), pod_ip = %ip, provisioner, "bound claim");
             Ok::<(), OperatorError>(())
         };
         if let Err(e) = bound.await {
             log_failure("pv-controller", &format!("{}/{}", ns_of(pvc), name_of(pvc)), &e);
         }
     }
+}
+
+/// The sandbox provisioner that provisions `pvc`, or None (with an Event
+/// when that is a failure): its class's provisioner when it is one of the
+/// sandbox's, the local one for a claim without a class.
+async fn claim_provisioner<'a>(
+    ctx: &Ctx,
+    pvc: &Value,
+    classes: &'a [Value],
+    world: &World,
+) -> Result<Option<&'a str>, OperatorError> {
+    let class_name = match str_at(pvc, "/spec/storageClassName") {
+        None | Some("") | Some(LOCAL_CLASS) => return Ok(Some(LOCAL_PROVISIONER)),
+        Some(name) => name,
+    };
+    let Some(class) = classes.iter().find(|c| name_of(c) == class_name) else {
+        let message = format!("storageclass.storage.k8s.io \"{class_name}\" not found");
+        ctx.kube.event(&PVC, pvc, true, "ProvisioningFailed", &message, "persistentvolume-controller").await?;
+        return Ok(None);
+    };
+    let provisioner = str_at(class, "/provisioner").unwrap_or_default();
+    if provisioner != SANDBOX_CSI_DRIVER && provisioner != LOCAL_PROVISIONER {
+        return Ok(None);
+    }
+    let consumed = world
+        .pods
+        .iter()
+        .any(|p| ns_of(p) == ns_of(pvc) && !is_deleting(p) && pod_claims(p).iter().any(|c| c == name_of(pvc)));
+    if str_at(class, "/volumeBindingMode") == Some("WaitForFirstConsumer") && !consumed {
+        ctx.kube
+            .event(&PVC, pvc, false, "WaitForFirstConsumer", "waiting for first consumer to be created before binding",
+                "persistentvolume-controller")
+            .await?;
+        return Ok(None);
+    }
+    Ok(Some(provisioner))
+}
+
+/// What a new volume for `pvc` starts with: `Ok(None)` empty, `Ok(Some(dir))`
+/// a copy of `dir` (a snapshot's data or the cloned claim's), `Err(Some(why))`
+/// not yet (the provisioner's `ProvisioningFailed` message), `Err(None)` a
+/// data source the sandbox's provisioners leave to a volume populator.
+async fn claim_source(
+    ctx: &Ctx,
+    pvc: &Value,
+    provisioner: &str,
+    world: &World,
+) -> Result<Result<Option<PathBuf>, Option<String>>, OperatorError> {
+    let requested = str_at(pvc, "/spec/resources/requests/storage").and_then(super::snapshots::parse_quantity);
+    if let Some(snapshot) = super::snapshots::snapshot_source(pvc) {
+        let found = super::snapshots::restore_source(ctx, ns_of(pvc), snapshot, provisioner, requested).await?;
+        return Ok(found.map(Some).map_err(Some));
+    }
+    let source = pvc.pointer("/spec/dataSourceRef").or_else(|| pvc.pointer("/spec/dataSource")).filter(|s| s.is_object());
+    let Some(source) = source else {
+        return Ok(Ok(None));
+    };
+    if str_at(source, "/apiGroup").is_some_and(|g| !g.is_empty()) || str_at(source, "/kind") != Some("PersistentVolumeClaim") {
+        return Ok(Err(None));
+    }
+    // a clone: the source claim, bound, of the same class
+    let name = str_at(source, "/name").unwrap_or_default();
+    let Some(from) = world.pvcs.iter().find(|p| ns_of(p) == ns_of(pvc) && name_of(p) == name) else {
+        return Ok(Err(Some(format!("error getting handle for DataSource Type PersistentVolumeClaim by Name {name}: error getting PVC {name} from api server: persistentvolumeclaims \"{name}\" not found"))));
+    };
+    if str_at(from, "/spec/storageClassName") != str_at(pvc, "/spec/storageClassName") {
+        return Ok(Err(Some(format!("the source PVC and destination PVCs must be in the same storage class for cloning.  Source is in {}, but new PVC is in {}",
+            str_at(from, "/spec/storageClassName").unwrap_or_default(), str_at(pvc, "/spec/storageClassName").unwrap_or_default()))));
+    }
+    let Some(dir) = existing_pv_dir(&ctx.cfg.state_dir, from).filter(|_| str_at(from, "/status/phase") == Some("Bound")) else {
+        return Ok(Err(Some(format!("error getting handle for DataSource Type PersistentVolumeClaim by Name {name}: the PVC {name} is not yet bound"))));
+    };
+    let size = super::snapshots::claim_bytes(from);
+    if requested.is_some_and(|r| r < size) {
+        return Ok(Err(Some(format!("error, new PVC request must be greater than or equal in size to the specified PVC data source, requested {} but source is {size}",
+            requested.unwrap_or_default()))));
+    }
+    Ok(Ok(Some(dir)))
 }
 
 /// DELETE with `gracePeriodSeconds: 0` (what the kubelet does once containers stopped).
@@ -271,7 +422,7 @@ pub(crate) async fn add_finalizer(
 }
 
 /// PVC names a pod mounts.
-fn pod_claims(pod: &Value) -> Vec<String> {
+pub(crate) fn pod_claims(pod: &Value) -> Vec<String> {
     pod.pointer("/spec/volumes")
         .and_then(Value::as_array)
         .map(|vols| {
@@ -311,7 +462,7 @@ fn container_ports(spec: &Value) -> Vec<u16> {
     ports
 }
 
-fn alloc_pod_ip(spec: &Value) -> Result<IpAddr, OperatorError> {
+pub(crate) fn alloc_pod_ip(spec: &Value) -> Result<IpAddr, OperatorError> {
     Ok(crate::procs::alloc_loopback_ip(&container_ports(spec))?)
 }
 
@@ -372,6 +523,7 @@ pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
 async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
     if is_etcd_pod(pod)
         || super::restore_pod::is_restore_pod(pod)
+        || super::volume_mover::is_mover_pod(pod)
         || is_deleting(pod)
         || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending")
     {
@@ -393,7 +545,7 @@ async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
     Ok(())
 }
 
-fn virtual_node(ctx: &Ctx) -> String {
+pub(crate) fn virtual_node(ctx: &Ctx) -> String {
     format!("{}-control-plane-0", ctx.cfg.cluster_name)
 }
 
