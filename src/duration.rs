@@ -60,6 +60,8 @@ pub const OPERATOR_ACK: DurationIn = secs(1, HOUR, "the operator either answers 
 /// The lifetime of a presigned snapshot URL: long enough for etcd to start
 /// downloading.
 pub const PRESIGN_TTL: DurationIn = secs(5 * MINUTE, 7 * DAY, "S3 presigned URLs live at most 7 days (SigV4)");
+/// How long an idle data mover waits before it exits.
+pub const MOVER_IDLE: DurationIn = secs(MINUTE, DAY, "a mover nobody talks to for a day is orphaned");
 /// How long to wait for DNS records to move or propagate.
 pub const DNS_WAIT: DurationIn = secs(10, DAY, "DNS that has not moved within a day will not");
 /// How old a complete backup may get before `backups prune --max-age` removes it.

@@ -17,3 +17,4 @@ pub mod pipeline;
 pub mod space;
 pub mod store;
 pub mod teardown;
+pub mod volume;

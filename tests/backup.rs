@@ -152,7 +152,7 @@ async fn dry_run_plans_from_the_live_cluster_and_changes_nothing() {
 async fn a_failure_after_any_stage_is_undone() {
     let env = env("SingleReplica").await;
     let store = env.local_store();
-    for stage in ["lock", "preflight", "pause", "scale-down", "etcd-snapshot", "resume", "export", "snapshot-finish", "package"] {
+    for stage in ["lock", "preflight", "pause", "scale-down", "etcd-snapshot", "volume-snapshot", "resume", "export", "snapshot-finish", "volume-copy", "package"] {
         let out = env.hcp_dr(
             &["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--wait-timeout", "60s"],
             &[("HCP_DR_TEST_FAIL_AFTER", stage)],

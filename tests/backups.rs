@@ -98,6 +98,7 @@ async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, complete: b
             origin: None,
             etcd_health: Default::default(),
             agent_inventory: None,
+            guest_volumes: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
     }

@@ -46,10 +46,11 @@ fn stdout_ok(args: &[&str]) -> String {
 }
 
 /// Every command below the top, as its words (`["etcd", "restore"]`), with
-/// its clap definition; clap's own `help` subcommand left out.
+/// its clap definition; clap's own `help` subcommand and the hidden ones
+/// people do not run (`volume-mover`, run by hcp-dr in a pod) left out.
 fn commands() -> Vec<(Vec<String>, clap::Command)> {
     fn walk(path: &[String], cmd: &clap::Command, out: &mut Vec<(Vec<String>, clap::Command)>) {
-        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help" && !s.is_hide_set()) {
             let mut words = path.to_vec();
             words.push(sub.get_name().to_string());
             out.push((words.clone(), sub.clone()));

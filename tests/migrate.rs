@@ -14,13 +14,15 @@ use kube::api::Api;
 use serde_json::Value;
 use support::*;
 
-const STAGES: [&str; 21] = [
+const STAGES: [&str; 24] = [
     "lock",
     "preflight",
     "destination-check",
     "pause",
     "scale-down",
     "etcd-snapshot",
+    "volume-snapshot",
+    "volume-copy",
     "export",
     "snapshot-finish",
     "package",
@@ -29,6 +31,7 @@ const STAGES: [&str; 21] = [
     "verify",
     "destination-preflight",
     "snapshot-url",
+    "volume-restore",
     "apply",
     "wait",
     "fence",

@@ -93,7 +93,7 @@ async fn assert_workloads(mgmt: &kube::Client, namespace: &str, name: &str, cont
     assert_eq!(secrets.items.iter().filter(|s| s.metadata.name.as_deref().is_some_and(|n| n.starts_with("secret-"))).count(), WORKLOAD_OBJECTS, "{context}");
 }
 
-const RESTORE_STAGES: [&str; 8] = ["verify", "preflight", "snapshot-url", "apply", "wait", "fence", "oidc-issuer", "dns-takeover"];
+const RESTORE_STAGES: [&str; 9] = ["verify", "preflight", "snapshot-url", "volume-restore", "apply", "wait", "fence", "oidc-issuer", "dns-takeover"];
 
 fn hostnames() -> Vec<String> {
     ["api", "ignition", "konnectivity", "oauth"].iter().map(|s| format!("{s}.demo.{BASE_DOMAIN}")).collect()

@@ -543,6 +543,7 @@ mod tests {
             origin: None,
             etcd_health: Default::default(),
             agent_inventory: None,
+            guest_volumes: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)

@@ -300,6 +300,31 @@ pub struct Manifest {
     /// cluster (the objects are in the objects archive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_inventory: Option<crate::hosted::agent::AgentInventory>,
+    /// On KubeVirt: the guest volumes copied (each an artifact
+    /// `volumes/<pvc>.tar`) and the root disks left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_volumes: Option<GuestVolumes>,
+}
+
+/// A KubeVirt cluster's guest volumes in a backup.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVolumes {
+    pub volumes: Vec<GuestVolumeRecord>,
+    /// Root-disk PVCs not copied (re-created from the NodePool's image).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_disks: Vec<String>,
+}
+
+/// One guest volume: the claim a restore re-creates (same name, class,
+/// size, labels, and its DataVolume) and the artifact holding its files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVolumeRecord {
+    #[serde(flatten)]
+    pub volume: crate::hosted::kubevirt::GuestVolume,
+    /// The artifact's name (`volumes/<pvc>.tar`).
+    pub artifact: String,
+    /// Files, directories and links in it.
+    pub files: u64,
 }
 
 /// A management cluster as a backup or a fence names it: its API server
@@ -416,6 +441,7 @@ impl Manifest {
             .iter()
             .map(|m| m.artifact.as_str())
             .chain([OBJECTS, SHA256SUMS])
+            .chain(self.volume_artifacts())
         {
             if self.artifact(name).is_none() {
                 return Err(ArchiveError::Incomplete(format!("artifact `{name}` is not listed")));
@@ -435,7 +461,7 @@ impl Manifest {
         }
     }
 
-    /// The snapshots and the objects archive are encrypted, each with its
+    /// The snapshots, the objects archive and the guest volumes are encrypted, each with its
     /// plaintext digest; nothing else is.
     fn check_encryption(&self, encryption: &Encryption) -> Result<(), ArchiveError> {
         if encryption.scheme != encryption::SCHEME {
@@ -448,7 +474,7 @@ impl Manifest {
         if encryption.recipients.is_empty() {
             return Err(ArchiveError::Incomplete("`encryption` names no recipient".into()));
         }
-        let mut want: Vec<&str> = self.etcd.iter().map(|m| m.artifact.as_str()).chain([OBJECTS]).collect();
+        let mut want: Vec<&str> = self.etcd.iter().map(|m| m.artifact.as_str()).chain([OBJECTS]).chain(self.volume_artifacts()).collect();
         let mut have: Vec<&str> = encryption.artifacts.iter().map(|a| a.name.as_str()).collect();
         want.sort();
         have.sort();
@@ -458,6 +484,11 @@ impl Manifest {
             )));
         }
         Ok(())
+    }
+
+    /// The artifacts of the guest volumes.
+    pub fn volume_artifacts(&self) -> impl Iterator<Item = &str> {
+        self.guest_volumes.iter().flat_map(|g| g.volumes.iter().map(|v| v.artifact.as_str()))
     }
 
     pub fn artifact(&self, name: &str) -> Option<&Artifact> {
@@ -545,6 +576,7 @@ mod tests {
             origin: None,
             etcd_health: EtcdHealth::default(),
             agent_inventory: None,
+            guest_volumes: None,
         }
     }
 
@@ -578,6 +610,42 @@ mod tests {
         let err = Manifest::parse(&serde_json::to_vec(&future).unwrap()).unwrap_err();
         assert!(matches!(err, ArchiveError::UnknownFormat { found: 3 }), "{err}");
         assert!(Manifest::parse(b"{not json").is_err());
+    }
+
+    #[test]
+    fn guest_volumes_must_be_listed_as_artifacts_and_encrypted_with_the_rest() {
+        let mut m = manifest();
+        let volume = crate::hosted::kubevirt::GuestVolume {
+            name: "pvc-0a1b".into(),
+            namespace: "clusters-demo".into(),
+            storage_class: "csi".into(),
+            driver: "csi.example.com".into(),
+            size: "1Gi".into(),
+            access_modes: vec!["ReadWriteOnce".into()],
+            volume_mode: "Filesystem".into(),
+            labels: BTreeMap::new(),
+            data_volume: None,
+            snapshot_class: "csi-snapshots".into(),
+        };
+        m.guest_volumes = Some(GuestVolumes {
+            volumes: vec![GuestVolumeRecord { volume, artifact: "volumes/pvc-0a1b.tar".into(), files: 3 }],
+            root_disks: vec!["demo-worker-root".into()],
+        });
+        let err = Manifest::parse(&m.to_json()).unwrap_err();
+        assert!(err.to_string().contains("volumes/pvc-0a1b.tar"), "{err}");
+        m.artifacts.push(Artifact { name: "volumes/pvc-0a1b.tar".into(), size: 10240, sha256: "ef".repeat(32) });
+        assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
+
+        let plain = |name: &str| Artifact { name: name.into(), size: 2, sha256: "cd".repeat(32) };
+        m.format_version = ENCRYPTED_FORMAT_VERSION;
+        m.encryption = Some(Encryption {
+            scheme: encryption::SCHEME.into(),
+            recipients: vec!["age1xyz".into()],
+            artifacts: vec![plain("etcd/etcd-0.db"), plain("etcd/etcd-1.db"), plain(OBJECTS)],
+        });
+        assert!(Manifest::parse(&m.to_json()).unwrap_err().to_string().contains("encrypts exactly"), "a volume without its plaintext digest");
+        m.encryption.as_mut().unwrap().artifacts.push(plain("volumes/pvc-0a1b.tar"));
+        assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
     }
 
     #[test]

@@ -279,6 +279,25 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
             ));
         }
     }
+    if let Some(guest) = &m.guest_volumes {
+        out.push_str(&format!("guest volumes: {} copied (KubeVirt)\n", guest.volumes.len()));
+        for v in &guest.volumes {
+            let stored = m.artifact(&v.artifact).map(|a| size(a.size)).unwrap_or_else(|| "missing".into());
+            out.push_str(&format!(
+                "  {:<40} {} {:<8} class {:<16} {} entries, {} ({})\n",
+                format!("{}/{}", v.volume.namespace, v.volume.name),
+                v.volume.volume_mode,
+                v.volume.size,
+                v.volume.storage_class,
+                v.files,
+                stored,
+                v.artifact
+            ));
+        }
+        if !guest.root_disks.is_empty() {
+            out.push_str(&format!("  root disks not copied (re-created from the NodePool's image): {}\n", guest.root_disks.join(", ")));
+        }
+    }
     if let Some(e) = &m.encryption {
         out.push_str(&format!("encrypted: {} for {}\n", e.scheme, e.recipients.join(", ")));
         for a in &e.artifacts {

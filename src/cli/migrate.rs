@@ -66,6 +66,8 @@ pub struct Args {
     /// last acknowledged writes; the backup is marked so).
     #[arg(long)]
     pub allow_no_quorum: bool,
+    #[command(flatten)]
+    pub guest: crate::stages::context::GuestVolumeSettings,
     /// Upper bound of the wait for the destination to be Available with its
     /// nodes Ready [range: 10s to 1d].
     #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
@@ -105,6 +107,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),
         allow_no_quorum: args.allow_no_quorum,
+        guest: args.guest,
         dns_direct: args.dns_direct,
         dns_wait: args.dns_wait,
         pause_ttl: args.pause_ttl,

@@ -25,6 +25,7 @@ pub mod report;
 pub mod restore;
 pub mod schedule;
 pub mod snapshot;
+pub mod volume_mover;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -147,6 +148,9 @@ pub enum Command {
     /// Print the manual page, or write one page per command to a directory.
     #[command(after_help = "Example:\n  hcp-dr man --dir /usr/local/share/man/man1")]
     Man(man::Args),
+    /// The data mover hcp-dr runs in a pod next to a guest volume (not for people).
+    #[command(hide = true, after_help = "Example (in a pod, with $HCP_DR_MOVER_TOKEN from a Secret):\n  hcp-dr volume-mover --dir /volume --port 8080")]
+    VolumeMover(volume_mover::Args),
 }
 
 /// How a command ended, mapped to the process exit code by `main`.
@@ -265,5 +269,6 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Fence(args) => fence::exec(args, cli.output).await,
         Command::Completion(args) => completion::exec(args),
         Command::Man(args) => man::exec(args),
+        Command::VolumeMover(args) => volume_mover::exec(args).await,
     }
 }

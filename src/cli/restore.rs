@@ -62,6 +62,11 @@ pub struct Args {
     /// How to reach the restored etcd members for the revision check.
     #[arg(long, value_enum, default_value_t = EtcdAccess::Auto)]
     pub etcd_access: EtcdAccess,
+    /// KubeVirt: the image of the data-mover Jobs that write the guest
+    /// volumes back (it runs `hcp-dr volume-mover`) [default:
+    /// quay.io/hcp-dr/hcp-dr:v<this version>].
+    #[arg(long, env = "HCP_DR_MOVER_IMAGE")]
+    pub mover_image: Option<String>,
     /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
     #[arg(long)]
     pub s3_endpoint: Option<String>,
@@ -119,6 +124,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
         clean_leftovers: args.clean_leftovers,
         overwrite: args.overwrite,
         etcd_access: args.etcd_access,
+        mover_image: args.mover_image,
         run: args.run,
         observer: super::report::progress(output),
         dns: (args.route53_zone.is_some() || args.take_over_dns || args.dns_owner.is_some()).then(|| DnsInputs {

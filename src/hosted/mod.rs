@@ -3,6 +3,7 @@
 //! Views wrap the object as JSON so nothing the tool does not know is lost.
 
 pub mod agent;
+pub mod kubevirt;
 pub mod oidc;
 pub mod publishing;
 pub mod render;

@@ -48,6 +48,8 @@ pub struct BackupOptions {
     /// Without etcd quorum, snapshot the readable member with the highest
     /// revision instead of refusing.
     pub allow_no_quorum: bool,
+    /// KubeVirt: how the guest volumes are taken.
+    pub guest: crate::stages::context::GuestVolumeSettings,
     /// What the backups of one fleet run (`backup --all`) share; a single
     /// backup builds its own.
     pub fleet: Option<FleetShared>,
@@ -140,6 +142,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 wait_timeout_seconds: options.wait_timeout.as_secs(),
                 operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
                 allow_no_quorum: options.allow_no_quorum,
+                guest: options.guest.clone(),
                 holder: holder(),
                 backup_id: new_backup_id(started),
                 started,

@@ -147,6 +147,7 @@ fn restore_options(options: &DrillOptions) -> RestoreOptions {
         clean_leftovers: false,
         overwrite: false,
         etcd_access: options.etcd_access,
+        mover_image: None,
         run: super::RunFlags {
             dry_run: options.run.dry_run,
             ..super::RunFlags::default()

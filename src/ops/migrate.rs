@@ -39,6 +39,8 @@ pub struct MigrateOptions {
     /// Without etcd quorum on the source, move what its most advanced
     /// readable member holds instead of refusing.
     pub allow_no_quorum: bool,
+    /// KubeVirt: how the guest volumes are taken.
+    pub guest: crate::stages::context::GuestVolumeSettings,
     pub dns_direct: bool,
     pub dns_wait: Duration,
     pub pause_ttl: Duration,
@@ -123,6 +125,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             wait_timeout_seconds: options.wait_timeout.as_secs(),
             operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
             allow_no_quorum: options.allow_no_quorum,
+                guest: options.guest.clone(),
             holder: holder(),
             backup_id: backup_id.clone(),
             started,
@@ -146,6 +149,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             backup_of: None,
             identity: None,
             dns: None,
+            mover_image: options.guest.mover_image.clone(),
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),

@@ -35,6 +35,8 @@ pub struct RestoreOptions {
     pub clean_leftovers: bool,
     pub overwrite: bool,
     pub etcd_access: EtcdAccess,
+    /// The data-mover image for a KubeVirt cluster's guest volumes.
+    pub mover_image: Option<String>,
     /// Playbook, journal, resume/abort, dry-run.
     pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
@@ -177,6 +179,7 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         backup_of: None,
         identity: None,
         dns: check_dns(options)?,
+        mover_image: options.mover_image.clone(),
     })
 }
 

@@ -79,6 +79,18 @@ pub fn rules() -> Vec<(Value, &'static str)> {
          "on the Agent platform, the cluster's inventory: the Agents bound to it, their InfraEnvs and NMStateConfigs"),
         (json!({"apiGroups": ["metal3.io"], "resources": ["baremetalhosts"], "verbs": ["get"]}),
          "on the Agent platform, the BareMetalHosts of the cluster's Agents, with their status"),
+        (json!({"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "create", "delete"]}),
+         "on KubeVirt, the guest volumes are found; a scratch claim restored from each one's snapshot is created for its data mover and deleted after"),
+        (json!({"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"]}),
+         "on KubeVirt, each guest volume's StorageClass names the CSI driver whose snapshot class is used"),
+        (json!({"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshotclasses"], "verbs": ["list"]}),
+         "on KubeVirt, the snapshot class of each driver (--volume-snapshot-class, or the driver's default)"),
+        (json!({"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots"], "verbs": ["get", "create", "delete"]}),
+         "on KubeVirt, one snapshot per guest volume while the API is down, deleted once copied"),
+        (json!({"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["get"]}),
+         "on KubeVirt, a guest volume's DataVolume is recorded (a restore re-creates it) and root disks are told apart"),
+        (json!({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]}),
+         "on KubeVirt, the data-mover Job of each guest volume (its bearer token in the pod's environment, not a Secret: no right to create Secrets), deleted after its copy"),
     ]
 }
 

@@ -78,6 +78,29 @@ pub struct BackupInputs {
     pub route53_zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route53_endpoint: Option<String>,
+    /// KubeVirt: how the guest volumes are taken.
+    #[serde(default, flatten)]
+    pub guest: GuestVolumeSettings,
+}
+
+/// How a backup (or migrate) takes a KubeVirt cluster's guest volumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct GuestVolumeSettings {
+    /// KubeVirt: the VolumeSnapshotClass for the guest volumes' snapshots
+    /// (default: the one default class of each volume's CSI driver).
+    #[arg(long, value_parser = crate::cli::k8s_name)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_snapshot_class: Option<String>,
+    /// KubeVirt: take the control plane without the guest volumes' data
+    /// (when the CSI snapshots cannot be taken; the backup says so).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skip_guest_volumes: bool,
+    /// KubeVirt: the image of the data-mover Jobs (it runs `hcp-dr
+    /// volume-mover`) [default: quay.io/hcp-dr/hcp-dr:v<this version>].
+    #[arg(long, env = "HCP_DR_MOVER_IMAGE")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover_image: Option<String>,
 }
 
 impl BackupInputs {

@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod restore;
 pub mod resume;
 pub mod scale_down;
+pub mod volumes;
 
 use crate::pipeline::{Catalog, StageId};
 use context::BackupContext;
@@ -44,6 +45,7 @@ pub enum StageError {
 pub fn backup_catalog() -> Catalog<BackupContext> {
     use etcd_snapshot::{EtcdSnapshot, SnapshotFinish};
     use lock::{Lock, Unlock};
+    use volumes::{VolumeCopy, VolumeSnapshot};
     use {export::Export, package::Package, pause::Pause, preflight::Preflight, resume::Resume, scale_down::ScaleDown};
     Catalog::new("backup")
         .with(Lock)
@@ -54,12 +56,16 @@ pub fn backup_catalog() -> Catalog<BackupContext> {
         .after(&[Pause::NAME, Preflight::NAME])
         .with(EtcdSnapshot)
         .after(&[Preflight::NAME])
+        .with(VolumeSnapshot)
+        .after(&[ScaleDown::NAME, Preflight::NAME])
         .with(Resume)
         .after(&[ScaleDown::NAME, Pause::NAME])
         .with(Export)
         .after(&[Preflight::NAME])
         .with(SnapshotFinish)
         .after(&[EtcdSnapshot::NAME])
+        .with(VolumeCopy)
+        .after(&[VolumeSnapshot::NAME, Preflight::NAME])
         .with(Package)
         .after(&[SnapshotFinish::NAME, Export::NAME, Preflight::NAME])
         .with(Unlock)

@@ -10,10 +10,33 @@ use super::etcd_snapshot::{SnapshotFinish, Snapshots};
 use super::export::{Export, Exported};
 use super::preflight::Preflight;
 use super::resume::Resume;
+use super::volumes::{VolumeCopy, VolumesCopied};
+use crate::archive::{GuestVolumeRecord, GuestVolumes};
+use crate::hosted::kubevirt::GuestData;
 use crate::archive::{self, Artifact, ENCRYPTED_FORMAT_VERSION, Encryption, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
 use crate::pipeline::{Stage, StageId, StageFailure, StageState, Step, UndoInput};
 
 pub struct Package;
+
+/// The manifest's record of the guest volumes preflight found, each with
+/// the artifact `volume-copy` stored. A volume found but not copied (a
+/// playbook without `volume-copy`) fails the backup: it must not pass for
+/// one that holds the guest's data.
+fn guest_record(guest: Option<GuestData>, copied: &VolumesCopied) -> Result<Option<GuestVolumes>, StageFailure> {
+    let Some(guest) = guest else { return Ok(None) };
+    let mut volumes = Vec::new();
+    for volume in guest.volumes {
+        let Some(c) = copied.volumes.iter().find(|c| c.volume == volume.name) else {
+            return Err(StageError::Precondition(format!(
+                "guest volume {}/{} was found but not copied: the playbook needs the stages volume-snapshot and volume-copy (or run with --skip-guest-volumes to back up the control plane alone)",
+                volume.namespace, volume.name
+            ))
+            .into());
+        };
+        volumes.push(GuestVolumeRecord { artifact: c.artifact.name.clone(), files: c.files, volume });
+    }
+    Ok(Some(GuestVolumes { volumes, root_disks: guest.root_disks }))
+}
 
 /// Where the finished backup is.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -28,7 +51,7 @@ pub struct Packaged {
 
 /// The manifest's `encryption` for an encrypted backup: the recipients and
 /// the plaintext digests `snapshot-finish` and `export` journaled.
-fn encryption(ctx: &BackupContext, snapshots: &Snapshots, export: &Exported) -> Result<Option<Encryption>, StageFailure> {
+fn encryption(ctx: &BackupContext, snapshots: &Snapshots, export: &Exported, volumes: &VolumesCopied) -> Result<Option<Encryption>, StageFailure> {
     if ctx.inputs.encrypt_to.is_empty() {
         return Ok(None);
     }
@@ -40,6 +63,9 @@ fn encryption(ctx: &BackupContext, snapshots: &Snapshots, export: &Exported) -> 
         return Err(StageError::Missing("the plaintext digest of the encrypted objects archive").into());
     };
     artifacts.push(objects);
+    for copied in &volumes.volumes {
+        artifacts.push(copied.plaintext.clone().ok_or(StageError::Missing("the plaintext digest of an encrypted guest volume"))?);
+    }
     Ok(Some(Encryption {
         scheme: archive::encryption::SCHEME.into(),
         recipients: ctx.inputs.encrypt_to.clone(),
@@ -83,6 +109,9 @@ impl Stage<BackupContext> for Package {
         if snapshots.snapshots.is_empty() {
             return Err(StageError::Precondition("snapshot-finish stored no etcd snapshot".into()).into());
         }
+        let guest = step.needs::<Preflight>()?.guest_volumes;
+        let volumes = step.output_of::<VolumeCopy>()?.unwrap_or_default();
+        let guest_volumes = guest_record(guest, &volumes)?;
 
         let mut artifacts: Vec<Artifact> = snapshots
             .snapshots
@@ -94,6 +123,7 @@ impl Stage<BackupContext> for Package {
             })
             .collect();
         artifacts.push(objects);
+        artifacts.extend(volumes.volumes.iter().map(|c| c.artifact.clone()));
         let sums = archive::sha256sums(&artifacts);
         let put = ctx.store.put(&layout.sums(), Box::new(sums.as_bytes())).await?;
         artifacts.push(Artifact {
@@ -101,7 +131,7 @@ impl Stage<BackupContext> for Package {
             size: put.size,
             sha256: put.sha256,
         });
-        let encryption = encryption(ctx, &snapshots, &export)?;
+        let encryption = encryption(ctx, &snapshots, &export, &volumes)?;
         let manifest = Manifest {
             format_version: if encryption.is_some() { ENCRYPTED_FORMAT_VERSION } else { FORMAT_VERSION },
             tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -129,6 +159,7 @@ impl Stage<BackupContext> for Package {
             encryption,
             origin: ctx.origin.clone(),
             agent_inventory: export.agent_inventory.clone(),
+            guest_volumes,
             etcd_health: ctx.etcd_health.clone(),
         };
         manifest.check()?;

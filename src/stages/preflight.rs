@@ -39,6 +39,11 @@ pub struct Findings {
     /// export takes them and the rest of the inventory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agents: Option<Vec<String>>,
+    /// KubeVirt: the guest volumes `volume-snapshot` and `volume-copy`
+    /// take, each with its VolumeSnapshotClass (None: another platform, or
+    /// `--skip-guest-volumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_volumes: Option<hosted::kubevirt::GuestData>,
 }
 
 pub struct Preflight;
@@ -152,7 +157,16 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         Err(hosted::agent::InventoryError::Refused(why)) => return Err(StageError::Precondition(why).into()),
         Err(hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
     };
-    if let Some(missing) = platform_gap(hc.platform()) {
+    let guest_volumes = if ctx.inputs.guest.skip_guest_volumes {
+        None
+    } else {
+        match hosted::kubevirt::guest_volumes(&ctx.client, &hc.0, &hcp_ns, ctx.inputs.guest.volume_snapshot_class.as_deref()).await {
+            Ok(found) => found,
+            Err(hosted::kubevirt::GuestError::Refused(why)) => return Err(StageError::Precondition(why).into()),
+            Err(hosted::kubevirt::GuestError::Kube(err)) => return Err(err.into()),
+        }
+    };
+    if let Some(missing) = platform_gap(hc.platform(), guest_volumes.as_ref()) {
         warnings.push(format!("{} is on the {} platform: {missing}", ctx.hc_label(), hc.platform()));
     }
 
@@ -250,16 +264,25 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         warnings,
         origin,
         agents,
+        guest_volumes,
     })
 }
 
 /// What a backup of a cluster on `platform` does not hold (None: nothing
 /// hcp-dr knows of): said as a warning, so nobody takes the backup for
 /// more than it is.
-pub fn platform_gap(platform: &str) -> Option<String> {
+pub fn platform_gap(platform: &str, guest: Option<&hosted::kubevirt::GuestData>) -> Option<String> {
     match platform {
         "None" | "Agent" => None,
-        "KubeVirt" => Some("the guest cluster's persistent volumes (kubevirt-csi PVCs on the management cluster) and the worker VMs' root disks are not in this backup; a restore brings back the control plane and recreates workers from the NodePool's image, without their data".into()),
+        "KubeVirt" => match guest {
+            None => Some("--skip-guest-volumes: the guest cluster's persistent volumes (kubevirt-csi PVCs on the management cluster) and the worker VMs' root disks are not in this backup; a restore brings back the control plane and recreates workers from the NodePool's image, without their data".into()),
+            Some(guest) if guest.root_disks.is_empty() => None,
+            Some(guest) => Some(format!(
+                "the worker VMs' root disks ({}) are not copied: a restore re-creates the workers from the NodePool's image; the guest volumes ({}) are",
+                guest.root_disks.join(", "),
+                guest.volumes.len()
+            )),
+        },
         "AWS" => Some("the OIDC issuer documents and IAM trust are not in this backup and are not checked after a restore onto another management cluster; fix them as `hypershift fix dr-oidc-iam` does if the cluster reports WebIdentityErr".into()),
         other => Some(format!("hcp-dr does not know the platform `{other}`: the backup holds etcd, the HyperShift objects and the control-plane namespace's Cluster API and provider objects, but none of the platform's objects elsewhere (hosts, volumes, cloud identity); back those up with the platform's own tooling")),
     }

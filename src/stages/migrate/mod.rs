@@ -218,6 +218,7 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
     use super::lock::{Lock, Unlock};
     use super::restore::{apply::Apply, fence::WriteFence, oidc::OidcIssuer, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
     use super::{export::Export, package::Package, pause::Pause, preflight::Preflight, scale_down::ScaleDown};
+    use super::volumes::{VolumeCopy, VolumeSnapshot};
     use {check::DestinationCheck, dns::DnsWithdraw, hosts::DetachHosts, ovn::OvnRestart, teardown::Teardown};
     Catalog::new("migrate")
         .with(OnSource::new(Lock, true))
@@ -230,6 +231,10 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .after(&[Pause::NAME])
         .with(OnSource::new(EtcdSnapshot, false))
         .after(&[ScaleDown::NAME])
+        .with(OnSource::new(VolumeSnapshot, true))
+        .after(&[ScaleDown::NAME, Preflight::NAME])
+        .with(OnSource::new(VolumeCopy, true))
+        .after(&[VolumeSnapshot::NAME, Preflight::NAME])
         .with(OnSource::new(Export, false))
         .after(&[Preflight::NAME])
         .with(OnSource::new(SnapshotFinish, false))
@@ -246,6 +251,8 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .after(&[Verify::NAME])
         .with(OnDestination::new(SnapshotUrl, true))
         .after(&[Verify::NAME])
+        .with(OnDestination::new(super::restore::volumes::VolumeRestore, true))
+        .after(&[DESTINATION_PREFLIGHT])
         .with(OnDestination::new(Apply, true))
         .after(&[DnsWithdraw::NAME, DetachHosts::NAME, DESTINATION_PREFLIGHT, SnapshotUrl::NAME])
         .with(OnDestination::new(Wait, true))

@@ -14,6 +14,7 @@ pub mod order;
 pub mod preflight;
 pub mod snapshot_url;
 pub mod verify;
+pub mod volumes;
 pub mod wait;
 
 use std::time::Duration;
@@ -62,6 +63,10 @@ pub struct RestoreInputs {
     /// (`dns-takeover`). `None`: no zone known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsInputs>,
+    /// The data-mover image for the guest volumes (`--mover-image`;
+    /// default hcp-dr's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover_image: Option<String>,
 }
 
 /// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`.
@@ -155,13 +160,15 @@ impl RestoreContext {
 
 /// Every restore stage, and what must come before what (the playbook rules).
 pub fn restore_catalog() -> Catalog<RestoreContext> {
-    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, oidc::OidcIssuer, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, oidc::OidcIssuer, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, volumes::VolumeRestore, wait::Wait};
     Catalog::new("restore")
         .with(Verify)
         .with(Preflight)
         .after(&[Verify::NAME])
         .with(SnapshotUrl)
         .after(&[Verify::NAME])
+        .with(VolumeRestore)
+        .after(&[Preflight::NAME])
         .with(Apply)
         .after(&[Preflight::NAME, SnapshotUrl::NAME])
         .with(Wait)

@@ -87,7 +87,7 @@ pub fn hosted_cluster(objects: &[Value]) -> Result<HostedCluster, StageError> {
     }
 }
 
-async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
+async fn check(ctx: &mut RestoreContext, guest: Option<&crate::archive::GuestVolumes>) -> Result<Findings, StageFailure> {
     ensure_loaded(ctx).await?;
     let objects = ctx.objects.clone().unwrap_or_default();
     let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
@@ -157,6 +157,10 @@ async fn check(ctx: &mut RestoreContext) -> Result<Findings, StageFailure> {
             ));
         }
     }
+
+    // KubeVirt: each guest volume's StorageClass is here (a volume is
+    // re-created in it and filled by a data mover before the NodePools).
+    problems.extend(super::volumes::missing_classes(&ctx.client, guest).await?);
 
     // The HCP namespace is absent or empty; no leftover etcd volumes.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ctx.client.clone());
@@ -254,8 +258,9 @@ impl Stage<RestoreContext> for Preflight {
             ctx.inputs.hcp_namespace()
         )]
     }
-    async fn run(&self, ctx: &mut RestoreContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
-        let findings = check(ctx).await?;
+    async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+        let manifest = super::verify::manifest(ctx, step).await?;
+        let findings = check(ctx, manifest.guest_volumes.as_ref()).await?;
         ctx.findings = Some(findings.clone());
         Ok(findings)
     }
