@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hcp_dr_e2e::procs::s3_faults::{S3FaultKind, S3Faults};
-use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, oidc_bucket, wait_available};
+use hcp_dr_e2e::sandbox::{oidc_bucket, wait_available};
 use serde_json::Value;
 use support::*;
 
@@ -50,22 +50,14 @@ fn oidc(env: &Env, kubeconfig: &str, repair: bool) -> (Option<i32>, Value) {
 }
 
 async fn aws_env() -> Env {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
-    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    let spec = HostedClusterSpec { availability: "SingleReplica".into(), ..HostedClusterSpec::demo() };
-    let env = Env { hosted: mgmt.clone(), dir, sandbox, spec, mgmt, replicas: Vec::new() };
-    let pull = env.dir.path().join("pull-secret.json");
-    std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
+    let env = bare_env().await;
     let bucket_url = format!("{}/{}", env.sandbox.s3.https_url().trim_end_matches('/'), oidc_bucket("mgmt-a"));
-    let out = env.hcp_dr(
+    let out = create_demo(
+        &env,
         &[
-            "cluster", "create", "--name", "demo", "--platform", "aws", "--availability", "SingleReplica", "--node-pool-replicas", "1",
-            "--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo", "--aws-subnet-id", "subnet-0123456789abcdef0",
-            "--aws-oidc-bucket-url", &bucket_url, "--release-image", &env.spec.release_image, "--pull-secret", pull.to_str().unwrap(),
-            "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--wait", "5m",
+            "--platform", "aws", "--node-pool-replicas", "1", "--aws-region", "us-east-1", "--aws-role-arn-prefix", "arn:aws:iam::123456789012:role/demo",
+            "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-oidc-bucket-url", &bucket_url,
         ],
-        &[],
     );
     assert!(out.status.success(), "{}", text(&out));
     wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available");

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hcp_dr_e2e::operator::workloads::pv_path;
-use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, api_for, guest_volume_on, wait_available};
+use hcp_dr_e2e::sandbox::{api_for, guest_volume_on, wait_available};
 use serde_json::{Value, json};
 use support::*;
 
@@ -101,21 +101,8 @@ async fn paused(client: &kube::Client) -> Option<String> {
 }
 
 async fn kubevirt_env() -> Env {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
-    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    let spec = HostedClusterSpec { availability: "SingleReplica".into(), ..HostedClusterSpec::demo() };
-    let env = Env { hosted: mgmt.clone(), dir, sandbox, spec, mgmt, replicas: Vec::new() };
-    let pull = env.dir.path().join("pull-secret.json");
-    std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
-    let out = env.hcp_dr(
-        &[
-            "cluster", "create", "--name", "demo", "--platform", "kubevirt", "--availability", "SingleReplica", "--node-pool-replicas", "1",
-            "--release-image", &env.spec.release_image, "--pull-secret", pull.to_str().unwrap(),
-            "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--wait", "5m",
-        ],
-        &[],
-    );
+    let env = bare_env().await;
+    let out = create_demo(&env, &["--platform", "kubevirt", "--node-pool-replicas", "1"]);
     assert!(out.status.success(), "{}", text(&out));
     wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available");
     env

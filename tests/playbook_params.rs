@@ -14,6 +14,13 @@ fn backup_playbook(dir: &std::path::Path, with: &str) -> std::path::PathBuf {
     backup_playbook_with(dir, "scale-down", with)
 }
 
+/// The line of the first `with:` value under `stage` in
+/// [`backup_playbook_with`]'s file: two below the stage's `- name:` line.
+fn value_line(stage: &str) -> usize {
+    let builtin = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("playbooks/backup.yaml")).unwrap();
+    builtin.lines().position(|l| l == format!("  - name: {stage}")).expect("the stage") + 3
+}
+
 /// The embedded backup playbook with `with` under `stage`.
 fn backup_playbook_with(dir: &std::path::Path, stage: &str, with: &str) -> std::path::PathBuf {
     let builtin = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("playbooks/backup.yaml")).unwrap();
@@ -45,8 +52,8 @@ fn bad_parameters_are_refused_with_their_line_before_anything_is_contacted() {
         let out = hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--kubeconfig", kubeconfig.to_str().unwrap(), "--playbook", playbook.to_str().unwrap()]);
         let said = text(&out);
         assert_eq!(out.status.code(), Some(2), "{with}: {said}");
-        // the `with:` value starts on the line after `with:` (line 13 of the embedded playbook + 1)
-        assert!(said.contains("line 14: stage `scale-down`: with:") && said.contains(says), "{with}: {said}");
+        // the `with:` value starts two lines below the stage's name
+        assert!(said.contains(&format!("line {}: stage `scale-down`: with:", value_line("scale-down"))) && said.contains(says), "{with}: {said}");
         assert!(!said.contains("127.0.0.1:9"), "the cluster was contacted before the playbook was checked: {said}");
         assert!(!store.exists(), "the store was written");
     }

@@ -647,3 +647,25 @@ pub fn finished_lines<'a>(drawn: &'a str, stage: &str) -> Vec<&'a str> {
         .filter(|line| line.split_whitespace().next() == Some(stage) && line.contains("done in"))
         .collect()
 }
+
+/// A sandbox with no hosted cluster yet, for a test that makes its own with
+/// `hcp-dr cluster create` ([`create_demo`]); SingleReplica.
+pub async fn bare_env() -> Env {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = Sandbox::up(&dir.path().join("sandbox")).await.expect("sandbox up");
+    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
+    let spec = HostedClusterSpec { availability: "SingleReplica".into(), ..HostedClusterSpec::demo() };
+    Env { hosted: mgmt.clone(), dir, sandbox, spec, mgmt, replicas: Vec::new() }
+}
+
+/// `hcp-dr cluster create --name demo` on mgmt-a, SingleReplica, waiting up
+/// to 5m, with `platform_args` (`--platform ...`, `--node-pool-replicas`,
+/// the platform's flags); the pull secret is written first.
+pub fn create_demo(env: &Env, platform_args: &[&str]) -> Output {
+    let pull = env.dir.path().join("pull-secret.json");
+    std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
+    let mut args = vec!["cluster", "create", "--name", "demo", "--availability", "SingleReplica"];
+    args.extend(platform_args);
+    args.extend(["--release-image", &env.spec.release_image, "--pull-secret", pull.to_str().unwrap(), "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--wait", "5m"]);
+    env.hcp_dr(&args, &[])
+}

@@ -131,18 +131,10 @@ impl Stage<RestoreContext> for SnapshotUrl {
             let meter = crate::pipeline::Meter::new();
             meter.expect(best.size);
             step.show(&meter);
-            let mut body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
+            let body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
             // the manifest's digest of what the copy must hold: the
             // plaintext, for a snapshot decrypted on the way
-            let (mut want_size, mut want_sha) = (best.size, best.sha256.clone());
-            if let Some(plain) = manifest.plaintext(&best.artifact) {
-                let keys = ctx.keys.as_ref().ok_or_else(|| crate::archive::encryption::EncryptionError::IdentityNeeded {
-                    what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
-                    recipients: manifest.recipients().to_vec(),
-                })?;
-                body = crate::archive::encryption::decrypting_reader(body, keys, &source, manifest.recipients()).await?;
-                (want_size, want_sha) = (plain.size, plain.sha256.clone());
-            }
+            let (body, want_size, want_sha) = super::verify::plaintext_of(ctx, &manifest, &best.artifact, &source, body).await?;
             let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
             let put = match staging.put(&key, body).await {
                 Ok(put) => put,

@@ -59,6 +59,29 @@ pub async fn manifest(ctx: &RestoreContext, step: &Step<'_>) -> Result<Manifest,
     Ok(read_manifest(ctx.store.as_ref(), &ctx.inputs.layout()).await?)
 }
 
+/// An artifact's bytes as the restore uses them: `body` (the stored bytes
+/// of artifact `name` at `key`) decrypted with `--identity` when the backup
+/// is encrypted, and the size and SHA-256 the manifest says they must have
+/// (the plaintext's, for an encrypted artifact).
+pub async fn plaintext_of(
+    ctx: &RestoreContext,
+    manifest: &Manifest,
+    name: &str,
+    key: &str,
+    body: crate::store::Body<'static>,
+) -> Result<(crate::store::Body<'static>, u64, String), StageFailure> {
+    let Some(stored) = manifest.artifact(name) else {
+        return Err(StageError::Precondition(format!("the manifest does not list the artifact {name}")).into());
+    };
+    let Some(plain) = manifest.plaintext(name) else { return Ok((body, stored.size, stored.sha256.clone())) };
+    let keys = ctx.keys.as_ref().ok_or_else(|| EncryptionError::IdentityNeeded {
+        what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
+        recipients: manifest.recipients().to_vec(),
+    })?;
+    let body = crate::archive::encryption::decrypting_reader(body, keys, key, manifest.recipients()).await?;
+    Ok((body, plain.size, plain.sha256.clone()))
+}
+
 /// The manifest `verify` checked, for a plan (`None` before it ran: a
 /// migrate's dry-run, whose backup does not exist yet).
 pub fn verified_manifest(step: &Step<'_>) -> Option<Manifest> {

@@ -106,17 +106,8 @@ impl VolumeRestore {
         let name = mover_name(ctx, index);
         let (mover, _forward) = start_mover(&ctx.client, ns, &name, &claim_name, &default_mover_image(ctx.inputs.mover_image.as_deref()), &labels(ctx), ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
         let key = ctx.inputs.layout().artifact(&v.artifact);
-        let stored = manifest.artifact(&v.artifact).ok_or_else(|| StageError::Precondition(format!("the manifest lists guest volume {} but not its artifact {}", claim_name, v.artifact)))?;
-        let mut body: crate::store::Body<'static> = ctx.store.get(&key).await?;
-        let (mut want_size, mut want_sha) = (stored.size, stored.sha256.clone());
-        if let Some(plain) = manifest.plaintext(&v.artifact) {
-            let keys = ctx.keys.as_ref().ok_or_else(|| crate::archive::encryption::EncryptionError::IdentityNeeded {
-                what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
-                recipients: manifest.recipients().to_vec(),
-            })?;
-            body = crate::archive::encryption::decrypting_reader(body, keys, &key, manifest.recipients()).await?;
-            (want_size, want_sha) = (plain.size, plain.sha256.clone());
-        }
+        let body = ctx.store.get(&key).await?;
+        let (body, want_size, want_sha) = super::verify::plaintext_of(ctx, manifest, &v.artifact, &key, body).await?;
         let got = mover.put_archive(body).await?;
         if (got.bytes, got.sha256.as_str()) != (want_size, want_sha.as_str()) {
             return Err(StageError::Precondition(format!(
