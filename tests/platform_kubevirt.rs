@@ -7,7 +7,8 @@
 //! artifact, snapshot, Job or scratch claim); a backup copies both volumes
 //! through CSI snapshots and data-mover Jobs run as local `hcp-dr
 //! volume-mover` processes; a migration to mgmt-b re-creates them there with
-//! the same names and files before the NodePools; with mgmt-b then lost, a
+//! the same names and files before the NodePools (a drill there first
+//! restores them under its own names, checks and removes them); with mgmt-b then lost, a
 //! restore of the migration's backup brings them back onto mgmt-a.
 
 mod support;
@@ -192,6 +193,28 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     let out = env.hcp_dr(&["backups", "verify", &folder, "--s3-endpoint", &endpoint], &[]);
     assert!(out.status.success(), "the volumes' artifacts verify: {}", text(&out));
 
+    eprintln!("-- drill on mgmt-b");
+    // a drill restores the volumes under the drill's names before its
+    // NodePools, checks each, and removes them with the drill cluster
+    let staging = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+    let out = env.hcp_dr(&["drill", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &staging, "--wait", "5m", "-o", "json"], &[]);
+    let drill = json_report(&out);
+    assert!(out.status.success() && drill["passed"] == true, "{drill:#}");
+    let order: Vec<&str> = drill["stages"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert!(order.iter().position(|s| *s == "volume-restore") < order.iter().position(|s| *s == "apply"), "{order:?}");
+    for (name, _) in &volumes {
+        let check = drill["checks"].as_array().unwrap().iter().find(|c| c["name"] == format!("guest volume {name}").as_str());
+        let check = check.unwrap_or_else(|| panic!("no check of guest volume {name}: {drill:#}"));
+        assert_eq!(check["passed"], true, "{check:#}");
+        assert!(check["detail"].as_str().unwrap().contains("6 entries as backed up"), "{check:#}");
+    }
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    // the drill's control-plane namespace: `clusters-drill`/`demo-drill` (the default suffix)
+    let drill_ns = "clusters-drill-demo-drill";
+    let claims = api_for(&b, &kind_in("v1", "PersistentVolumeClaim", drill_ns)).list(&Default::default()).await.map(|l| l.items.len()).unwrap_or(0);
+    assert_eq!(claims, 0, "the drill left claims in {drill_ns}");
+    assert!(leftovers(&b).await.is_empty(), "the drill left {:?} on mgmt-b", leftovers(&b).await);
+
     eprintln!("-- migrate");
     // migrate: the volumes are on mgmt-b under their names, with their
     // files, owned by their DataVolumes, before the NodePools
@@ -203,7 +226,6 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     let order: Vec<&str> = report["stages"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
     let at = |stage: &str| order.iter().position(|s| *s == stage).unwrap_or_else(|| panic!("{stage} did not run: {order:?}"));
     assert!(at("volume-restore") < at("apply"), "{order:?}");
-    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     wait_available(&b, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-b");
     for (name, files) in &volumes {
         assert_eq!(&tree(&pv_path(&state_dir(&env, "mgmt-b"), HCP_NS, name)), files, "volume {name} on mgmt-b");

@@ -18,12 +18,15 @@
 //!   encryption key came along. Their data is never printed.
 //! - **nodes Ready `<pool>`**: each NodePool has its replicas Ready in the hosted cluster.
 //! - **DNS isolation**: the drill's HostedCluster publishes none of the source's hostnames.
+//! - **guest volume `<pvc>`** (KubeVirt): re-created Bound in the drill's
+//!   control-plane namespace, owned by its DataVolume, with every entry the
+//!   backup took (`volume-restore` checked the SHA-256 as it wrote them).
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use etcd_client::GetOptions;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret};
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +35,7 @@ use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, stage::error_chain};
 use crate::stages::context::{MemberTarget, TlsOverride};
+use crate::stages::restore::volumes::VolumeRestore;
 use crate::stages::restore::wait::{hosted_client, ready_nodes};
 use crate::stages::{StageError, etcd_access};
 
@@ -327,6 +331,50 @@ fn dns_check(hc: &HostedCluster, ctx: &DrillContext) -> CheckResult {
     CheckResult::pass(NAME, format!("publishes {listed}; none of the source's {} hostname(s)", source.len()))
 }
 
+/// Each guest volume of the backup (KubeVirt) re-created in the drill's
+/// control-plane namespace: its claim Bound, owned by its DataVolume when
+/// the backup had one, holding as many entries as the backup took
+/// (`volume-restore` checked the SHA-256 of what it wrote).
+async fn volume_checks(ctx: &DrillContext, step: &Step<'_>, out: &mut Vec<CheckResult>) -> Result<(), StageFailure> {
+    let Some(volumes) = ctx.restore.guest_volumes.as_ref().filter(|v| !v.is_empty()) else { return Ok(()) };
+    let Some(restored) = step.output_of::<VolumeRestore>()? else {
+        out.push(CheckResult::fail(
+            "guest volumes",
+            format!("the backup holds {} guest volume(s) and this drill's playbook has no `volume-restore` stage: their data was not proven to restore", volumes.len()),
+        ));
+        return Ok(());
+    };
+    let ns = ctx.inputs.identity.drill.hcp_namespace();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.restore.client.clone(), &ns);
+    for v in volumes {
+        let (claim, check) = (&v.volume.name, format!("guest volume {}", v.volume.name));
+        let Some(files) = restored.restored.iter().find(|(n, _)| n == claim).map(|(_, f)| *f) else {
+            out.push(CheckResult::fail(check, "`volume-restore` did not write it"));
+            continue;
+        };
+        let Some(pvc) = pvcs.get_opt(claim).await.map_err(request(format!("reading PersistentVolumeClaim {ns}/{claim}")))? else {
+            out.push(CheckResult::fail(check, format!("PersistentVolumeClaim {ns}/{claim} is gone")));
+            continue;
+        };
+        let phase = pvc.status.and_then(|s| s.phase).unwrap_or_default();
+        let owner = v.volume.data_volume.as_ref().and_then(|dv| dv["metadata"]["name"].as_str());
+        let owned = owner.is_none_or(|dv| {
+            pvc.metadata.owner_references.iter().flatten().any(|o| o.kind == crate::hosted::kubevirt::DATA_VOLUME.kind && o.name == dv)
+        });
+        out.push(if phase != "Bound" {
+            CheckResult::fail(check, format!("PersistentVolumeClaim {ns}/{claim} is {phase:?}, not Bound"))
+        } else if !owned {
+            CheckResult::fail(check, format!("PersistentVolumeClaim {ns}/{claim} is not owned by its DataVolume {}", owner.unwrap_or_default()))
+        } else if files != v.files {
+            CheckResult::fail(check, format!("{files} entries written, the backup took {}", v.files))
+        } else {
+            let dv = owner.map(|dv| format!(", owned by DataVolume {dv}")).unwrap_or_default();
+            CheckResult::pass(check, format!("Bound in {ns}{dv}; {files} entries as backed up, SHA-256 checked on write"))
+        });
+    }
+    Ok(())
+}
+
 async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, StageFailure> {
     let mut out = Vec::new();
     let snapshot: Option<BTreeMap<String, u64>> =
@@ -348,6 +396,7 @@ async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, St
         Err(err) => out.push(CheckResult::fail("hosted API samples", format!("the drill's admin kubeconfig: {err}"))),
     }
     out.push(dns_check(&hc, ctx));
+    volume_checks(ctx, step, &mut out).await?;
     Ok(out)
 }
 
@@ -359,7 +408,7 @@ impl StageId for Checks {
 #[async_trait]
 impl Stage<DrillContext> for Checks {
     fn summary(&self) -> &'static str {
-        "compare the restored cluster with the backup: etcd revision and keys per prefix on every member, sample objects through the hosted API, NodePool nodes Ready, no source hostname"
+        "compare the restored cluster with the backup: etcd revision and keys per prefix on every member, sample objects through the hosted API, NodePool nodes Ready, no source hostname, guest volumes re-created"
     }
     /// Only reads, but what it reads is created by this run: planned in a dry-run.
     fn mutates(&self) -> bool {
@@ -367,7 +416,7 @@ impl Stage<DrillContext> for Checks {
     }
     fn plan(&self, ctx: &DrillContext, _step: &Step<'_>) -> Vec<String> {
         vec![format!(
-            "check {}: etcd revision and keys per prefix on every member against the backup, sample objects through its API, NodePool nodes Ready, none of the source's hostnames",
+            "check {}: etcd revision and keys per prefix on every member against the backup, sample objects through its API, NodePool nodes Ready, none of the source's hostnames, guest volumes (KubeVirt) re-created with their data",
             ctx.inputs.identity.drill.path()
         )]
     }

@@ -81,7 +81,7 @@ impl HasDestination for DrillContext {
 /// objects, so no playbook can replay the backup under the source's own
 /// names.
 pub fn drill_catalog() -> Catalog<DrillContext> {
-    use super::restore::{apply::Apply, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, wait::Wait};
+    use super::restore::{apply::Apply, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, volumes::VolumeRestore, wait::Wait};
     use {checks::Checks, rewrite::Rewrite, teardown::Teardown};
     Catalog::new("drill")
         .with(OnDestination::new(Verify, false))
@@ -91,6 +91,8 @@ pub fn drill_catalog() -> Catalog<DrillContext> {
         .after(&[Rewrite::NAME])
         .with(OnDestination::new(SnapshotUrl, false))
         .after(&[Rewrite::NAME])
+        .with(OnDestination::new(VolumeRestore, false))
+        .after(&[Rewrite::NAME, Preflight::NAME])
         .with(OnDestination::new(Apply, false))
         .after(&[Preflight::NAME, SnapshotUrl::NAME])
         .with(OnDestination::new(Wait, false))

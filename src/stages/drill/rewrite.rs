@@ -43,10 +43,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::DrillContext;
-use crate::archive::sanitize;
+use crate::archive::{GuestVolumeRecord, sanitize};
 use crate::pipeline::{Stage, StageId, StageFailure, Step};
 use crate::stages::StageError;
 use crate::stages::restore::preflight::{describe, gvk_of};
+use crate::stages::restore::verify::verified_manifest;
 
 pub struct Rewrite;
 
@@ -352,6 +353,11 @@ pub const DROPS: &[DropRule] = &[
         applies_to: "spec.controlPlaneEndpoint of the CAPI Cluster and the platform cluster (AWSCluster, AgentCluster, ...)",
         reason: "the source's API address; HyperShift fills in the drill's, and the field cannot change once set",
     },
+    DropRule {
+        name: "root-disks",
+        applies_to: "KubeVirt worker VMs' root-disk PVCs (owned by a VirtualMachine), which a backup names but does not copy",
+        reason: "re-created from the NodePool's image when the drill's NodePools create their VMs; only guest volumes (kubevirt-csi) carry data",
+    },
 ];
 
 fn is_kind(obj: &Value, group: &str, kinds: &[&str]) -> bool {
@@ -509,6 +515,53 @@ fn published_hostnames(objects: &[Value]) -> Vec<String> {
 
 /// Make the backup's objects (as exported) into the drill cluster's.
 pub fn rewrite(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, RewriteReport), RewriteError> {
+    rewrite_with(objects, &[], id).map(|(objects, _, report)| (objects, report))
+}
+
+/// A guest volume's claim and DataVolume as objects of the source's
+/// control-plane namespace, for the rules to rename.
+fn volume_objects(v: &GuestVolumeRecord, hcp_ns: &str) -> Vec<Value> {
+    let mut out = vec![json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": v.volume.name, "namespace": hcp_ns, "labels": v.volume.labels}})];
+    if let Some(dv) = &v.volume.data_volume {
+        let mut dv = dv.clone();
+        dv["metadata"]["namespace"] = json!(hcp_ns);
+        out.push(dv);
+    }
+    out
+}
+
+/// [`rewrite`], and a KubeVirt backup's guest volumes made the drill's
+/// with the same rules: the claims' and DataVolumes' names, labels (the
+/// `infra-id` kubevirt-csi selects by) and namespace. They are reported
+/// with the objects; nothing of them may still name the source either.
+pub fn rewrite_with(objects: &[Value], volumes: &[GuestVolumeRecord], id: &DrillIdentity) -> Result<(Vec<Value>, Vec<GuestVolumeRecord>, RewriteReport), RewriteError> {
+    let source_hcp = id.source.hcp_namespace();
+    let extra: Vec<Vec<Value>> = volumes.iter().map(|v| volume_objects(v, &source_hcp)).collect();
+    let count: usize = extra.iter().map(Vec::len).sum();
+    let all: Vec<Value> = objects.iter().cloned().chain(extra.into_iter().flatten()).collect();
+    let (mut out, report) = rewrite_objects(&all, id)?;
+    // claims and DataVolumes are never dropped: they are the last `count` out
+    let Some(at) = out.len().checked_sub(count) else {
+        return Err(RewriteError::Leftover(vec![format!("internal: the rewrite dropped some of the guest volumes' {count} claims and DataVolumes")]));
+    };
+    let mut renamed = out.split_off(at).into_iter();
+    let mut records = Vec::new();
+    for v in volumes {
+        let mut record = v.clone();
+        let claim = renamed.next().unwrap_or_default();
+        record.volume.name = claim["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        record.volume.namespace = id.drill.hcp_namespace();
+        record.volume.labels = serde_json::from_value(claim["metadata"]["labels"].clone()).unwrap_or_default();
+        if v.volume.data_volume.is_some() {
+            record.volume.data_volume = renamed.next();
+        }
+        records.push(record);
+    }
+    Ok((out, records, report))
+}
+
+fn rewrite_objects(objects: &[Value], id: &DrillIdentity) -> Result<(Vec<Value>, RewriteReport), RewriteError> {
     let hc = objects
         .iter()
         .find(|o| {
@@ -674,9 +727,18 @@ impl Stage<DrillContext> for Rewrite {
             id.infra_id
         )]
     }
-    async fn run(&self, ctx: &mut DrillContext, _step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
+    async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let objects = ctx.restore.objects.as_deref().ok_or(StageError::Missing("the backup's objects (verify)"))?;
-        let (rewritten, report) = rewrite(objects, &ctx.inputs.identity)?;
+        let guest = verified_manifest(step).and_then(|m| m.guest_volumes).unwrap_or_default();
+        let (rewritten, volumes, mut report) = rewrite_with(objects, &guest.volumes, &ctx.inputs.identity)?;
+        ctx.restore.guest_volumes = Some(volumes);
+        if !guest.root_disks.is_empty() {
+            report.dropped.push(Dropped {
+                what: format!("root-disk PVCs {} (not in the backup)", guest.root_disks.join(", ")),
+                rule: DROPS[4].name.to_string(),
+                reason: DROPS[4].reason.to_string(),
+            });
+        }
         tracing::info!(
             objects = rewritten.len(),
             dropped = report.dropped.len(),
@@ -910,6 +972,58 @@ mod tests {
         let mut objects = backup(Platform::None);
         objects.iter_mut().find(|o| o["kind"] == "NodePool").unwrap()["spec"]["description"] = json!("demonstration pool");
         assert!(rewrite(&objects, &identity()).is_ok());
+    }
+
+    fn guest_volume(name: &str, labels: Value, data_volume: Option<Value>) -> GuestVolumeRecord {
+        GuestVolumeRecord {
+            volume: crate::hosted::kubevirt::GuestVolume {
+                name: name.into(),
+                namespace: "clusters-demo".into(),
+                storage_class: "sandbox-csi".into(),
+                driver: "csi.sandbox.hcp-dr.io".into(),
+                size: "1Gi".into(),
+                access_modes: vec!["ReadWriteOnce".into()],
+                volume_mode: "Filesystem".into(),
+                labels: serde_json::from_value(labels).unwrap(),
+                data_volume,
+                snapshot_class: "sandbox-csi-snapshots".into(),
+            },
+            artifact: format!("volumes/{name}.tar"),
+            files: 7,
+        }
+    }
+
+    #[test]
+    fn guest_volumes_take_the_drills_namespace_and_infra_id() {
+        let id = identity();
+        let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "pvc-4b1e", "namespace": "clusters-demo", "labels": {"hypershift.openshift.io/infra-id": "demo-b28db"}},
+            "spec": {"storage": {"resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "sandbox-csi"}, "source": {"blank": {}}}});
+        let volumes = [
+            guest_volume("pvc-4b1e", json!({"hypershift.openshift.io/infra-id": "demo-b28db"}), Some(dv)),
+            guest_volume("demo-scratch", json!({"hypershift.openshift.io/infra-id": "demo-b28db"}), None),
+        ];
+        let (objects, renamed, report) = rewrite_with(&backup(Platform::Kubevirt), &volumes, &id).unwrap();
+        // the volumes are not replayed by apply: they are the stage's own
+        assert!(!objects.iter().any(|o| o["kind"] == "PersistentVolumeClaim" || o["kind"] == "DataVolume"));
+        assert_eq!(renamed.len(), 2);
+        let infra = |v: &GuestVolumeRecord| v.volume.labels["hypershift.openshift.io/infra-id"].clone();
+        assert_eq!((renamed[0].volume.name.as_str(), renamed[0].volume.namespace.as_str()), ("pvc-4b1e", "clusters-drill-demo-drill"));
+        assert_eq!(infra(&renamed[0]), id.infra_id);
+        let dv = renamed[0].volume.data_volume.as_ref().unwrap();
+        assert_eq!(dv["metadata"]["namespace"], "clusters-drill-demo-drill");
+        assert_eq!(dv["metadata"]["labels"]["hypershift.openshift.io/infra-id"], json!(id.infra_id));
+        // a claim named after the cluster is renamed like any object
+        assert_eq!(renamed[1].volume.name, "demo-drill-scratch");
+        assert_eq!(infra(&renamed[1]), id.infra_id);
+        assert_eq!((renamed[1].artifact.as_str(), renamed[1].files), ("volumes/demo-scratch.tar", 7), "the artifact is the backup's");
+        assert!(report.objects.iter().any(|o| o.from == "PersistentVolumeClaim clusters-demo/pvc-4b1e"), "{:#?}", report.objects);
+
+        // a DataVolume field naming the source that no rule knows stops the drill
+        let mut odd = volumes[0].clone();
+        odd.volume.data_volume.as_mut().unwrap()["spec"]["source"] = json!({"http": {"url": "https://images.example.com/demo/disk.img"}});
+        let err = rewrite_with(&backup(Platform::Kubevirt), &[odd], &id).unwrap_err().to_string();
+        assert!(err.contains("DataVolume clusters-demo/pvc-4b1e (as backed up) /spec/source/http/url"), "{err}");
     }
 
     #[test]

@@ -137,6 +137,9 @@ pub struct RestoreContext {
     pub management: Option<crate::archive::ManagementCluster>,
     /// The zone of `inputs.dns`.
     pub dns: Option<Box<dyn crate::dns::DnsZone>>,
+    /// The guest volumes to re-create when not the manifest's own: a
+    /// drill's, renamed with its objects by `rewrite`.
+    pub guest_volumes: Option<Vec<crate::archive::GuestVolumeRecord>>,
 }
 
 impl RestoreContext {
@@ -154,6 +157,7 @@ impl RestoreContext {
             keys: None,
             management: None,
             dns: None,
+            guest_volumes: None,
         }
     }
 }

@@ -70,8 +70,12 @@ impl StageId for VolumeRestore {
     type Output = VolumesRestored;
 }
 
-fn volumes(manifest: &Manifest) -> Vec<GuestVolumeRecord> {
-    manifest.guest_volumes.as_ref().map(|g| g.volumes.clone()).unwrap_or_default()
+/// The volumes to re-create: the manifest's, or those a drill renamed.
+fn volumes(ctx: &RestoreContext, manifest: &Manifest) -> Vec<GuestVolumeRecord> {
+    match &ctx.guest_volumes {
+        Some(renamed) => renamed.clone(),
+        None => manifest.guest_volumes.as_ref().map(|g| g.volumes.clone()).unwrap_or_default(),
+    }
 }
 
 fn mover_name(ctx: &RestoreContext, index: usize) -> String {
@@ -160,7 +164,7 @@ impl Stage<RestoreContext> for VolumeRestore {
         let Some(manifest) = verified_manifest(step) else {
             return vec!["re-create the guest volumes the backup holds (KubeVirt), if any".into()];
         };
-        let vols = volumes(&manifest);
+        let vols = volumes(ctx, &manifest);
         if vols.is_empty() {
             return vec!["nothing: the backup holds no guest volume".into()];
         }
@@ -170,7 +174,7 @@ impl Stage<RestoreContext> for VolumeRestore {
     }
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let manifest = manifest(ctx, step).await?;
-        let vols = volumes(&manifest);
+        let vols = volumes(ctx, &manifest);
         let ns = ctx.inputs.hcp_namespace();
         let mut done: VolumesRestored = step.earlier_progress().unwrap_or_else(|| VolumesRestored { namespace: ns.clone(), ..Default::default() });
         if vols.is_empty() {
