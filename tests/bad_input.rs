@@ -105,6 +105,9 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--sse", "kms:"], 2, &["--sse", "kms:KEY-ID"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--route53-zone", "not a zone"], 2, &["--route53-zone"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--encrypt-to", "not-a-recipient"], 2, &["not-a-recipient"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--volume-snapshot-class", "Fast_Snaps"], 2, &["--volume-snapshot-class", "Fast_Snaps", "not a valid Kubernetes name"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--mover-image", "Quay.io/HCP DR"], 2, &["--mover-image", "not a container image reference"]),
+        case(&["restore", "--from", &s, "--mover-image", "quay.io/HcpDr/mover:v1"], 2, &["--mover-image", "repository in lowercase"]),
         // backup: stores
         case(&["backup", "--hosted-cluster", "demo", "--to", "ftp://host/path"], 2, &["ftp://host/path", "unsupported scheme"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", "s3://"], 2, &["s3://", "no bucket"]),

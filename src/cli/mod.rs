@@ -36,6 +36,21 @@ pub fn k8s_name(text: &str) -> Result<String, String> {
     crate::ops::backup::check_name("name", text).map(|()| text.to_string()).map_err(|e| e.to_string())
 }
 
+/// A container image reference (`--mover-image`): `registry/repository[:tag][@digest]`.
+pub fn image_ref(text: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-/:@+".contains(c);
+    let repository = text.split('@').next().unwrap_or_default();
+    let path = match repository.rsplit_once(':') {
+        Some((path, tag)) if !tag.contains('/') => path,
+        _ => repository,
+    };
+    let path = path.split_once('/').map_or(path, |(_, rest)| rest);
+    if text.is_empty() || !text.chars().all(allowed) || text.starts_with(['-', '/', ':', '@']) || path.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(format!("`{text}` is not a container image reference: write registry/repository[:tag][@sha256:digest], repository in lowercase (e.g. quay.io/hcp-dr/hcp-dr:v1.2.0)"));
+    }
+    Ok(text.to_string())
+}
+
 /// `--replicas` of a NodePool (an int32 in the CRD; no NodePool is larger).
 pub fn node_pool_replicas() -> clap::builder::RangedI64ValueParser<i64> {
     clap::builder::RangedI64ValueParser::new().range(0..=500)
@@ -169,6 +184,16 @@ pub enum Exit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_references_are_checked() {
+        for ok in ["quay.io/hcp-dr/hcp-dr:v1.2.0", "hcp-dr", "localhost:5000/hcp-dr", "registry.example.com:5000/a/b@sha256:0123abcd", "Registry.Example.com/a/b:V1"] {
+            assert_eq!(image_ref(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in ["", "quay.io/HCP/x", "a b", "-x", "quay.io/x;rm", "HcpDr"] {
+            assert!(image_ref(bad).is_err(), "{bad}");
+        }
+    }
 
     /// Every `(subcommand path, argument)` of the CLI.
     fn every_argument() -> Vec<(String, clap::Command, clap::Arg)> {

@@ -65,7 +65,7 @@ pub struct Args {
     /// KubeVirt: the image of the data-mover Jobs that write the guest
     /// volumes back (it runs `hcp-dr volume-mover`) [default:
     /// quay.io/hcp-dr/hcp-dr:v<this version>].
-    #[arg(long, env = "HCP_DR_MOVER_IMAGE")]
+    #[arg(long, env = "HCP_DR_MOVER_IMAGE", value_parser = super::image_ref)]
     pub mover_image: Option<String>,
     /// S3 endpoint for S3-compatible services (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).
     #[arg(long)]
