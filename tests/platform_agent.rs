@@ -2,9 +2,10 @@
 //! `hcp-dr cluster create --platform agent` on hosts of an inventory
 //! (InfraEnv, BareMetalHosts with BMC Secrets, NMStateConfigs; the
 //! sandbox's assisted-service makes the Agents and its CAPI provider binds
-//! them). Its backup takes the inventory and `backups describe` shows it; a
+//! them). Its backup takes the inventory and `backups describe` shows it
+//! (the InfraEnv's free host only with `--include-free-agents`); a
 //! drill leaves it alone; a restore onto a cluster that already has the
-//! hosts is refused; a migration moves it to mgmt-b (the source's hosts
+//! hosts is refused; a migration with the free host moves it to mgmt-b (the source's hosts
 //! detached first, so no host is ever deprovisioned) and removes it from
 //! mgmt-a; with mgmt-b then lost, a restore brings it back onto mgmt-a.
 
@@ -172,21 +173,41 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_migrated_and_restored_
     let said = text(&out);
     assert!(said.contains("boot MAC address") && said.contains("one host cannot be managed from two places"), "{said}");
 
-    // migrate: the inventory moves to mgmt-b, the source's goes, no host is deprovisioned
-    let args = migrate_json_args(&env);
+    // the InfraEnv's free host is taken only when asked
+    let free: Vec<String> = before.iter().filter(|a| a["spec"]["clusterDeploymentName"].is_null()).map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(free.len(), 1, "{before:#?}");
+    assert!(!described.contains(&free[0]), "a backup without --include-free-agents took the free host: {described}");
+    let mut args = vec!["backup", "--hosted-cluster", "demo", "--include-free-agents", "-o", "json"];
+    let s3 = env.s3_args();
+    args.extend(s3.iter().map(String::as_str));
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let with_free = json_report(&out)["backup"].as_str().expect("backup URL").to_string();
+    let out = env.hcp_dr(&["backups", "describe", &with_free, "--s3-endpoint", &endpoint], &[]);
+    let described = String::from_utf8_lossy(&out.stdout);
+    assert!(described.contains("2 host(s) bound to the cluster (and 1 free)"), "{described}");
+    assert!(described.lines().any(|l| l.contains(&free[0]) && l.trim_end().ends_with("free")), "{described}");
+
+    // migrate, free host included: the inventory moves to mgmt-b, the
+    // source's goes, no host is deprovisioned
+    let mut args = migrate_json_args(&env);
+    args.push("--include-free-agents".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = env.hcp_dr(&args, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
     let detached = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "detach-hosts").expect("detach-hosts ran")["output"]["hosts"].as_array().map_or(0, Vec::len);
-    assert_eq!(detached, 2, "{report:#}");
+    assert_eq!(detached, 3, "the cluster's two hosts and the free one: {report:#}");
 
     wait_available(&b, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-b");
     assert_hosts_serve(&b, "mgmt-b", &bound_before).await;
-    // mgmt-a keeps only the host the cluster did not use, and its InfraEnv
+    let moved: Vec<String> = agents(&b).await.iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert!(moved.contains(&free[0]), "the free Agent is not on mgmt-b: {moved:?}");
+    assert_eq!(hosts(&b).await.len(), 3, "the three BareMetalHosts on mgmt-b");
+    // mgmt-a keeps no host: the free one moved with the cluster
     let left = hosts(&env.mgmt).await;
-    assert_eq!(left.len(), 1, "{left:#?}");
-    assert!(bound(&agents(&env.mgmt).await).is_empty(), "Agents bound to demo are left on mgmt-a");
+    assert!(left.is_empty(), "{left:#?}");
+    assert!(agents(&env.mgmt).await.is_empty(), "Agents are left on mgmt-a");
     let deprovisioned = hcp_dr_e2e::sandbox::deprovisioned_hosts(&env.sandbox.dir);
     assert!(deprovisioned.is_empty(), "a metal3 deprovisioned hosts: {deprovisioned:?}");
     // (the drill's own workers, under its own infra ID, come and go with it)
@@ -202,7 +223,7 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_migrated_and_restored_
     assert!(out.status.success(), "{}", text(&out));
     wait_available(&env.mgmt, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-a");
     assert_hosts_serve(&env.mgmt, "mgmt-a", &bound_before).await;
-    assert_eq!(hosts(&env.mgmt).await.len(), 3, "mgmt-a has its unused host and the cluster's two again");
+    assert_eq!(hosts(&env.mgmt).await.len(), 3, "mgmt-a has the cluster's two hosts and the free one again");
     let deprovisioned = hcp_dr_e2e::sandbox::deprovisioned_hosts(&env.sandbox.dir);
     assert!(deprovisioned.is_empty(), "a metal3 deprovisioned hosts: {deprovisioned:?}");
     let terminated: Vec<String> = hcp_dr_e2e::sandbox::terminated_instances(&env.sandbox.dir).into_iter().filter(|t| t.starts_with(&format!("{infra_id}/"))).collect();

@@ -66,7 +66,7 @@ pub struct Args {
     #[arg(long)]
     pub allow_no_quorum: bool,
     #[command(flatten)]
-    pub guest: crate::stages::context::GuestVolumeSettings,
+    pub platform: crate::stages::context::PlatformSettings,
     /// etcd CA file (PEM), instead of the HCP namespace's.
     #[arg(long)]
     pub etcd_ca: Option<PathBuf>,
@@ -180,7 +180,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),
         allow_no_quorum: args.allow_no_quorum,
-        guest: args.guest,
+        platform: args.platform,
     })
 }
 

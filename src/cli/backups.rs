@@ -269,13 +269,14 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
         out.push_str(&format!("agent inventory: {}\n", inventory.summary()));
         for host in &inventory.hosts {
             out.push_str(&format!(
-                "  Agent {:<38} {} {:<8} {}  BareMetalHost {} ({})\n",
+                "  Agent {:<38} {} {:<8} {}  BareMetalHost {} ({}){}\n",
                 host.agent,
                 host.hostname.as_deref().unwrap_or("-"),
                 host.role.as_deref().unwrap_or("-"),
                 if host.approved { "approved" } else { "NOT approved" },
                 host.bare_metal_host.as_deref().unwrap_or("-"),
-                host.boot_mac.as_deref().unwrap_or("no boot MAC")
+                host.boot_mac.as_deref().unwrap_or("no boot MAC"),
+                if host.free { "  free" } else { "" }
             ));
         }
     }

@@ -67,7 +67,7 @@ pub struct Args {
     #[arg(long)]
     pub allow_no_quorum: bool,
     #[command(flatten)]
-    pub guest: crate::stages::context::GuestVolumeSettings,
+    pub platform: crate::stages::context::PlatformSettings,
     /// Upper bound of the wait for the destination to be Available with its
     /// nodes Ready [range: 10s to 1d].
     #[arg(long = "wait", default_value = "30m", value_parser = duration::AVAILABLE_WAIT)]
@@ -107,7 +107,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         route53_endpoint: args.route53_endpoint,
         operator_ack_timeout: Some(args.operator_ack_timeout),
         allow_no_quorum: args.allow_no_quorum,
-        guest: args.guest,
+        platform: args.platform,
         dns_direct: args.dns_direct,
         dns_wait: args.dns_wait,
         pause_ttl: args.pause_ttl,

@@ -5,7 +5,10 @@
 //! namespace:
 //! - the Agents bound to the cluster (`spec.clusterDeploymentName.namespace`
 //!   is its control-plane namespace), with their approval, role, hostname
-//!   and status (the host's inventory, as discovered);
+//!   and status (the host's inventory, as discovered); with
+//!   `--include-free-agents`, also the free Agents (bound to no cluster) of
+//!   the InfraEnvs those came from, so a NodePool can grow on the
+//!   destination;
 //! - the BareMetalHosts those Agents run on (the Agent's
 //!   `agent-install.openshift.io/bmh` label), with their BMC credential
 //!   Secrets and their status (provisioning state, power), so metal3 on
@@ -154,6 +157,10 @@ pub struct Host {
     pub bare_metal_host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_mac: Option<String>,
+    /// Bound to no cluster: a free host of the cluster's InfraEnv, taken
+    /// with `--include-free-agents`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free: bool,
 }
 
 /// What a backup took of a cluster's Agent inventory (in its manifest).
@@ -168,11 +175,13 @@ pub struct AgentInventory {
 }
 
 impl AgentInventory {
-    /// `3 hosts (agents bound to the cluster), InfraEnv x, 3 NMStateConfigs, 4 Secrets in NS`.
+    /// `2 host(s) bound to the cluster (and 1 free), InfraEnv x, 3 NMStateConfig(s), 4 Secret(s), in namespace NS`.
     pub fn summary(&self) -> String {
+        let free = self.hosts.iter().filter(|h| h.free).count();
         format!(
-            "{} host(s) bound to the cluster, InfraEnv {}, {} NMStateConfig(s), {} Secret(s), in namespace {}",
-            self.hosts.len(),
+            "{} host(s) bound to the cluster{}, InfraEnv {}, {} NMStateConfig(s), {} Secret(s), in namespace {}",
+            self.hosts.len() - free,
+            if free > 0 { format!(" (and {free} free)") } else { String::new() },
             if self.infra_envs.is_empty() { "(none)".to_string() } else { self.infra_envs.join(", ") },
             self.nmstate_configs.len(),
             self.secrets.len(),
@@ -198,9 +207,9 @@ pub async fn check(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Op
     Ok(bound_agents(client, hc, hcp_ns).await?.map(|(_, agents)| agents.iter().map(|a| a["metadata"]["name"].as_str().unwrap_or_default().to_string()).collect()))
 }
 
-/// The agent namespace of `hc` and the Agents bound to the cluster, after
-/// the refusals of [`read`]; None for another platform.
-async fn bound_agents<'a>(client: &kube::Client, hc: &'a Value, hcp_ns: &str) -> Result<Option<(&'a str, Vec<Value>)>, InventoryError> {
+/// The agent namespace of `hc` and every Agent in it, after the refusals
+/// of [`read`]; None for another platform.
+async fn agents_of<'a>(client: &kube::Client, hc: &'a Value, hcp_ns: &str) -> Result<Option<(&'a str, Vec<Value>)>, InventoryError> {
     let Some(ns) = agent_namespace(hc) else { return Ok(None) };
     let label = format!("HostedCluster {}/{}", hc["metadata"]["namespace"].as_str().unwrap_or_default(), hc["metadata"]["name"].as_str().unwrap_or_default());
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
@@ -215,21 +224,47 @@ async fn bound_agents<'a>(client: &kube::Client, hc: &'a Value, hcp_ns: &str) ->
         )));
     };
     check_machines(client, hcp_ns, ns, &agents, &label).await?;
-    Ok(Some((ns, agents.into_iter().filter(|a| bound_to(a) == Some(hcp_ns)).collect())))
+    Ok(Some((ns, agents)))
+}
+
+/// The agent namespace of `hc` and the Agents bound to the cluster, after
+/// the refusals of [`read`]; None for another platform.
+async fn bound_agents<'a>(client: &kube::Client, hc: &'a Value, hcp_ns: &str) -> Result<Option<(&'a str, Vec<Value>)>, InventoryError> {
+    Ok(agents_of(client, hc, hcp_ns).await?.map(|(ns, agents)| (ns, agents.into_iter().filter(|a| bound_to(a) == Some(hcp_ns)).collect())))
+}
+
+/// The Agents of `hcp_ns`'s cluster and, with `include_free`, the free
+/// Agents (bound to no cluster) of the InfraEnvs those came from.
+fn taken(agents: Vec<Value>, hcp_ns: &str, include_free: bool) -> Vec<(Value, bool)> {
+    let infra_envs: BTreeSet<String> = agents
+        .iter()
+        .filter(|a| bound_to(a) == Some(hcp_ns))
+        .filter_map(|a| a["metadata"]["labels"][INFRAENV_LABEL].as_str().map(str::to_string))
+        .collect();
+    agents
+        .into_iter()
+        .filter_map(|a| match bound_to(&a) {
+            Some(ns) if ns == hcp_ns => Some((a, false)),
+            None if include_free && a["metadata"]["labels"][INFRAENV_LABEL].as_str().is_some_and(|ie| infra_envs.contains(ie)) => Some((a, true)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The inventory of `hc` (an Agent-platform HostedCluster; None for any
-/// other platform) and its objects, as read from the management cluster.
-/// Refused: an agentNamespace that does not exist, an AgentMachine of the
-/// cluster using an Agent that is missing or bound to another cluster.
-pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Option<(AgentInventory, Vec<Value>)>, InventoryError> {
-    let Some((ns, bound)) = bound_agents(client, hc, hcp_ns).await? else { return Ok(None) };
+/// other platform) and its objects, as read from the management cluster;
+/// with `include_free`, also the free Agents of its InfraEnvs and their
+/// BareMetalHosts (`--include-free-agents`). Refused: an agentNamespace
+/// that does not exist, an AgentMachine of the cluster using an Agent that
+/// is missing or bound to another cluster.
+pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str, include_free: bool) -> Result<Option<(AgentInventory, Vec<Value>)>, InventoryError> {
+    let Some((ns, agents)) = agents_of(client, hc, hcp_ns).await? else { return Ok(None) };
 
     let mut objects: Vec<Value> = Vec::new();
     let mut inventory = AgentInventory { namespace: ns.to_string(), ..AgentInventory::default() };
     let mut infra_envs = BTreeSet::new();
     let mut secrets = BTreeSet::new();
-    for agent in &bound {
+    for (agent, free) in taken(agents, hcp_ns, include_free) {
         let labels = &agent["metadata"]["labels"];
         let name = agent["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let bmh_name = labels[BMH_LABEL].as_str().map(str::to_string);
@@ -240,6 +275,7 @@ pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Opt
             approved: agent.pointer("/spec/approved").and_then(Value::as_bool).unwrap_or(false),
             bare_metal_host: bmh_name.clone(),
             boot_mac: None,
+            free,
         };
         if let Some(infra_env) = labels[INFRAENV_LABEL].as_str() {
             infra_envs.insert(infra_env.to_string());
@@ -253,7 +289,7 @@ pub async fn read(client: &kube::Client, hc: &Value, hcp_ns: &str) -> Result<Opt
             }
             objects.push(typed(bmh, &BARE_METAL_HOST));
         }
-        objects.push(typed((*agent).clone(), &AGENT));
+        objects.push(typed(agent.clone(), &AGENT));
         inventory.hosts.push(host);
     }
     for name in &infra_envs {
@@ -379,5 +415,25 @@ mod tests {
         assert!(!keeps_status(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentCluster"})));
         assert!(is_inventory(&json!({"apiVersion": "agent-install.openshift.io/v1beta1", "kind": "NMStateConfig"})));
         assert!(!is_inventory(&json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine"})));
+    }
+
+    #[test]
+    fn free_agents_are_taken_only_when_asked_and_only_from_the_clusters_infra_envs() {
+        let agent = |name: &str, infra_env: &str, bound: Option<&str>| {
+            let mut a = json!({"metadata": {"name": name, "labels": {INFRAENV_LABEL: infra_env}}, "spec": {}});
+            if let Some(ns) = bound {
+                a["spec"]["clusterDeploymentName"] = json!({"name": "demo", "namespace": ns});
+            }
+            a
+        };
+        let agents = vec![
+            agent("ours", "hosts", Some("clusters-demo")),
+            agent("free", "hosts", None),
+            agent("theirs", "hosts", Some("clusters-other")),
+            agent("free-elsewhere", "other-hosts", None),
+        ];
+        let names = |taken: Vec<(Value, bool)>| taken.iter().map(|(a, free)| (a["metadata"]["name"].as_str().unwrap().to_string(), *free)).collect::<Vec<_>>();
+        assert_eq!(names(taken(agents.clone(), "clusters-demo", false)), [("ours".to_string(), false)]);
+        assert_eq!(names(taken(agents, "clusters-demo", true)), [("ours".to_string(), false), ("free".to_string(), true)]);
     }
 }

@@ -49,7 +49,7 @@ pub struct BackupOptions {
     /// revision instead of refusing.
     pub allow_no_quorum: bool,
     /// KubeVirt: how the guest volumes are taken.
-    pub guest: crate::stages::context::GuestVolumeSettings,
+    pub platform: crate::stages::context::PlatformSettings,
     /// What the backups of one fleet run (`backup --all`) share; a single
     /// backup builds its own.
     pub fleet: Option<FleetShared>,
@@ -142,7 +142,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 wait_timeout_seconds: options.wait_timeout.as_secs(),
                 operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
                 allow_no_quorum: options.allow_no_quorum,
-                guest: options.guest.clone(),
+                platform: options.platform.clone(),
                 holder: holder(),
                 backup_id: new_backup_id(started),
                 started,

@@ -193,7 +193,7 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             wait_timeout_seconds: wait.as_secs(),
             operator_ack_timeout_seconds: None,
             allow_no_quorum: false,
-            guest: Default::default(),
+            platform: Default::default(),
             holder: holder(),
             backup_id: crate::archive::new_backup_id(started),
             started,

@@ -40,7 +40,7 @@ pub struct MigrateOptions {
     /// readable member holds instead of refusing.
     pub allow_no_quorum: bool,
     /// KubeVirt: how the guest volumes are taken.
-    pub guest: crate::stages::context::GuestVolumeSettings,
+    pub platform: crate::stages::context::PlatformSettings,
     pub dns_direct: bool,
     pub dns_wait: Duration,
     pub pause_ttl: Duration,
@@ -125,7 +125,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             wait_timeout_seconds: options.wait_timeout.as_secs(),
             operator_ack_timeout_seconds: options.operator_ack_timeout.map(|d| d.as_secs()),
             allow_no_quorum: options.allow_no_quorum,
-                guest: options.guest.clone(),
+                platform: options.platform.clone(),
             holder: holder(),
             backup_id: backup_id.clone(),
             started,
@@ -149,7 +149,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             backup_of: None,
             identity: None,
             dns: None,
-            mover_image: options.guest.mover_image.clone(),
+            mover_image: options.platform.mover_image.clone(),
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),

@@ -78,14 +78,15 @@ pub struct BackupInputs {
     pub route53_zone: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route53_endpoint: Option<String>,
-    /// KubeVirt: how the guest volumes are taken.
+    /// What a platform's cluster takes besides etcd and its objects.
     #[serde(default, flatten)]
-    pub guest: GuestVolumeSettings,
+    pub platform: PlatformSettings,
 }
 
-/// How a backup (or migrate) takes a KubeVirt cluster's guest volumes.
+/// What a backup (or migrate) takes of a platform's own data: a KubeVirt
+/// cluster's guest volumes, an Agent cluster's free hosts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
-pub struct GuestVolumeSettings {
+pub struct PlatformSettings {
     /// KubeVirt: the VolumeSnapshotClass for the guest volumes' snapshots
     /// (default: the one default class of each volume's CSI driver).
     #[arg(long, value_parser = crate::cli::k8s_name)]
@@ -98,9 +99,15 @@ pub struct GuestVolumeSettings {
     pub skip_guest_volumes: bool,
     /// KubeVirt: the image of the data-mover Jobs (it runs `hcp-dr
     /// volume-mover`) [default: quay.io/hcp-dr/hcp-dr:v<this version>].
-    #[arg(long, env = "HCP_DR_MOVER_IMAGE")]
+    #[arg(long, env = "HCP_DR_MOVER_IMAGE", value_parser = crate::cli::image_ref)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover_image: Option<String>,
+    /// Agent: also take the free Agents (bound to no cluster) of the
+    /// InfraEnvs the cluster's hosts came from, with their BareMetalHosts,
+    /// so a NodePool can scale up on the destination.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_free_agents: bool,
 }
 
 impl BackupInputs {

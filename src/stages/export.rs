@@ -68,7 +68,7 @@ async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInvento
         .ok_or_else(|| StageError::Precondition(format!("{} disappeared during the backup", ctx.hc_label())))?;
     let referenced = HostedCluster(hc.clone()).referenced_secrets();
     // the Agent platform's hosts, from their own namespace
-    let agent_inventory = match crate::hosted::agent::read(&ctx.client, &hc, &hcp_ns).await {
+    let agent_inventory = match crate::hosted::agent::read(&ctx.client, &hc, &hcp_ns, ctx.inputs.platform.include_free_agents).await {
         Ok(Some((inventory, inventory_objects))) => {
             objects.extend(inventory_objects);
             Some(inventory)

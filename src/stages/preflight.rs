@@ -157,10 +157,10 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         Err(hosted::agent::InventoryError::Refused(why)) => return Err(StageError::Precondition(why).into()),
         Err(hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
     };
-    let guest_volumes = if ctx.inputs.guest.skip_guest_volumes {
+    let guest_volumes = if ctx.inputs.platform.skip_guest_volumes {
         None
     } else {
-        match hosted::kubevirt::guest_volumes(&ctx.client, &hc.0, &hcp_ns, ctx.inputs.guest.volume_snapshot_class.as_deref()).await {
+        match hosted::kubevirt::guest_volumes(&ctx.client, &hc.0, &hcp_ns, ctx.inputs.platform.volume_snapshot_class.as_deref()).await {
             Ok(found) => found,
             Err(hosted::kubevirt::GuestError::Refused(why)) => return Err(StageError::Precondition(why).into()),
             Err(hosted::kubevirt::GuestError::Kube(err)) => return Err(err.into()),

@@ -205,7 +205,7 @@ pub fn default_mover_image(given: Option<&str>) -> String {
 }
 
 fn mover_image(ctx: &BackupContext) -> String {
-    default_mover_image(ctx.inputs.guest.mover_image.as_deref())
+    default_mover_image(ctx.inputs.platform.mover_image.as_deref())
 }
 
 /// A random bearer token for one mover (never journaled or printed).
