@@ -22,7 +22,7 @@ pub enum Command {
         #[arg(long, default_value = "hcp-dr")]
         namespace: String,
         /// The hcp-dr image (built from the Containerfile).
-        #[arg(long, default_value = concat!("quay.io/hcp-dr/hcp-dr:", env!("CARGO_PKG_VERSION")))]
+        #[arg(long, default_value = concat!("quay.io/hcp-dr/hcp-dr:", env!("CARGO_PKG_VERSION")), value_parser = super::image_ref)]
         image: String,
         /// Back up only this HostedCluster (default: every one, --all).
         #[arg(long)]
@@ -59,6 +59,9 @@ pub enum Command {
         /// Spread the fleet over K pods: an Indexed Job (completionMode Indexed, parallelism K) whose pod i backs up (and prunes) the clusters of `--shard i/K`; a failing shard does not stop the others; 1 is one pod [range: 1 to 64].
         #[arg(long, default_value_t = 1, conflicts_with = "hosted_cluster", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
         shards: usize,
+        /// Passed to each backup (the data movers default to --image).
+        #[command(flatten)]
+        platform: crate::stages::context::PlatformSettings,
     },
 }
 
@@ -79,6 +82,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         max_age,
         route53_zone,
         shards,
+        platform,
     } = command;
     let options = ScheduleOptions {
         schedule,
@@ -95,6 +99,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         max_age: max_age.map(duration::show),
         route53_zone,
         shards,
+        platform,
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

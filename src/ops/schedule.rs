@@ -33,6 +33,10 @@ pub struct ScheduleOptions {
     pub route53_zone: Option<String>,
     /// Pods of an Indexed Job, each backing up its `--shard` (1: one pod).
     pub shards: usize,
+    /// Passed to each backup: what it takes of a platform's own data. The
+    /// data movers of KubeVirt guest volumes run `image` unless
+    /// `mover_image` names another.
+    pub platform: crate::stages::context::PlatformSettings,
 }
 
 /// The rules of the ClusterRole: what backup (and prune, and the signals)
@@ -131,6 +135,22 @@ pub fn check_schedule(schedule: &str) -> Result<(), OpsError> {
     Ok(())
 }
 
+/// A backup's platform flags: the data movers run the CronJob's own image
+/// (a registry mirror then serves both) unless another is named.
+fn platform_args(p: &crate::stages::context::PlatformSettings, image: &str) -> Vec<String> {
+    let mut args = vec!["--mover-image".to_string(), p.mover_image.clone().unwrap_or_else(|| image.to_string())];
+    if let Some(class) = &p.volume_snapshot_class {
+        args.extend(["--volume-snapshot-class".into(), class.clone()]);
+    }
+    if p.skip_guest_volumes {
+        args.push("--skip-guest-volumes".into());
+    }
+    if p.include_free_agents {
+        args.push("--include-free-agents".into());
+    }
+    args
+}
+
 /// The objects, in apply order.
 pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
     check_schedule(&o.schedule)?;
@@ -155,6 +175,7 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
         crate::dns::route53::parse_zone_id(zone).map_err(|e| OpsError::Input(format!("--route53-zone: {e}")))?;
         backup_args.extend(["--route53-zone".into(), zone.clone()]);
     }
+    backup_args.extend(platform_args(&o.platform, &o.image));
     let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
     if let Some(endpoint) = &o.s3_endpoint {
         env.push(json!({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint}));
@@ -304,6 +325,7 @@ mod tests {
             max_age: Some("30d".into()),
             route53_zone: None,
             shards: 1,
+            platform: Default::default(),
         }
     }
 
@@ -366,12 +388,31 @@ mod tests {
         let cron = &objects[4]["spec"];
         assert_eq!(cron["concurrencyPolicy"], "Forbid");
         let pod = &cron["jobTemplate"]["spec"]["template"]["spec"];
-        assert_eq!(pod["initContainers"][0]["args"], json!(["backup", "--all", "-l", "backup=yes", "--to", "s3://bucket/hcp", "--output", "json"]));
+        assert_eq!(pod["initContainers"][0]["args"], json!(["backup", "--all", "-l", "backup=yes", "--to", "s3://bucket/hcp", "--output", "json", "--mover-image", "quay.io/example/hcp-dr:0.1.0"]));
         assert_eq!(pod["containers"][0]["args"], json!(["backups", "prune", "--store", "s3://bucket/hcp", "--keep-last", "7", "--max-age", "30d"]));
         assert_eq!(pod["containers"][0]["envFrom"][0]["secretRef"]["name"], "hcp-dr-s3");
         let yaml = render_yaml(&options()).unwrap();
         let back: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(back, objects, "the YAML reads back as the objects");
+    }
+
+    #[test]
+    fn platform_flags_reach_the_backup_and_movers_default_to_the_cronjobs_image() {
+        let mut o = options();
+        o.platform = crate::stages::context::PlatformSettings {
+            volume_snapshot_class: Some("fast".into()),
+            skip_guest_volumes: false,
+            mover_image: Some("mirror.example.com/hcp-dr:0.1.0".into()),
+            include_free_agents: true,
+        };
+        let objects = render(&o).unwrap();
+        let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];
+        let tail: Vec<&str> = args.as_array().unwrap()[8..].iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(tail, ["--mover-image", "mirror.example.com/hcp-dr:0.1.0", "--volume-snapshot-class", "fast", "--include-free-agents"]);
+        o.platform = crate::stages::context::PlatformSettings { skip_guest_volumes: true, ..Default::default() };
+        let objects = render(&o).unwrap();
+        let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];
+        assert_eq!(args.as_array().unwrap()[8..], [json!("--mover-image"), json!(o.image), json!("--skip-guest-volumes")]);
     }
 
     #[test]
@@ -391,7 +432,7 @@ mod tests {
         let pod = &job["template"]["spec"];
         assert_eq!(
             pod["initContainers"][0]["args"],
-            json!(["backup", "--all", "-l", "backup=yes", "--shard", "$(JOB_COMPLETION_INDEX)/4", "--to", "s3://bucket/hcp", "--output", "json"])
+            json!(["backup", "--all", "-l", "backup=yes", "--shard", "$(JOB_COMPLETION_INDEX)/4", "--to", "s3://bucket/hcp", "--output", "json", "--mover-image", "quay.io/example/hcp-dr:0.1.0"])
         );
         assert_eq!(
             pod["containers"][0]["args"],
