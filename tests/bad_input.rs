@@ -167,6 +167,8 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["schedule", "render", "--schedule", "99 99 99 99 99", "--to", "s3://b/p"], 2, &["--schedule", "minute field `99`"]),
         case(&["schedule", "render", "--schedule", "@sometimes", "--to", "s3://b/p"], 2, &["@sometimes"]),
         case(&["schedule", "render", "--schedule", "0 * * *", "--to", "s3://b/p"], 2, &["--schedule", "five fields"]),
+        case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "s3://b/p", "--image", "quay.io/You/hcp-dr"], 2, &["--image", "repository in lowercase"]),
+        case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "s3://b/p", "--mover-image", "bad image"], 2, &["--mover-image", "not a container image reference"]),
         case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "s3://b/p", "--max-age", "10m"], 2, &["--max-age", "too short"]),
         // cluster
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "9999"], 2, &["--replicas", "9999"]),
