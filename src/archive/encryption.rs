@@ -580,7 +580,7 @@ mod tests {
         }
     }
 
-    /// Found by tests/no_panic.rs: age's own reader panicked (stream.rs:469,
+    /// Found by tests/suite/no_panic.rs: age's own reader panicked (stream.rs:469,
     /// 617, 628 and 654 of age 0.12.1) on each of these, undamaged file and all.
     #[tokio::test]
     async fn seeking_past_the_end_or_by_huge_offsets_never_panics() {

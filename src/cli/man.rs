@@ -1,7 +1,7 @@
 //! `hcp-dr man [--dir DIR]`: manual pages (roff), generated from the same
 //! clap definitions the commands parse with: one page per command and
 //! subcommand, `hcp-dr.1`, `hcp-dr-backup.1`, `hcp-dr-etcd-restore.1`, …
-//! docs/man/ holds them as generated; tests/cli_conveniences.rs fails when
+//! docs/man/ holds them as generated; tests/suite/cli_conveniences.rs fails when
 //! they are stale.
 
 use std::io::Write;

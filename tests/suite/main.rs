@@ -1,0 +1,44 @@
+//! Every end-to-end test of hcp-dr, in one binary: one link instead of
+//! one per file (each links kube, the AWS SDK and etcd-client), which
+//! was a minute and a half of every clean build. nextest still runs each
+//! test in its own process. Filter by file with `-E 'test(/^drill::/)'`.
+
+mod support;
+mod api_faults;
+mod backup;
+mod backups;
+mod bad_input;
+mod cli_conveniences;
+mod cluster;
+mod degraded_etcd;
+mod disaster;
+mod disk_full;
+mod dns;
+mod drill;
+mod drill_cmd;
+mod encryption;
+mod etcd_ops;
+mod etcd_restore;
+mod etcd_snapshot;
+mod external_clusters;
+mod fence;
+mod fleet;
+mod migrate;
+mod next_steps;
+mod no_panic;
+mod operator_down;
+mod platform_agent;
+mod platform_aws;
+mod platform_kubevirt;
+mod playbook_params;
+mod publishing;
+mod reconcile;
+mod restore;
+mod runbooks;
+mod s3_faults;
+mod schedule;
+mod schedule_rbac;
+mod sigkill;
+mod signals;
+mod snapshot_verify;
+mod undo_safety;
