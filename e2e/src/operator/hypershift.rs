@@ -902,10 +902,24 @@ fn machine_labels(np: &str, ms: &str, infra_id: &str) -> Value {
     json!({NODEPOOL_LABEL: np, "cluster.x-k8s.io/cluster-name": infra_id, "cluster.x-k8s.io/set-name": ms})
 }
 
-fn platform_machine_spec(platform: &str, np: &Value) -> Value {
+fn platform_machine_spec(platform: &str, np: &Value, ns: &str, infra_id: &str) -> Value {
     match platform {
         "AWS" => {
             json!({"instanceType": str_at(np, "/spec/platform/aws/instanceType").unwrap_or("m5.large")})
+        }
+        "KubeVirt" => {
+            let kv = &np["spec"]["platform"]["kubevirt"];
+            let image = str_at(np, "/spec/release/image").unwrap_or("quay.io/openshift-release-dev/ocp-release:latest");
+            let template = super::kubevirt::virtual_machine_template(
+                ns,
+                infra_id,
+                image,
+                kv["compute"]["cores"].as_u64().unwrap_or(2),
+                kv["compute"]["memory"].as_str().unwrap_or("8Gi"),
+                kv["rootVolume"]["persistent"]["size"].as_str().unwrap_or("32Gi"),
+                super::snapshots::SANDBOX_STORAGE_CLASS,
+            );
+            json!({"virtualMachineTemplate": template})
         }
         _ => json!({}),
     }
@@ -925,7 +939,7 @@ async fn ensure_machines(
     let np_name = name_of(np);
     let ms = machine_set_name(np_name, infra_id);
     let labels = machine_labels(np_name, &ms, infra_id);
-    let machine_spec = platform_machine_spec(platform, np);
+    let machine_spec = platform_machine_spec(platform, np, ns, infra_id);
     let template = json!({"metadata": {"name": ms, "namespace": ns, "labels": {NODEPOOL_LABEL: np_name}},
         "spec": {"template": {"spec": machine_spec}}});
     ctx.kube

@@ -35,6 +35,7 @@ pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
 pub mod jobs;
+pub mod kubevirt;
 pub mod oidc;
 pub mod publishing;
 pub(crate) mod objects;
@@ -349,6 +350,7 @@ impl Operator {
                 snapshots::sync,
             ),
             spawn_loop("job-controller", Duration::from_millis(400), ctx.clone(), jobs::sync),
+            spawn_loop("kubevirt", Duration::from_millis(500), ctx.clone(), kubevirt::sync),
             spawn_loop(
                 "volume-mover-kubelet",
                 Duration::from_millis(300),

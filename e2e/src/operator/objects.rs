@@ -19,7 +19,7 @@ pub(crate) struct Res {
 }
 
 impl Res {
-    const fn new(
+    pub(crate) const fn new(
         group: &'static str,
         version: &'static str,
         kind: &'static str,
