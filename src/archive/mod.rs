@@ -625,6 +625,7 @@ mod tests {
             volume_mode: "Filesystem".into(),
             labels: BTreeMap::new(),
             data_volume: None,
+            virtual_machine: None,
             snapshot_class: "csi-snapshots".into(),
         };
         m.guest_volumes = Some(GuestVolumes {

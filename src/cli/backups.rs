@@ -284,15 +284,17 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
         out.push_str(&format!("guest volumes: {} copied (KubeVirt)\n", guest.volumes.len()));
         for v in &guest.volumes {
             let stored = m.artifact(&v.artifact).map(|a| size(a.size)).unwrap_or_else(|| "missing".into());
+            let root_disk = v.volume.virtual_machine.as_ref().and_then(|vm| vm["metadata"]["name"].as_str());
             out.push_str(&format!(
-                "  {:<40} {} {:<8} class {:<16} {} entries, {} ({})\n",
+                "  {:<40} {} {:<8} class {:<16} {} entries, {} ({}){}\n",
                 format!("{}/{}", v.volume.namespace, v.volume.name),
                 v.volume.volume_mode,
                 v.volume.size,
                 v.volume.storage_class,
                 v.files,
                 stored,
-                v.artifact
+                v.artifact,
+                root_disk.map(|vm| format!(", root disk of VirtualMachine {vm}")).unwrap_or_default()
             ));
         }
         if !guest.root_disks.is_empty() {

@@ -10,7 +10,10 @@
 //! as its volume handle, so a restore must bring it back under the same
 //! name. The workers' root disks are DataVolumes too, owned by their
 //! VirtualMachines: those are re-created from the NodePool's image and not
-//! copied.
+//! copied, unless asked (`--include-root-disks`): then each is copied like a
+//! guest volume, with its VirtualMachine, which a restore re-creates and
+//! makes the disk's owner (KubeVirt does not adopt a DataVolume it did not
+//! create once `DataVolumeOwnershipProtection` is on, kubevirt VEP 379).
 //!
 //! Read-only here: [`guest_volumes`] finds what a backup copies and the
 //! VolumeSnapshotClass each is snapshotted with, refusing what cannot be
@@ -30,6 +33,7 @@ use crate::kube::{KubeError, api, get_json, list_if_served, request};
 /// The label kubevirt-csi puts on what it creates for a hosted cluster.
 pub const INFRA_ID_LABEL: &str = "hypershift.openshift.io/infra-id";
 pub const DATA_VOLUME: Gvk = Gvk { group: "cdi.kubevirt.io", version: "v1beta1", kind: "DataVolume", plural: "datavolumes" };
+pub const VIRTUAL_MACHINE: Gvk = Gvk { group: "kubevirt.io", version: "v1", kind: "VirtualMachine", plural: "virtualmachines" };
 pub const VOLUME_SNAPSHOT: Gvk =
     Gvk { group: "snapshot.storage.k8s.io", version: "v1", kind: "VolumeSnapshot", plural: "volumesnapshots" };
 pub const VOLUME_SNAPSHOT_CLASS: Gvk =
@@ -57,6 +61,10 @@ pub struct GuestVolume {
     /// The DataVolume that owns the PVC (kubevirt-csi's volume handle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_volume: Option<Value>,
+    /// A root disk's VirtualMachine (`--include-root-disks`), as a restore
+    /// re-creates it: the disk's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_machine: Option<Value>,
     /// The VolumeSnapshotClass the snapshot is taken with.
     pub snapshot_class: String,
 }
@@ -65,7 +73,8 @@ pub struct GuestVolume {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestData {
     pub volumes: Vec<GuestVolume>,
-    /// Root-disk PVCs left out (re-created from the NodePool's image).
+    /// Root-disk PVCs left out (re-created from the NodePool's image);
+    /// empty with `--include-root-disks`, which copies them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub root_disks: Vec<String>,
 }
@@ -89,12 +98,14 @@ fn owner_kind<'a>(obj: &'a Value) -> Option<(&'a str, &'a str)> {
 
 /// The guest volumes of a KubeVirt cluster (`hc`) and their snapshot
 /// classes (`snapshot_class`: `--volume-snapshot-class`, else each driver's
-/// default). `None` for another platform.
+/// default), the workers' root disks with them when `root_disks`. `None`
+/// for another platform.
 pub async fn guest_volumes(
     client: &kube::Client,
     hc: &Value,
     hcp_ns: &str,
     snapshot_class: Option<&str>,
+    root_disks: bool,
 ) -> Result<Option<GuestData>, GuestError> {
     if hc["spec"]["platform"]["type"].as_str() != Some("KubeVirt") {
         return Ok(None);
@@ -119,6 +130,21 @@ pub async fn guest_volumes(
         .await
         .map_err(request(format!("listing PersistentVolumeClaims {selector} in {hcp_ns}")))?
         .items;
+    // the workers' root disks, labelled or not: their VirtualMachines'
+    // dataVolumeTemplates (every VM of the control-plane namespace is a
+    // machine of this cluster)
+    let vms = api(client, &VIRTUAL_MACHINE, hcp_ns);
+    for vm in list_if_served(&vms, &ListParams::default(), &format!("VirtualMachines in {hcp_ns}")).await?.unwrap_or_default() {
+        for template in vm["spec"]["dataVolumeTemplates"].as_array().into_iter().flatten() {
+            let Some(disk) = template["metadata"]["name"].as_str() else { continue };
+            if claims.iter().any(|c| c.metadata.name.as_deref() == Some(disk)) {
+                continue;
+            }
+            if let Some(claim) = pvcs.get_opt(disk).await.map_err(request(format!("reading PersistentVolumeClaim {hcp_ns}/{disk}")))? {
+                claims.push(claim);
+            }
+        }
+    }
     claims.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let data_volumes = api(client, &DATA_VOLUME, hcp_ns);
     let mut found = GuestData::default();
@@ -128,21 +154,33 @@ pub async fn guest_volumes(
         let name = claim.metadata.name.clone().unwrap_or_default();
         // a root disk: the PVC or its DataVolume belongs to a VirtualMachine
         let mut data_volume = None;
+        let mut machine = None;
         match owner_kind(&value) {
-            Some(("VirtualMachine", _)) => {
-                found.root_disks.push(name);
-                continue;
-            }
+            Some(("VirtualMachine", vm)) => machine = Some(vm.to_string()),
             Some(("DataVolume", dv_name)) => {
                 let dv = get_json(&data_volumes, dv_name, &format!("DataVolume {hcp_ns}/{dv_name}")).await?;
-                if dv.as_ref().and_then(owner_kind).is_some_and(|(kind, _)| kind == "VirtualMachine") {
-                    found.root_disks.push(name);
-                    continue;
+                if let Some(("VirtualMachine", vm)) = dv.as_ref().and_then(owner_kind) {
+                    machine = Some(vm.to_string());
                 }
                 data_volume = dv;
             }
             _ => {}
         }
+        let virtual_machine = match machine {
+            None => None,
+            Some(_) if !root_disks => {
+                found.root_disks.push(name);
+                continue;
+            }
+            Some(vm) => {
+                let Some(obj) = get_json(&vms, &vm, &format!("VirtualMachine {hcp_ns}/{vm}")).await? else {
+                    return Err(GuestError::Refused(format!(
+                        "root disk {hcp_ns}/{name} belongs to VirtualMachine {vm}, which is gone: wait for the NodePool to settle, or back up without --include-root-disks"
+                    )));
+                };
+                Some(clean_virtual_machine(obj))
+            }
+        };
         let spec = claim.spec.clone().unwrap_or_default();
         let volume_mode = spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into());
         if volume_mode == "Block" {
@@ -180,6 +218,7 @@ pub async fn guest_volumes(
             volume_mode,
             labels: claim.metadata.labels.clone().unwrap_or_default(),
             data_volume: data_volume.map(clean_data_volume),
+            virtual_machine,
             snapshot_class,
         });
     }
@@ -196,6 +235,26 @@ fn clean_data_volume(dv: Value) -> Value {
         }
     }
     serde_json::json!({"apiVersion": DATA_VOLUME.api_resource().api_version, "kind": DATA_VOLUME.kind, "metadata": meta, "spec": dv["spec"]})
+}
+
+/// A root disk's VirtualMachine as a restore re-creates it: spec, labels
+/// and annotations; not its owner (the source's KubevirtMachine, whose UID
+/// the destination's does not share) nor anything KubeVirt wrote.
+fn clean_virtual_machine(vm: Value) -> Value {
+    let mut meta = serde_json::Map::new();
+    for key in ["name", "namespace", "labels"] {
+        if !vm["metadata"][key].is_null() {
+            meta.insert(key.into(), vm["metadata"][key].clone());
+        }
+    }
+    if let Some(annotations) = vm["metadata"]["annotations"].as_object() {
+        let kept: serde_json::Map<String, Value> =
+            annotations.iter().filter(|(k, _)| !k.starts_with("kubevirt.io/")).map(|(k, v)| (k.clone(), v.clone())).collect();
+        if !kept.is_empty() {
+            meta.insert("annotations".into(), Value::Object(kept));
+        }
+    }
+    serde_json::json!({"apiVersion": VIRTUAL_MACHINE.api_resource().api_version, "kind": VIRTUAL_MACHINE.kind, "metadata": meta, "spec": vm["spec"]})
 }
 
 /// The CSI driver of `storage_class` and the VolumeSnapshotClass for it:

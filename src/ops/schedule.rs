@@ -93,6 +93,8 @@ pub fn rules() -> Vec<(Value, &'static str)> {
          "on KubeVirt, one snapshot per guest volume while the API is down, deleted once copied"),
         (json!({"apiGroups": ["cdi.kubevirt.io"], "resources": ["datavolumes"], "verbs": ["get"]}),
          "on KubeVirt, a guest volume's DataVolume is recorded (a restore re-creates it) and root disks are told apart"),
+        (json!({"apiGroups": ["kubevirt.io"], "resources": ["virtualmachines"], "verbs": ["get", "list"]}),
+         "on KubeVirt, the workers' root disks are found through their VirtualMachines; with --include-root-disks each VM is recorded (a restore re-creates it as its disk's owner)"),
         (json!({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]}),
          "on KubeVirt, the data-mover Job of each guest volume (its bearer token in the pod's environment, not a Secret: no right to create Secrets), deleted after its copy"),
     ]
@@ -147,6 +149,9 @@ fn platform_args(p: &crate::stages::context::PlatformSettings, image: &str) -> V
     }
     if p.include_free_agents {
         args.push("--include-free-agents".into());
+    }
+    if p.include_root_disks {
+        args.push("--include-root-disks".into());
     }
     args
 }
@@ -404,11 +409,12 @@ mod tests {
             skip_guest_volumes: false,
             mover_image: Some("mirror.example.com/hcp-dr:0.1.0".into()),
             include_free_agents: true,
+            include_root_disks: true,
         };
         let objects = render(&o).unwrap();
         let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];
         let tail: Vec<&str> = args.as_array().unwrap()[8..].iter().map(|a| a.as_str().unwrap()).collect();
-        assert_eq!(tail, ["--mover-image", "mirror.example.com/hcp-dr:0.1.0", "--volume-snapshot-class", "fast", "--include-free-agents"]);
+        assert_eq!(tail, ["--mover-image", "mirror.example.com/hcp-dr:0.1.0", "--volume-snapshot-class", "fast", "--include-free-agents", "--include-root-disks"]);
         o.platform = crate::stages::context::PlatformSettings { skip_guest_volumes: true, ..Default::default() };
         let objects = render(&o).unwrap();
         let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];

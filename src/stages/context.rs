@@ -108,6 +108,13 @@ pub struct PlatformSettings {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub include_free_agents: bool,
+    /// KubeVirt: also copy the worker VMs' root disks (with their
+    /// VirtualMachines), so the workers come back as they were instead of
+    /// fresh from the NodePool's image. Crash-consistent: the VMs run while
+    /// they are snapshotted.
+    #[arg(long, conflicts_with = "skip_guest_volumes")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_root_disks: bool,
 }
 
 impl BackupInputs {

@@ -160,7 +160,14 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
     let guest_volumes = if ctx.inputs.platform.skip_guest_volumes {
         None
     } else {
-        match hosted::kubevirt::guest_volumes(&ctx.client, &hc.0, &hcp_ns, ctx.inputs.platform.volume_snapshot_class.as_deref()).await {
+        match hosted::kubevirt::guest_volumes(
+            &ctx.client,
+            &hc.0,
+            &hcp_ns,
+            ctx.inputs.platform.volume_snapshot_class.as_deref(),
+            ctx.inputs.platform.include_root_disks,
+        )
+        .await {
             Ok(found) => found,
             Err(hosted::kubevirt::GuestError::Refused(why)) => return Err(StageError::Precondition(why).into()),
             Err(hosted::kubevirt::GuestError::Kube(err)) => return Err(err.into()),
@@ -278,7 +285,7 @@ pub fn platform_gap(platform: &str, guest: Option<&hosted::kubevirt::GuestData>)
             None => Some("--skip-guest-volumes: the guest cluster's persistent volumes (kubevirt-csi PVCs on the management cluster) and the worker VMs' root disks are not in this backup; a restore brings back the control plane and recreates workers from the NodePool's image, without their data".into()),
             Some(guest) if guest.root_disks.is_empty() => None,
             Some(guest) => Some(format!(
-                "the worker VMs' root disks ({}) are not copied: a restore re-creates the workers from the NodePool's image; the guest volumes ({}) are",
+                "the worker VMs' root disks ({}) are not copied: a restore re-creates the workers from the NodePool's image (--include-root-disks copies them); the guest volumes ({}) are",
                 guest.root_disks.join(", "),
                 guest.volumes.len()
             )),

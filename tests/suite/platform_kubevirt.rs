@@ -10,6 +10,10 @@
 //! the same names and files before the NodePools (a drill there first
 //! restores them under its own names, checks and removes them); with mgmt-b then lost, a
 //! restore of the migration's backup brings them back onto mgmt-a.
+//! With `--include-root-disks`, the worker's root disk moves too, with its
+//! VirtualMachine: on mgmt-b the disk holds what the worker wrote (not a
+//! fresh import), owned by the VM, which the machine's provider keeps; a
+//! drill of that backup leaves the root disk out and says so.
 
 use crate::support;
 
@@ -182,6 +186,8 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     assert!(out.status.success(), "{}", text(&out));
     let described = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(described.contains("guest volumes: 2 copied (KubeVirt)"), "{described}");
+    // the worker's root disk is named, not copied (no --include-root-disks)
+    assert!(described.contains("root disks not copied (re-created from the NodePool's image): demo-"), "{described}");
     let out = env.hcp_dr(&["backups", "describe", &folder, "--s3-endpoint", &endpoint, "-o", "json"], &[]);
     let manifest = json_report(&out);
     let recorded: Vec<&str> = manifest["guest_volumes"]["volumes"].as_array().expect("guest volumes").iter().map(|v| v["name"].as_str().unwrap()).collect();
@@ -248,4 +254,88 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
         assert_eq!(&tree(&pv_path(&state_dir(&env, "mgmt-a"), HCP_NS, name)), files, "volume {name} back on mgmt-a");
     }
     assert_nothing_left(&env.mgmt, "the restore").await;
+}
+
+/// The worker's VirtualMachine in the control-plane namespace and its root
+/// disk's claim, once the disk is imported (up to 90 s).
+async fn worker_disk(client: &kube::Client, state: &Path) -> (String, String, PathBuf) {
+    let vms = api_for(client, &kind_in("kubevirt.io/v1", "VirtualMachine", HCP_NS));
+    let start = std::time::Instant::now();
+    loop {
+        let list = vms.list(&Default::default()).await.expect("list VMs");
+        if let Some(vm) = list.items.first() {
+            let vm = serde_json::to_value(vm).unwrap();
+            let disk = vm["spec"]["dataVolumeTemplates"][0]["metadata"]["name"].as_str().expect("a root disk template").to_string();
+            let dir = pv_path(state, HCP_NS, &disk);
+            if dir.join("disk.img").is_file() {
+                return (vm["metadata"]["name"].as_str().unwrap().to_string(), disk, dir);
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(90), "no worker VM with an imported root disk: {:?}", list.items);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn root_disks_move_with_their_machines_when_asked_and_a_drill_leaves_them_out() {
+    let env = kubevirt_env().await;
+    let (vm, disk, dir) = worker_disk(&env.mgmt, &state_dir(&env, "mgmt-a")).await;
+    // what the worker wrote to its disk since it booted
+    std::fs::write(dir.join("disk.img"), "imported, then written by the node\n").unwrap();
+    std::fs::create_dir_all(dir.join("var/lib/kubelet")).unwrap();
+    std::fs::write(dir.join("var/lib/kubelet/node-state"), "node demo-worker was here\n").unwrap();
+    let written = tree(&dir);
+
+    eprintln!("-- migrate with --include-root-disks");
+    let mut args = migrate_json_args(&env);
+    args.push("--include-root-disks".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let backup = report["backup"].as_str().expect("the migration's backup").to_string();
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let out = env.hcp_dr(&["backups", "describe", &backup, "--s3-endpoint", &endpoint], &[]);
+    let described = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(described.contains(&format!("root disk of VirtualMachine {vm}")), "{described}");
+    assert!(!described.contains("root disks not copied"), "{described}");
+
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    wait_available(&b, "clusters", "demo", Duration::from_secs(180)).await.expect("demo Available on mgmt-b");
+    // the disk holds what the node wrote: restored, not imported again
+    assert_eq!(tree(&pv_path(&state_dir(&env, "mgmt-b"), HCP_NS, &disk)), written, "root disk {disk} on mgmt-b");
+    let vm_b = api_for(&b, &kind_in("kubevirt.io/v1", "VirtualMachine", HCP_NS)).get(&vm).await.expect("the VM on mgmt-b");
+    let dv = api_for(&b, &kind_in("cdi.kubevirt.io/v1beta1", "DataVolume", HCP_NS)).get(&disk).await.expect("the root disk's DataVolume");
+    let dv = serde_json::to_value(dv).unwrap();
+    let owner = &dv["metadata"]["ownerReferences"][0];
+    assert_eq!((owner["kind"].as_str(), owner["uid"].as_str()), (Some("VirtualMachine"), vm_b.metadata.uid.as_deref()), "{dv:#}");
+    assert_eq!(dv["metadata"]["annotations"]["cdi.kubevirt.io/storage.prePopulated"], disk.as_str(), "{dv:#}");
+    // the machine's provider kept the restored VM as the machine's
+    let start = std::time::Instant::now();
+    loop {
+        let vm_b = api_for(&b, &kind_in("kubevirt.io/v1", "VirtualMachine", HCP_NS)).get(&vm).await.expect("the VM on mgmt-b");
+        let owners = vm_b.metadata.owner_references.clone().unwrap_or_default();
+        let ready = serde_json::to_value(&vm_b).unwrap()["status"]["ready"] == true;
+        if owners.iter().any(|o| o.kind == "KubevirtMachine" && o.name == vm) && ready {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the restored VM was not taken up by its KubevirtMachine and started: {vm_b:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_nothing_left(&b, "the migration (on mgmt-b)").await;
+    // the source's machine and its disk are gone with the source's cluster
+    let start = std::time::Instant::now();
+    while api_for(&env.mgmt, &kind_in("kubevirt.io/v1", "VirtualMachine", HCP_NS)).get_opt(&vm).await.expect("get VM").is_some() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the source's VM {vm} is still on mgmt-a");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    eprintln!("-- drill of that backup on mgmt-a");
+    let a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
+    let out = env.hcp_dr(&["drill", "--from", &backup, "--s3-endpoint", &endpoint, "--kubeconfig", &a, "--wait", "5m", "-o", "json"], &[]);
+    let drill = json_report(&out);
+    assert!(out.status.success() && drill["passed"] == true, "{drill:#}");
+    // the report's dropped list names the root disk and why (rule root-disks)
+    assert!(drill.to_string().contains(&format!("root disks {disk} and their VirtualMachines (in the backup, not replayed)")), "{drill:#}");
+    assert!(!drill["checks"].as_array().unwrap().iter().any(|c| c["name"] == format!("guest volume {disk}").as_str()), "{drill:#}");
 }

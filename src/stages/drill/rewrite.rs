@@ -355,8 +355,8 @@ pub const DROPS: &[DropRule] = &[
     },
     DropRule {
         name: "root-disks",
-        applies_to: "KubeVirt worker VMs' root-disk PVCs (owned by a VirtualMachine), which a backup names but does not copy",
-        reason: "re-created from the NodePool's image when the drill's NodePools create their VMs; only guest volumes (kubevirt-csi) carry data",
+        applies_to: "KubeVirt worker VMs' root disks (owned by a VirtualMachine): named by a backup, or copied with their VirtualMachines under --include-root-disks",
+        reason: "the drill's NodePools create their own VMs, which boot fresh disks from the NodePool's image: replaying the source's disks would boot a second copy of each source node (`backups verify` checks the copies); only guest volumes (kubevirt-csi) are restored",
     },
 ];
 
@@ -730,11 +730,20 @@ impl Stage<DrillContext> for Rewrite {
     async fn run(&self, ctx: &mut DrillContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let objects = ctx.restore.objects.as_deref().ok_or(StageError::Missing("the backup's objects (verify)"))?;
         let guest = verified_manifest(step).and_then(|m| m.guest_volumes).unwrap_or_default();
-        let (rewritten, volumes, mut report) = rewrite_with(objects, &guest.volumes, &ctx.inputs.identity)?;
+        let (copied_disks, guest_volumes): (Vec<_>, Vec<_>) = guest.volumes.into_iter().partition(|v| v.volume.virtual_machine.is_some());
+        let (rewritten, volumes, mut report) = rewrite_with(objects, &guest_volumes, &ctx.inputs.identity)?;
         ctx.restore.guest_volumes = Some(volumes);
         if !guest.root_disks.is_empty() {
             report.dropped.push(Dropped {
                 what: format!("root-disk PVCs {} (not in the backup)", guest.root_disks.join(", ")),
+                rule: DROPS[4].name.to_string(),
+                reason: DROPS[4].reason.to_string(),
+            });
+        }
+        if !copied_disks.is_empty() {
+            let names: Vec<&str> = copied_disks.iter().map(|v| v.volume.name.as_str()).collect();
+            report.dropped.push(Dropped {
+                what: format!("root disks {} and their VirtualMachines (in the backup, not replayed)", names.join(", ")),
                 rule: DROPS[4].name.to_string(),
                 reason: DROPS[4].reason.to_string(),
             });
@@ -986,6 +995,7 @@ mod tests {
                 volume_mode: "Filesystem".into(),
                 labels: serde_json::from_value(labels).unwrap(),
                 data_volume,
+                virtual_machine: None,
                 snapshot_class: "sandbox-csi-snapshots".into(),
             },
             artifact: format!("volumes/{name}.tar"),

@@ -7,6 +7,10 @@
 //! SHA-256 must be the manifest's; then its DataVolume, annotated
 //! `cdi.kubevirt.io/storage.prePopulated` so CDI adopts the filled claim
 //! instead of importing into it, and made the claim's owner as CDI would.
+//! A root disk (`--include-root-disks`) then gets its VirtualMachine back,
+//! made the DataVolume's owner: KubeVirt does not adopt a DataVolume it
+//! did not create (kubevirt VEP 379), and the KubeVirt CAPI provider finds
+//! the machine's VM by name and keeps it.
 //!
 //! The stage creates the control-plane namespace when it is absent (apply
 //! then finds it there). Its undo deletes what it created, by UID.
@@ -23,8 +27,8 @@ use serde_json::{Value, json};
 use super::RestoreContext;
 use super::verify::{manifest, verified_manifest};
 use crate::archive::{GuestVolumeRecord, Manifest};
-use crate::hosted::kubevirt::{DATA_VOLUME, PRE_POPULATED};
-use crate::kube::{KubeError, api, is_not_found, request};
+use crate::hosted::kubevirt::{DATA_VOLUME, PRE_POPULATED, VIRTUAL_MACHINE};
+use crate::kube::{KubeError, api, is_not_found, list_if_served, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 use crate::stages::StageError;
 use crate::stages::volumes::{BACKUP_ID_LABEL, default_mover_image, remove_mover, start_mover};
@@ -45,6 +49,18 @@ pub async fn missing_classes(client: &kube::Client, guest: Option<&crate::archiv
             ));
         }
     }
+    // root disks come back with their VirtualMachines: KubeVirt must be here
+    let machines: BTreeSet<&str> = guest.volumes.iter().filter_map(|v| v.volume.virtual_machine.as_ref()).filter_map(|vm| vm["metadata"]["name"].as_str()).collect();
+    if !machines.is_empty() {
+        let vms = api(client, &VIRTUAL_MACHINE, "default");
+        let params = kube::api::ListParams::default().limit(1);
+        if list_if_served(&vms, &params, "VirtualMachines").await?.is_none() {
+            problems.push(format!(
+                "the backup holds the root disks of the VirtualMachines {}, but this management cluster serves no kubevirt.io/v1 VirtualMachines: install KubeVirt (OpenShift Virtualization) first, or restore onto a management cluster that has it",
+                machines.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
     Ok(problems)
 }
 
@@ -59,6 +75,9 @@ pub struct VolumesRestored {
     pub claims: Vec<(String, String)>,
     /// DataVolumes created.
     pub data_volumes: Vec<String>,
+    /// VirtualMachines created (root disks' owners): name → UID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub virtual_machines: Vec<(String, String)>,
     /// Per volume: its name and the entries written.
     pub restored: Vec<(String, u64)>,
 }
@@ -87,6 +106,34 @@ fn labels(ctx: &RestoreContext) -> Value {
 }
 
 impl VolumeRestore {
+    /// A root disk's VirtualMachine, created once (after its disk, so
+    /// KubeVirt finds the disk rather than importing a new one); its name
+    /// and UID.
+    async fn virtual_machine(&self, ctx: &RestoreContext, vm: &Value, ns: &str, done: &mut VolumesRestored, step: &mut Step<'_>) -> Result<(String, String), StageFailure> {
+        let name = vm["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let vms = api(&ctx.client, &VIRTUAL_MACHINE, ns);
+        if let Some((_, uid)) = done.virtual_machines.iter().find(|(n, _)| *n == name) {
+            return Ok((name, uid.clone()));
+        }
+        let mut vm = vm.clone();
+        vm["metadata"]["namespace"] = json!(ns);
+        let obj: kube::api::DynamicObject = serde_json::from_value(vm)?;
+        let created = match vms.create(&PostParams::default(), &obj).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                return Err(StageError::Precondition(format!(
+                    "VirtualMachine {ns}/{name} already exists and this restore did not create it: the root disk restored for it would be attached to another machine. Delete it (or restore onto another management cluster), then --resume"
+                ))
+                .into());
+            }
+            Err(err) => return Err(request(format!("creating VirtualMachine {ns}/{name}"))(err).into()),
+        };
+        let uid = created.metadata.uid.unwrap_or_default();
+        done.virtual_machines.push((name.clone(), uid.clone()));
+        step.record(serde_json::to_value(&*done)?)?;
+        Ok((name, uid))
+    }
+
     async fn restore_one(&self, ctx: &RestoreContext, manifest: &Manifest, index: usize, v: &GuestVolumeRecord, ns: &str, done: &mut VolumesRestored, step: &mut Step<'_>) -> Result<(), StageFailure> {
         let claim_name = v.volume.name.clone();
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
@@ -145,6 +192,16 @@ impl VolumeRestore {
                 "uid": created.metadata.uid, "controller": true, "blockOwnerDeletion": true,
             }]}});
             pvcs.patch(&claim_name, &PatchParams::default(), &Patch::Merge(&owner)).await.map_err(request(format!("making DataVolume {dv_name} the owner of PVC {ns}/{claim_name}")))?;
+            if let Some(vm) = &v.volume.virtual_machine {
+                let (vm_name, vm_uid) = self.virtual_machine(ctx, vm, ns, done, step).await?;
+                let owner = json!({"metadata": {"ownerReferences": [{
+                    "apiVersion": VIRTUAL_MACHINE.api_resource().api_version, "kind": VIRTUAL_MACHINE.kind, "name": vm_name,
+                    "uid": vm_uid, "controller": true, "blockOwnerDeletion": true,
+                }]}});
+                dvs.patch(&dv_name, &PatchParams::default(), &Patch::Merge(&owner))
+                    .await
+                    .map_err(request(format!("making VirtualMachine {vm_name} the owner of DataVolume {ns}/{dv_name}")))?;
+            }
         }
         done.restored.push((claim_name, got.files));
         step.record(serde_json::to_value(&*done)?)?;
@@ -169,7 +226,11 @@ impl Stage<RestoreContext> for VolumeRestore {
             return vec!["nothing: the backup holds no guest volume".into()];
         }
         vols.iter()
-            .map(|v| format!("create PVC {}/{} ({} {}, class {}) and write {} into it through a data-mover Job", ctx.inputs.hcp_namespace(), v.volume.name, v.volume.size, v.volume.volume_mode, v.volume.storage_class, v.artifact))
+            .map(|v| {
+                let vm = v.volume.virtual_machine.as_ref().and_then(|vm| vm["metadata"]["name"].as_str());
+                let owner = vm.map(|vm| format!(", then VirtualMachine {vm} as its owner (a root disk)")).unwrap_or_default();
+                format!("create PVC {}/{} ({} {}, class {}) and write {} into it through a data-mover Job{owner}", ctx.inputs.hcp_namespace(), v.volume.name, v.volume.size, v.volume.volume_mode, v.volume.storage_class, v.artifact)
+            })
             .collect()
     }
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
@@ -213,6 +274,11 @@ impl Stage<RestoreContext> for VolumeRestore {
     async fn undo(&self, ctx: &mut RestoreContext, input: UndoInput<'_>) -> Result<(), StageFailure> {
         let Some(done) = input.record::<VolumesRestored>()? else { return Ok(()) };
         let ns = &done.namespace;
+        let vms = api(&ctx.client, &VIRTUAL_MACHINE, ns);
+        for (vm, uid) in &done.virtual_machines {
+            let what = format!("VirtualMachine {ns}/{vm}");
+            crate::teardown::delete_if_uid(&vms, vm, Some(uid), &what, ctx.inputs.wait_timeout()).await?;
+        }
         let dvs = api(&ctx.client, &DATA_VOLUME, ns);
         for dv in &done.data_volumes {
             match dvs.delete(dv, &DeleteParams::default()).await {
