@@ -247,6 +247,27 @@ where
     }
 }
 
+/// Wait until `name`, if it is being deleted, is gone: a claim an
+/// interrupted run deleted may be held a while by its pod's protection, and
+/// a create of the same name would meet it (409) and use it. An object not
+/// being deleted, or none, is left as it is.
+pub async fn await_deletion<K>(api: &Api<K>, name: &str, what: &str, timeout: Duration) -> Result<(), KubeError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let Some(obj) = api.get_opt(name).await.map_err(request(format!("reading {what}")))? else { return Ok(()) };
+    if obj.meta().deletion_timestamp.is_none() {
+        return Ok(());
+    }
+    tracing::info!(object = %what, "still being deleted (an interrupted run's): waiting for it before making a new one");
+    let uid = obj.meta().uid.clone();
+    if wait_gone_or_replaced(api, name, uid.as_deref(), what, timeout).await? {
+        Ok(())
+    } else {
+        Err(KubeError::Timeout { what: format!("{what}, left by an interrupted run, to be deleted"), seconds: timeout.as_secs() })
+    }
+}
+
 /// Clear `metadata.finalizers` (a missing object is fine).
 pub async fn remove_finalizers<K>(api: &Api<K>, name: &str, what: &str) -> Result<(), KubeError>
 where

@@ -413,7 +413,9 @@ impl VolumeCopy {
                 "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": taken.snapshot},
             },
         });
-        create(&pvcs, claim, &format!("PersistentVolumeClaim {ns}/{name}")).await?;
+        let what = format!("PersistentVolumeClaim {ns}/{name}");
+        crate::teardown::await_deletion(&pvcs, &name, &what, ctx.inputs.wait_timeout()).await?;
+        create(&pvcs, claim, &what).await?;
         let (mover, _forward) = start_mover(&ctx.client, ns, &name, &name, &mover_image(ctx), &labels(ctx), ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
         let key = ctx.inputs.layout().artifact(&artifact_name(&volume.name));
         let body = mover.archive().await?;

@@ -108,6 +108,8 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--volume-snapshot-class", "Fast_Snaps"], 2, &["--volume-snapshot-class", "Fast_Snaps", "not a valid Kubernetes name"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--mover-image", "Quay.io/HCP DR"], 2, &["--mover-image", "not a container image reference"]),
         case(&["restore", "--from", &s, "--mover-image", "quay.io/HcpDr/mover:v1"], 2, &["--mover-image", "repository in lowercase"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--include-root-disks", "--skip-guest-volumes"], 2, &["--include-root-disks", "--skip-guest-volumes", "cannot be used with"]),
+        case(&["migrate", "--hosted-cluster", "demo", "--include-root-disks", "--skip-guest-volumes"], 2, &["--include-root-disks", "cannot be used with"]),
         // backup: stores
         case(&["backup", "--hosted-cluster", "demo", "--to", "ftp://host/path"], 2, &["ftp://host/path", "unsupported scheme"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", "s3://"], 2, &["s3://", "no bucket"]),

@@ -96,6 +96,39 @@ async fn assert_hosts_serve(mgmt: &kube::Client, name: &str, bound_before: &[Str
     }
 }
 
+/// The inventory checks a backup's preflight runs before anything is
+/// paused, against mgmt-a's real objects: an agentNamespace that does not
+/// exist, and a machine of the cluster whose Agent is gone or is bound to
+/// another cluster (`taken`: an Agent of demo), each refused naming what is
+/// wrong and where to look. The machines are a stand-in cluster's
+/// (`clusters-ghost`), which no controller reconciles.
+async fn refusals(mgmt: &kube::Client, taken: &str) {
+    use hcp_dr::hosted::agent::{InventoryError, check};
+    let refused = |result: Result<Option<Vec<String>>, InventoryError>| match result {
+        Err(InventoryError::Refused(why)) => why,
+        other => panic!("not refused: {other:?}"),
+    };
+    let mut ghost = hc_on(mgmt).await.expect("demo");
+    ghost["metadata"]["name"] = json!("ghost");
+    ghost["spec"]["platform"]["agent"]["agentNamespace"] = json!("no-such-hosts");
+    let why = refused(check(mgmt, &ghost, "clusters-ghost").await);
+    assert!(why.contains("agentNamespace `no-such-hosts`, but that namespace does not exist"), "{why}");
+
+    ghost["spec"]["platform"]["agent"]["agentNamespace"] = json!(HOSTS_NS);
+    let namespaces = api_for(mgmt, &json!({"apiVersion": "v1", "kind": "Namespace"}));
+    namespaces.create(&Default::default(), &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "clusters-ghost"}})).unwrap()).await.expect("namespace");
+    let machines = api_for(mgmt, &kind("capi-provider.agent-install.openshift.io/v1beta1", "AgentMachine", "clusters-ghost"));
+    let machine = json!({"apiVersion": "capi-provider.agent-install.openshift.io/v1beta1", "kind": "AgentMachine", "metadata": {"name": "ghost-0", "namespace": "clusters-ghost"}, "spec": {}});
+    machines.create(&Default::default(), &serde_json::from_value(machine).unwrap()).await.expect("AgentMachine");
+    for (agent, expected) in [(taken, format!("uses Agent {HOSTS_NS}/{taken}, which is bound to clusters")), ("no-such-host", format!("uses Agent {HOSTS_NS}/no-such-host, which does not exist"))] {
+        let status = json!({"status": {"agentRef": {"name": agent, "namespace": HOSTS_NS}}});
+        machines.patch_status("ghost-0", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await.expect("agentRef");
+        let why = refused(check(mgmt, &ghost, "clusters-ghost").await);
+        assert!(why.contains(&expected), "{why}");
+    }
+    namespaces.delete("clusters-ghost", &Default::default()).await.expect("delete the stand-in namespace");
+}
+
 /// A sandbox whose mgmt-a has an inventory of 3 hosts and `demo` made by
 /// `hcp-dr cluster create --platform agent` on 2 of them.
 async fn agent_env() -> Env {
@@ -142,6 +175,8 @@ async fn the_agent_inventory_is_backed_up_drilled_refused_migrated_and_restored_
     let infra_id = serde_json::to_value(hc).unwrap()["spec"]["infraID"].as_str().expect("infraID").to_string();
     let before = agents(&env.mgmt).await;
     let bound_before: Vec<String> = bound(&before).iter().map(|a| a["metadata"]["name"].as_str().unwrap().to_string()).collect();
+
+    refusals(&env.mgmt, &bound_before[0]).await;
 
     // backup: the inventory is in the backup and its manifest
     let (folder, _) = backup_to_s3(&env);

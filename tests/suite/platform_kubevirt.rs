@@ -146,6 +146,26 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     assert!(text(&out).contains("is for the driver other.csi.example.com"), "{}", text(&out));
     assert_eq!(paused(&env.mgmt).await, None, "a refused backup paused the cluster");
     assert!(leftovers(&env.mgmt).await.is_empty(), "a refused backup created {:?}", leftovers(&env.mgmt).await);
+    // a guest volume of a driver that cannot snapshot (no VolumeSnapshotClass) is refused too
+    let no_snapshots = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "no-snapshots"}, "provisioner": "nosnap.example.com"});
+    api_for(&env.mgmt, &no_snapshots).create(&Default::default(), &serde_json::from_value(no_snapshots.clone()).unwrap()).await.expect("a class without snapshots");
+    let infra_id = hc_on(&env.mgmt).await.unwrap()["spec"]["infraID"].as_str().unwrap().to_string();
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "no-snapshots-volume", "namespace": HCP_NS, "labels": {"hypershift.openshift.io/infra-id": infra_id}},
+        "spec": {"storageClassName": "no-snapshots", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    let claims = api_for(&env.mgmt, &kind_in("v1", "PersistentVolumeClaim", HCP_NS));
+    claims.create(&Default::default(), &serde_json::from_value(claim).unwrap()).await.expect("a guest volume of that class");
+    let mut args = vec!["backup", "--hosted-cluster", "demo"];
+    args.extend(&s3);
+    let out = env.hcp_dr(&args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("provisioned by nosnap.example.com (StorageClass no-snapshots), which has no VolumeSnapshotClass"), "{}", text(&out));
+    assert_eq!(paused(&env.mgmt).await, None, "a refused backup paused the cluster");
+    claims.delete("no-snapshots-volume", &Default::default()).await.expect("delete the claim");
+    let start = std::time::Instant::now();
+    while claims.get_opt("no-snapshots-volume").await.expect("get claim").is_some() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the claim without snapshots is still there");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     eprintln!("-- mover killed");
     // the second volume's data mover dies as soon as it starts: the backup
@@ -199,6 +219,23 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     let out = env.hcp_dr(&["backups", "verify", &folder, "--s3-endpoint", &endpoint], &[]);
     assert!(out.status.success(), "the volumes' artifacts verify: {}", text(&out));
 
+    eprintln!("-- restore onto mgmt-b without the StorageClass");
+    // refused before anything is created; the class comes back for the rest
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    let class_api = api_for(&b, &json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass"}));
+    let class = serde_json::to_value(class_api.get("sandbox-csi").await.expect("mgmt-b's class")).unwrap();
+    class_api.delete("sandbox-csi", &Default::default()).await.expect("delete mgmt-b's class");
+    let b_kubeconfig = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+    let out = env.hcp_dr(&["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &b_kubeconfig], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("StorageClass sandbox-csi does not exist here"), "{}", text(&out));
+    let namespaces = api_for(&b, &json!({"apiVersion": "v1", "kind": "Namespace"}));
+    assert!(namespaces.get_opt(HCP_NS).await.expect("get namespace").is_none(), "a refused restore created {HCP_NS} on mgmt-b");
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "sandbox-csi", "annotations": class["metadata"]["annotations"]},
+        "provisioner": class["provisioner"], "reclaimPolicy": class["reclaimPolicy"], "volumeBindingMode": class["volumeBindingMode"]});
+    class_api.create(&Default::default(), &serde_json::from_value(class).unwrap()).await.expect("mgmt-b's class back");
+
     eprintln!("-- drill on mgmt-b");
     // a drill restores the volumes under the drill's names before its
     // NodePools, checks each, and removes them with the drill cluster
@@ -214,7 +251,6 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
         assert_eq!(check["passed"], true, "{check:#}");
         assert!(check["detail"].as_str().unwrap().contains("6 entries as backed up"), "{check:#}");
     }
-    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     // the drill's control-plane namespace: `clusters-drill`/`demo-drill` (the default suffix)
     let drill_ns = "clusters-drill-demo-drill";
     let claims = api_for(&b, &kind_in("v1", "PersistentVolumeClaim", drill_ns)).list(&Default::default()).await.map(|l| l.items.len()).unwrap_or(0);
@@ -286,11 +322,32 @@ async fn root_disks_move_with_their_machines_when_asked_and_a_drill_leaves_them_
     std::fs::write(dir.join("var/lib/kubelet/node-state"), "node demo-worker was here\n").unwrap();
     let written = tree(&dir);
 
-    eprintln!("-- migrate with --include-root-disks");
-    let mut args = migrate_json_args(&env);
-    args.push("--include-root-disks".into());
+    eprintln!("-- migrate with --include-root-disks, its mover killed, resumed");
+    // the root disk's data mover dies: the migration stops, and --resume
+    // copies the disk again and goes on
+    let killer = {
+        let client = env.mgmt.clone();
+        tokio::spawn(async move {
+            let pods = api_for(&client, &kind_in("v1", "Pod", HCP_NS));
+            loop {
+                let list = pods.list(&kube::api::ListParams::default().labels("hcp-dr.openshift.io/backup-id")).await.expect("list pods");
+                if let Some(name) = list.items.iter().filter_map(|p| p.metadata.name.clone()).find(|n| n.contains("-v0-")) {
+                    pods.delete(&name, &Default::default()).await.expect("delete the mover pod");
+                    return name;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let journal = env.dir.path().join("migrate-root-disks.journal");
+    let args = migrate_args(&env, &journal, &["--dns-direct", "--include-root-disks", "-o", "json"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = env.hcp_dr(&args, &[]);
+    killer.abort();
+    let killed = killer.await.unwrap_or_else(|_| panic!("no mover pod of the root disk was seen: {}", text(&out)));
+    assert!(!out.status.success(), "the migration survived the death of its mover {killed}: {}", text(&out));
+    assert!(text(&out).contains("data mover"), "{}", text(&out));
+    let out = env.hcp_dr(&["migrate", "--resume", journal.to_str().unwrap(), "-o", "json"], &[]);
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
     let backup = report["backup"].as_str().expect("the migration's backup").to_string();

@@ -150,6 +150,9 @@ impl VolumeRestore {
                 },
             });
             let typed: PersistentVolumeClaim = serde_json::from_value(claim)?;
+            // the claim a failed try deleted may still be going
+            let what = format!("PersistentVolumeClaim {ns}/{claim_name}");
+            crate::teardown::await_deletion(&pvcs, &claim_name, &what, ctx.inputs.wait_timeout()).await?;
             let created = pvcs.create(&PostParams::default(), &typed).await.map_err(request(format!("creating PersistentVolumeClaim {ns}/{claim_name}")))?;
             done.claims.push((claim_name.clone(), created.metadata.uid.unwrap_or_default()));
             step.record(serde_json::to_value(&*done)?)?;
