@@ -290,7 +290,7 @@ pub fn platform_gap(platform: &str, guest: Option<&hosted::kubevirt::GuestData>)
                 guest.volumes.len()
             )),
         },
-        "AWS" => Some("the OIDC issuer documents and IAM trust are not in this backup and are not checked after a restore onto another management cluster; fix them as `hypershift fix dr-oidc-iam` does if the cluster reports WebIdentityErr".into()),
+        "AWS" => Some("the IAM OIDC provider and the roles' trust policies are cloud resources outside this backup: a restore or migrate checks and rewrites the OIDC issuer's documents (from the signing key the backup holds), but only reports which provider and roles must trust the issuer".into()),
         other => Some(format!("hcp-dr does not know the platform `{other}`: the backup holds etcd, the HyperShift objects and the control-plane namespace's Cluster API and provider objects, but none of the platform's objects elsewhere (hosts, volumes, cloud identity); back those up with the platform's own tooling")),
     }
 }

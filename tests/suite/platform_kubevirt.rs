@@ -101,6 +101,24 @@ fn kind_in(api_version: &str, kind: &str, ns: &str) -> Value {
     json!({"apiVersion": api_version, "kind": kind, "metadata": {"namespace": ns}})
 }
 
+/// Deletes the pod of the data mover of volume `index` (`...-v<index>-`)
+/// as soon as it appears; its name when it did.
+fn kill_mover(client: &kube::Client, index: usize) -> tokio::task::JoinHandle<String> {
+    let client = client.clone();
+    let infix = format!("-v{index}-");
+    tokio::spawn(async move {
+        let pods = api_for(&client, &kind_in("v1", "Pod", HCP_NS));
+        loop {
+            let list = pods.list(&kube::api::ListParams::default().labels("hcp-dr.openshift.io/backup-id")).await.expect("list pods");
+            if let Some(name) = list.items.iter().filter_map(|p| p.metadata.name.clone()).find(|n| n.contains(&infix)) {
+                pods.delete(&name, &Default::default()).await.expect("delete the mover pod");
+                return name;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
 async fn paused(client: &kube::Client) -> Option<String> {
     hc_on(client).await.and_then(|hc| hc["spec"]["pausedUntil"].as_str().map(str::to_string))
 }
@@ -171,21 +189,7 @@ async fn guest_volumes_are_backed_up_refused_migrated_and_restored_with_the_sour
     // the second volume's data mover dies as soon as it starts: the backup
     // fails, the first volume's copy is removed from the store, and no
     // snapshot, Job, claim or token is left; the cluster runs again
-    let killer = {
-        let client = env.mgmt.clone();
-        tokio::spawn(async move {
-            let pods = api_for(&client, &kind_in("v1", "Pod", HCP_NS));
-            loop {
-                let list = pods.list(&kube::api::ListParams::default().labels("hcp-dr.openshift.io/backup-id")).await.expect("list pods");
-                if let Some(pod) = list.items.iter().find(|p| p.metadata.name.as_deref().is_some_and(|n| n.contains("-v1-"))) {
-                    let name = pod.metadata.name.clone().unwrap();
-                    pods.delete(&name, &Default::default()).await.expect("delete the mover pod");
-                    return name;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let killer = kill_mover(&env.mgmt, 1);
     let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
     args.extend(&s3);
     let out = env.hcp_dr(&args, &[]);
@@ -325,20 +329,7 @@ async fn root_disks_move_with_their_machines_when_asked_and_a_drill_leaves_them_
     eprintln!("-- migrate with --include-root-disks, its mover killed, resumed");
     // the root disk's data mover dies: the migration stops, and --resume
     // copies the disk again and goes on
-    let killer = {
-        let client = env.mgmt.clone();
-        tokio::spawn(async move {
-            let pods = api_for(&client, &kind_in("v1", "Pod", HCP_NS));
-            loop {
-                let list = pods.list(&kube::api::ListParams::default().labels("hcp-dr.openshift.io/backup-id")).await.expect("list pods");
-                if let Some(name) = list.items.iter().filter_map(|p| p.metadata.name.clone()).find(|n| n.contains("-v0-")) {
-                    pods.delete(&name, &Default::default()).await.expect("delete the mover pod");
-                    return name;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let killer = kill_mover(&env.mgmt, 0);
     let journal = env.dir.path().join("migrate-root-disks.journal");
     let args = migrate_args(&env, &journal, &["--dns-direct", "--include-root-disks", "-o", "json"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
