@@ -86,6 +86,9 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
             log_failure("capk", &format!("{}/{}", ns_of(machine), name_of(machine)), &err);
         }
     }
+    if machines.is_empty() && vms.is_empty() {
+        return Ok(()); // no KubeVirt worker on this cluster
+    }
     let dvs = ctx.kube.list_if_served(&DATA_VOLUME, None).await?;
     for vm in vms.iter().filter(|v| !is_deleting(v)) {
         if let Err(err) = vm_controller(&ctx, vm, &dvs).await {
