@@ -134,7 +134,8 @@ pub async fn guest_volumes(
     // dataVolumeTemplates (every VM of the control-plane namespace is a
     // machine of this cluster)
     let vms = api(client, &VIRTUAL_MACHINE, hcp_ns);
-    for vm in list_if_served(&vms, &ListParams::default(), &format!("VirtualMachines in {hcp_ns}")).await?.unwrap_or_default() {
+    let machines = list_if_served(&vms, &ListParams::default(), &format!("VirtualMachines in {hcp_ns}")).await?.unwrap_or_default();
+    for vm in &machines {
         for template in vm["spec"]["dataVolumeTemplates"].as_array().into_iter().flatten() {
             let Some(disk) = template["metadata"]["name"].as_str() else { continue };
             if claims.iter().any(|c| c.metadata.name.as_deref() == Some(disk)) {
@@ -173,7 +174,7 @@ pub async fn guest_volumes(
                 continue;
             }
             Some(vm) => {
-                let Some(obj) = get_json(&vms, &vm, &format!("VirtualMachine {hcp_ns}/{vm}")).await? else {
+                let Some(obj) = machines.iter().find(|m| m["metadata"]["name"] == vm.as_str()).cloned() else {
                     return Err(GuestError::Refused(format!(
                         "root disk {hcp_ns}/{name} belongs to VirtualMachine {vm}, which is gone: wait for the NodePool to settle, or back up without --include-root-disks"
                     )));

@@ -251,11 +251,15 @@ pub fn mover_job(name: &str, namespace: &str, claim: &str, image: &str, token: &
     })
 }
 
-/// Create `obj` (a built-in kind) unless an object of that name exists.
-pub async fn create<K>(api: &Api<K>, obj: Value, what: &str) -> Result<(), KubeError>
+/// Create `obj` (a built-in kind) unless an object of that name exists
+/// (an interrupted run's, used as it is); one being deleted (a failed try's,
+/// held by a finalizer) is waited out first, up to `timeout`, and replaced.
+pub async fn create<K>(api: &Api<K>, obj: Value, what: &str, timeout: Duration) -> Result<(), KubeError>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + Serialize + std::fmt::Debug,
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Serialize + std::fmt::Debug + Send + 'static,
 {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    crate::teardown::await_deletion(api, &name, what, timeout).await?;
     let typed: K = serde_json::from_value(obj).map_err(|e| KubeError::Invalid(format!("{what}: {e}")))?;
     match api.create(&PostParams::default(), &typed).await {
         Ok(_) => Ok(()),
@@ -413,9 +417,7 @@ impl VolumeCopy {
                 "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": taken.snapshot},
             },
         });
-        let what = format!("PersistentVolumeClaim {ns}/{name}");
-        crate::teardown::await_deletion(&pvcs, &name, &what, ctx.inputs.wait_timeout()).await?;
-        create(&pvcs, claim, &what).await?;
+        create(&pvcs, claim, &format!("PersistentVolumeClaim {ns}/{name}"), ctx.inputs.wait_timeout()).await?;
         let (mover, _forward) = start_mover(&ctx.client, ns, &name, &name, &mover_image(ctx), &labels(ctx), ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
         let key = ctx.inputs.layout().artifact(&artifact_name(&volume.name));
         let body = mover.archive().await?;

@@ -130,13 +130,18 @@ fn machine_vm(machine: &Value) -> Option<Value> {
             v["dataVolume"]["name"] = json!(new);
         }
     }
-    let mut labels = template["metadata"]["labels"].clone();
-    if !labels.is_object() {
-        labels = json!({});
-    }
+    let mut labels = labels_of(template);
     labels["kubevirt.io/vm"] = json!(name);
     Some(json!({"metadata": {"name": name, "namespace": ns_of(machine), "labels": labels,
         "ownerReferences": [machine_owner(machine)]}, "spec": spec}))
+}
+
+/// A copy of `obj`'s labels, an empty map when it has none.
+fn labels_of(obj: &Value) -> Value {
+    match &obj["metadata"]["labels"] {
+        Value::Object(labels) => Value::Object(labels.clone()),
+        _ => json!({}),
+    }
 }
 
 /// A (non-controller) ownerReference to the KubevirtMachine.
@@ -173,10 +178,7 @@ async fn vm_controller(ctx: &Ctx, vm: &Value, dvs: &[Value]) -> Result<(), Opera
         let Some(dv_name) = str_at(template, "/metadata/name") else { continue };
         match dvs.iter().find(|d| ns_of(d) == ns && name_of(d) == dv_name) {
             None => {
-                let mut labels = template["metadata"]["labels"].clone();
-                if !labels.is_object() {
-                    labels = json!({});
-                }
+                let mut labels = labels_of(template);
                 labels["kubevirt.io/created-by"] = json!(uid_of(vm));
                 let dv = json!({"metadata": {"name": dv_name, "namespace": ns, "labels": labels,
                         "ownerReferences": [super::objects::owner_ref(&VIRTUAL_MACHINE, vm)]},
@@ -228,10 +230,7 @@ async fn cdi(ctx: &Ctx, dv: &Value) -> Result<(), OperatorError> {
             return Ok(()); // its claim is being restored by someone else
         }
         let storage = &dv["spec"]["storage"];
-        let mut labels = dv["metadata"]["labels"].clone();
-        if !labels.is_object() {
-            labels = json!({});
-        }
+        let mut labels = labels_of(dv);
         labels["app"] = json!("containerized-data-importer");
         labels["app.kubernetes.io/component"] = json!("storage");
         labels["app.kubernetes.io/managed-by"] = json!("cdi-controller");
