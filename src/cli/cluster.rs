@@ -7,7 +7,7 @@ use clap::{Args as ClapArgs, Subcommand};
 
 use crate::duration;
 use super::{Exit, Output};
-use crate::hosted::render::{AwsSpec, NewCluster, Platform};
+use crate::hosted::render::{AwsSpec, NewCluster, Platform, parse_node_selector, parse_toleration};
 use crate::ops::OpsError;
 use crate::ops::cluster::{CreateOptions, create, render};
 
@@ -242,6 +242,16 @@ pub struct CreateArgs {
     /// (--platform agent; default `<namespace>-<name>-agents`). It must exist.
     #[arg(long)]
     pub agent_namespace: Option<String>,
+    /// A label the management nodes of the control plane must carry,
+    /// KEY=VALUE (repeatable): the HostedCluster's spec.nodeSelector, which
+    /// HyperShift gives every control-plane pod and hcp-dr its data movers.
+    #[arg(long = "node-selector", value_name = "KEY=VALUE", value_parser = parse_node_selector)]
+    pub node_selector: Vec<(String, String)>,
+    /// A toleration for the control-plane pods (repeatable), as the
+    /// HyperShift CLI takes it: key=K[,value=V][,operator=Equal|Exists][,effect=E][,tolerationSeconds=N];
+    /// the HostedCluster's spec.tolerations.
+    #[arg(long = "toleration", value_name = "TOLERATION", value_parser = parse_toleration)]
+    pub toleration: Vec<serde_json::Value>,
     /// Print the objects as YAML; create nothing.
     #[arg(long)]
     pub render: bool,
@@ -258,6 +268,11 @@ pub struct CreateArgs {
 }
 
 fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
+    for (i, (key, value)) in args.node_selector.iter().enumerate() {
+        if let Some((_, other)) = args.node_selector[..i].iter().find(|(k, v)| k == key && v != value) {
+            return Err(OpsError::Input(format!("--node-selector gives {key} twice ({other} and {value}): a node has one value per label; keep one")));
+        }
+    }
     let read = |what: &str, p: &PathBuf| std::fs::read(p).map_err(|e| OpsError::Input(format!("--{what} {}: {e}", p.display())));
     Ok(NewCluster {
         name: args.name.clone(),
@@ -273,6 +288,8 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
         node_pool_replicas: args.node_pool_replicas,
         availability: args.availability.clone(),
         agent_namespace: args.agent_namespace.clone(),
+        node_selector: args.node_selector.iter().cloned().collect(),
+        tolerations: args.toleration.clone(),
         aws: match (&args.aws_region, &args.aws_role_arn_prefix, &args.aws_subnet_id, &args.aws_oidc_bucket_url) {
             (Some(region), Some(prefix), Some(subnet), Some(issuer)) => {
                 Some(AwsSpec { region: region.clone(), role_arn_prefix: prefix.clone(), subnet_id: subnet.clone(), oidc_bucket_url: issuer.clone() })

@@ -127,6 +127,20 @@ impl HostedCluster {
     pub fn hcp_namespace(&self) -> String {
         hcp_namespace(self.namespace(), self.name())
     }
+    /// Where its control-plane pods may run, as a pod spec fragment: its
+    /// `spec.nodeSelector` and `spec.tolerations` (those HyperShift
+    /// propagates to every control-plane pod), each only when set.
+    pub fn control_plane_placement(&self) -> Value {
+        let mut out = serde_json::Map::new();
+        for field in ["nodeSelector", "tolerations"] {
+            let v = &self.0["spec"][field];
+            let set = v.as_object().is_some_and(|m| !m.is_empty()) || v.as_array().is_some_and(|a| !a.is_empty());
+            if set {
+                out.insert(field.to_string(), v.clone());
+            }
+        }
+        Value::Object(out)
+    }
     /// `Managed`, `Unmanaged`, or "" when unset.
     pub fn etcd_management_type(&self) -> &str {
         self.0["spec"]["etcd"]["managementType"].as_str().unwrap_or_default()
@@ -302,6 +316,23 @@ mod tests {
         assert_eq!(current_condition(&obj(Some(3)), "Degraded"), None);
     }
     use serde_json::json;
+
+    #[test]
+    fn the_control_plane_placement_is_the_spec_node_selector_and_tolerations_when_set() {
+        let hc = HostedCluster(json!({"spec": {"nodeSelector": {"role": "hcp"},
+            "tolerations": [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]}}));
+        assert_eq!(hc.control_plane_placement(), json!({"nodeSelector": {"role": "hcp"},
+            "tolerations": [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]}));
+        let empty = HostedCluster(json!({"spec": {"nodeSelector": {}, "tolerations": []}}));
+        assert_eq!(empty.control_plane_placement(), json!({}));
+        assert_eq!(HostedCluster(json!({"spec": {}})).control_plane_placement(), json!({}));
+        // the mover Job carries it on its pod template, nothing else moves
+        let job = crate::stages::volumes::mover_job("m", "ns", "c", "img", "t", &json!({}), &hc.control_plane_placement(), std::time::Duration::from_secs(60));
+        assert_eq!(job["spec"]["template"]["spec"]["nodeSelector"], json!({"role": "hcp"}));
+        assert_eq!(job["spec"]["template"]["spec"]["tolerations"][0]["key"], "role");
+        let bare = crate::stages::volumes::mover_job("m", "ns", "c", "img", "t", &json!({}), &json!({}), std::time::Duration::from_secs(60));
+        assert!(bare["spec"]["template"]["spec"].get("nodeSelector").is_none());
+    }
 
     #[test]
     fn views_read_the_spec() {

@@ -49,6 +49,85 @@ pub struct NewCluster {
     pub aws: Option<AwsSpec>,
     /// `spec.platform.agent.agentNamespace` (Agent; None: `<namespace>-<name>-agents`).
     pub agent_namespace: Option<String>,
+    /// `spec.nodeSelector`: HyperShift puts every control-plane pod (and
+    /// hcp-dr its data movers) on management nodes with these labels.
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    /// `spec.tolerations`: added to every control-plane pod (and data mover).
+    pub tolerations: Vec<Value>,
+}
+
+/// A label for `--node-selector`: `KEY=VALUE`, each part as Kubernetes
+/// label syntax allows (a key may have a DNS prefix: `example.com/role`).
+pub fn parse_node_selector(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: give KEY=VALUE, e.g. hypershift.openshift.io/control-plane=true"))?;
+    check_label_key(key).map_err(|e| format!("`{text}`: {e}"))?;
+    let value_ok = value.len() <= 63
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && (value.is_empty() || (value.starts_with(|c: char| c.is_ascii_alphanumeric()) && value.ends_with(|c: char| c.is_ascii_alphanumeric())));
+    if !value_ok {
+        return Err(format!("`{text}`: the value `{value}` is not a label value (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"));
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
+fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty() && p.len() <= 253 && p.split('.').all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+    });
+    if name_ok && prefix_ok {
+        Ok(())
+    } else {
+        Err(format!("the key `{key}` is not a label key ([DNS-prefix/]name, the name at most 63 letters, digits, '-', '_' or '.')"))
+    }
+}
+
+/// A toleration for `--toleration`, in the HyperShift CLI's form:
+/// `key=K[,value=V][,operator=Equal|Exists][,effect=NoSchedule|PreferNoSchedule|NoExecute][,tolerationSeconds=N]`.
+pub fn parse_toleration(text: &str) -> Result<Value, String> {
+    let mut t = serde_json::Map::new();
+    for part in text.split(',') {
+        let (field, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{text}`: `{part}` is not FIELD=VALUE; give e.g. key=dedicated,value=hcp,effect=NoSchedule"))?;
+        let value = match field {
+            "key" => {
+                check_label_key(value).map_err(|e| format!("`{text}`: {e}"))?;
+                json!(value)
+            }
+            "value" => json!(value),
+            "operator" if matches!(value, "Equal" | "Exists") => json!(value),
+            "operator" => return Err(format!("`{text}`: operator `{value}`: use Equal or Exists")),
+            "effect" if matches!(value, "NoSchedule" | "PreferNoSchedule" | "NoExecute") => json!(value),
+            "effect" => return Err(format!("`{text}`: effect `{value}`: use NoSchedule, PreferNoSchedule or NoExecute")),
+            "tolerationSeconds" => json!(value.parse::<i64>().map_err(|_| format!("`{text}`: tolerationSeconds `{value}` is not a number of seconds"))?),
+            other => return Err(format!("`{text}`: unknown field `{other}`: use key, value, operator, effect, tolerationSeconds")),
+        };
+        if t.insert(field.to_string(), value).is_some() {
+            return Err(format!("`{text}`: `{field}` given twice"));
+        }
+    }
+    let exists = t.get("operator").and_then(Value::as_str) == Some("Exists");
+    if !t.contains_key("key") && !exists {
+        return Err(format!("`{text}`: give a key (only operator=Exists may leave it out, to tolerate every taint)"));
+    }
+    if exists && t.contains_key("value") {
+        return Err(format!("`{text}`: operator=Exists takes no value"));
+    }
+    if t.contains_key("tolerationSeconds") && t.get("effect").and_then(Value::as_str) != Some("NoExecute") {
+        return Err(format!("`{text}`: tolerationSeconds applies to effect=NoExecute only"));
+    }
+    Ok(Value::Object(t))
 }
 
 impl NewCluster {
@@ -187,6 +266,12 @@ pub fn objects(c: &NewCluster) -> Result<Vec<Value>, String> {
     if c.ssh_public_key.is_some() {
         spec["sshKey"] = json!({"name": format!("{name}-ssh-key")});
     }
+    if !c.node_selector.is_empty() {
+        spec["nodeSelector"] = json!(c.node_selector);
+    }
+    if !c.tolerations.is_empty() {
+        spec["tolerations"] = json!(c.tolerations);
+    }
     out.push(json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
         "metadata": {"name": name, "namespace": ns}, "spec": spec}));
     out.push(json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "NodePool",
@@ -214,7 +299,40 @@ pub(crate) mod tests {
             availability: "HighlyAvailable".into(),
             aws: Some(AwsSpec { region: "us-east-1".into(), role_arn_prefix: "arn:aws:iam::123456789012:role/demo".into(), subnet_id: "subnet-0123456789abcdef0".into(), oidc_bucket_url: "https://hcp-oidc.s3.us-east-1.amazonaws.com".into() }),
             agent_namespace: None,
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
         }
+    }
+
+    #[test]
+    fn placement_goes_into_the_hosted_cluster_spec() {
+        let mut c = demo(Platform::None);
+        let (k, v) = parse_node_selector("hypershift.openshift.io/control-plane=true").unwrap();
+        c.node_selector.insert(k, v);
+        c.tolerations.push(parse_toleration("key=hypershift.openshift.io/control-plane,operator=Exists,effect=NoSchedule").unwrap());
+        let hc = objects(&c).unwrap().into_iter().find(|o| o["kind"] == "HostedCluster").unwrap();
+        assert_eq!(hc["spec"]["nodeSelector"], json!({"hypershift.openshift.io/control-plane": "true"}));
+        assert_eq!(hc["spec"]["tolerations"], json!([{"key": "hypershift.openshift.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]));
+        // none given: the fields are absent, not empty
+        let hc = objects(&demo(Platform::None)).unwrap().into_iter().find(|o| o["kind"] == "HostedCluster").unwrap();
+        assert!(hc["spec"].get("nodeSelector").is_none() && hc["spec"].get("tolerations").is_none());
+    }
+
+    #[test]
+    fn bad_placement_says_what_to_fix() {
+        assert!(parse_node_selector("role").unwrap_err().contains("KEY=VALUE"));
+        assert!(parse_node_selector("Bad Key=x").unwrap_err().contains("not a label key"));
+        assert!(parse_node_selector("role=-x").unwrap_err().contains("not a label value"));
+        assert_eq!(parse_node_selector("role=").unwrap(), ("role".into(), String::new()));
+        assert!(parse_toleration("effect=NoSchedule").unwrap_err().contains("give a key"));
+        assert!(parse_toleration("key=a,effect=Sometimes").unwrap_err().contains("NoSchedule, PreferNoSchedule or NoExecute"));
+        assert!(parse_toleration("key=a,operator=Exists,value=x").unwrap_err().contains("takes no value"));
+        assert!(parse_toleration("key=a,tolerationSeconds=30,effect=NoSchedule").unwrap_err().contains("NoExecute only"));
+        assert!(parse_toleration("key=a,colour=blue").unwrap_err().contains("unknown field `colour`"));
+        assert!(parse_toleration("key=a,key=b").unwrap_err().contains("given twice"));
+        assert_eq!(parse_toleration("operator=Exists").unwrap(), json!({"operator": "Exists"}));
+        assert_eq!(parse_toleration("key=a,value=b,effect=NoExecute,tolerationSeconds=30").unwrap(),
+            json!({"key": "a", "value": "b", "effect": "NoExecute", "tolerationSeconds": 30}));
     }
 
     #[test]

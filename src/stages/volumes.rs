@@ -216,13 +216,18 @@ fn new_token() -> Result<String, std::io::Error> {
     Ok(crate::store::hex(&bytes))
 }
 
-/// The Job running a mover on `claim`, mounted at [`MOUNT_PATH`].
+/// The Job running a mover on `claim`, mounted at [`MOUNT_PATH`], placed
+/// like the control plane (`placement`: the HostedCluster's nodeSelector
+/// and tolerations, [`crate::hosted::HostedCluster::control_plane_placement`]):
+/// where the cluster keeps nodes for control planes, its claims are
+/// reachable from there, and a node the control plane may not use may not
+/// be one hcp-dr should use either.
 /// The token is in the pod's environment, not a Secret: creating Secrets in
 /// every control-plane namespace would let a backup's service account mint
 /// service-account tokens there. It is single-use, lives as long as the Job,
 /// and is seen only by who may read the Jobs and pods of that namespace.
-pub fn mover_job(name: &str, namespace: &str, claim: &str, image: &str, token: &str, labels: &Value, deadline: Duration) -> Value {
-    json!({
+pub fn mover_job(name: &str, namespace: &str, claim: &str, image: &str, token: &str, labels: &Value, placement: &Value, deadline: Duration) -> Value {
+    let mut job = json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -248,7 +253,11 @@ pub fn mover_job(name: &str, namespace: &str, claim: &str, image: &str, token: &
                 },
             },
         },
-    })
+    });
+    for (field, value) in placement.as_object().into_iter().flatten() {
+        job["spec"]["template"]["spec"][field] = value.clone();
+    }
+    job
 }
 
 /// Create `obj` (a built-in kind) unless an object of that name exists
@@ -370,6 +379,7 @@ pub async fn start_mover(
     claim: &str,
     image: &str,
     labels: &Value,
+    placement: &Value,
     access: EtcdAccess,
     timeout: Duration,
 ) -> Result<(MoverClient, Option<LocalForward>), StageFailure> {
@@ -377,7 +387,7 @@ pub async fn start_mover(
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     // a Job left by an interrupted run has another token: it goes first
     remove_mover(client, ns, name, None).await?;
-    let job: Job = serde_json::from_value(mover_job(name, ns, claim, image, &token, labels, Duration::from_secs(24 * 3600)))
+    let job: Job = serde_json::from_value(mover_job(name, ns, claim, image, &token, labels, placement, Duration::from_secs(24 * 3600)))
         .map_err(|e| KubeError::Invalid(format!("Job {ns}/{name}: {e}")))?;
     let what = format!("the Job {ns}/{name} an interrupted run left to be deleted");
     wait_for(&what, timeout, EVERY, || async {
@@ -418,7 +428,9 @@ impl VolumeCopy {
             },
         });
         create(&pvcs, claim, &format!("PersistentVolumeClaim {ns}/{name}"), ctx.inputs.wait_timeout()).await?;
-        let (mover, _forward) = start_mover(&ctx.client, ns, &name, &name, &mover_image(ctx), &labels(ctx), ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
+        let hc = crate::stages::etcd_ops::health::hosted_cluster(&ctx.client, &ctx.inputs.namespace, &ctx.inputs.hosted_cluster).await?;
+        let placement = hc.control_plane_placement();
+        let (mover, _forward) = start_mover(&ctx.client, ns, &name, &name, &mover_image(ctx), &labels(ctx), &placement, ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
         let key = ctx.inputs.layout().artifact(&artifact_name(&volume.name));
         let body = mover.archive().await?;
         let put = match ctx.artifact_store().put(&key, body).await {

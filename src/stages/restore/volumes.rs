@@ -158,7 +158,12 @@ impl VolumeRestore {
             step.record(serde_json::to_value(&*done)?)?;
         }
         let name = mover_name(ctx, index);
-        let (mover, _forward) = start_mover(&ctx.client, ns, &name, &claim_name, &default_mover_image(ctx.inputs.mover_image.as_deref()), &labels(ctx), ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
+        // placed as the restored control plane will be
+        let placement = match ctx.objects.as_deref() {
+            Some(objects) => super::preflight::hosted_cluster(objects)?.control_plane_placement(),
+            None => serde_json::json!({}),
+        };
+        let (mover, _forward) = start_mover(&ctx.client, ns, &name, &claim_name, &default_mover_image(ctx.inputs.mover_image.as_deref()), &labels(ctx), &placement, ctx.inputs.etcd_access, ctx.inputs.wait_timeout()).await?;
         let key = ctx.inputs.layout().artifact(&v.artifact);
         let body = ctx.store.get(&key).await?;
         let (body, want_size, want_sha) = super::verify::plaintext_of(ctx, manifest, &v.artifact, &key, body).await?;
