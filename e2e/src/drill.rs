@@ -585,6 +585,11 @@ pub async fn run_create(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec)
         .arg("--kubeconfig")
         .arg(&sandbox.clusters[0].kubeconfig)
         .args(["--wait", "3m"]);
+    if sandbox.clusters[0].api.controllers() == crate::operator::Controllers::Cluster {
+        // its control plane (and hcp-dr's movers) on the sandbox's Node
+        let key = crate::operator::kubelet::NODE_LABEL;
+        cmd.args(["--node-selector", &format!("{key}=true"), "--toleration", &format!("key={key},operator=Exists,effect=NoSchedule")]);
+    }
     run_json("cluster create", bin, &mut cmd).await
 }
 

@@ -27,6 +27,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::operator::Controllers;
 use crate::sandbox::{SandboxError, api_for};
 
 /// How long one cluster may take to answer the first request.
@@ -69,6 +70,37 @@ pub struct Footprint {
     pub preexisting_namespaces: BTreeSet<String>,
     /// HostedClusters (`ns/name`) that existed at `up`: never removed.
     pub preexisting_hosted_clusters: BTreeSet<String>,
+    /// Who runs the controller-manager's controllers there.
+    #[serde(default)]
+    pub controllers: Controllers,
+    /// Other cluster-scoped objects the sandbox created (`Kind/name`: the
+    /// PriorityClasses of HyperShift's control planes and the StorageClass
+    /// the sandbox provisions, where the cluster's own controllers run).
+    #[serde(default)]
+    pub installed_objects: Vec<String>,
+}
+
+/// The cluster-scoped objects a real API server needs before the pods of a
+/// hosted control plane can be created and their claims bound, as the
+/// HyperShift operator's install and a CSI driver's give them: the
+/// PriorityClasses the control-plane pods name (the Priority admission
+/// plugin refuses a pod naming a class that does not exist; installed on
+/// every cluster) and the sandbox's own StorageClass (where the cluster's
+/// binder runs; not the default: the cluster's stays so).
+pub fn cluster_objects() -> Vec<Value> {
+    let priority = |name: &str, value: i64, what: &str| {
+        json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+            "value": value, "globalDefault": false, "description": what})
+    };
+    vec![
+        priority("hypershift-etcd", 100002000, "etcd pods of hosted control planes (installed by hcp-dr-sandbox)"),
+        priority("hypershift-api-critical", 100001000, "API servers of hosted control planes (installed by hcp-dr-sandbox)"),
+        priority("hypershift-control-plane", 100000000, "hosted control plane pods (installed by hcp-dr-sandbox)"),
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": crate::operator::workloads::LOCAL_CLASS},
+            "provisioner": crate::operator::workloads::LOCAL_PROVISIONER, "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate"}),
+    ]
 }
 
 fn refused(text: String) -> SandboxError {
@@ -241,16 +273,6 @@ pub async fn check(cluster: &External, force: bool, demo_ns: &str, demo_name: &s
         }
         tracing::warn!(cluster = %cluster.url, deployment = %found, "a HyperShift operator runs there: going on because of --force");
     }
-    if let Some(holder) = running_controller_manager(cluster).await? {
-        if !force {
-            return Err(refused(format!(
-                "{} ({}) runs a kube-controller-manager ({holder}): its Deployment, ReplicaSet and pod garbage-collection controllers would act on the pods the sandbox's simulated controllers create for each hosted control plane; running beside it is not supported yet, so use a cluster without one (such as `hcp-dr-sandbox apiserver`), or --force to try anyway",
-                cluster.url,
-                cluster.kubeconfig.display()
-            )));
-        }
-        tracing::warn!(cluster = %cluster.url, %holder, "a kube-controller-manager runs there: going on because of --force");
-    }
     let hc = hosted_clusters(&cluster.client, Some(demo_ns));
     match hc.get_opt(demo_name).await {
         Ok(Some(_)) => Err(refused(format!(
@@ -263,6 +285,29 @@ pub async fn check(cluster: &External, force: bool, demo_ns: &str, demo_name: &s
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("looking for HostedCluster {demo_ns}/{demo_name} on {}", cluster.url))(e)),
     }
+}
+
+/// Who runs the controller-manager's controllers on `cluster`: `wanted`
+/// when given (`--controllers`), else [`Controllers::Cluster`] when a
+/// kube-controller-manager runs there ([`running_controller_manager`]).
+pub async fn controllers(cluster: &External, wanted: Option<Controllers>) -> Result<Controllers, SandboxError> {
+    let running = running_controller_manager(cluster).await?;
+    let chosen = match (wanted, &running) {
+        (Some(w), _) => w,
+        (None, Some(_)) => Controllers::Cluster,
+        (None, None) => Controllers::Sandbox,
+    };
+    match (&running, chosen) {
+        (Some(holder), Controllers::Cluster) => {
+            tracing::info!(cluster = %cluster.url, %holder, "a kube-controller-manager runs there: the sandbox is a kubelet with its own Node")
+        }
+        (Some(holder), Controllers::Sandbox) => tracing::warn!(cluster = %cluster.url, %holder,
+            "a kube-controller-manager runs there, yet --controllers sandbox: the sandbox's controllers will make pods beside it"),
+        (None, Controllers::Cluster) => tracing::warn!(cluster = %cluster.url,
+            "--controllers cluster, yet no kube-controller-manager Lease is renewed there: Deployments and StatefulSets will get no pods"),
+        (None, Controllers::Sandbox) => {}
+    }
+    Ok(chosen)
 }
 
 /// How recently a controller-manager's leader Lease must have been renewed
@@ -325,8 +370,32 @@ pub fn crds_in(paths: &[PathBuf]) -> Result<Vec<Value>, SandboxError> {
 
 /// Record what `cluster` holds, then create each CRD of `crds` it lacks and
 /// wait until every one is Established. A CRD already there is left as it is.
-pub async fn prepare(cluster: &External, crds: &[Value]) -> Result<Footprint, SandboxError> {
-    let mut footprint = Footprint::default();
+pub async fn prepare(
+    cluster: &External,
+    crds: &[Value],
+    controllers: Controllers,
+    webhook: Option<&crate::conversion_webhook::ConversionWebhook>,
+) -> Result<Footprint, SandboxError> {
+    let mut footprint = Footprint { controllers, ..Footprint::default() };
+    {
+        let needed = cluster_objects()
+            .into_iter()
+            .filter(|o| controllers == Controllers::Cluster || o["kind"] == "PriorityClass");
+        for obj in needed {
+            let api = api_for(&cluster.client, &obj);
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+            if api.get_opt(&name).await.map_err(kube_err(format!("reading {kind} {name} on {}", cluster.url)))?.is_some() {
+                continue;
+            }
+            let dynamic: DynamicObject = serde_json::from_value(obj.clone())
+                .map_err(|e| kube_err(format!("{kind} {name}"))(kube::Error::SerdeError(e)))?;
+            api.create(&PostParams { field_manager: Some("hcp-dr-sandbox".into()), ..Default::default() }, &dynamic)
+                .await
+                .map_err(kube_err(format!("creating {kind} {name} on {}", cluster.url)))?;
+            footprint.installed_objects.push(format!("{kind}/{name}"));
+        }
+    }
     let namespaces = Api::<Namespace>::all(cluster.client.clone())
         .list(&ListParams::default())
         .await
@@ -343,7 +412,11 @@ pub async fn prepare(cluster: &External, crds: &[Value]) -> Result<Footprint, Sa
         {
             continue;
         }
-        let crd: CustomResourceDefinition = serde_json::from_value(doc.clone())
+        let mut doc = doc.clone();
+        if let Some(webhook) = webhook.filter(|_| crate::conversion_webhook::converts(&doc)) {
+            doc["spec"]["conversion"] = webhook.conversion();
+        }
+        let crd: CustomResourceDefinition = serde_json::from_value(doc)
             .map_err(|e| kube_err(format!("reading CRD {name}"))(kube::Error::SerdeError(e)))?;
         api.create(&PostParams { field_manager: Some("hcp-dr-sandbox".into()), ..Default::default() }, &crd)
             .await
@@ -466,6 +539,24 @@ pub async fn remove(client: &kube::Client, url: &str, footprint: &Footprint) -> 
             Ok(_) => removal.removed.push(format!("CustomResourceDefinition {name}")),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(kube_err(format!("deleting CRD {name} on {url}"))(e)),
+        }
+    }
+    // 4. the other cluster-scoped objects it installed
+    for object in &footprint.installed_objects {
+        let Some((kind, name)) = object.split_once('/') else { continue };
+        let api_version = match kind {
+            "PriorityClass" => "scheduling.k8s.io/v1",
+            "StorageClass" => "storage.k8s.io/v1",
+            other => {
+                removal.left.push(format!("{other} {name} (a kind this version of the sandbox does not remove)"));
+                continue;
+            }
+        };
+        let api = api_for(client, &json!({"apiVersion": api_version, "kind": kind}));
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => removal.removed.push(format!("{kind} {name}")),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("deleting {kind} {name} on {url}"))(e)),
         }
     }
     wait_gone(&format!("the CRDs the sandbox installed on {url}"), start, || async {

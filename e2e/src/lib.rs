@@ -7,6 +7,7 @@ pub mod procs;
 pub mod operator;
 pub mod sandbox;
 pub mod external;
+pub mod conversion_webhook;
 pub mod drill;
 pub mod disaster;
 pub mod faults_file;

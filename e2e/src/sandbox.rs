@@ -18,7 +18,7 @@ use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::external::{External, Footprint, Removal};
 use crate::operator::agent::INFRAENV_LABEL;
 pub use crate::operator::snapshots::{SANDBOX_CSI_DRIVER, SANDBOX_SNAPSHOT_CLASS, SANDBOX_STORAGE_CLASS};
-use crate::operator::{OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
+use crate::operator::{Controllers, OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
 use crate::procs::etcd::EtcdProcess;
@@ -160,6 +160,14 @@ impl ClusterApi {
             ClusterApi::External { cluster, .. } => Ok(cluster.client.clone()),
         }
     }
+
+    /// Who runs the controller-manager's controllers there.
+    pub fn controllers(&self) -> Controllers {
+        match self {
+            ClusterApi::Emulated(_) => Controllers::Sandbox,
+            ClusterApi::External { footprint, .. } => footprint.controllers,
+        }
+    }
 }
 
 /// One management cluster: emulated on its own etcd, or external.
@@ -196,6 +204,9 @@ pub struct Sandbox {
     pub crds: PathBuf,
     /// Management clusters stopped by [`Sandbox::lose`].
     pub lost: Vec<LostCluster>,
+    /// The Cluster API conversion webhook of the CRDs installed on existing
+    /// clusters ([`crate::conversion_webhook`]).
+    pub conversion_webhook: Option<crate::conversion_webhook::ConversionWebhook>,
 }
 
 /// Write `text` to `path`, readable by its owner only (kubeconfigs, env).
@@ -367,13 +378,13 @@ async fn start_cluster(common: &Common<'_>, name: &str, etcd: &EtcdProcess, port
         source,
     })?;
     install_storage(&client).await?;
-    let operator = start_operator(common, name, client).await?;
+    let operator = start_operator(common, name, client, Controllers::Sandbox).await?;
     Ok((api, operator))
 }
 
 /// The simulated HyperShift operator (with its kubelet, controller-manager
 /// and external-dns) for management cluster `name`, on `DIR/<name>/state`.
-async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -> Result<Operator, SandboxError> {
+async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client, controllers: Controllers) -> Result<Operator, SandboxError> {
     Operator::start(OperatorConfig {
         kubeconfig_client: client,
         cluster_name: name.to_string(),
@@ -396,6 +407,7 @@ async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client) -
             secret_key: common.s3.secret_key().to_string(),
             ca_pem: common.ca.cert_pem().to_string(),
         }),
+        controllers,
     })
     .await
     .map_err(|source| SandboxError::Operator {
@@ -412,11 +424,19 @@ pub struct UpOptions {
     pub mgmt_kubeconfigs: Vec<PathBuf>,
     /// Go on where a HyperShift operator already runs.
     pub force: bool,
+    /// Who runs Deployments, StatefulSets, Jobs, garbage collection and
+    /// PVC protection on the clusters of `mgmt_kubeconfigs`; `None`: the
+    /// cluster's kube-controller-manager where one runs (its leader Lease
+    /// is renewed), else the sandbox.
+    pub controllers: Option<Controllers>,
+    /// Where the API servers of `mgmt_kubeconfigs` reach this machine, for
+    /// the Cluster API conversion webhook; `None`: 127.0.0.1.
+    pub webhook_address: Option<IpAddr>,
 }
 
 /// Connect to and check every cluster of `opts` before anything is created:
 /// reachable, distinct, permitted, no HyperShift operator, no demo.
-async fn external_clusters(opts: &UpOptions) -> Result<Vec<External>, SandboxError> {
+async fn external_clusters(opts: &UpOptions) -> Result<Vec<(External, Controllers)>, SandboxError> {
     if opts.mgmt_kubeconfigs.len() > CLUSTERS.len() {
         return Err(SandboxError::Refused(format!(
             "--mgmt-kubeconfig given {} times: the sandbox has {} management clusters ({}); give one or two",
@@ -431,10 +451,13 @@ async fn external_clusters(opts: &UpOptions) -> Result<Vec<External>, SandboxErr
     }
     crate::external::check_distinct(&clusters)?;
     let demo = HostedClusterSpec::demo();
-    for cluster in &clusters {
-        crate::external::check(cluster, opts.force, &demo.namespace, &demo.name).await?;
+    let mut checked = Vec::new();
+    for cluster in clusters {
+        crate::external::check(&cluster, opts.force, &demo.namespace, &demo.name).await?;
+        let controllers = crate::external::controllers(&cluster, opts.controllers).await?;
+        checked.push((cluster, controllers));
     }
-    Ok(clusters)
+    Ok(checked)
 }
 
 /// The CRDs an external cluster needs: those of `crds` (HyperShift, Cluster
@@ -484,6 +507,10 @@ impl Sandbox {
         let route53 = Route53Endpoint::start(&r53_dir).await?;
         let zone_id = route53.create_hosted_zone(BASE_DOMAIN).await?;
 
+        let conversion_webhook = match opts.mgmt_kubeconfigs.is_empty() {
+            true => None,
+            false => Some(crate::conversion_webhook::ConversionWebhook::start(&ca, opts.webhook_address).await?),
+        };
         let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id, s3: &s3 };
         let mut clusters = Vec::new();
         for name in CLUSTERS {
@@ -491,11 +518,12 @@ impl Sandbox {
             std::fs::create_dir_all(&cluster_dir).map_err(io_err(&cluster_dir))?;
             let kubeconfig = dir.join(format!("{name}.kubeconfig"));
             let cluster = match externals.next() {
-                Some(external) => {
-                    let footprint = crate::external::prepare(&external, &external_crds(&crds)?).await?;
+                Some((external, controllers)) => {
+                    let footprint = crate::external::prepare(&external, &external_crds(&crds)?, controllers, conversion_webhook.as_ref()).await?;
                     copy_kubeconfig(&external.kubeconfig, &kubeconfig)?;
-                    let operator = start_operator(&common, name, external.client.clone()).await?;
-                    tracing::info!(cluster = name, server = %external.url, installed = ?footprint.installed_crds, "using an existing API server");
+                    let operator = start_operator(&common, name, external.client.clone(), controllers).await?;
+                    tracing::info!(cluster = name, server = %external.url, installed = ?footprint.installed_crds,
+                        objects = ?footprint.installed_objects, controllers = controllers.as_str(), "using an existing API server");
                     ManagementCluster {
                         name: name.to_string(),
                         etcd: None,
@@ -528,6 +556,7 @@ impl Sandbox {
             zone_id,
             crds,
             lost: Vec::new(),
+            conversion_webhook,
         };
         sandbox.write_files()?;
         Ok(sandbox)
@@ -787,7 +816,9 @@ impl Sandbox {
                 let removal = crate::external::remove(&external.client, &external.url, footprint).await;
                 cleanup.add(&cluster.name, &external.url, removal);
             }
-            cluster.operator.shutdown().await;
+            if let Some(node) = cluster.operator.shutdown().await {
+                cleanup.lines.push(format!("  removed {node}"));
+            }
             if let ClusterApi::Emulated(api) = cluster.api {
                 api.shutdown().await;
             }
@@ -988,14 +1019,16 @@ pub async fn create_all(client: &kube::Client, objects: &[Value]) -> Result<(), 
     Ok(())
 }
 
-/// The storage an emulated management cluster has, as installing a CSI
-/// driver gives a real one: the default StorageClass [`SANDBOX_STORAGE_CLASS`]
+/// The PriorityClasses of HyperShift's control planes (as its install
+/// creates them), and the storage an emulated management cluster has, as
+/// installing a CSI driver gives a real one: the default StorageClass [`SANDBOX_STORAGE_CLASS`]
 /// and the default VolumeSnapshotClass [`SANDBOX_SNAPSHOT_CLASS`] of the
 /// sandbox's CSI driver [`SANDBOX_CSI_DRIVER`], which the simulated operator
 /// provisions and snapshots (see [`crate::operator::snapshots`]). Existing
 /// ones are left as they are; without the VolumeSnapshot CRDs the snapshot
 /// class is skipped, with a warning.
 pub async fn install_storage(client: &kube::Client) -> Result<(), SandboxError> {
+    install_priority_classes(client).await?;
     for obj in crate::operator::snapshots::storage_objects() {
         match create_all(client, std::slice::from_ref(&obj)).await {
             Err(SandboxError::Kube { source: kube::Error::Api(status), .. })
@@ -1007,6 +1040,13 @@ pub async fn install_storage(client: &kube::Client) -> Result<(), SandboxError> 
         }
     }
     Ok(())
+}
+
+/// The PriorityClasses the control-plane pods name, as HyperShift's install
+/// creates them (existing ones are left as they are).
+pub async fn install_priority_classes(client: &kube::Client) -> Result<(), SandboxError> {
+    let priority: Vec<Value> = crate::external::cluster_objects().into_iter().filter(|o| o["kind"] == "PriorityClass").collect();
+    create_all(client, &priority).await
 }
 
 /// How long [`guest_volume_on`] waits for the hosted cluster's infraID and

@@ -37,7 +37,7 @@ async fn the_drill_runs_on_two_existing_api_servers_and_leaves_them_as_it_found_
     let namespaces_before = (a.names("namespaces"), b.names("namespaces"));
     assert!(a.names("crd").is_empty(), "an existing cluster of this test starts without CRDs");
 
-    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], force: false };
+    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], force: false, ..Default::default() };
     let bin = Path::new(env!("CARGO_BIN_EXE_hcp-dr"));
     let report = hcp_dr_e2e::drill::run_with(&tmp.path().join("sb"), bin, &opts).await.expect("drill on the existing clusters");
 
@@ -127,7 +127,40 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     std::fs::write(&lease, lease_json.to_string()).unwrap();
     let out = a.kubectl(&["create", "-f", lease.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    refused(&["--mgmt-kubeconfig", ka], "runs a kube-controller-manager (Lease kube-system/kube-controller-manager held by control-plane_0b1c");
+    // no longer refused: the sandbox becomes a kubelet there (its Node,
+    // tainted, with a Lease; the PriorityClasses and StorageClass a real
+    // cluster needs), and down removes all of it
+    let namespaces_before = a.names("namespaces");
+    let kubelet_dir = tmp.path().join("sb-kubelet");
+    let kd = kubelet_dir.to_str().unwrap();
+    let out = sandbox(&["up", "--dir", kd, "--detach", "--mgmt-kubeconfig", ka]);
+    assert!(out.status.success(), "{}", text(&out));
+    let down = support::existing::Down(kubelet_dir.clone());
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(kubelet_dir.join("sandbox.json")).unwrap()).unwrap();
+    assert_eq!(state["clusters"][0]["external"]["footprint"]["controllers"], "cluster", "{state:#}");
+    let out = a.kubectl(&["get", "node", "mgmt-a-control-plane-0", "-o", "json"]);
+    assert!(out.status.success(), "the sandbox registered its Node: {}", text(&out));
+    let node: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(node["metadata"]["labels"]["sandbox.hcp-dr.io/kubelet"], "true", "{node:#}");
+    assert_eq!(node["spec"]["taints"][0]["key"], "sandbox.hcp-dr.io/kubelet", "{node:#}");
+    let ready = node["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "{node:#}");
+    let out = a.kubectl(&["get", "lease", "mgmt-a-control-plane-0", "-n", "kube-node-lease", "-o", "jsonpath={.spec.holderIdentity}"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mgmt-a-control-plane-0", "{}", text(&out));
+    for object in ["priorityclass/hypershift-etcd", "priorityclass/hypershift-api-critical", "storageclass/sandbox-local"] {
+        let out = a.kubectl(&["get", object, "-o", "name"]);
+        assert!(out.status.success(), "{object}: {}", text(&out));
+    }
+    let out = sandbox(&["down", "--dir", kd]);
+    drop(down);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    for removed in ["removed Node mgmt-a-control-plane-0", "removed PriorityClass hypershift-etcd", "removed StorageClass sandbox-local"] {
+        assert!(said.contains(removed), "{removed}: {said}");
+    }
+    for kind in ["nodes", "priorityclasses", "storageclasses", "crd"] {
+        assert!(a.names(kind).is_empty(), "{kind} left: {said}");
+    }
+    assert_eq!(a.names("namespaces"), namespaces_before, "{said}");
     let out = a.kubectl(&["delete", "lease", "kube-controller-manager", "-n", "kube-system"]);
     assert!(out.status.success(), "{}", text(&out));
 
@@ -182,7 +215,7 @@ async fn every_command_runs_on_existing_clusters() {
     let tmp = tempfile::tempdir().unwrap();
     let a = ExistingCluster::start(tmp.path(), "ext-a");
     let b = ExistingCluster::start(tmp.path(), "ext-b");
-    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], force: false };
+    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], force: false, ..Default::default() };
     let env = support::env_with("HighlyAvailable", &opts).await;
     let endpoint = env.sandbox.s3.https_url().to_string();
     let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
@@ -227,12 +260,12 @@ async fn every_command_runs_on_existing_clusters() {
     // cluster reconcile of a second, small cluster on mgmt-a: created, then no drift
     let pull = tmp.path().join("pull-secret.json");
     std::fs::write(&pull, r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#).unwrap();
-    let out = env.hcp_dr(
-        &["cluster", "create", "--name", "recon", "--release-image", "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64",
-          "--pull-secret", pull.to_str().unwrap(), "--availability", "SingleReplica", "--node-pool-replicas", "1",
-          "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--render", "-o", "json"],
-        &[],
-    );
+    let placement = env.placement_args();
+    let mut args = vec!["cluster", "create", "--name", "recon", "--release-image", "quay.io/openshift-release-dev/ocp-release:4.16.10-x86_64",
+        "--pull-secret", pull.to_str().unwrap(), "--availability", "SingleReplica", "--node-pool-replicas", "1",
+        "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--render", "-o", "json"];
+    args.extend(placement.iter().map(String::as_str));
+    let out = env.hcp_dr(&args, &[]);
     assert!(out.status.success(), "render: {}", text(&out));
     let objects: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let desired = tmp.path().join("desired.yaml");

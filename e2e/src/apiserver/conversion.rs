@@ -12,7 +12,7 @@
 
 use serde_json::{Map, Value, json};
 
-const CAPI: &str = "cluster.x-k8s.io";
+pub const CAPI: &str = "cluster.x-k8s.io";
 /// Where CAPI keeps what a conversion could not represent.
 pub const CONVERSION_DATA: &str = "cluster.x-k8s.io/conversion-data";
 

@@ -164,6 +164,31 @@ pub(crate) fn apply(
     Ok(())
 }
 
+/// The QoS class the API server gives a pod at creation (`GetPodQOS`):
+/// `BestEffort` without any cpu or memory request or limit, `Guaranteed`
+/// when every container limits both and requests what it limits,
+/// `Burstable` otherwise.
+pub(crate) fn pod_qos_class(spec: &Value) -> &'static str {
+    let containers: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|list| spec.get(*list).and_then(Value::as_array).into_iter().flatten())
+        .collect();
+    let get = |c: &Value, kind: &str, res: &str| c.pointer(&format!("/resources/{kind}/{res}")).filter(|v| !v.is_null()).cloned();
+    let any = containers.iter().any(|c| {
+        ["cpu", "memory"].iter().any(|r| get(c, "requests", r).is_some() || get(c, "limits", r).is_some())
+    });
+    if !any {
+        return "BestEffort";
+    }
+    let guaranteed = containers.iter().all(|c| {
+        ["cpu", "memory"].iter().all(|r| match get(c, "limits", r) {
+            Some(limit) => get(c, "requests", r).is_none_or(|req| req == limit),
+            None => false,
+        })
+    });
+    if guaranteed { "Guaranteed" } else { "Burstable" }
+}
+
 /// `SetDefaults_Job` (batch/v1): completions and parallelism 1 when both are
 /// unset, backoffLimit 6, the other knobs' defaults, and the Job's labels
 /// from its template's when it has none.

@@ -454,6 +454,52 @@ impl Inner {
         }
     }
 
+    /// The `Priority` admission plugin: a pod's `spec.priorityClassName`
+    /// must name a PriorityClass (the two `system-*-critical` classes a real
+    /// API server creates at start are built in here), whose value becomes
+    /// `spec.priority` (with its `preemptionPolicy`); without a name, the
+    /// global default class's, else 0. A pod that sets another priority
+    /// itself is refused, as upstream.
+    async fn admit_priority(&self, pod: &mut Value, name: &str) -> Result<(), ApiError> {
+        const BUILT_IN: [(&str, i64); 2] = [("system-node-critical", 2_000_001_000), ("system-cluster-critical", 2_000_000_000)];
+        let prefix = self.registry().get("scheduling.k8s.io", "v1", "priorityclasses").map(|rt| self.store.collection_prefix(&rt, None));
+        let classes = match prefix {
+            Some(prefix) => self.store.list_all(&prefix).await.map_err(store_err)?.items,
+            None => Vec::new(),
+        };
+        let wanted = pod.pointer("/spec/priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
+        let (value, policy) = if wanted.is_empty() {
+            match classes.iter().find(|c| c.obj.get("globalDefault") == Some(&json!(true))) {
+                Some(c) => (c.obj["value"].as_i64().unwrap_or(0), c.obj["preemptionPolicy"].as_str().map(str::to_string)),
+                None => (0, None),
+            }
+        } else if let Some((_, v)) = BUILT_IN.iter().find(|(n, _)| *n == wanted) {
+            (*v, None)
+        } else {
+            match classes.iter().find(|c| meta_str(&c.obj, "name") == wanted) {
+                Some(c) => (c.obj["value"].as_i64().unwrap_or(0), c.obj["preemptionPolicy"].as_str().map(str::to_string)),
+                None => {
+                    return Err(ApiError::forbidden(format!(
+                        "pods \"{name}\" is forbidden: no PriorityClass with name {wanted} was found"
+                    )));
+                }
+            }
+        };
+        if let Some(given) = pod.pointer("/spec/priority").and_then(Value::as_i64)
+            && given != value
+        {
+            return Err(ApiError::forbidden(format!(
+                "pods \"{name}\" is forbidden: the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {value} from the given PriorityClass name"
+            )));
+        }
+        if !pod.get("spec").is_some_and(Value::is_object) {
+            pod["spec"] = json!({});
+        }
+        pod["spec"]["priority"] = json!(value);
+        pod["spec"]["preemptionPolicy"] = json!(policy.unwrap_or_else(|| "PreemptLowerPriority".into()));
+        Ok(())
+    }
+
     /// The `DefaultStorageClass` admission plugin: a claim created without
     /// `spec.storageClassName` (absent or null; `""` asks for no class) gets
     /// the default StorageClass, the newest when several are marked
@@ -678,6 +724,9 @@ impl Inner {
             if rt.group.is_empty() && rt.kind == "PersistentVolumeClaim" {
                 self.default_storage_class(&mut obj).await?;
             }
+            if rt.group.is_empty() && rt.kind == "Pod" {
+                self.admit_priority(&mut obj, &name).await?;
+            }
             let errs = validation::validate_builtin(&rt.kind, &obj);
             if !errs.is_empty() {
                 return Err(ApiError::invalid(&rt.group, &rt.kind, &name, &errs));
@@ -690,7 +739,11 @@ impl Inner {
         {
             o.remove("status");
             match rt.kind.as_str() {
-                "Pod" | "PersistentVolumeClaim" | "PersistentVolume" => {
+                "Pod" => {
+                    let qos = defaults::pod_qos_class(o.get("spec").unwrap_or(&Value::Null));
+                    o.insert("status".into(), json!({"phase": "Pending", "qosClass": qos}));
+                }
+                "PersistentVolumeClaim" | "PersistentVolume" => {
                     o.insert("status".into(), json!({"phase": "Pending"}));
                 }
                 "Namespace" => {
@@ -1039,6 +1092,15 @@ impl Inner {
             return Err(ApiError::invalid(&rt.group, &rt.kind, name, &label_errs));
         }
         if rt.is_builtin() {
+            if sub == Sub::Status && rt.kind == "Pod" {
+                // ValidatePodStatusUpdate: the QoS class is the server's, set at creation
+                let (was, now) = (old.pointer("/status/qosClass"), new.pointer("/status/qosClass"));
+                if was.is_some() && was != now {
+                    let shown = now.map(Value::to_string).unwrap_or_else(|| "\"\"".into());
+                    let err = field_error(FieldErrorKind::Invalid, "status.qosClass", format!("Invalid value: {shown}: field is immutable"));
+                    return Err(ApiError::invalid(&rt.group, &rt.kind, name, &[err]));
+                }
+            }
             if sub == Sub::Main {
                 // allocated values survive an update that omits them (Service clusterIP)
                 let old_ip = old

@@ -46,10 +46,15 @@ pub struct FieldConflict {
 // RFC 7386
 // ---------------------------------------------------------------------------
 
-/// RFC 7386 JSON merge patch, applied in place.
+/// RFC 7386 JSON merge patch, applied in place, as the API server applies
+/// it (evanphx/json-patch): a value that replaces the target's (an array,
+/// a scalar, an object where there was none) has its nested `null` members
+/// pruned, arrays included, so `{"list": [{"a": null}]}` writes `[{}]`.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(patch_map) = patch else {
-        *target = patch.clone();
+        let mut value = patch.clone();
+        prune_nulls(&mut value);
+        *target = value;
         return;
     };
     if !target.is_object() {
@@ -65,6 +70,19 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
             let entry = target_map.entry(key.clone()).or_insert(Value::Null);
             merge_patch(entry, value);
         }
+    }
+}
+
+/// evanphx/json-patch's `pruneNulls`: object members that are `null` are
+/// removed, recursively, through arrays too (a `null` array element stays).
+fn prune_nulls(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(prune_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(prune_nulls),
+        _ => {}
     }
 }
 
@@ -1185,6 +1203,11 @@ mod tests {
         let mut doc = json!("x");
         merge_patch(&mut doc, &json!({"a": {"b": null, "c": 1}}));
         assert_eq!(doc, json!({"a": {"c": 1}}));
+        // as a real API server: nulls inside a replaced array are pruned
+        // (a required, nullable field cannot be written by a merge patch)
+        let mut doc = json!({"history": [{"completionTime": "t"}]});
+        merge_patch(&mut doc, &json!({"history": [{"state": "Partial", "completionTime": null}, null]}));
+        assert_eq!(doc, json!({"history": [{"state": "Partial"}, null]}));
     }
 
     #[test]

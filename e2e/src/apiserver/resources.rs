@@ -281,6 +281,17 @@ const BUILTINS: &[Builtin] = &[
         true,
     ),
     b(
+        "scheduling.k8s.io",
+        "v1",
+        "priorityclasses",
+        "PriorityClass",
+        false,
+        &["pc"],
+        false,
+        false,
+        false,
+    ),
+    b(
         "coordination.k8s.io",
         "v1",
         "leases",

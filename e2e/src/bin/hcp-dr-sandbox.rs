@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use hcp_dr_e2e::apiserver::faults::{self, ApiFaults, FaultKind};
 use hcp_dr_e2e::procs::s3_faults::{self, S3FaultKind, S3Faults};
+use hcp_dr_e2e::operator::Controllers;
 use hcp_dr_e2e::sandbox::{Sandbox, SandboxError, SandboxState, UpOptions};
 
 #[derive(Parser)]
@@ -136,16 +137,61 @@ struct ExistingClusters {
     /// what it created when it stops.
     #[arg(long = "mgmt-kubeconfig", value_name = "KUBECONFIG")]
     mgmt_kubeconfig: Vec<PathBuf>,
-    /// Use a cluster anyway that runs a HyperShift operator or a
-    /// kube-controller-manager (kind, k3s): the simulated controllers may
-    /// fight it.
+    /// Use a cluster anyway that runs a HyperShift operator: the simulated
+    /// operator may fight it.
     #[arg(long, requires = "mgmt_kubeconfig")]
     force: bool,
+    /// Who runs Deployments, StatefulSets, Jobs, garbage collection and PVC
+    /// protection there: `cluster`, its own kube-controller-manager and
+    /// scheduler (the sandbox registers a Node and is its kubelet: kind,
+    /// k3s, a real cluster); `sandbox`, the sandbox's controllers (an API
+    /// server alone, such as `hcp-dr-sandbox apiserver`); `auto`: `cluster`
+    /// where a kube-controller-manager's leader Lease is renewed.
+    #[arg(long, value_enum, default_value_t = ControllersArg::Auto, requires = "mgmt_kubeconfig")]
+    controllers: ControllersArg,
+    /// The address of this machine the clusters' API servers reach, where
+    /// the sandbox serves the Cluster API conversion webhook of the CRDs it
+    /// installs [default: 127.0.0.1]. kind runs its API server in a
+    /// container: give the kind network's gateway (`docker network inspect
+    /// kind`, e.g. 172.18.0.1).
+    #[arg(long, value_name = "IP", requires = "mgmt_kubeconfig")]
+    webhook_address: Option<std::net::IpAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+enum ControllersArg {
+    #[default]
+    Auto,
+    Sandbox,
+    Cluster,
+}
+
+impl ControllersArg {
+    fn chosen(self) -> Option<Controllers> {
+        match self {
+            ControllersArg::Auto => None,
+            ControllersArg::Sandbox => Some(Controllers::Sandbox),
+            ControllersArg::Cluster => Some(Controllers::Cluster),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ControllersArg::Auto => "auto",
+            ControllersArg::Sandbox => "sandbox",
+            ControllersArg::Cluster => "cluster",
+        }
+    }
 }
 
 impl ExistingClusters {
     fn options(&self) -> UpOptions {
-        UpOptions { mgmt_kubeconfigs: self.mgmt_kubeconfig.clone(), force: self.force }
+        UpOptions {
+            mgmt_kubeconfigs: self.mgmt_kubeconfig.clone(),
+            force: self.force,
+            controllers: self.controllers.chosen(),
+            webhook_address: self.webhook_address,
+        }
     }
 
     /// The flags again, for the process `up --detach` starts.
@@ -157,6 +203,14 @@ impl ExistingClusters {
         }
         if self.force {
             args.push("--force".into());
+        }
+        if !self.mgmt_kubeconfig.is_empty() {
+            args.push("--controllers".into());
+            args.push(self.controllers.as_str().into());
+        }
+        if let Some(address) = self.webhook_address {
+            args.push("--webhook-address".into());
+            args.push(address.to_string().into());
         }
         args
     }

@@ -67,7 +67,7 @@ pub(crate) fn is_supervised(ctx: &Ctx, uid: &str) -> bool {
 
 /// One pass: start supervisors for new etcd pods, stop those of deleted pods.
 pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
-    let pods = ctx.kube.list(&POD, None, None).await?;
+    let pods = ctx.pods_here(ctx.kube.list(&POD, None, None).await?);
     let etcd_pods: Vec<&Value> = pods.iter().filter(|p| is_etcd_pod(p)).collect();
     let live: std::collections::HashMap<&str, &Value> = etcd_pods
         .iter()

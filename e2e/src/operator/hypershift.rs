@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use super::etcd_member::{ca_from_pair, load_signer};
 use super::objects::{
     self, AGENT_MACHINE, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE,
-    MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE,
+    MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE, SERVICE_ACCOUNT,
     STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
 use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer, remove_finalizers};
@@ -226,6 +226,12 @@ async fn reconcile(ctx: &Ctx, hc: &Value, nps: &[Value]) -> Result<(), OperatorE
     ensure_etcd_pki(ctx, &hcp_ns, &hcp).await?;
     ensure_services(ctx, &hcp_ns, &hcp).await?;
     let ha = is_highly_available(hc);
+    if ctx.cluster_controllers() && !super::kubelet::selects_sandbox_node(hc.pointer("/spec/nodeSelector")) {
+        log_failure("hypershift", &format!("{}/{}", ns_of(hc), name_of(hc)), &OperatorError::Invalid {
+            what: format!("placement: spec.nodeSelector does not select the sandbox's Node ({}=true): this control plane's pods go to the cluster's own nodes, where no etcd runs; give the HostedCluster the sandbox's nodeSelector and toleration (docs/sandbox.md)",
+                super::kubelet::NODE_LABEL),
+        });
+    }
     ensure_etcd_statefulset(ctx, hc, &hcp_ns, &hcp, ha).await?;
     ensure_deployments(ctx, hc, &hcp_ns, &hcp, ha).await?;
     super::publishing::ensure_published(ctx, hc, &hcp_ns, &hcp).await?;
@@ -528,7 +534,40 @@ async fn ensure_services(ctx: &Ctx, ns: &str, hcp: &Value) -> Result<(), Operato
     for svc in services {
         ctx.kube.create_if_absent(&SERVICE, Some(ns), svc).await?;
     }
+    // the etcd pods' service account: a real API server refuses a pod
+    // whose serviceAccountName does not exist
+    let account = json!({"metadata": {"name": "etcd", "namespace": ns, "ownerReferences": owner}});
+    ctx.kube.create_if_absent(&SERVICE_ACCOUNT, Some(ns), account).await?;
     Ok(())
+}
+
+/// Where a HostedCluster's control-plane pods go, as HyperShift renders it:
+/// `spec.nodeSelector` as the pods' nodeSelector and `spec.tolerations`
+/// after the control-plane tolerations, on `obj`'s pod template (set when
+/// the object is created).
+pub fn place(obj: &mut Value, hc: &Value) {
+    let Some(spec) = obj.pointer_mut("/spec/template/spec") else {
+        return;
+    };
+    if let Some(selector) = hc.pointer("/spec/nodeSelector").filter(|s| s.as_object().is_some_and(|m| !m.is_empty())) {
+        spec["nodeSelector"] = selector.clone();
+    }
+    if let Some(extra) = hc.pointer("/spec/tolerations").and_then(Value::as_array) {
+        let mut all = spec.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+        all.extend(extra.iter().cloned());
+        spec["tolerations"] = json!(all);
+    }
+}
+
+/// The etcd claims' StorageClass: the HostedCluster's
+/// `spec.etcd.managed.storage.persistentVolume.storageClassName`, else the
+/// cluster's default, except where the sandbox provisions for a real
+/// controller-manager ([`super::Controllers::Cluster`]): its own
+/// `sandbox-local`, never the cluster's default class.
+fn etcd_storage_class(ctx: &Ctx, hc: &Value) -> Option<String> {
+    str_at(hc, "/spec/etcd/managed/storage/persistentVolume/storageClassName")
+        .map(str::to_string)
+        .or_else(|| ctx.cluster_controllers().then(|| super::workloads::LOCAL_CLASS.to_string()))
 }
 
 fn control_plane_labels(component: &str, ns: &str) -> Value {
@@ -735,14 +774,12 @@ async fn ensure_etcd_statefulset(
 ) -> Result<(), OperatorError> {
     let replicas = if ha { 3 } else { 1 };
     let image = str_at(hc, "/spec/release/image").unwrap_or("");
-    ensure_scaled(
-        ctx,
-        &STATEFULSET,
-        ns,
-        etcd_statefulset(ns, hcp, replicas, image),
-        replicas,
-    )
-    .await
+    let mut sts = etcd_statefulset(ns, hcp, replicas, image);
+    place(&mut sts, hc);
+    if let Some(class) = etcd_storage_class(ctx, hc) {
+        sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] = json!(class);
+    }
+    ensure_scaled(ctx, &STATEFULSET, ns, sts, replicas).await
 }
 
 async fn ensure_deployments(
@@ -755,11 +792,13 @@ async fn ensure_deployments(
     let image = str_at(hc, "/spec/release/image").unwrap_or("");
     for (component, ha_replicas, single) in DEPLOYMENTS {
         let replicas = if ha { *ha_replicas } else { *single };
+        let mut deployment = control_plane_deployment(ns, hcp, component, replicas, image);
+        place(&mut deployment, hc);
         ensure_scaled(
             ctx,
             &DEPLOYMENT,
             ns,
-            control_plane_deployment(ns, hcp, component, replicas, image),
+            deployment,
             replicas,
         )
         .await?;
@@ -1167,15 +1206,26 @@ async fn update_status(
         ],
         "kubeconfig": {"name": format!("{name}-admin-kubeconfig")},
         "controlPlaneEndpoint": ep,
-        "version": {
-            "desired": {"image": image, "version": version},
-            "history": [{"state": state, "image": image, "version": version, "startedTime": started,
-                "completionTime": completion, "verified": false}],
-            "observedGeneration": hc.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
-            "availableUpdates": [],
-        },
     });
     patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, objects::observed(status, hc)).await?;
+    // `completionTime` is required and nullable: a merge patch's null would
+    // delete it, so the version is written by a PUT of the status
+    let version_status = json!({
+        "desired": {"image": image, "version": version},
+        "history": [{"state": state, "image": image, "version": version, "startedTime": started,
+            "completionTime": completion, "verified": false}],
+        "observedGeneration": hc.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+        "availableUpdates": [],
+    });
+    let current = hc.pointer("/status/version").cloned().unwrap_or(Value::Null);
+    if !super::workloads::status_subset(&version_status, &current) || current.pointer("/history/0/completionTime").is_none() {
+        // as read just now: the conditions patched above are kept
+        let Some(mut fresh) = ctx.kube.get(&HOSTED_CLUSTER, Some(ns_of(hc)), name_of(hc)).await? else {
+            return Ok(());
+        };
+        fresh["status"]["version"] = version_status;
+        ctx.kube.replace_status(&HOSTED_CLUSTER, &fresh).await?;
+    }
     let hcp_status = json!({
         "initialized": etcd_ok,
         "ready": available,

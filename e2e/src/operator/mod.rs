@@ -27,6 +27,12 @@
 //! - [`jobs`]: the Job controller (one pod at a time).
 //! - [`volume_mover`]: the "kubelet" for hcp-dr's volume-mover pods, run as
 //!   local processes of the real hcp-dr binary.
+//! - [`kubelet`]: on a cluster whose own kube-controller-manager runs
+//!   ([`Controllers::Cluster`]), the sandbox's Node, its Lease and the
+//!   admission of the pods scheduled to it; the controllers above then only
+//!   run the pods on that Node and provision volumes, and leave Deployments,
+//!   StatefulSets, Jobs, garbage collection and PVC protection to the
+//!   cluster.
 
 pub mod agent;
 pub mod cloud;
@@ -35,6 +41,7 @@ pub mod external_dns;
 pub mod hosted_api;
 pub mod hypershift;
 pub mod jobs;
+pub mod kubelet;
 pub mod kubevirt;
 pub mod oidc;
 pub mod publishing;
@@ -50,6 +57,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use crate::pki::Ca;
@@ -67,6 +75,32 @@ pub struct Route53Config {
     pub region: String,
     /// The zone's domain: external-dns's domain filter.
     pub domain: String,
+}
+
+/// Who runs the controller-manager's controllers on a management cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Controllers {
+    /// The sandbox: the emulator, or a cluster without a
+    /// kube-controller-manager. Deployments, StatefulSets and Jobs become
+    /// pods here, claims are bound here, and every pod runs on the virtual
+    /// node (no Node object, no scheduler).
+    #[default]
+    Sandbox,
+    /// The cluster's own kube-controller-manager and scheduler: the sandbox
+    /// registers a Node (tainted, see [`kubelet`]) and is the kubelet of
+    /// the pods scheduled to it, and the provisioner of its StorageClasses
+    /// (PersistentVolume objects, bound by the cluster's binder).
+    Cluster,
+}
+
+impl Controllers {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Controllers::Sandbox => "sandbox",
+            Controllers::Cluster => "cluster",
+        }
+    }
 }
 
 /// Everything the operator needs.
@@ -98,6 +132,8 @@ pub struct OperatorConfig {
     /// (`--oidc-storage-provider-s3-bucket-name`), where the issuer documents
     /// of AWS hosted clusters go ([`oidc`]); `None`: none are published.
     pub oidc: Option<OidcConfig>,
+    /// Whether the cluster's own controller-manager runs ([`Controllers`]).
+    pub controllers: Controllers,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -108,6 +144,7 @@ impl std::fmt::Debug for OperatorConfig {
             .field("sandbox_id", &self.sandbox_id)
             .field("route53", &self.route53)
             .field("oidc", &self.oidc)
+            .field("controllers", &self.controllers)
             .finish_non_exhaustive()
     }
 }
@@ -233,6 +270,26 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// Whether the cluster's own controller-manager runs.
+    pub fn cluster_controllers(&self) -> bool {
+        self.cfg.controllers == Controllers::Cluster
+    }
+
+    /// Whether this sandbox is the kubelet of `pod`: it is bound to the
+    /// sandbox's node, or (no scheduler: [`Controllers::Sandbox`]) to none.
+    /// Pods on the cluster's other nodes are their kubelets' business.
+    pub fn runs_here(&self, pod: &Value) -> bool {
+        match objects::str_at(pod, "/spec/nodeName").filter(|n| !n.is_empty()) {
+            Some(node) => node == workloads::virtual_node(self),
+            None => !self.cluster_controllers(),
+        }
+    }
+
+    /// `pods`, less those another kubelet runs ([`Ctx::runs_here`]).
+    pub fn pods_here(&self, pods: Vec<Value>) -> Vec<Value> {
+        pods.into_iter().filter(|p| self.runs_here(p)).collect()
+    }
+
     pub fn hosted_api_up(&self, key: &str) -> bool {
         self.hosted_up
             .lock()
@@ -349,7 +406,6 @@ impl Operator {
                 ctx.clone(),
                 snapshots::sync,
             ),
-            spawn_loop("job-controller", Duration::from_millis(400), ctx.clone(), jobs::sync),
             spawn_loop("kubevirt", Duration::from_millis(500), ctx.clone(), kubevirt::sync),
             spawn_loop(
                 "volume-mover-kubelet",
@@ -358,6 +414,12 @@ impl Operator {
                 volume_mover::sync,
             ),
         ];
+        if ctx.cluster_controllers() {
+            kubelet::register(&ctx).await?;
+            tasks.push(spawn_loop("node-heartbeat", kubelet::HEARTBEAT, ctx.clone(), kubelet::heartbeat));
+        } else {
+            tasks.push(spawn_loop("job-controller", Duration::from_millis(400), ctx.clone(), jobs::sync));
+        }
         if let Some(r53) = ctx.cfg.route53.clone() {
             let dns = Arc::new(external_dns::ExternalDns::new(&r53));
             tasks.push(spawn_loop(
@@ -374,8 +436,9 @@ impl Operator {
     }
 
     /// Stop every controller, then the hosted API servers, then kill the etcd
-    /// members and the volume movers.
-    pub async fn shutdown(self) {
+    /// members and the volume movers; on a cluster with its own controllers,
+    /// remove the sandbox's Node (returned as `Node <name>` once removed).
+    pub async fn shutdown(self) -> Option<String> {
         for t in &self.tasks {
             t.abort();
         }
@@ -385,5 +448,9 @@ impl Operator {
         hosted_api::stop_all(&self.ctx).await;
         etcd_member::stop_all(&self.ctx).await;
         volume_mover::stop_all(&self.ctx).await;
+        if self.ctx.cluster_controllers() {
+            return kubelet::deregister(&self.ctx).await;
+        }
+        None
     }
 }

@@ -64,11 +64,16 @@ pub(crate) const PVC: Res = Res::new("", "v1", "PersistentVolumeClaim", "persist
 pub(crate) const SECRET: Res = Res::new("", "v1", "Secret", "secrets");
 pub(crate) const CONFIGMAP: Res = Res::new("", "v1", "ConfigMap", "configmaps");
 pub(crate) const SERVICE: Res = Res::new("", "v1", "Service", "services");
+pub(crate) const SERVICE_ACCOUNT: Res = Res::new("", "v1", "ServiceAccount", "serviceaccounts");
 pub(crate) const DEPLOYMENT: Res = Res::new("apps", "v1", "Deployment", "deployments");
 pub(crate) const STATEFULSET: Res = Res::new("apps", "v1", "StatefulSet", "statefulsets");
 pub(crate) const ROUTE: Res = Res::new("route.openshift.io", "v1", "Route", "routes");
 pub(crate) const EVENT: Res = Res::new("", "v1", "Event", "events");
 pub(crate) const JOB: Res = Res::new("batch", "v1", "Job", "jobs");
+pub(crate) const PV: Res = Res {
+    namespaced: false,
+    ..Res::new("", "v1", "PersistentVolume", "persistentvolumes")
+};
 pub(crate) const STORAGE_CLASS: Res = Res {
     namespaced: false,
     ..Res::new("storage.k8s.io", "v1", "StorageClass", "storageclasses")
@@ -351,6 +356,21 @@ impl Kube {
                 res.kind,
                 ns.unwrap_or("")
             )))?;
+        Ok(to_value(out))
+    }
+
+    /// PUT of the `status` subresource with `obj` as read (its
+    /// resourceVersion guards it: 409 if it changed). Unlike a merge patch,
+    /// it can write an explicit `null` (a required, nullable field).
+    pub async fn replace_status(&self, res: &Res, obj: &Value) -> Result<Value, OperatorError> {
+        let (ns, name) = (ns_of(obj), name_of(obj));
+        let ns = (!ns.is_empty()).then_some(ns);
+        let body = from_value(res, obj.clone())?;
+        let out = self
+            .api(res, ns)
+            .replace_status(name, &PostParams::default(), &body)
+            .await
+            .map_err(kube_err(format!("replacing status of {} {}/{name}", res.kind, ns.unwrap_or(""))))?;
         Ok(to_value(out))
     }
 

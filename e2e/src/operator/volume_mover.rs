@@ -93,7 +93,7 @@ struct Prepared {
 
 /// One pass: start new mover pods, stop deleted ones.
 pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
-    let pods: Vec<Value> = ctx.kube.list(&POD, None, None).await?.into_iter().filter(is_mover_pod).collect();
+    let pods: Vec<Value> = ctx.pods_here(ctx.kube.list(&POD, None, None).await?).into_iter().filter(is_mover_pod).collect();
     let starting: Vec<&Value> = {
         let Ok(mut running) = ctx.movers.lock() else {
             return Ok(());

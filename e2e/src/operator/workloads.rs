@@ -10,6 +10,13 @@
 //! one), from a VolumeSnapshot or a claim when `spec.dataSource(Ref)` names
 //! one (the new directory starts as a copy of its data).
 //!
+//! Where the cluster's own kube-controller-manager runs
+//! ([`super::Controllers::Cluster`]) only the kubelet and provisioner parts
+//! run here: the pods on the sandbox's Node ([`super::kubelet`]) and the
+//! claims of the sandbox's classes, provisioned as PersistentVolume objects
+//! pre-bound to the claim, which the cluster's binder binds; Deployments,
+//! StatefulSets, garbage collection and PVC protection are the cluster's.
+//!
 //! Differences from a real cluster: Deployments own their pods directly (no
 //! ReplicaSets); there is no scheduler or node (pods get `spec.nodeName` of a
 //! virtual node); rolling updates are not simulated (a template change does not
@@ -26,7 +33,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::objects::{
-    self, DEPLOYMENT, POD, PVC, Res, STATEFULSET, STORAGE_CLASS, controller_of, is_deleting, name_of,
+    self, DEPLOYMENT, POD, PV, PVC, Res, STATEFULSET, STORAGE_CLASS, controller_of, is_deleting, name_of,
     ns_of, owner_ref, str_at, uid_of,
 };
 use super::snapshots::SANDBOX_CSI_DRIVER;
@@ -41,7 +48,7 @@ pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 /// `sandbox-local` a StatefulSet's claims get): a local volume, no snapshots.
 pub const LOCAL_PROVISIONER: &str = "sandbox.hcp-dr.io/local";
 /// The class name of the StatefulSet claims the sandbox binds at creation.
-const LOCAL_CLASS: &str = "sandbox-local";
+pub const LOCAL_CLASS: &str = "sandbox-local";
 
 /// Whether a pod's containers are run by the etcd "kubelet" (a real etcd
 /// process) rather than marked running here.
@@ -118,7 +125,19 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
     };
     release_storage(&ctx, &world).await;
     bind_claims(&ctx, &world, &statefulsets).await;
-    super::restore_pod::sync(&ctx, &world.pods).await;
+    let here: Vec<Value> = world.pods.iter().filter(|p| ctx.runs_here(p)).cloned().collect();
+    super::restore_pod::sync(&ctx, &here).await;
+    if ctx.cluster_controllers() {
+        // the cluster's controllers made the pods; this is their kubelet
+        // (a pod admitted in this pass runs in the next, with its address)
+        super::kubelet::admit(&ctx, &here, &world.pvcs).await;
+        for pod in here.iter().filter(|p| str_at(p, "/status/podIP").is_some()) {
+            if let Err(e) = run_plain_pod(&ctx, pod).await {
+                log_failure("kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
+            }
+        }
+        return Ok(());
+    }
     for d in &deployments {
         if let Err(e) = sync_deployment(&ctx, d, &world).await {
             log_failure("deployment", &format!("{}/{}", ns_of(d), name_of(d)), &e);
@@ -129,7 +148,7 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
             log_failure("statefulset", &format!("{}/{}", ns_of(s), name_of(s)), &e);
         }
     }
-    for pod in &world.pods {
+    for pod in &here {
         if let Err(e) = run_plain_pod(&ctx, pod).await {
             log_failure("kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
         }
@@ -144,7 +163,7 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
 async fn release_storage(ctx: &Ctx, world: &World) {
     // Pods being deleted gracefully: the containers are stopped (the etcd
     // kubelet kills its processes when the pod is marked), so confirm.
-    for pod in world.pods.iter().filter(|p| is_deleting(p)) {
+    for pod in world.pods.iter().filter(|p| is_deleting(p) && ctx.runs_here(p)) {
         if is_etcd_pod(pod) && super::etcd_member::is_supervised(ctx, uid_of(pod)) {
             continue;
         }
@@ -152,8 +171,9 @@ async fn release_storage(ctx: &Ctx, world: &World) {
             log_failure("kubelet", name_of(pod), &e);
         }
     }
-    // PVC protection: release deleted claims once no pod mounts them.
-    for pvc in world.pvcs.iter().filter(|p| is_deleting(p)) {
+    // PVC protection (the cluster's own controller does it when it runs):
+    // release deleted claims once no pod mounts them.
+    for pvc in world.pvcs.iter().filter(|p| is_deleting(p) && !ctx.cluster_controllers()) {
         let in_use = world
             .pods
             .iter()
@@ -161,6 +181,9 @@ async fn release_storage(ctx: &Ctx, world: &World) {
         if !in_use && let Err(e) = remove_finalizer(ctx, &PVC, pvc, PVC_PROTECTION).await {
             log_failure("pvc-protection", name_of(pvc), &e);
         }
+    }
+    if ctx.cluster_controllers() {
+        delete_released_volumes(ctx, &world.pvcs).await;
     }
     // Data of PVCs that no longer exist.
     let pv_root = ctx.cfg.state_dir.join("pv");
@@ -241,12 +264,25 @@ async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
                 }
                 Err(None) => return Ok(()),
             };
-            let ip = alloc_pod_ip(spec.as_ref().unwrap_or(&Value::Null))?.to_string();
+            let recorded = str_at(pvc, &format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1")));
+            let ip = match recorded {
+                Some(ip) => ip.to_string(),
+                None => alloc_pod_ip(spec.as_ref().unwrap_or(&Value::Null))?.to_string(),
+            };
             // the volume (and its data) first: a Bound claim has its directory
             let (state_dir, claim) = (ctx.cfg.state_dir.clone(), pvc.clone());
-            tokio::task::spawn_blocking(move || provision_pv_dir(&state_dir, &claim, source.as_deref()))
+            let dir = tokio::task::spawn_blocking(move || provision_pv_dir(&state_dir, &claim, source.as_deref()))
                 .await
                 .map_err(|e| OperatorError::Invalid { what: format!("provisioning task: {e}") })??;
+            if ctx.cluster_controllers() {
+                // an external provisioner's part: the volume, pre-bound to
+                // the claim; the cluster's binder binds the claim to it
+                let patch = json!({"metadata": {"annotations": {POD_IP_ANNOTATION: ip.clone()}}});
+                ctx.kube.merge(&PVC, Some(ns_of(pvc)), name_of(pvc), &patch).await?;
+                ctx.kube.create_if_absent(&PV, None, persistent_volume(ctx, pvc, provisioner, &dir)).await?;
+                tracing::info!(namespace = ns_of(pvc), pvc = name_of(pvc), pod_ip = %ip, provisioner, "provisioned a volume for claim");
+                return Ok(());
+            }
             let patch = json!({
                 "metadata": {"annotations": {POD_IP_ANNOTATION: ip.clone(), "pv.kubernetes.io/bind-completed": "yes",
                     "pv.kubernetes.io/bound-by-controller": "yes",
@@ -271,6 +307,58 @@ async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
     }
 }
 
+/// The PersistentVolume a provisioner makes for `pvc`: named as the
+/// external provisioners name theirs, pre-bound by `claimRef` (uid
+/// included), its data the sandbox directory `dir` (a `hostPath`: no
+/// attach-detach, and no real kubelet ever mounts it).
+fn persistent_volume(ctx: &Ctx, pvc: &Value, provisioner: &str, dir: &Path) -> Value {
+    let capacity = pvc.pointer("/spec/resources/requests/storage").cloned().unwrap_or(json!("1Gi"));
+    let access = pvc.pointer("/spec/accessModes").cloned().unwrap_or(json!(["ReadWriteOnce"]));
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": format!("pvc-{}", uid_of(pvc)),
+            "labels": {"sandbox.hcp-dr.io/cluster": ctx.cfg.cluster_name},
+            "annotations": {PROVISIONED_BY: provisioner}},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "accessModes": access,
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": str_at(pvc, "/spec/storageClassName").unwrap_or_default(),
+            "volumeMode": str_at(pvc, "/spec/volumeMode").unwrap_or("Filesystem"),
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns_of(pvc),
+                "name": name_of(pvc), "uid": uid_of(pvc)},
+            "hostPath": {"path": dir.to_string_lossy(), "type": "Directory"},
+        },
+    })
+}
+
+/// The annotation naming the provisioner of a PersistentVolume.
+const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+
+/// The volumes this sandbox provisioned whose claim is gone (Released, or
+/// pre-bound to a claim uid that no longer exists): deleted, as an
+/// external provisioner does under the `Delete` reclaim policy.
+async fn delete_released_volumes(ctx: &Ctx, pvcs: &[Value]) {
+    let volumes = match ctx.kube.list(&PV, None, Some(&format!("sandbox.hcp-dr.io/cluster={}", ctx.cfg.cluster_name))).await {
+        Ok(v) => v,
+        Err(e) => return log_failure("provisioner", "persistentvolumes", &e),
+    };
+    for pv in volumes.iter().filter(|v| !is_deleting(v)) {
+        let ours = matches!(
+            str_at(pv, &format!("/metadata/annotations/{}", PROVISIONED_BY.replace('/', "~1"))),
+            Some(p) if p == LOCAL_PROVISIONER || p == SANDBOX_CSI_DRIVER
+        );
+        let claim_uid = str_at(pv, "/spec/claimRef/uid").unwrap_or_default();
+        let released = str_at(pv, "/status/phase") == Some("Released") || !pvcs.iter().any(|c| uid_of(c) == claim_uid);
+        if ours && released {
+            tracing::info!(volume = name_of(pv), "claim gone: deleting its volume");
+            if let Err(e) = ctx.kube.delete(&PV, None, name_of(pv)).await {
+                log_failure("provisioner", name_of(pv), &e);
+            }
+        }
+    }
+}
+
 /// The sandbox provisioner that provisions `pvc`, or None (with an Event
 /// when that is a failure): its class's provisioner when it is one of the
 /// sandbox's, the local one for a claim without a class.
@@ -281,6 +369,9 @@ async fn claim_provisioner<'a>(
     world: &World,
 ) -> Result<Option<&'a str>, OperatorError> {
     let class_name = match str_at(pvc, "/spec/storageClassName") {
+        // on a real cluster a claim without a class is the binder's (static
+        // volumes), not the sandbox's
+        None | Some("") if ctx.cluster_controllers() => return Ok(None),
         None | Some("") | Some(LOCAL_CLASS) => return Ok(Some(LOCAL_PROVISIONER)),
         Some(name) => name,
     };
@@ -507,7 +598,7 @@ pub(crate) fn running_status(pod: &Value, ip: &str, ready: bool) -> Value {
         .collect();
     json!({
         "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-        "startTime": start, "qosClass": "Burstable",
+        "startTime": start,
         "conditions": [
             objects::condition(prev, "PodScheduled", true, "", ""),
             objects::condition(prev, "Initialized", true, "", ""),

@@ -16,15 +16,33 @@ pub fn sandbox_bin() -> PathBuf {
     bin
 }
 
-/// One `hcp-dr-sandbox apiserver` process, killed on drop.
+/// One `hcp-dr-sandbox apiserver` process, killed on drop; or, when
+/// `HCP_DR_TEST_EXISTING` names a kubeconfig for this name
+/// (`ext-a=/abs/a.kubeconfig,ext-b=/abs/b.kubeconfig`), that cluster, used
+/// as it is and left running: to run these tests by hand against real API
+/// servers (k3s, a local kube-apiserver with its controller-manager and
+/// scheduler). CI never sets it. Tests needing `noaccess` cannot run so.
 pub struct ExistingCluster {
-    child: Child,
+    child: Option<Child>,
     pub kubeconfig: PathBuf,
     pub noaccess: PathBuf,
 }
 
+/// The kubeconfig `HCP_DR_TEST_EXISTING` gives for `name`, if any.
+fn given(name: &str) -> Option<PathBuf> {
+    let all = std::env::var("HCP_DR_TEST_EXISTING").ok()?;
+    all.split(',').find_map(|pair| {
+        let (n, path) = pair.split_once('=')?;
+        (n.trim() == name).then(|| PathBuf::from(path.trim()))
+    })
+}
+
 impl ExistingCluster {
     pub fn start(dir: &Path, name: &str) -> ExistingCluster {
+        if let Some(kubeconfig) = given(name) {
+            eprintln!("using the existing cluster {} as {name} (HCP_DR_TEST_EXISTING)", kubeconfig.display());
+            return ExistingCluster { child: None, kubeconfig, noaccess: dir.join("no-noaccess-kubeconfig-for-a-given-cluster") };
+        }
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
         let child = Command::new(sandbox_bin())
             .args(["apiserver", "--dir"])
@@ -35,13 +53,13 @@ impl ExistingCluster {
             .spawn()
             .expect("start hcp-dr-sandbox apiserver");
         let mut cluster = ExistingCluster {
-            child,
+            child: Some(child),
             kubeconfig: dir.join(format!("{name}.kubeconfig")),
             noaccess: dir.join(format!("{name}-noaccess.kubeconfig")),
         };
         let start = Instant::now();
         while !dir.join(format!("{name}.ready")).exists() {
-            if let Ok(Some(status)) = cluster.child.try_wait() {
+            if let Some(Ok(Some(status))) = cluster.child.as_mut().map(Child::try_wait) {
                 panic!("apiserver {name} exited ({status}): {}", std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default());
             }
             assert!(start.elapsed() < Duration::from_secs(60), "apiserver {name} not ready in 60 s");
@@ -69,16 +87,17 @@ impl ExistingCluster {
 
 impl Drop for ExistingCluster {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let Some(child) = self.child.as_mut() else { return };
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

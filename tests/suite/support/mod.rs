@@ -60,7 +60,16 @@ pub async fn env_of(spec: HostedClusterSpec, opts: &UpOptions) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let sandbox = Sandbox::up_with(&dir.path().join("sandbox"), opts).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    create_all(&mgmt, &spec.objects()).await.expect("create demo");
+    let mut objects = spec.objects();
+    if sandbox.clusters[0].api.controllers() == hcp_dr_e2e::operator::Controllers::Cluster {
+        // its control plane on the sandbox's Node (docs/sandbox.md)
+        let (selector, tolerations) = hcp_dr_e2e::operator::kubelet::placement();
+        for hc in objects.iter_mut().filter(|o| o["kind"] == "HostedCluster") {
+            hc["spec"]["nodeSelector"] = selector.clone();
+            hc["spec"]["tolerations"] = tolerations.clone();
+        }
+    }
+    create_all(&mgmt, &objects).await.expect("create demo");
     wait_available(&mgmt, &spec.namespace, &spec.name, Duration::from_secs(180))
         .await
         .expect("demo Available");
@@ -72,6 +81,16 @@ pub async fn env_of(spec: HostedClusterSpec, opts: &UpOptions) -> Env {
 }
 
 impl Env {
+    /// The `cluster create` flags that put a control plane on the sandbox's
+    /// Node, where mgmt-a's own controller-manager runs; none otherwise.
+    pub fn placement_args(&self) -> Vec<String> {
+        if self.sandbox.clusters[0].api.controllers() != hcp_dr_e2e::operator::Controllers::Cluster {
+            return Vec::new();
+        }
+        let key = hcp_dr_e2e::operator::kubelet::NODE_LABEL;
+        vec!["--node-selector".into(), format!("{key}=true"), "--toleration".into(), format!("key={key},operator=Exists,effect=NoSchedule")]
+    }
+
     /// The directory of a member's data: `<state>/pv/<hcp-ns>/data-<member>/data`.
     pub fn etcd_data_dir(&self, member: &str) -> PathBuf {
         let cluster = &self.sandbox.clusters[0];

@@ -86,6 +86,7 @@ impl Mgmt {
         .expect("management API emulator starts");
         let client = server.client().await.expect("management client");
         let sandbox_id = uuid::Uuid::new_v4().to_string();
+        hcp_dr_e2e::sandbox::install_priority_classes(&client).await.expect("HyperShift's PriorityClasses installed");
         let operator = Operator::start(OperatorConfig {
             kubeconfig_client: client.clone(),
             cluster_name: cluster.into(),
@@ -96,6 +97,7 @@ impl Mgmt {
             snapshot_ca_pem: None,
             cloud_dir: Some(dir.path().join("cloud")),
             oidc,
+            controllers: Default::default(),
         })
         .await
         .expect("operator starts");
