@@ -6,13 +6,20 @@
 //! [`check`]): it answers, the kubeconfig's user may do what the sandbox
 //! does (cluster-admin in practice; the missing permissions are listed),
 //! no HyperShift operator runs there (unless forced), and no HostedCluster
-//! is named like the demo. Then [`prepare`] records what is already there
-//! and installs the CRDs that are missing (HyperShift, Cluster API, and the
-//! platform CRDs: Route, Agent, BareMetalHost, ...);
-//! the simulated operator runs against the cluster as against an emulated
-//! one. At the end [`remove`] deletes only what the sandbox created: its
+//! is named like the demo; [`controllers`] says who runs the
+//! controller-manager's controllers there (the cluster's own where its
+//! kube-controller-manager renews its Lease: the sandbox is then a kubelet
+//! with a Node of its own, [`crate::operator::kubelet`]). Then [`prepare`]
+//! records what is already there and installs what is missing: the CRDs
+//! (HyperShift, Cluster API with the sandbox's conversion webhook, and the
+//! platform CRDs: Route, Agent, BareMetalHost, ...), HyperShift's
+//! PriorityClasses, and in that mode the sandbox's StorageClass; the
+//! simulated operator runs against the cluster as against an emulated one.
+//! At the end [`remove`] deletes only what the sandbox created: its
 //! HostedClusters (the operator, still running, tears each down), the
-//! namespaces created since `up` that held them, and the CRDs it installed;
+//! namespaces created since `up` that held them, and the CRDs and other
+//! cluster-scoped objects it installed (its Node goes when its operator
+//! stops);
 //! anything that existed before `up` is left, and so is a namespace another
 //! client created meanwhile.
 
