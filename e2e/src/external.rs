@@ -110,6 +110,23 @@ pub fn cluster_objects() -> Vec<Value> {
     ]
 }
 
+/// The sandbox's CSI driver's StorageClass and VolumeSnapshotClass (KubeVirt
+/// guest volumes), as on an emulated cluster but not the cluster's default
+/// StorageClass: the existing cluster's default stays so.
+pub fn csi_objects() -> Vec<Value> {
+    crate::operator::snapshots::storage_objects()
+        .into_iter()
+        .map(|mut o| {
+            if o["kind"] == "StorageClass"
+                && let Some(annotations) = o["metadata"]["annotations"].as_object_mut()
+            {
+                annotations.clear();
+            }
+            o
+        })
+        .collect()
+}
+
 fn refused(text: String) -> SandboxError {
     SandboxError::Refused(text)
 }
@@ -384,25 +401,6 @@ pub async fn prepare(
     webhook: Option<&crate::conversion_webhook::ConversionWebhook>,
 ) -> Result<Footprint, SandboxError> {
     let mut footprint = Footprint { controllers, ..Footprint::default() };
-    {
-        let needed = cluster_objects()
-            .into_iter()
-            .filter(|o| controllers == Controllers::Cluster || o["kind"] == "PriorityClass");
-        for obj in needed {
-            let api = api_for(&cluster.client, &obj);
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            let kind = obj["kind"].as_str().unwrap_or_default().to_string();
-            if api.get_opt(&name).await.map_err(kube_err(format!("reading {kind} {name} on {}", cluster.url)))?.is_some() {
-                continue;
-            }
-            let dynamic: DynamicObject = serde_json::from_value(obj.clone())
-                .map_err(|e| kube_err(format!("{kind} {name}"))(kube::Error::SerdeError(e)))?;
-            api.create(&PostParams { field_manager: Some("hcp-dr-sandbox".into()), ..Default::default() }, &dynamic)
-                .await
-                .map_err(kube_err(format!("creating {kind} {name} on {}", cluster.url)))?;
-            footprint.installed_objects.push(format!("{kind}/{name}"));
-        }
-    }
     let namespaces = Api::<Namespace>::all(cluster.client.clone())
         .list(&ListParams::default())
         .await
@@ -441,6 +439,27 @@ pub async fn prepare(
                     seconds: ESTABLISH_TIMEOUT.as_secs(),
                 });
             }
+        }
+    }
+    {
+        // after the CRDs: the VolumeSnapshotClass is one of theirs
+        let needed = cluster_objects()
+            .into_iter()
+            .filter(|o| controllers == Controllers::Cluster || o["kind"] == "PriorityClass")
+            .chain(csi_objects());
+        for obj in needed {
+            let api = api_for(&cluster.client, &obj);
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+            if api.get_opt(&name).await.map_err(kube_err(format!("reading {kind} {name} on {}", cluster.url)))?.is_some() {
+                continue;
+            }
+            let dynamic: DynamicObject = serde_json::from_value(obj.clone())
+                .map_err(|e| kube_err(format!("{kind} {name}"))(kube::Error::SerdeError(e)))?;
+            api.create(&PostParams { field_manager: Some("hcp-dr-sandbox".into()), ..Default::default() }, &dynamic)
+                .await
+                .map_err(kube_err(format!("creating {kind} {name} on {}", cluster.url)))?;
+            footprint.installed_objects.push(format!("{kind}/{name}"));
         }
     }
     Ok(footprint)
@@ -539,21 +558,14 @@ pub async fn remove(client: &kube::Client, url: &str, footprint: &Footprint) -> 
         Ok(any)
     })
     .await?;
-    // 3. the CRDs it installed
-    let crd_api = Api::<CustomResourceDefinition>::all(client.clone());
-    for name in &footprint.installed_crds {
-        match crd_api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => removal.removed.push(format!("CustomResourceDefinition {name}")),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(kube_err(format!("deleting CRD {name} on {url}"))(e)),
-        }
-    }
-    // 4. the other cluster-scoped objects it installed
+    // 3. the other cluster-scoped objects it installed (before the CRDs:
+    // a VolumeSnapshotClass goes with its CRD)
     for object in &footprint.installed_objects {
         let Some((kind, name)) = object.split_once('/') else { continue };
         let api_version = match kind {
             "PriorityClass" => "scheduling.k8s.io/v1",
             "StorageClass" => "storage.k8s.io/v1",
+            "VolumeSnapshotClass" => "snapshot.storage.k8s.io/v1",
             other => {
                 removal.left.push(format!("{other} {name} (a kind this version of the sandbox does not remove)"));
                 continue;
@@ -564,6 +576,15 @@ pub async fn remove(client: &kube::Client, url: &str, footprint: &Footprint) -> 
             Ok(_) => removal.removed.push(format!("{kind} {name}")),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(kube_err(format!("deleting {kind} {name} on {url}"))(e)),
+        }
+    }
+    // 4. the CRDs it installed
+    let crd_api = Api::<CustomResourceDefinition>::all(client.clone());
+    for name in &footprint.installed_crds {
+        match crd_api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => removal.removed.push(format!("CustomResourceDefinition {name}")),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(format!("deleting CRD {name} on {url}"))(e)),
         }
     }
     wait_gone(&format!("the CRDs the sandbox installed on {url}"), start, || async {

@@ -330,6 +330,7 @@ mod tests {
         let job = crate::stages::volumes::mover_job("m", "ns", "c", "img", "t", &json!({}), &hc.control_plane_placement(), std::time::Duration::from_secs(60));
         assert_eq!(job["spec"]["template"]["spec"]["nodeSelector"], json!({"role": "hcp"}));
         assert_eq!(job["spec"]["template"]["spec"]["tolerations"][0]["key"], "role");
+        assert_eq!(job["spec"]["template"]["spec"]["automountServiceAccountToken"], false);
         let bare = crate::stages::volumes::mover_job("m", "ns", "c", "img", "t", &json!({}), &json!({}), std::time::Duration::from_secs(60));
         assert!(bare["spec"]["template"]["spec"].get("nodeSelector").is_none());
     }

@@ -238,6 +238,8 @@ pub fn mover_job(name: &str, namespace: &str, claim: &str, image: &str, token: &
                 "metadata": {"labels": labels, "annotations": {MOVER_ANNOTATION: MOVER_PROTOCOL}},
                 "spec": {
                     "restartPolicy": "Never",
+                    // it never calls the API: no token mounted into a root container
+                    "automountServiceAccountToken": false,
                     "containers": [{
                         "name": "mover",
                         "image": image,

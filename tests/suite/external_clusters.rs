@@ -296,3 +296,45 @@ async fn every_command_runs_on_existing_clusters() {
     assert!(cleanup.contains("left Namespace hcp-dr"), "{cleanup}");
     assert!(a.names("crd").is_empty() && b.names("crd").is_empty(), "{cleanup}");
 }
+
+/// KubeVirt guest volumes on existing clusters: the sandbox's CSI classes
+/// are installed there, a backup copies a guest volume through hcp-dr's
+/// data-mover Job, and a migration writes it back on the other cluster.
+/// (With HCP_DR_TEST_EXISTING naming clusters whose own controller-manager
+/// runs, their Job controller and scheduler run the movers, placed on the
+/// sandbox's Node by the HostedCluster's nodeSelector and tolerations.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guest_volumes_move_between_existing_clusters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = ExistingCluster::start(tmp.path(), "ext-a");
+    let b = ExistingCluster::start(tmp.path(), "ext-b");
+    let opts = UpOptions { mgmt_kubeconfigs: vec![a.kubeconfig.clone(), b.kubeconfig.clone()], ..Default::default() };
+    let spec = hcp_dr_e2e::sandbox::HostedClusterSpec {
+        availability: "SingleReplica".into(),
+        node_pool_replicas: 1,
+        ..hcp_dr_e2e::sandbox::HostedClusterSpec::kubevirt()
+    };
+    let env = support::env_of(spec, &opts).await;
+    let state = |mgmt: &str| env.sandbox.dir.join(mgmt).join("state");
+    let (name, dir) = hcp_dr_e2e::sandbox::guest_volume_on(&env.mgmt, &state("mgmt-a"), "clusters", "demo", "1Gi").await.expect("a guest volume");
+    std::fs::write(dir.join("guest.txt"), "written in the guest on mgmt-a\n").unwrap();
+
+    let args = support::migrate_json_args(&env);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = env.hcp_dr(&args, &[]);
+    assert!(out.status.success(), "migrate:\n{}", text(&out));
+    let report = json_report(&out);
+    let ran: Vec<&str> = report["stages"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    for stage in ["volume-snapshot", "volume-copy", "volume-restore"] {
+        assert!(ran.contains(&stage), "{stage} did not run: {ran:?}");
+    }
+    let moved = hcp_dr_e2e::operator::workloads::pv_path(&state("mgmt-b"), "clusters-demo", &name).join("guest.txt");
+    assert_eq!(std::fs::read_to_string(&moved).unwrap_or_default(), "written in the guest on mgmt-a\n", "{}", moved.display());
+    let out = b.kubectl(&["get", "pvc", &name, "-n", "clusters-demo", "-o", "jsonpath={.status.phase} {.metadata.ownerReferences[0].kind}"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Bound DataVolume", "{}", text(&out));
+    // nothing of hcp-dr's movers is left on either cluster
+    for cluster in [&a, &b] {
+        let out = cluster.kubectl(&["get", "jobs,pods,pvc,volumesnapshots", "-A", "-l", "hcp-dr.openshift.io/backup-id", "-o", "name"]);
+        assert!(out.status.success() && out.stdout.is_empty(), "movers left: {}", text(&out));
+    }
+}

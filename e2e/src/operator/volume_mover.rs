@@ -196,6 +196,14 @@ async fn prepare(ctx: &Ctx, pod: &Value) -> Result<Result<Prepared, Wait>, Opera
             .pointer("/spec/volumes")
             .and_then(Value::as_array)
             .and_then(|vs| vs.iter().find(|v| str_at(v, "/name") == Some(volume)));
+        // the service-account token a real API server's ServiceAccount
+        // admission projects into a pod that does not opt out: the mover
+        // never reads it, so it is not mounted here
+        let token = spec.and_then(|v| v.pointer("/projected/sources")).and_then(Value::as_array)
+            .is_some_and(|sources| sources.iter().any(|s| s.get("serviceAccountToken").is_some()));
+        if token {
+            continue;
+        }
         let Some(claim) = spec.and_then(|v| str_at(v, "/persistentVolumeClaim/claimName")) else {
             return Ok(Err(container_waiting("CreateContainerError", format!(
                 "volume {volume}: the sandbox mounts only persistentVolumeClaim volumes in volume-mover pods"

@@ -78,6 +78,8 @@ pub fn restore_pod(plan: &RestorePlan, member: &PlannedMember, namespace: &str, 
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
     let mut spec = plan.scheduling.as_object().cloned().unwrap_or_default();
     spec.insert("restartPolicy".into(), json!("Never"));
+    // the script never calls the API: no service-account token mounted
+    spec.insert("automountServiceAccountToken".into(), json!(false));
     spec.insert("activeDeadlineSeconds".into(), json!(deadline.as_secs().max(60)));
     spec.insert(
         "containers".into(),
@@ -393,6 +395,7 @@ mod tests {
         assert_eq!(pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"], "data-etcd-1");
         assert_eq!(container["volumeMounts"][0]["mountPath"], "/var/lib");
         assert_eq!(pod["spec"]["restartPolicy"], "Never");
+        assert_eq!(pod["spec"]["automountServiceAccountToken"], false);
         assert_eq!(pod["spec"]["tolerations"][0]["key"], "hypershift.openshift.io/control-plane");
         // The URL is never in the spec.
         assert!(!pod.to_string().contains("X-Amz-Signature"));
