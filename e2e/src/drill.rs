@@ -587,8 +587,7 @@ pub async fn run_create(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec)
         .args(["--wait", "3m"]);
     if sandbox.clusters[0].api.controllers() == crate::operator::Controllers::Cluster {
         // its control plane (and hcp-dr's movers) on the sandbox's Node
-        let key = crate::operator::kubelet::NODE_LABEL;
-        cmd.args(["--node-selector", &format!("{key}=true"), "--toleration", &format!("key={key},operator=Exists,effect=NoSchedule")]);
+        cmd.args(crate::operator::kubelet::placement_args());
     }
     run_json("cluster create", bin, &mut cmd).await
 }

@@ -97,6 +97,10 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     refused(&["--mgmt-kubeconfig", dead.to_str().unwrap()], "does not answer");
     // not a kubeconfig
     refused(&["--mgmt-kubeconfig", tmp.path().join("absent").to_str().unwrap()], "not a readable kubeconfig");
+    // the mode and the webhook address: a value that is none, or given without a cluster
+    refused(&["--mgmt-kubeconfig", ka, "--controllers", "kubelet"], "invalid value 'kubelet' for '--controllers");
+    refused(&["--mgmt-kubeconfig", ka, "--webhook-address", "kind-gateway"], "invalid value 'kind-gateway' for '--webhook-address");
+    refused(&["--controllers", "cluster"], "--mgmt-kubeconfig");
     // a user without permissions: every missing one is named
     let out = sandbox(&["up", "--dir", d, "--mgmt-kubeconfig", a.noaccess.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -65,6 +65,16 @@ pub fn placement() -> (Value, Value) {
     )
 }
 
+/// [`placement`] as `hcp-dr cluster create` flags.
+pub fn placement_args() -> Vec<String> {
+    vec![
+        "--node-selector".into(),
+        format!("{NODE_LABEL}=true"),
+        "--toleration".into(),
+        format!("key={NODE_LABEL},operator=Exists,effect=NoSchedule"),
+    ]
+}
+
 /// Whether `selector` (a pod's or HostedCluster's nodeSelector) sends pods
 /// to the sandbox's Node.
 pub fn selects_sandbox_node(selector: Option<&Value>) -> bool {
@@ -234,6 +244,11 @@ mod tests {
         let (key, _) = NODE_TAINT.split_once('=').expect("key=value:effect");
         assert_eq!(tolerations[0]["key"], key);
         assert_eq!(tolerations[0]["effect"], "NoSchedule");
+        // the same placement as cluster create flags
+        assert_eq!(placement_args(), [
+            "--node-selector", "sandbox.hcp-dr.io/kubelet=true",
+            "--toleration", "key=sandbox.hcp-dr.io/kubelet,operator=Exists,effect=NoSchedule",
+        ]);
     }
 
     #[test]

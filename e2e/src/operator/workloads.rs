@@ -131,24 +131,20 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
         // the cluster's controllers made the pods; this is their kubelet
         // (a pod admitted in this pass runs in the next, with its address)
         super::kubelet::admit(&ctx, &here, &world.pvcs).await;
-        for pod in here.iter().filter(|p| str_at(p, "/status/podIP").is_some()) {
-            if let Err(e) = run_plain_pod(&ctx, pod).await {
-                log_failure("kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
+    } else {
+        for d in &deployments {
+            if let Err(e) = sync_deployment(&ctx, d, &world).await {
+                log_failure("deployment", &format!("{}/{}", ns_of(d), name_of(d)), &e);
             }
         }
-        return Ok(());
-    }
-    for d in &deployments {
-        if let Err(e) = sync_deployment(&ctx, d, &world).await {
-            log_failure("deployment", &format!("{}/{}", ns_of(d), name_of(d)), &e);
+        for s in &statefulsets {
+            if let Err(e) = sync_statefulset(&ctx, s, &world).await {
+                log_failure("statefulset", &format!("{}/{}", ns_of(s), name_of(s)), &e);
+            }
         }
     }
-    for s in &statefulsets {
-        if let Err(e) = sync_statefulset(&ctx, s, &world).await {
-            log_failure("statefulset", &format!("{}/{}", ns_of(s), name_of(s)), &e);
-        }
-    }
-    for pod in &here {
+    let started = |p: &&Value| !ctx.cluster_controllers() || str_at(p, "/status/podIP").is_some();
+    for pod in here.iter().filter(started) {
         if let Err(e) = run_plain_pod(&ctx, pod).await {
             log_failure("kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
         }

@@ -87,8 +87,7 @@ impl Env {
         if self.sandbox.clusters[0].api.controllers() != hcp_dr_e2e::operator::Controllers::Cluster {
             return Vec::new();
         }
-        let key = hcp_dr_e2e::operator::kubelet::NODE_LABEL;
-        vec!["--node-selector".into(), format!("{key}=true"), "--toleration".into(), format!("key={key},operator=Exists,effect=NoSchedule")]
+        hcp_dr_e2e::operator::kubelet::placement_args()
     }
 
     /// The directory of a member's data: `<state>/pv/<hcp-ns>/data-<member>/data`.
