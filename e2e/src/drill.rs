@@ -289,11 +289,12 @@ pub async fn run_with(dir: &Path, hcp_dr: &Path, opts: &UpOptions) -> Result<Dri
     let sandbox = timed(&mut steps, "sandbox up", async {
         let sandbox = Sandbox::up_with(dir, opts).await?;
         let detail = format!(
-            "mgmt-a {} / mgmt-b {}, S3 {}, Route53 {}",
+            "mgmt-a {} / mgmt-b {}, S3 {}, Route53 {}, HyperShift etcd-init {}",
             sandbox.clusters[0].api.url(),
             sandbox.clusters[1].api.url(),
             sandbox.s3.https_url(),
-            sandbox.route53.url()
+            sandbox.route53.url(),
+            sandbox.etcd_init
         );
         Ok((sandbox, detail))
     })

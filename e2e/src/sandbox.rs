@@ -18,7 +18,7 @@ use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use crate::external::{External, Footprint, Removal};
 use crate::operator::agent::INFRAENV_LABEL;
 pub use crate::operator::snapshots::{SANDBOX_CSI_DRIVER, SANDBOX_SNAPSHOT_CLASS, SANDBOX_STORAGE_CLASS};
-use crate::operator::{Controllers, OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
+use crate::operator::{Controllers, EtcdInit, OidcConfig, Operator, OperatorConfig, OperatorError, Route53Config};
 use crate::pki::{Ca, PkiError};
 use crate::procs::ProcError;
 use crate::procs::etcd::EtcdProcess;
@@ -102,6 +102,10 @@ pub struct SandboxState {
     pub route53_url: String,
     pub zone_id: String,
     pub crds: String,
+    /// The `etcd-init` the simulated HyperShift operators render (absent in
+    /// the state of an older sandbox: shipped).
+    #[serde(default)]
+    pub etcd_init: EtcdInit,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -207,6 +211,9 @@ pub struct Sandbox {
     /// The Cluster API conversion webhook of the CRDs installed on existing
     /// clusters ([`crate::conversion_webhook`]).
     pub conversion_webhook: Option<crate::conversion_webhook::ConversionWebhook>,
+    /// The `etcd-init` the simulated HyperShift operators render (an
+    /// operator started again by [`Sandbox::revive`] keeps it).
+    pub etcd_init: EtcdInit,
 }
 
 /// Write `text` to `path`, readable by its owner only (kubeconfigs, env).
@@ -347,6 +354,7 @@ struct Common<'a> {
     route53: &'a Route53Endpoint,
     zone_id: &'a str,
     s3: &'a S3Endpoint,
+    etcd_init: EtcdInit,
 }
 
 /// One management cluster's API server on `etcd` (at `port`, 0: any) with
@@ -408,6 +416,7 @@ async fn start_operator(common: &Common<'_>, name: &str, client: kube::Client, c
             ca_pem: common.ca.cert_pem().to_string(),
         }),
         controllers,
+        etcd_init: common.etcd_init,
     })
     .await
     .map_err(|source| SandboxError::Operator {
@@ -432,6 +441,9 @@ pub struct UpOptions {
     /// Where the API servers of `mgmt_kubeconfigs` reach this machine, for
     /// the Cluster API conversion webhook; `None`: 127.0.0.1.
     pub webhook_address: Option<IpAddr>,
+    /// The `etcd-init` init container the simulated HyperShift operators
+    /// render: as HyperShift ships it (default), or as PR 9048 fixes it.
+    pub etcd_init: EtcdInit,
 }
 
 /// Connect to and check every cluster of `opts` before anything is created:
@@ -511,7 +523,7 @@ impl Sandbox {
             true => None,
             false => Some(crate::conversion_webhook::ConversionWebhook::start(&ca, opts.webhook_address).await?),
         };
-        let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id, s3: &s3 };
+        let common = Common { dir: &dir, ca: &ca, sandbox_id: &sandbox_id, crds: &crds, route53: &route53, zone_id: &zone_id, s3: &s3, etcd_init: opts.etcd_init };
         let mut clusters = Vec::new();
         for name in CLUSTERS {
             let cluster_dir = dir.join(name);
@@ -557,6 +569,7 @@ impl Sandbox {
             crds,
             lost: Vec::new(),
             conversion_webhook,
+            etcd_init: opts.etcd_init,
         };
         sandbox.write_files()?;
         Ok(sandbox)
@@ -612,6 +625,7 @@ impl Sandbox {
             route53_url: self.route53.url().to_string(),
             zone_id: self.zone_id.clone(),
             crds: self.crds.display().to_string(),
+            etcd_init: self.etcd_init,
         };
         let text = serde_json::to_string_pretty(&state).map_err(|err| SandboxError::Io {
             path: self.dir.join("sandbox.json"),
@@ -789,6 +803,7 @@ impl Sandbox {
             route53: &self.route53,
             zone_id: &self.zone_id,
             s3: &self.s3,
+            etcd_init: self.etcd_init,
         };
         let (api, operator) = start_cluster(&common, &lost.name, &etcd, port).await?;
         tracing::info!(cluster = %lost.name, "management cluster back with its old state");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use hcp_dr_e2e::apiserver::faults::{self, ApiFaults, FaultKind};
 use hcp_dr_e2e::procs::s3_faults::{self, S3FaultKind, S3Faults};
-use hcp_dr_e2e::operator::Controllers;
+use hcp_dr_e2e::operator::{Controllers, EtcdInit};
 use hcp_dr_e2e::sandbox::{Sandbox, SandboxError, SandboxState, UpOptions};
 
 #[derive(Parser)]
@@ -31,6 +31,8 @@ enum Command {
         detach: bool,
         #[command(flatten)]
         clusters: ExistingClusters,
+        #[command(flatten)]
+        hypershift: HyperShiftOptions,
     },
     /// Run one API emulator on its own etcd as an existing cluster would
     /// run (no CRDs, its own CA), for `--mgmt-kubeconfig`: writes
@@ -114,6 +116,8 @@ enum Command {
         json: bool,
         #[command(flatten)]
         clusters: ExistingClusters,
+        #[command(flatten)]
+        hypershift: HyperShiftOptions,
     },
     /// The lost-management-cluster scenario: demo backed up on mgmt-a, mgmt-a
     /// dies, restore on mgmt-b with the DNS taken over, mgmt-a comes back
@@ -158,6 +162,47 @@ struct ExistingClusters {
     webhook_address: Option<std::net::IpAddr>,
 }
 
+/// How the simulated HyperShift operator behaves.
+#[derive(clap::Args, Clone, Default)]
+struct HyperShiftOptions {
+    /// The etcd-init init container of restores through restoreSnapshotURL:
+    /// `shipped`, HyperShift's as it ships (after reset-member, no member
+    /// flags: a HighlyAvailable restore becomes three single-member
+    /// clusters); `fixed`, as openshift/hypershift PR 9048 fixes it (before
+    /// reset-member, each member restored with its name, the initial
+    /// cluster and a revision bump: one cluster).
+    #[arg(long, value_enum, default_value_t = EtcdInitArg::Shipped)]
+    etcd_init: EtcdInitArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+enum EtcdInitArg {
+    #[default]
+    Shipped,
+    Fixed,
+}
+
+impl EtcdInitArg {
+    fn mode(self) -> EtcdInit {
+        match self {
+            EtcdInitArg::Shipped => EtcdInit::Shipped,
+            EtcdInitArg::Fixed => EtcdInit::Fixed,
+        }
+    }
+}
+
+impl HyperShiftOptions {
+    /// The flags again, for the process `up --detach` starts.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        vec!["--etcd-init".into(), self.etcd_init.mode().as_str().into()]
+    }
+}
+
+/// The options of `up` and `drill`.
+fn up_options(clusters: &ExistingClusters, hypershift: &HyperShiftOptions) -> UpOptions {
+    UpOptions { etcd_init: hypershift.etcd_init.mode(), ..clusters.options() }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 enum ControllersArg {
     #[default]
@@ -191,6 +236,7 @@ impl ExistingClusters {
             force: self.force,
             controllers: self.controllers.chosen(),
             webhook_address: self.webhook_address,
+            etcd_init: EtcdInit::default(),
         }
     }
 
@@ -234,8 +280,8 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Up { dir, detach: true, clusters } => detach(&dir, &clusters).await,
-            Command::Up { dir, detach: false, clusters } => up(&dir, &clusters).await,
+            Command::Up { dir, detach: true, clusters, hypershift } => detach(&dir, &clusters, &hypershift).await,
+            Command::Up { dir, detach: false, clusters, hypershift } => up(&dir, &clusters, &hypershift).await,
             Command::Apiserver { dir, name } => apiserver(&dir, &name).await,
             Command::Down { dir } => down(&dir).await,
             Command::Status { dir } => status(&dir).await,
@@ -261,7 +307,7 @@ fn main() -> ExitCode {
                 });
                 faults_command(&dir, cluster.as_deref().unwrap_or_default(), faults, off)
             }
-            Command::Drill { dir, json, clusters } => drill(dir, json, &clusters).await,
+            Command::Drill { dir, json, clusters, hypershift } => drill(dir, json, &clusters, &hypershift).await,
             Command::Disaster { dir, json } => disaster(dir, json).await,
         }
     });
@@ -279,7 +325,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn up(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
+async fn up(dir: &Path, clusters: &ExistingClusters, hypershift: &HyperShiftOptions) -> anyhow::Result<()> {
     if let Ok(state) = SandboxState::load(dir) {
         if process_alive(state.pid) {
             anyhow::bail!(
@@ -290,8 +336,9 @@ async fn up(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
             );
         }
     }
-    let sandbox = Sandbox::up_with(dir, &clusters.options()).await?;
+    let sandbox = Sandbox::up_with(dir, &up_options(clusters, hypershift)).await?;
     println!("sandbox up in {} (pid {})", sandbox.dir.display(), std::process::id());
+    println!("  HyperShift etcd-init: {}", describe_etcd_init(sandbox.etcd_init));
     for c in &sandbox.clusters {
         println!("  {}: {}  kubeconfig {}", c.name, c.api.url(), c.kubeconfig.display());
     }
@@ -362,7 +409,18 @@ fn uuid_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn detach(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
+/// What the sandbox's `etcd-init` mode means, in one line.
+fn describe_etcd_init(mode: EtcdInit) -> String {
+    match mode {
+        EtcdInit::Shipped => "shipped (as HyperShift ships it: a HighlyAvailable restore through restoreSnapshotURL becomes three single-member clusters)".into(),
+        EtcdInit::Fixed => format!(
+            "fixed (openshift/hypershift PR 9048: each member restored with its name and the initial cluster; --bump-revision emulated as {})",
+            hcp_dr_e2e::operator::etcd_init::FIXED_BUMP
+        ),
+    }
+}
+
+async fn detach(dir: &Path, clusters: &ExistingClusters, hypershift: &HyperShiftOptions) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(dir)?;
     let dir = dir.canonicalize()?;
@@ -372,6 +430,7 @@ async fn detach(dir: &Path, clusters: &ExistingClusters) -> anyhow::Result<()> {
         .args(["up", "--dir"])
         .arg(&dir)
         .args(clusters.args())
+        .args(hypershift.args())
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -455,6 +514,7 @@ async fn status(dir: &Path) -> anyhow::Result<()> {
     let alive = process_alive(state.pid);
     println!("sandbox {} in {}: process {} {}", state.sandbox_id, dir.display(), state.pid, if alive { "running" } else { "NOT running" });
     println!("  CRDs: {}", state.crds);
+    println!("  HyperShift etcd-init: {}", describe_etcd_init(state.etcd_init));
     let mut healthy = alive;
     for c in &state.clusters {
         let answer = match cluster_summary(&c.kubeconfig).await {
@@ -521,9 +581,9 @@ async fn disaster(dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn drill(dir: Option<PathBuf>, json: bool, clusters: &ExistingClusters) -> anyhow::Result<()> {
+async fn drill(dir: Option<PathBuf>, json: bool, clusters: &ExistingClusters, hypershift: &HyperShiftOptions) -> anyhow::Result<()> {
     let (dir, _temp) = scenario_dir(dir)?;
-    let report = hcp_dr_e2e::drill::run_with(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?, &clusters.options()).await?;
+    let report = hcp_dr_e2e::drill::run_with(&dir, &hcp_dr_e2e::drill::hcp_dr_binary()?, &up_options(clusters, hypershift)).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

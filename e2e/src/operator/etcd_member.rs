@@ -1,20 +1,30 @@
 //! The "kubelet" for etcd pods: every pod of the `etcd` StatefulSet of a
-//! hosted control plane runs a REAL etcd process.
+//! hosted control plane runs its init containers, then a REAL etcd process.
 //!
-//! Per pod, a supervisor task does what the pod's init containers and the
-//! kubelet do:
-//! 1. `reset-member`: when the member's data directory is empty and the
-//!    cluster answers (through the *ready* members, as the `etcd-client`
-//!    Service only routes to ready pods), a member of this name is removed and
-//!    re-added with this pod's peer URL, and etcd starts with
-//!    `initial-cluster-state=existing`.
-//! 2. `etcd-init`: otherwise, when the HostedControlPlane has
-//!    `spec.etcd.managed.storage.restoreSnapshotURL` and the data directory is
-//!    empty, the snapshot is downloaded (https only) and restored.
+//! Per pod, a supervisor task does what the kubelet does:
+//! 1. Mounts: the TLS files, the claim's directory (`/var/lib`), the peers'
+//!    addresses; until they exist the pod stays initializing.
+//! 2. The init containers, in the order of the pod's spec, each until it
+//!    succeeds (a failure is restarted after a back-off, CrashLoopBackOff in
+//!    `initContainerStatuses` with the last termination's exit code and
+//!    message), reported in `initContainerStatuses`:
+//!    - `reset-member`, as its script: nothing when
+//!      `/var/lib/data/member/snap/db` exists; else, when the cluster answers
+//!      through the *ready* members (the `etcd-client` Service only routes to
+//!      ready pods) and lists a member of this pod's name, that member is
+//!      removed and this pod added again, and etcd starts with
+//!      `initial-cluster-state=existing`. The data directory is never deleted.
+//!    - `etcd-init` (only when the pod has it: the StatefulSet template
+//!      carries it while the HCP restores, see [`super::etcd_init`]): the
+//!      shipped or fixed script's steps, from the `RESTORE_URL_ETCD` of its
+//!      own env.
+//!    - anything else (`ensure-dns`) completes at once.
 //! 3. etcd runs on `https://<podIP>:2379` (clients) and `:2380` (peers) with
 //!    the server certificate of Secret `etcd-server-tls` (no IP SANs, as real),
 //!    client certificate auth against ConfigMap `etcd-ca`, data in the PVC's
-//!    directory (`<pv>/data`, the real `/var/lib/data`).
+//!    directory (`<pv>/data`, the real `/var/lib/data`), its initial cluster
+//!    the StatefulSet's members (ignored by etcd when the data directory
+//!    already holds a member: what a restore put there wins).
 //! 4. The pod is Ready only while the member answers a status request over TLS;
 //!    a process that exits is restarted with backoff (CrashLoopBackOff and the
 //!    restart count are visible in `containerStatuses`); a deleted pod's
@@ -25,7 +35,9 @@
 //! certificate from the `etcd-signer` CA that adds the pod IP and 127.0.0.1 to
 //! the DNS names of `etcd-peer-tls`; members do not listen on localhost (they
 //! share one machine); the `etcd-metrics` and `healthz` containers are only
-//! reported, not run.
+//! reported, not run; `reset-member` also adds this pod to a cluster that
+//! lists neither it nor enough members (a removal whose reply was lost), where
+//! the real script would leave it to crash-loop.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -37,7 +49,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::objects::{
-    self, CONFIGMAP, HOSTED_CONTROL_PLANE, POD, PVC, SECRET, STATEFULSET, is_deleting, name_of,
+    self, CONFIGMAP, POD, PVC, SECRET, STATEFULSET, is_deleting, name_of,
     ns_of, str_at, uid_of,
 };
 use super::workloads::{POD_IP_ANNOTATION, existing_pv_dir, is_etcd_pod};
@@ -120,6 +132,13 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
                             })
                             .collect()
                     })
+                    .unwrap_or_default(),
+                uid: uid.to_string(),
+                init_statuses: Vec::new(),
+                init_containers: pod
+                    .pointer("/spec/initContainers")
+                    .and_then(Value::as_array)
+                    .cloned()
                     .unwrap_or_default(),
             };
             tracing::info!(namespace = %member.ns, pod = %member.pod, %ip, "starting etcd member supervisor");
@@ -285,6 +304,16 @@ pub(crate) fn initial_cluster_names(sts: &Value) -> Vec<String> {
     }
 }
 
+/// An entry of `initContainerStatuses`.
+fn init_status(container: &Value, state: Value, ready: bool, restarts: u32, last: Option<Value>) -> Value {
+    let mut s = json!({"name": str_at(container, "/name").unwrap_or_default(), "image": str_at(container, "/image").unwrap_or_default(),
+        "imageID": "", "ready": ready, "started": state.get("running").is_some(), "restartCount": restarts, "state": state});
+    if let Some(last) = last {
+        s["lastState"] = last;
+    }
+    s
+}
+
 fn backoff(attempt: u32) -> Duration {
     // The kubelet's 10s..5min, scaled down for the sandbox.
     Duration::from_millis((500u64 << attempt.min(6)).min(20_000))
@@ -292,6 +321,8 @@ fn backoff(attempt: u32) -> Duration {
 
 /// What `reset-member` found.
 enum Reset {
+    /// The member has data: nothing to do.
+    HasData,
     /// No ready member answered: first start (or a restore).
     NoCluster,
     /// The cluster answered and has no member of this name: start as new.
@@ -304,9 +335,30 @@ struct Member {
     ctx: Arc<Ctx>,
     ns: String,
     pod: String,
+    uid: String,
     ip: IpAddr,
     dir: PathBuf,
     containers: Vec<String>,
+    /// The pod's init containers, in the order they run.
+    init_containers: Vec<Value>,
+    /// Their `initContainerStatuses`, as last reported.
+    init_statuses: Vec<Value>,
+}
+
+/// What the pod's volumes and certificates are, once they can be mounted.
+struct Mounted {
+    /// The claim's directory (`/var/lib`).
+    pv: PathBuf,
+    /// The initial cluster of the etcd container (peer URLs as pod IPs).
+    initial: Vec<(String, String)>,
+    tls: EtcdTls,
+}
+
+/// How an init container run ended, for the pod's status.
+enum InitEnd {
+    Completed,
+    /// A non-zero exit code and the termination message.
+    Failed(i32, String),
 }
 
 impl Member {
@@ -314,16 +366,17 @@ impl Member {
         format!("https://{}:{PEER_PORT}", self.ip)
     }
 
-    async fn supervise(self) {
+    async fn supervise(mut self) {
         let mut attempt = 0u32;
         let mut last_error = String::new();
-        let cfg = loop {
-            match self.init().await {
-                Ok(cfg) => break cfg,
+        self.init_statuses = self.init_containers.iter().map(|c| init_status(c, json!({"waiting": {"reason": "PodInitializing"}}), false, 0, None)).collect();
+        let mounted = loop {
+            match self.mount().await {
+                Ok(m) => break m,
                 Err(e) => {
                     let text = e.to_string();
                     if text != last_error {
-                        tracing::warn!(namespace = %self.ns, pod = %self.pod, "etcd init: {text}");
+                        tracing::warn!(namespace = %self.ns, pod = %self.pod, "etcd pod: {text}");
                         last_error = text.clone();
                     }
                     self.report(
@@ -339,6 +392,7 @@ impl Member {
                 }
             }
         };
+        let cfg = self.run_init_containers(mounted).await;
         let mut restarts = 0u32;
         let mut last_state: Option<Value> = None;
         loop {
@@ -417,11 +471,23 @@ impl Member {
             })
             .collect();
         let cond = |t: &str, s: bool| json!({"type": t, "status": if s { "True" } else { "False" }, "lastTransitionTime": now});
+        let mut init_cond = cond("Initialized", initialized);
+        if !initialized {
+            let pending: Vec<&str> = self
+                .init_statuses
+                .iter()
+                .filter(|s| s.get("ready").and_then(Value::as_bool) != Some(true))
+                .filter_map(|s| str_at(s, "/name"))
+                .collect();
+            init_cond["reason"] = json!("ContainersNotInitialized");
+            init_cond["message"] = json!(format!("containers with incomplete status: [{}]", pending.join(" ")));
+        }
         let status = json!({
             "phase": if initialized { "Running" } else { "Pending" },
             "podIP": self.ip.to_string(), "podIPs": [{"ip": self.ip.to_string()}],
             "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-            "conditions": [cond("PodScheduled", true), cond("Initialized", initialized), cond("ContainersReady", ready), cond("Ready", ready)],
+            "conditions": [cond("PodScheduled", true), init_cond, cond("ContainersReady", ready), cond("Ready", ready)],
+            "initContainerStatuses": self.init_statuses,
             "containerStatuses": statuses,
         });
         if let Err(e) = self
@@ -460,8 +526,11 @@ impl Member {
         )
     }
 
-    /// The init containers: TLS files, volume, reset-member, restore.
-    async fn init(&self) -> Result<EtcdMemberConfig, OperatorError> {
+    /// What the pod needs before its first container runs: its TLS files
+    /// (the peer certificate the sandbox issues for the pod IP), its claim's
+    /// directory and the addresses of its peers. Errors: not yet (the pod
+    /// stays initializing, retried).
+    async fn mount(&self) -> Result<Mounted, OperatorError> {
         let ctx = &self.ctx;
         let ns = self.ns.as_str();
         let tls_dir = self.dir.join("tls");
@@ -499,7 +568,6 @@ impl Member {
         }
         let pv = existing_pv_dir(&ctx.cfg.state_dir, &pvc)
             .ok_or_else(|| OperatorError::Waiting(format!("volume of PVC {ns}/{pvc_name}")))?;
-        let data_dir = pv.join("data");
 
         let sts = ctx
             .kube
@@ -531,28 +599,96 @@ impl Member {
             };
             initial.push((name, format!("https://{ip}:{PEER_PORT}")));
         }
+        Ok(Mounted {
+            pv,
+            initial,
+            tls: EtcdTls {
+                ca_file,
+                server_cert_file,
+                server_key_file,
+                peer_cert_file,
+                peer_key_file,
+                client_cert_auth: true,
+            },
+        })
+    }
+
+    /// Run the pod's init containers in the order of its spec, each until
+    /// it succeeds (a failed one is restarted after a back-off, as the
+    /// kubelet does), reporting `initContainerStatuses`; then the etcd
+    /// container's configuration. `reset-member` and `etcd-init` do what
+    /// their scripts do; others (`ensure-dns`) complete at once.
+    async fn run_init_containers(&mut self, mounted: Mounted) -> EtcdMemberConfig {
+        let data_dir = mounted.pv.join("data");
+        // /etc/etcd/clusterstate/state, as the etcd container reads it
         let mut state = ClusterState::New;
-        if !data_dir.join("member").join("snap").join("db").exists() {
-            if data_dir.exists() {
-                std::fs::remove_dir_all(&data_dir).map_err(io_err("removing", &data_dir))?;
-            }
-            match self.reset_member(initial.len()).await? {
-                Reset::Rejoined(cluster) => {
-                    state = ClusterState::Existing;
-                    initial = cluster;
-                }
-                Reset::NotMember => {
-                    tracing::info!(namespace = ns, pod = %self.pod, "cluster is functional and has no member of this name: starting as new");
-                }
-                Reset::NoCluster => {
-                    if let Some(url) = restore_snapshot_url(ctx, ns).await? {
-                        self.restore(&url, &data_dir, &initial).await?;
+        let mut initial = mounted.initial.clone();
+        for i in 0..self.init_containers.len() {
+            let container = self.init_containers[i].clone();
+            let name = str_at(&container, "/name").unwrap_or_default().to_string();
+            let mut restarts = 0u32;
+            let mut last: Option<Value> = None;
+            loop {
+                let started = objects::now();
+                self.init_statuses[i] = init_status(&container, json!({"running": {"startedAt": started}}), false, restarts, last.clone());
+                self.report(json!({"waiting": {"reason": "PodInitializing"}}), None, false, 0, false).await;
+                let end = match name.as_str() {
+                    "reset-member" => match self.reset_member(mounted.initial.len(), &data_dir).await {
+                        Ok(Reset::Rejoined(cluster)) => {
+                            state = ClusterState::Existing;
+                            initial = cluster;
+                            InitEnd::Completed
+                        }
+                        Ok(Reset::NotMember | Reset::NoCluster | Reset::HasData) => {
+                            state = ClusterState::New;
+                            initial = mounted.initial.clone();
+                            InitEnd::Completed
+                        }
+                        Err(e) => InitEnd::Failed(1, e.to_string()),
+                    },
+                    super::etcd_init::CONTAINER => {
+                        let tmp = self.dir.join("etcd-init-tmp");
+                        let pod = super::etcd_init::Pod { ns: &self.ns, name: &self.pod, uid: &self.uid, var_lib: &mounted.pv, tmp: &tmp };
+                        match super::etcd_init::run(&self.ctx, &pod, &container).await {
+                            Ok(super::etcd_init::Exit::Completed(_)) => InitEnd::Completed,
+                            Ok(super::etcd_init::Exit::Failed { code, message }) => InitEnd::Failed(code, message),
+                            // what the sandbox needs besides the script (a peer's
+                            // address): not the container's failure, retried
+                            Err(OperatorError::Waiting(what)) => {
+                                tracing::info!(namespace = %self.ns, pod = %self.pod, "etcd-init waits: {what}");
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                continue;
+                            }
+                            Err(e) => InitEnd::Failed(1, e.to_string()),
+                        }
+                    }
+                    _ => InitEnd::Completed,
+                };
+                let finished = objects::now();
+                match end {
+                    InitEnd::Completed => {
+                        let done = json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": finished}});
+                        self.init_statuses[i] = init_status(&container, done, true, restarts, last.clone());
+                        break;
+                    }
+                    InitEnd::Failed(code, message) => {
+                        tracing::warn!(namespace = %self.ns, pod = %self.pod, container = %name, code, "init container failed: {}", message.lines().next().unwrap_or_default());
+                        let terminated = json!({"terminated": {"exitCode": code, "reason": "Error", "message": message,
+                            "startedAt": started, "finishedAt": finished}});
+                        restarts = restarts.saturating_add(1);
+                        let wait = backoff(restarts);
+                        let waiting = json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!(
+                            "back-off {}s restarting failed container={name} pod={}_{}({})", wait.as_secs().max(1), self.pod, self.ns, self.uid)}});
+                        last = Some(terminated.clone());
+                        self.init_statuses[i] = init_status(&container, waiting, false, restarts, Some(terminated));
+                        self.report(json!({"waiting": {"reason": "PodInitializing"}}), None, false, 0, false).await;
+                        tokio::time::sleep(wait).await;
                     }
                 }
             }
         }
-        let log_dir = ctx.cfg.state_dir.join("logs").join(ns);
-        Ok(EtcdMemberConfig {
+        let log_dir = self.ctx.cfg.state_dir.join("logs").join(&self.ns);
+        EtcdMemberConfig {
             name: self.pod.clone(),
             data_dir,
             log_dir,
@@ -561,21 +697,21 @@ impl Member {
             peer_port: PEER_PORT,
             initial_cluster: initial,
             initial_cluster_state: state,
-            tls: Some(EtcdTls {
-                ca_file,
-                server_cert_file,
-                server_key_file,
-                peer_cert_file,
-                peer_key_file,
-                client_cert_auth: true,
-            }),
+            tls: Some(mounted.tls),
             quota_backend_bytes: Some(QUOTA_BACKEND_BYTES),
-        })
+        }
     }
 
-    /// The `reset-member` init container, against the ready members only
-    /// (what the `etcd-client` Service would route to).
-    async fn reset_member(&self, expected: usize) -> Result<Reset, OperatorError> {
+    /// The `reset-member` init container: nothing when the member has data
+    /// (`/var/lib/data/member/snap/db`); else, when the cluster answers
+    /// through the ready members only (what the `etcd-client` Service routes
+    /// to) and lists a member of this pod's name, that member is removed and
+    /// this pod added again (state `existing`). The data directory is never
+    /// deleted.
+    async fn reset_member(&self, expected: usize, data_dir: &Path) -> Result<Reset, OperatorError> {
+        if data_dir.join("member").join("snap").join("db").exists() {
+            return Ok(Reset::HasData);
+        }
         let ctx = &self.ctx;
         let ns = self.ns.as_str();
         let pods = ctx.kube.list(&POD, Some(ns), Some("app=etcd")).await?;
@@ -639,8 +775,11 @@ impl Member {
                     .to_vec()
             }
             // A removal whose reply was lost leaves the cluster short of this
-            // member (the real script would crash-loop here): add it.
-            None if list.members().len() < expected => {
+            // member (the real script would crash-loop here): add it, when
+            // etcd's strict reconfiguration check lets it (the members there
+            // are a quorum of the grown cluster; a one-member cluster of a
+            // split-brain restore is not short of a member, it is alone).
+            None if list.members().len() < expected && list.members().len() > list.members().len().div_ceil(2) => {
                 tracing::info!(namespace = ns, pod = %self.pod, "cluster is short of this member: adding it");
                 client
                     .member_add([own.clone()], None)
@@ -667,54 +806,6 @@ impl Member {
         }
         Ok(Reset::Rejoined(cluster))
     }
-
-    /// The `etcd-init` restore from `restoreSnapshotURL`.
-    async fn restore(
-        &self,
-        url: &str,
-        data_dir: &Path,
-        initial: &[(String, String)],
-    ) -> Result<(), OperatorError> {
-        let shown = redact(url);
-        if !url.starts_with("https://") {
-            return Err(OperatorError::Snapshot {
-                url: shown,
-                reason: "only https:// snapshot URLs are supported in the sandbox (s3:// needs AWS credentials in the pod); use a presigned URL".into(),
-            });
-        }
-        let snapshot = self.dir.join("snapshot.db");
-        let mut roots = self.ctx.cfg.ca.cert_pem().to_string();
-        if let Some(extra) = &self.ctx.cfg.snapshot_ca_pem {
-            roots.push('\n');
-            roots.push_str(extra);
-        }
-        tracing::info!(namespace = %self.ns, pod = %self.pod, url = %shown, "restoring etcd snapshot");
-        download(url, &roots, &snapshot).await?;
-        let (snap, dir, name, cluster, peer) = (
-            snapshot.clone(),
-            data_dir.to_path_buf(),
-            self.pod.clone(),
-            initial.to_vec(),
-            self.own_peer_url(),
-        );
-        tokio::task::spawn_blocking(move || {
-            crate::procs::etcd::etcdctl_snapshot_restore(&snap, &dir, &name, &cluster, &peer)
-        })
-        .await
-        .map_err(|e| OperatorError::Waiting(format!("restore task: {e}")))??;
-        let _ = std::fs::remove_file(&snapshot);
-        Ok(())
-    }
-}
-
-/// The first `restoreSnapshotURL` of the HostedControlPlane in `ns`.
-async fn restore_snapshot_url(ctx: &Ctx, ns: &str) -> Result<Option<String>, OperatorError> {
-    let hcps = ctx.kube.list(&HOSTED_CONTROL_PLANE, Some(ns), None).await?;
-    Ok(hcps.iter().find_map(|h| {
-        h.pointer("/spec/etcd/managed/storage/restoreSnapshotURL/0")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    }))
 }
 
 /// A URL without its query string (presigned URLs carry credentials there).
@@ -725,84 +816,118 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// GET an https URL trusting only `roots_pem`, streaming the body to `dest`.
-pub(crate) async fn download(url: &str, roots_pem: &str, dest: &Path) -> Result<(), OperatorError> {
-    use http_body_util::BodyExt as _;
-    use tokio::io::AsyncWriteExt as _;
-    let fail = |reason: String| OperatorError::Snapshot {
-        url: redact(url),
-        reason,
-    };
-    let uri: hyper::Uri = url.parse().map_err(|e| fail(format!("invalid URL: {e}")))?;
+/// Why a GET failed, in curl's words: its exit code and message (never the
+/// URL's query, which may hold a signature).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FetchError {
+    /// curl's exit code (1 unsupported protocol, 3 malformed URL, 7 cannot
+    /// connect, 23 write error, 35 TLS handshake, 56 receive failure, 60
+    /// certificate not trusted).
+    pub code: i32,
+    /// curl's message (`curl: (7) Failed to connect to ...`).
+    pub message: String,
+}
+
+impl FetchError {
+    fn new(code: i32, message: impl std::fmt::Display) -> FetchError {
+        FetchError { code, message: format!("curl: ({code}) {message}") }
+    }
+}
+
+/// `curl -o dest url`: GET an http(s) URL (https trusting only
+/// `roots_pem`), streaming the body to `dest` whatever the status, which is
+/// returned (as curl without `--fail`, an error document is saved too).
+pub(crate) async fn fetch(url: &str, roots_pem: &str, dest: &Path) -> Result<hyper::StatusCode, FetchError> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase()).unwrap_or_default();
+    if scheme != "https" && scheme != "http" {
+        let shown = if scheme.is_empty() { redact(url) } else { scheme };
+        return Err(FetchError::new(1, format!("Protocol \"{shown}\" not supported or disabled in libcurl")));
+    }
+    let uri: hyper::Uri = url.parse().map_err(|_| FetchError::new(3, "URL using bad/illegal format or missing URL"))?;
     let host = uri
         .host()
-        .ok_or_else(|| fail("no host".into()))?
+        .ok_or_else(|| FetchError::new(3, "URL using bad/illegal format or missing URL"))?
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let port = uri.port_u16().unwrap_or(443);
-    let authority = uri
-        .authority()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|| host.clone());
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    let mut config = (*crate::pki::client_tls_config(roots_pem, None)?).clone();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let port = uri.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
+    let authority = uri.authority().map(|a| a.to_string()).unwrap_or_else(|| host.clone());
+    let path = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|e| fail(format!("connect: {e}")))?;
+        .map_err(|e| FetchError::new(7, format!("Failed to connect to {host} port {port}: {e}")))?;
+    if scheme == "http" {
+        return get_over(tcp, authority, path, dest).await;
+    }
+    let config = crate::pki::client_tls_config(roots_pem, None).map_err(|e| FetchError::new(35, format!("TLS setup: {e}")))?;
+    let mut config = (*config).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let server_name = rustls::pki_types::ServerName::try_from(host.clone())
-        .map_err(|e| fail(format!("server name: {e}")))?;
-    let tls = connector
-        .connect(server_name, tcp)
+        .map_err(|_| FetchError::new(3, "URL using bad/illegal format or missing URL"))?;
+    let tls = connector.connect(server_name, tcp).await.map_err(|e| {
+        let text = e.to_string();
+        if text.contains("certificate") || text.contains("UnknownIssuer") {
+            FetchError::new(60, format!("SSL certificate problem: {text}"))
+        } else {
+            FetchError::new(35, format!("TLS connect error: {text}"))
+        }
+    })?;
+    get_over(tls, authority, path, dest).await
+}
+
+/// The GET of [`fetch`] on a connected stream.
+async fn get_over<IO>(io: IO, authority: String, path: String, dest: &Path) -> Result<hyper::StatusCode, FetchError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt as _;
+    use tokio::io::AsyncWriteExt as _;
+    let recv = |e: &dyn std::fmt::Display| FetchError::new(56, format!("Failure when receiving data from the peer: {e}"));
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
         .await
-        .map_err(|e| fail(format!("TLS: {e}")))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| fail(format!("HTTP handshake: {e}")))?;
+        .map_err(|e| recv(&e))?;
     let conn_task = tokio::spawn(conn);
     let req = hyper::Request::get(path)
         .header(hyper::header::HOST, authority)
+        .header(hyper::header::USER_AGENT, "curl/8.5.0")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .map_err(|e| fail(format!("request: {e}")))?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| fail(format!("request: {e}")))?;
-    let status = resp.status();
-    let mut body = resp.into_body();
+        .map_err(|_| FetchError::new(3, "URL using bad/illegal format or missing URL"))?;
+    let result = async {
+        let resp = sender.send_request(req).await.map_err(|e| recv(&e))?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        let write = |e: std::io::Error| FetchError::new(23, format!("Failure writing output to destination: {e}"));
+        let mut file = tokio::fs::File::create(dest).await.map_err(write)?;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| recv(&e))?;
+            if let Some(data) = frame.data_ref() {
+                file.write_all(data).await.map_err(write)?;
+            }
+        }
+        file.flush().await.map_err(write)?;
+        Ok(status)
+    }
+    .await;
+    conn_task.abort();
+    result
+}
+
+/// `curl --fail -o dest url` over https, trusting only `roots_pem`: an
+/// error status is a failure (with the start of the error document).
+pub(crate) async fn download(url: &str, roots_pem: &str, dest: &Path) -> Result<(), OperatorError> {
+    let fail = |reason: String| OperatorError::Snapshot { url: redact(url), reason };
+    if !url.starts_with("https://") {
+        return Err(fail("only https:// URLs are supported in the sandbox (s3:// needs AWS credentials in the pod); use a presigned URL".into()));
+    }
+    let status = fetch(url, roots_pem, dest).await.map_err(|e| fail(e.message))?;
     if !status.is_success() {
-        let text = body
-            .collect()
-            .await
-            .map(|b| {
-                String::from_utf8_lossy(&b.to_bytes())
-                    .chars()
-                    .take(300)
-                    .collect::<String>()
-            })
+        let text: String = std::fs::read(dest)
+            .map(|b| String::from_utf8_lossy(&b).chars().take(300).collect())
             .unwrap_or_default();
-        conn_task.abort();
+        let _ = std::fs::remove_file(dest);
         return Err(fail(format!("HTTP {status}: {text}")));
     }
-    let mut file = tokio::fs::File::create(dest)
-        .await
-        .map_err(io_err("creating", dest))?;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| fail(format!("reading body: {e}")))?;
-        if let Some(data) = frame.data_ref() {
-            file.write_all(data)
-                .await
-                .map_err(io_err("writing", dest))?;
-        }
-    }
-    file.flush().await.map_err(io_err("writing", dest))?;
-    conn_task.abort();
     Ok(())
 }
 

@@ -30,11 +30,11 @@ use serde_json::{Value, json};
 use super::etcd_member::{ca_from_pair, load_signer};
 use super::objects::{
     self, AGENT_MACHINE, CAPI_CLUSTER, CONFIGMAP, DEPLOYMENT, HOSTED_CLUSTER, HOSTED_CONTROL_PLANE,
-    MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, Res, SECRET, SERVICE, SERVICE_ACCOUNT,
+    MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NAMESPACE, NODE_POOL, POD, Res, SECRET, SERVICE, SERVICE_ACCOUNT,
     STATEFULSET, is_deleting, name_of, ns_of, owner_ref, platform_kinds, str_at,
 };
 use super::workloads::{add_finalizer, patch_status_if_changed, remove_finalizer, remove_finalizers};
-use super::{Ctx, OperatorError, log_failure};
+use super::{Ctx, EtcdInit, OperatorError, log_failure};
 use crate::pki::{Ca, CertPair, CertSpec};
 
 /// The finalizer HyperShift puts on HostedClusters, NodePools and HCPs.
@@ -765,6 +765,29 @@ async fn ensure_scaled(
     Ok(())
 }
 
+/// The init containers of the etcd template for `hcp` (the template
+/// `sts` renders, plus `etcd-init` while the HCP restores a snapshot, placed
+/// as `mode` places it: [`super::etcd_init`]).
+pub fn etcd_init_containers(sts: &Value, hcp: &Value, ns: &str, mode: EtcdInit) -> Vec<Value> {
+    let base = sts.pointer("/spec/template/spec/initContainers").and_then(Value::as_array).cloned().unwrap_or_default();
+    let initial_cluster = sts
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| str_at(c, "/name") == Some("etcd"))
+        .flat_map(|c| c.get("env").and_then(Value::as_array).into_iter().flatten())
+        .find(|e| str_at(e, "/name") == Some("ETCD_INITIAL_CLUSTER"))
+        .and_then(|e| str_at(e, "/value"))
+        .unwrap_or_default();
+    let etcd_init = super::etcd_init::wanted_url(hcp).map(|url| super::etcd_init::init_container(mode, url, ns, initial_cluster));
+    super::etcd_init::init_containers(mode, &base, etcd_init)
+}
+
+/// The etcd StatefulSet: created once (claim template with the HC's storage
+/// class and size), then its replicas reset and its init containers kept
+/// as [`etcd_init_containers`] says (`etcd-init` comes and goes with the
+/// restore; the sandbox's StatefulSet controller does not roll the pods).
 async fn ensure_etcd_statefulset(
     ctx: &Ctx,
     hc: &Value,
@@ -778,6 +801,27 @@ async fn ensure_etcd_statefulset(
     place(&mut sts, hc);
     if let Some(class) = etcd_storage_class(ctx, hc) {
         sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] = json!(class);
+    }
+    if let Some(size) = hc.pointer("/spec/etcd/managed/storage/persistentVolume/size").filter(|v| !v.is_null()) {
+        sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"] = json!({"requests": {"storage": size}});
+    }
+    let init = etcd_init_containers(&sts, hcp, ns, ctx.cfg.etcd_init);
+    let restoring = init.iter().any(|c| str_at(c, "/name") == Some(super::etcd_init::CONTAINER));
+    sts["spec"]["template"]["spec"]["initContainers"] = json!(init);
+    let Some(existing) = ctx.kube.get(&STATEFULSET, Some(ns), "etcd").await? else {
+        if restoring {
+            let url = super::etcd_init::wanted_url(hcp).map(super::etcd_member::redact).unwrap_or_default();
+            tracing::info!(namespace = ns, url = %url, etcd_init = ctx.cfg.etcd_init.as_str(), "etcd StatefulSet with etcd-init: restoring a snapshot");
+        }
+        ctx.kube.create(&STATEFULSET, Some(ns), sts).await?;
+        return Ok(());
+    };
+    let have = existing.pointer("/spec/template/spec/initContainers").cloned().unwrap_or(json!([]));
+    if !super::workloads::status_subset(&json!(init), &have) {
+        tracing::info!(namespace = ns, etcd_init = restoring, "etcd StatefulSet: updating its init containers");
+        ctx.kube
+            .merge(&STATEFULSET, Some(ns), "etcd", &json!({"spec": {"template": {"spec": {"initContainers": init}}}}))
+            .await?;
     }
     ensure_scaled(ctx, &STATEFULSET, ns, sts, replicas).await
 }
@@ -1226,6 +1270,13 @@ async fn update_status(
         fresh["status"]["version"] = version_status;
         ctx.kube.replace_status(&HOSTED_CLUSTER, &fresh).await?;
     }
+    let restored = etcd_restored_condition(ctx, hcp, sts.as_ref(), hcp_ns).await?;
+    let mut hcp_conditions = vec![
+        objects::condition(hcp.pointer("/status/conditions"), "EtcdAvailable", etcd_ok, if etcd_ok { "QuorumAvailable" } else { "EtcdQuorumUnavailable" }, ""),
+        objects::condition(hcp.pointer("/status/conditions"), "KubeAPIServerAvailable", kas_ok, if kas_ok { "AsExpected" } else { "NotAvailable" }, ""),
+        objects::condition(hcp.pointer("/status/conditions"), "Available", available, if available { "AsExpected" } else { "WaitingForAvailable" }, ""),
+    ];
+    hcp_conditions.extend(restored);
     let hcp_status = json!({
         "initialized": etcd_ok,
         "ready": available,
@@ -1233,13 +1284,32 @@ async fn update_status(
         "version": version,
         "kubeConfig": {"name": "admin-kubeconfig", "key": "kubeconfig"},
         "controlPlaneEndpoint": ep,
-        "conditions": [
-            objects::condition(hcp.pointer("/status/conditions"), "EtcdAvailable", etcd_ok, if etcd_ok { "QuorumAvailable" } else { "EtcdQuorumUnavailable" }, ""),
-            objects::condition(hcp.pointer("/status/conditions"), "KubeAPIServerAvailable", kas_ok, if kas_ok { "AsExpected" } else { "NotAvailable" }, ""),
-            objects::condition(hcp.pointer("/status/conditions"), "Available", available, if available { "AsExpected" } else { "WaitingForAvailable" }, ""),
-        ],
+        "conditions": hcp_conditions,
     });
     patch_status_if_changed(ctx, &HOSTED_CONTROL_PLANE, hcp, hcp_status).await
+}
+
+/// The HCP's `EtcdSnapshotRestored`, as the control-plane operator keeps
+/// it: the one it has (set once), else, for an HCP restoring a snapshot,
+/// the one [`super::etcd_init::restored_condition`] decides now (if any).
+async fn etcd_restored_condition(ctx: &Ctx, hcp: &Value, sts: Option<&Value>, hcp_ns: &str) -> Result<Option<Value>, OperatorError> {
+    let conds = hcp.pointer("/status/conditions");
+    let existing = conds
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| str_at(c, "/type") == Some(super::etcd_init::RESTORED_CONDITION)));
+    if let Some(c) = existing {
+        return Ok(Some(c.clone()));
+    }
+    let Some(sts) = sts.filter(|_| super::etcd_init::computes_condition(hcp)) else {
+        return Ok(None);
+    };
+    let pods = ctx.kube.list(&POD, Some(hcp_ns), Some("app=etcd")).await?;
+    Ok(super::etcd_init::restored_condition(sts, &pods).map(|(status, reason)| {
+        tracing::info!(namespace = hcp_ns, status, reason = %reason, "EtcdSnapshotRestored");
+        let mut c = objects::condition(None, super::etcd_init::RESTORED_CONDITION, status, &reason, "");
+        c["observedGeneration"] = hcp.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+        c
+    }))
 }
 
 #[cfg(test)]
@@ -1277,6 +1347,34 @@ mod tests {
                 .all(|n| n.starts_with(&machine_set_name("np", "infra")))
         );
         assert_eq!(names, machine_names("np", "infra", 3));
+    }
+
+    #[test]
+    fn etcd_init_joins_the_template_while_the_snapshot_is_not_restored() {
+        let ns = "clusters-hc1";
+        let sts = etcd_statefulset(ns, &json!({"metadata": {"name": "hc1", "uid": "u"}}), 3, "img");
+        let mut hcp = json!({"metadata": {"name": "hc1"}, "spec": {"etcd": {"managementType": "Managed",
+            "managed": {"storage": {"type": "PersistentVolume", "restoreSnapshotURL": ["https://s3/b/snap?X-Amz-Signature=x"]}}}}});
+        let names = |cs: &[Value]| cs.iter().filter_map(|c| c["name"].as_str().map(str::to_string)).collect::<Vec<_>>();
+        let shipped = etcd_init_containers(&sts, &hcp, ns, EtcdInit::Shipped);
+        assert_eq!(names(&shipped), ["ensure-dns", "reset-member", "etcd-init"]);
+        assert_eq!(shipped[2]["env"], json!([{"name": "RESTORE_URL_ETCD", "value": "https://s3/b/snap?X-Amz-Signature=x"}]));
+        assert_eq!(shipped[2]["command"][2], super::super::etcd_init::SHIPPED_SCRIPT);
+        let fixed = etcd_init_containers(&sts, &hcp, ns, EtcdInit::Fixed);
+        assert_eq!(names(&fixed), ["ensure-dns", "etcd-init", "reset-member"]);
+        let env = |name: &str| fixed[1]["env"].as_array().and_then(|e| e.iter().find(|v| v["name"] == name)).cloned().unwrap_or_default();
+        assert_eq!(env("HCP_NAMESPACE")["value"], ns);
+        assert_eq!(
+            env("ETCD_INITIAL_CLUSTER")["value"],
+            "etcd-0=https://etcd-0.etcd-discovery.clusters-hc1.svc:2380,etcd-1=https://etcd-1.etcd-discovery.clusters-hc1.svc:2380,etcd-2=https://etcd-2.etcd-discovery.clusters-hc1.svc:2380"
+        );
+        assert_eq!(env("HOSTNAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+        hcp["status"] = json!({"conditions": [{"type": "EtcdSnapshotRestored", "status": "True", "reason": "AsExpected"}]});
+        for mode in [EtcdInit::Shipped, EtcdInit::Fixed] {
+            assert_eq!(names(&etcd_init_containers(&sts, &hcp, ns, mode)), ["ensure-dns", "reset-member"], "restored: gone");
+        }
+        let fresh = json!({"spec": {"etcd": {"managementType": "Managed", "managed": {"storage": {"type": "PersistentVolume"}}}}});
+        assert_eq!(names(&etcd_init_containers(&sts, &fresh, ns, EtcdInit::Shipped)), ["ensure-dns", "reset-member"]);
     }
 
     #[test]

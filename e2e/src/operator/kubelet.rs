@@ -7,12 +7,16 @@
 //! PV binder controllers hold and bind claims. The sandbox only does what
 //! the nodes and the storage of a real management cluster would:
 //!
-//! - it registers the Node `<cluster>-control-plane-0` (the name the
-//!   emulated mode gives its virtual node), labelled [`NODE_LABEL`] and
-//!   tainted [`NODE_TAINT`] so that only pods placed there on purpose land
-//!   on it, and renews its Lease in `kube-node-lease` as a kubelet does, so
-//!   the node-lifecycle controller neither taints it nor evicts its pods;
-//! - it admits the pods scheduled to it ([`admit`]): a loopback pod IP
+//! - it registers three Nodes `<cluster>-control-plane-0..2` (the first is
+//!   the name the emulated mode gives its virtual node), one per zone
+//!   (`topology.kubernetes.io/zone: <cluster>-zone-a/b/c`: a
+//!   HighlyAvailable control plane's etcd members, and the pods hcp-dr
+//!   seeds their volumes with, go one per node and per zone), labelled
+//!   [`NODE_LABEL`] and tainted [`NODE_TAINT`] so that only pods placed
+//!   there on purpose land on them, and renews their Leases in
+//!   `kube-node-lease` as a kubelet does, so the node-lifecycle controller
+//!   neither taints them nor evicts their pods;
+//! - it admits the pods scheduled to them ([`admit`]): a loopback pod IP
 //!   (for a StatefulSet pod, the one its claim was provisioned with) and
 //!   `PodScheduled`, written through the status subresource; the etcd,
 //!   restore, volume-mover and plain-pod kubelets then run them as in the
@@ -40,7 +44,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::objects::{self, NODE, POD, Res, is_deleting, name_of, ns_of, str_at};
-use super::workloads::{POD_IP_ANNOTATION, alloc_pod_ip, pod_claims, virtual_node};
+use super::workloads::{POD_IP_ANNOTATION, alloc_pod_ip, pod_claims, sandbox_nodes};
 use super::{Ctx, OperatorError, log_failure};
 
 /// The label of the sandbox's Node, and the key of its taint.
@@ -65,13 +69,17 @@ pub fn placement() -> (Value, Value) {
     )
 }
 
-/// [`placement`] as `hcp-dr cluster create` flags.
+/// [`placement`] as `hcp-dr cluster create` flags, with the etcd volumes
+/// in the sandbox's own StorageClass (an existing cluster's default class,
+/// if it has one, is not one the sandbox provisions).
 pub fn placement_args() -> Vec<String> {
     vec![
         "--node-selector".into(),
         format!("{NODE_LABEL}=true"),
         "--toleration".into(),
         format!("key={NODE_LABEL},operator=Exists,effect=NoSchedule"),
+        "--etcd-storage-class".into(),
+        super::workloads::LOCAL_CLASS.into(),
     ]
 }
 
@@ -86,7 +94,7 @@ fn micro_now() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
 
-fn node_status(ctx: &Ctx) -> Value {
+fn node_status(ctx: &Ctx, name: &str) -> Value {
     let now = objects::now();
     let resources = json!({"cpu": "64", "memory": "256Gi", "pods": "500", "ephemeral-storage": "1Ti"});
     let condition = |type_: &str, ok: bool, reason: &str, message: &str| {
@@ -101,7 +109,7 @@ fn node_status(ctx: &Ctx) -> Value {
             condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
             condition("Ready", true, "KubeletReady", "the hcp-dr sandbox runs the pods of this node"),
         ],
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": virtual_node(ctx)}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
         // no kubelet API: the API server cannot exec or port-forward here
         "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
         "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": ctx.cfg.sandbox_id, "kernelVersion": "",
@@ -113,48 +121,48 @@ fn node_status(ctx: &Ctx) -> Value {
 
 /// The Node (without `kubernetes.io/os`: the cluster's DaemonSets, which
 /// tolerate every taint, mostly select on it and stay off).
-fn node_object(ctx: &Ctx) -> Value {
-    let name = virtual_node(ctx);
+fn node_object(ctx: &Ctx, name: &str, zone: &str) -> Value {
     let (key, rest) = NODE_TAINT.split_once('=').unwrap_or((NODE_TAINT, ""));
     let (value, effect) = rest.split_once(':').unwrap_or((rest, "NoSchedule"));
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {NODE_LABEL: "true", "kubernetes.io/hostname": name,
-            "sandbox.hcp-dr.io/cluster": ctx.cfg.cluster_name}},
+            "topology.kubernetes.io/zone": zone, "sandbox.hcp-dr.io/cluster": ctx.cfg.cluster_name}},
         "spec": {"taints": [{"key": key, "value": value, "effect": effect}]},
-        "status": node_status(ctx),
+        "status": node_status(ctx, name),
     })
 }
 
-/// Register the Node (or take over the one an earlier run of this sandbox
-/// left) and its Lease.
+/// Register the Nodes (or take over those an earlier run of this sandbox
+/// left) and their Leases.
 pub(crate) async fn register(ctx: &Ctx) -> Result<(), OperatorError> {
-    let name = virtual_node(ctx);
-    if let Some(existing) = ctx.kube.get(&NODE, None, &name).await? {
-        let ours = str_at(&existing, &format!("/metadata/labels/{}", NODE_LABEL.replace('/', "~1"))) == Some("true");
-        if !ours {
-            return Err(OperatorError::Invalid {
-                what: format!("Node {name} exists and is not the sandbox's (no label {NODE_LABEL}): remove it or use another cluster"),
-            });
+    for (name, zone) in sandbox_nodes(ctx) {
+        if let Some(existing) = ctx.kube.get(&NODE, None, &name).await? {
+            let ours = str_at(&existing, &format!("/metadata/labels/{}", NODE_LABEL.replace('/', "~1"))) == Some("true");
+            if !ours {
+                return Err(OperatorError::Invalid {
+                    what: format!("Node {name} exists and is not the sandbox's (no label {NODE_LABEL}): remove it or use another cluster"),
+                });
+            }
+        } else {
+            ctx.kube.create(&NODE, None, node_object(ctx, &name, &zone)).await?;
+            tracing::info!(cluster = %ctx.cfg.cluster_name, node = %name, zone = %zone, "registered a sandbox Node");
         }
-    } else {
-        ctx.kube.create(&NODE, None, node_object(ctx)).await?;
-        tracing::info!(cluster = %ctx.cfg.cluster_name, node = %name, "registered the sandbox's Node");
+        heartbeat_once(ctx, &name).await?;
     }
-    heartbeat_once(ctx).await
+    Ok(())
 }
 
-async fn heartbeat_once(ctx: &Ctx) -> Result<(), OperatorError> {
-    let name = virtual_node(ctx);
-    ctx.kube.merge_status(&NODE, None, &name, &json!({"status": node_status(ctx)})).await?;
+async fn heartbeat_once(ctx: &Ctx, name: &str) -> Result<(), OperatorError> {
+    ctx.kube.merge_status(&NODE, None, name, &json!({"status": node_status(ctx, name)})).await?;
     let now = micro_now();
     let patch = json!({"spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}});
-    match ctx.kube.get(&LEASE, Some(NODE_LEASE_NAMESPACE), &name).await? {
+    match ctx.kube.get(&LEASE, Some(NODE_LEASE_NAMESPACE), name).await? {
         Some(_) => {
-            ctx.kube.merge(&LEASE, Some(NODE_LEASE_NAMESPACE), &name, &patch).await?;
+            ctx.kube.merge(&LEASE, Some(NODE_LEASE_NAMESPACE), name, &patch).await?;
         }
         None => {
-            let node = ctx.kube.get(&NODE, None, &name).await?.unwrap_or(Value::Null);
+            let node = ctx.kube.get(&NODE, None, name).await?.unwrap_or(Value::Null);
             let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE,
                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": objects::uid_of(&node)}]},
@@ -166,31 +174,33 @@ async fn heartbeat_once(ctx: &Ctx) -> Result<(), OperatorError> {
     Ok(())
 }
 
-/// One heartbeat: the Lease renewed and the Node's conditions refreshed
-/// (re-registered if someone deleted it).
+/// One heartbeat: the Leases renewed and the Nodes' conditions refreshed
+/// (re-registered if someone deleted one).
 pub(crate) async fn heartbeat(ctx: std::sync::Arc<Ctx>) -> Result<(), OperatorError> {
-    if ctx.kube.get(&NODE, None, &virtual_node(&ctx)).await?.is_none() {
-        register(&ctx).await
-    } else {
-        heartbeat_once(&ctx).await
+    for (name, _) in sandbox_nodes(&ctx) {
+        if ctx.kube.get(&NODE, None, &name).await?.is_none() {
+            return register(&ctx).await;
+        }
+        heartbeat_once(&ctx, &name).await?;
     }
+    Ok(())
 }
 
-/// Delete the Node (the operator stops): the cluster's pod garbage
-/// collector then deletes what was still bound to it, and its Lease goes
-/// with it (owned by the Node).
+/// Delete the Nodes (the operator stops): the cluster's pod garbage
+/// collector then deletes what was still bound to them, and their Leases
+/// go with them (owned by the Nodes). `Nodes a, b, c` once removed.
 pub(crate) async fn deregister(ctx: &Ctx) -> Option<String> {
-    let name = virtual_node(ctx);
-    match ctx.kube.delete(&NODE, None, &name).await {
-        Ok(_) => {
-            tracing::info!(cluster = %ctx.cfg.cluster_name, node = %name, "removed the sandbox's Node");
-            Some(format!("Node {name}"))
-        }
-        Err(e) => {
-            log_failure("kubelet", &name, &e);
-            None
+    let mut removed = Vec::new();
+    for (name, _) in sandbox_nodes(ctx) {
+        match ctx.kube.delete(&NODE, None, &name).await {
+            Ok(_) => {
+                tracing::info!(cluster = %ctx.cfg.cluster_name, node = %name, "removed a sandbox Node");
+                removed.push(name);
+            }
+            Err(e) => log_failure("kubelet", &name, &e),
         }
     }
+    (!removed.is_empty()).then(|| format!("Node{} {}", if removed.len() == 1 { "" } else { "s" }, removed.join(", ")))
 }
 
 /// Give each pod scheduled to the sandbox's Node that has no address yet
@@ -248,6 +258,7 @@ mod tests {
         assert_eq!(placement_args(), [
             "--node-selector", "sandbox.hcp-dr.io/kubelet=true",
             "--toleration", "key=sandbox.hcp-dr.io/kubelet,operator=Exists,effect=NoSchedule",
+            "--etcd-storage-class", "sandbox-local",
         ]);
     }
 

@@ -10,7 +10,15 @@
 //!   data directory per PVC under `state_dir/pv/<ns>/<pvc>`), garbage
 //!   collection by owner, namespace finalization.
 //! - [`etcd_member`]: the "kubelet" for the pods of every `etcd` StatefulSet of
-//!   a hosted control plane: one REAL etcd process per pod.
+//!   a hosted control plane: their init containers, then one REAL etcd
+//!   process per pod.
+//! - [`etcd_init`]: HyperShift's `etcd-init` init container (shipped or
+//!   fixed, [`EtcdInit`]): how the operator renders it, what it does in a
+//!   pod, and the `EtcdSnapshotRestored` condition.
+//! - [`bump`]: the emulated `--bump-revision --mark-compacted` of etcd 3.5's
+//!   tools, computed once per snapshot and bump for the members of a restore.
+//! - [`scheduling`]: the virtual node's labels and taints, and whether a
+//!   pod fits it (the scheduler's part in the emulated mode).
 //! - [`hypershift`]: HostedCluster / NodePool reconciler (namespace, secrets,
 //!   HostedControlPlane, etcd PKI, services, StatefulSet, Deployments, Routes,
 //!   Cluster API and platform objects, conditions).
@@ -25,6 +33,7 @@
 //! - [`snapshots`]: the CSI driver of the sandbox's StorageClass and the
 //!   snapshot controller (VolumeSnapshots cut as copies of a claim's data).
 //! - [`jobs`]: the Job controller (one pod at a time).
+//! - [`restore_pod`]: the "kubelet" for hcp-dr's etcd restore pods.
 //! - [`volume_mover`]: the "kubelet" for hcp-dr's volume-mover pods, run as
 //!   local processes of the real hcp-dr binary.
 //! - [`kubelet`]: on a cluster whose own kube-controller-manager runs
@@ -35,7 +44,9 @@
 //!   cluster.
 
 pub mod agent;
+pub mod bump;
 pub mod cloud;
+pub mod etcd_init;
 pub mod etcd_member;
 pub mod external_dns;
 pub mod hosted_api;
@@ -47,6 +58,7 @@ pub mod oidc;
 pub mod publishing;
 pub(crate) mod objects;
 pub mod restore_pod;
+pub mod scheduling;
 pub mod snapshots;
 pub mod volume_mover;
 pub mod workloads;
@@ -103,6 +115,50 @@ impl Controllers {
     }
 }
 
+/// Which `etcd-init` init container the simulated HyperShift operator
+/// renders, and so how a restore through `restoreSnapshotURL` turns out
+/// (see [`etcd_init`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EtcdInit {
+    /// As HyperShift ships it: after `reset-member`, `snapshot restore`
+    /// without member flags. A HighlyAvailable restore through the URL
+    /// becomes three single-member clusters (split brain).
+    #[default]
+    Shipped,
+    /// openshift/hypershift PR 9048 (OCPBUGS-99534): before `reset-member`,
+    /// restoring each member with `--name`, `--initial-cluster`, the token,
+    /// its peer URL and a revision bump: one cluster.
+    Fixed,
+}
+
+impl EtcdInit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EtcdInit::Shipped => "shipped",
+            EtcdInit::Fixed => "fixed",
+        }
+    }
+}
+
+impl std::str::FromStr for EtcdInit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "shipped" => Ok(EtcdInit::Shipped),
+            "fixed" => Ok(EtcdInit::Fixed),
+            other => Err(format!("etcd-init mode {other:?}: expected shipped or fixed")),
+        }
+    }
+}
+
+impl std::fmt::Display for EtcdInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Everything the operator needs.
 #[derive(Clone)]
 pub struct OperatorConfig {
@@ -134,6 +190,8 @@ pub struct OperatorConfig {
     pub oidc: Option<OidcConfig>,
     /// Whether the cluster's own controller-manager runs ([`Controllers`]).
     pub controllers: Controllers,
+    /// The `etcd-init` the HyperShift operator renders ([`EtcdInit`]).
+    pub etcd_init: EtcdInit,
 }
 
 impl std::fmt::Debug for OperatorConfig {
@@ -145,6 +203,7 @@ impl std::fmt::Debug for OperatorConfig {
             .field("route53", &self.route53)
             .field("oidc", &self.oidc)
             .field("controllers", &self.controllers)
+            .field("etcd_init", &self.etcd_init)
             .finish_non_exhaustive()
     }
 }
@@ -265,6 +324,8 @@ pub(crate) struct Ctx {
     pub restores: restore_pod::Running,
     /// hcp-dr volume-mover pods being run, by pod uid.
     pub movers: volume_mover::Running,
+    /// Bumped snapshots shared by the members of one restore.
+    pub bumps: bump::BumpCache,
     /// The client of the OIDC bucket, when there is one.
     pub oidc: Option<oidc::OidcStore>,
 }
@@ -280,7 +341,7 @@ impl Ctx {
     /// Pods on the cluster's other nodes are their kubelets' business.
     pub fn runs_here(&self, pod: &Value) -> bool {
         match objects::str_at(pod, "/spec/nodeName").filter(|n| !n.is_empty()) {
-            Some(node) => node == workloads::virtual_node(self),
+            Some(node) => workloads::sandbox_nodes(self).iter().any(|(n, _)| n == node),
             None => !self.cluster_controllers(),
         }
     }
@@ -364,6 +425,7 @@ impl Operator {
     pub async fn start(cfg: OperatorConfig) -> Result<Operator, OperatorError> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(io_err("creating", &cfg.state_dir))?;
         let oidc = cfg.oidc.as_ref().map(oidc::OidcStore::new).transpose()?;
+        let cfg_state_dir = cfg.state_dir.clone();
         let ctx = Arc::new(Ctx {
             kube: objects::Kube::new(cfg.kubeconfig_client.clone()),
             cfg,
@@ -372,6 +434,7 @@ impl Operator {
             hosted_up: std::sync::Mutex::new(HashMap::new()),
             restores: std::sync::Mutex::new(HashMap::new()),
             movers: std::sync::Mutex::new(HashMap::new()),
+            bumps: bump::BumpCache::new(&cfg_state_dir),
             oidc,
         });
         let mut tasks = vec![

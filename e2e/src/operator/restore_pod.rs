@@ -1,4 +1,6 @@
-//! The "kubelet" for hcp-dr's etcd restore pods (`hcp-dr etcd restore`).
+//! The "kubelet" for hcp-dr's etcd restore pods (`hcp-dr etcd restore`, and
+//! the seeding of a HighlyAvailable restore's etcd volumes before its
+//! HostedCluster exists).
 //!
 //! The sandbox cannot run container images, so it runs the pods it knows by
 //! doing what their containers do. A restore pod carries the annotation
@@ -13,18 +15,26 @@
 //! etcd tools, on the volume's directory, and reports the pod `Succeeded`, or
 //! `Failed` with the reason as the container's termination message.
 //!
+//! Before it runs, a pod is scheduled as the scheduler would (in the
+//! emulated mode; where the cluster's own scheduler runs it has done so):
+//! while one of its claims is missing, or not bound (a claim of a
+//! `WaitForFirstConsumer` class binds once a pod that fits the node uses it),
+//! or its node selection does not fit the virtual node
+//! ([`super::scheduling`]), it stays `Pending` with `PodScheduled=False`,
+//! reason `Unschedulable` and the scheduler's message.
+//!
 //! Sandbox differences:
 //! - Peer URLs are translated from `<member>.etcd-discovery.<ns>.svc` to the
-//!   pod IPs the sandbox's members use (from their claims), as the etcd
-//!   kubelet does. etcdutl's own check that `--initial-cluster` holds
-//!   `<name>=<peer url>` is made on the URLs as given.
+//!   pod IPs the sandbox's members use (recorded on their claims; a claim
+//!   not bound yet, made by hcp-dr before the StatefulSet, gets its address
+//!   now and keeps it), as the etcd kubelet does. etcdutl's own check that
+//!   `--initial-cluster` holds `<name>=<peer url>` is made on the URLs as
+//!   given.
 //! - Debian's etcd 3.4 has no `etcdutl` and its `etcdctl snapshot restore`
-//!   no `--bump-revision`/`--mark-compacted`: they are emulated. The snapshot
-//!   is restored into a scratch single-member etcd, its revision raised by
-//!   the bump with writes to one key then deleted (at most 200,000), the
-//!   history compacted at the new revision (what `--mark-compacted` records),
-//!   and that member's snapshot restored into the volume. Same revision,
-//!   same keys, same compacted revision as etcdutl's result.
+//!   no `--bump-revision`/`--mark-compacted`: they are emulated
+//!   ([`super::bump`], at most [`MAX_EMULATED_BUMP`] revisions), once per
+//!   snapshot and bump for all the members of a restore.
+//! - Inter-pod anti-affinity is not evaluated (one virtual node).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -32,19 +42,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use super::etcd_member::{PEER_PORT, download, redact, secret_data};
-use super::objects::{PVC, POD, SECRET, is_deleting, name_of, ns_of, str_at, uid_of};
-use super::workloads::{POD_IP_ANNOTATION, existing_pv_dir};
-use super::{Ctx, OperatorError, io_err};
-use crate::procs::etcd::{INITIAL_CLUSTER_TOKEN, restore_scratch};
+use super::objects::{PVC, POD, SECRET, STORAGE_CLASS, is_deleting, name_of, ns_of, str_at, uid_of};
+use super::workloads::{existing_pv_dir, is_etcd_pod, patch_status_if_changed, pod_claims};
+use super::{Ctx, OperatorError, io_err, log_failure};
+pub use super::bump::MAX_EMULATED_BUMP;
 
 /// The annotation naming the script version the pod runs.
 pub const SCRIPT_ANNOTATION: &str = "hcp-dr.openshift.io/restore-script";
-/// The most revisions the emulated `--bump-revision` writes.
-pub const MAX_EMULATED_BUMP: u64 = 200_000;
 
 /// Whether this pod is an hcp-dr restore pod.
 pub fn is_restore_pod(pod: &Value) -> bool {
@@ -55,28 +62,136 @@ pub fn is_restore_pod(pod: &Value) -> bool {
 /// Running restores by pod uid.
 pub type Running = std::sync::Mutex<HashMap<String, JoinHandle<()>>>;
 
-/// One pass: start new restore pods, forget deleted ones.
-pub(crate) async fn sync(ctx: &Arc<Ctx>, pods: &[Value]) {
+/// One pass: schedule and start new restore pods, forget deleted ones,
+/// and drop the bumped snapshots no pod needs any more.
+pub(crate) async fn sync(ctx: &Arc<Ctx>, pods: &[Value], pvcs: &[Value]) {
+    collect_bumps(ctx, pods);
     let live: HashMap<&str, &Value> = pods
         .iter()
         .filter(|p| is_restore_pod(p) && !is_deleting(p))
         .map(|p| (uid_of(p), p))
         .collect();
-    let Ok(mut running) = ctx.restores.lock() else { return };
-    running.retain(|uid, task| {
-        let keep = live.contains_key(uid.as_str());
-        if !keep {
-            task.abort();
+    let waiting: Vec<&Value> = {
+        let Ok(mut running) = ctx.restores.lock() else { return };
+        running.retain(|uid, task| {
+            let keep = live.contains_key(uid.as_str());
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        live.iter()
+            .filter(|(uid, pod)| !running.contains_key(**uid) && str_at(pod, "/status/phase").is_none_or(|p| p == "Pending"))
+            .map(|(_, pod)| *pod)
+            .collect()
+    };
+    for pod in waiting {
+        let verdict = if ctx.cluster_controllers() { Ok(Placement::Fits) } else { schedule(ctx, pod, pvcs).await };
+        match verdict {
+            Ok(Placement::Fits) => {
+                let (ctx2, pod2) = (ctx.clone(), pod.clone());
+                if let Ok(mut running) = ctx.restores.lock() {
+                    running.insert(uid_of(pod).to_string(), tokio::spawn(async move { run(ctx2, pod2).await }));
+                }
+            }
+            Ok(Placement::Binding) => {}
+            Ok(Placement::Unschedulable(message)) => {
+                let prev = pod.pointer("/status/conditions");
+                let status = json!({"phase": "Pending",
+                    "conditions": [super::objects::condition(prev, "PodScheduled", false, "Unschedulable", &message)]});
+                if let Err(e) = patch_status_if_changed(ctx, &POD, pod, status).await {
+                    log_failure("restore-pod-kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e);
+                }
+            }
+            Err(e) => log_failure("restore-pod-kubelet", &format!("{}/{}", ns_of(pod), name_of(pod)), &e),
         }
-        keep
-    });
-    for (uid, pod) in live {
-        if running.contains_key(uid) || str_at(pod, "/status/phase").is_some_and(|p| p != "Pending") {
+    }
+}
+
+/// Where the scheduler would put a pod.
+enum Placement {
+    /// On the virtual node: it runs.
+    Fits,
+    /// On the virtual node, once its `WaitForFirstConsumer` claims are bound.
+    Binding,
+    /// Nowhere: the scheduler's message.
+    Unschedulable(String),
+}
+
+/// The scheduler's verdict on `pod` in the emulated mode: its claims (all
+/// there, bound or binding for it), then its node selection against the
+/// virtual node ([`super::scheduling::fits`]).
+async fn schedule(ctx: &Ctx, pod: &Value, pvcs: &[Value]) -> Result<Placement, OperatorError> {
+    let ns = ns_of(pod);
+    let mut binding = false;
+    for claim in pod_claims(pod) {
+        let Some(pvc) = pvcs.iter().find(|c| ns_of(c) == ns && name_of(c) == claim) else {
+            return Ok(Placement::Unschedulable(format!("0/1 nodes are available: persistentvolumeclaim \"{claim}\" not found.")));
+        };
+        if is_deleting(pvc) {
+            return Ok(Placement::Unschedulable(format!("0/1 nodes are available: persistentvolumeclaim \"{claim}\" is being deleted.")));
+        }
+        let bound = str_at(pvc, "/status/phase") == Some("Bound") && existing_pv_dir(&ctx.cfg.state_dir, pvc).is_some();
+        if bound {
             continue;
         }
-        let (ctx2, pod) = (ctx.clone(), pod.clone());
-        running.insert(uid.to_string(), tokio::spawn(async move { run(ctx2, pod).await }));
+        let class = match str_at(pvc, "/spec/storageClassName").filter(|c| !c.is_empty()) {
+            Some(name) => ctx.kube.get(&STORAGE_CLASS, None, name).await?,
+            None => None,
+        };
+        if class.as_ref().and_then(|c| str_at(c, "/volumeBindingMode")) == Some("WaitForFirstConsumer") {
+            binding = true;
+        } else {
+            return Ok(Placement::Unschedulable(super::scheduling::UNBOUND_CLAIMS.to_string()));
+        }
     }
+    let node = super::scheduling::virtual_node(ctx);
+    if let Err(message) = super::scheduling::fits(pod.get("spec").unwrap_or(&Value::Null), &node) {
+        return Ok(Placement::Unschedulable(message));
+    }
+    Ok(if binding { Placement::Binding } else { Placement::Fits })
+}
+
+/// `(sha256, bump)` of a restore pod from its plain env values.
+fn bump_key(pod: &Value) -> Option<super::bump::BumpKey> {
+    let env = pod.pointer("/spec/containers/0/env").and_then(Value::as_array)?;
+    let value = |name: &str| env.iter().find(|e| str_at(e, "/name") == Some(name)).and_then(|e| str_at(e, "/value"));
+    Some((value("RESTORE_SNAPSHOT_SHA256")?.to_string(), value("RESTORE_BUMP_REVISION")?.parse().ok()?))
+}
+
+/// Drop the bumped snapshots that neither a restore pod still to run or
+/// running, nor an etcd pod whose fixed `etcd-init` has not completed, may
+/// need ([`super::bump::BumpCache::collect`]).
+fn collect_bumps(ctx: &Ctx, pods: &[Value]) {
+    let mut wanted = std::collections::HashSet::new();
+    let mut unsure = false;
+    for pod in pods.iter().filter(|p| !is_deleting(p)) {
+        let finished = matches!(str_at(pod, "/status/phase"), Some("Succeeded" | "Failed"));
+        if is_restore_pod(pod) && !finished {
+            match bump_key(pod) {
+                Some(key) => {
+                    wanted.insert(key);
+                }
+                None => unsure = true,
+            }
+        }
+        if is_etcd_pod(pod) {
+            let fixed_init = pod
+                .pointer("/spec/initContainers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| str_at(c, "/name") == Some(super::etcd_init::CONTAINER) && super::etcd_init::mode_of(c) == Some(super::EtcdInit::Fixed));
+            let done = pod
+                .pointer("/status/initContainerStatuses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|s| str_at(s, "/name") == Some(super::etcd_init::CONTAINER) && s.get("ready") == Some(&json!(true)));
+            unsure |= fixed_init && !done;
+        }
+    }
+    ctx.bumps.collect(&wanted, unsure);
 }
 
 async fn set_status(ctx: &Ctx, pod: &Value, phase: &str, terminated: Option<(i32, &str, String)>) {
@@ -86,10 +201,18 @@ async fn set_status(ctx: &Ctx, pod: &Value, phase: &str, terminated: Option<(i32
         Some((code, reason, message)) => json!({"terminated": {"exitCode": code, "reason": reason, "message": message,
             "startedAt": pod.pointer("/status/startTime").cloned().unwrap_or(json!(now)), "finishedAt": now}}),
     };
+    let prev = pod.pointer("/status/conditions");
+    let running = terminated.is_none();
     let status = json!({"status": {
         "phase": phase,
         "startTime": pod.pointer("/status/startTime").cloned().unwrap_or(json!(now)),
         "hostIP": "127.0.0.1",
+        "conditions": [
+            super::objects::condition(prev, "PodScheduled", true, "", ""),
+            super::objects::condition(prev, "Initialized", true, "", ""),
+            super::objects::condition(prev, "ContainersReady", running, if running { "" } else { "PodCompleted" }, ""),
+            super::objects::condition(prev, "Ready", running, if running { "" } else { "PodCompleted" }, ""),
+        ],
         "containerStatuses": [{"name": "restore", "image": str_at(pod, "/spec/containers/0/image").unwrap_or_default(),
             "imageID": "", "ready": terminated.is_none(), "started": terminated.is_none(), "restartCount": 0, "state": state}],
     }});
@@ -162,28 +285,17 @@ async fn host_path(ctx: &Ctx, pod: &Value, path: &str) -> Result<PathBuf, Operat
     Ok(if rest.is_empty() { dir } else { dir.join(rest) })
 }
 
-/// The sandbox address of member `name`'s peer URL (from its claim), waiting
-/// a while for a claim just created to be bound.
+/// The sandbox address of member `name`'s peer URL ([`super::workloads::member_ip`]),
+/// waiting a while for its claim to be created (hcp-dr creates the claims
+/// of a restore together with, or just before, its pods).
 async fn peer_ip(ctx: &Ctx, ns: &str, name: &str) -> Result<IpAddr, OperatorError> {
-    for _ in 0..120 {
-        match claim_ip(ctx, ns, name).await {
-            Ok(ip) => return Ok(ip),
-            Err(OperatorError::Invalid { .. }) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
-            Err(other) => return Err(other),
+    for _ in 0..240 {
+        if let Some(ip) = super::workloads::member_ip(ctx, ns, name).await? {
+            return Ok(ip);
         }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    claim_ip(ctx, ns, name).await
-}
-
-async fn claim_ip(ctx: &Ctx, ns: &str, name: &str) -> Result<IpAddr, OperatorError> {
-    let claim = format!("data-{name}");
-    ctx.kube
-        .get(&PVC, Some(ns), &claim)
-        .await?
-        .as_ref()
-        .and_then(|c| str_at(c, &format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1"))))
-        .and_then(|ip| ip.parse().ok())
-        .ok_or_else(|| invalid(format!("the address of member {name} (PersistentVolumeClaim {ns}/{claim} has no pod IP)")))
+    Err(invalid(format!("the address of member {name} (no PersistentVolumeClaim {ns}/data-{name})")))
 }
 
 fn need<'a>(env: &'a HashMap<String, String>, name: &str) -> Result<&'a str, OperatorError> {
@@ -218,9 +330,6 @@ async fn restore(ctx: &Ctx, pod: &Value) -> Result<String, OperatorError> {
             "--initial-cluster has no {name}={peer}: etcdutl refuses a member whose advertised peer URL is not in the initial cluster"
         )));
     }
-    if token != INITIAL_CLUSTER_TOKEN {
-        return Err(invalid(format!("--initial-cluster-token {token}: the sandbox's members use {INITIAL_CLUSTER_TOKEN}")));
-    }
     if !(2..=MAX_EMULATED_BUMP).contains(&bump) {
         return Err(invalid(format!(
             "--bump-revision {bump}: the sandbox emulates the bump with writes and does 2 to {MAX_EMULATED_BUMP}; pass another --bump-revision"
@@ -242,15 +351,18 @@ async fn restore(ctx: &Ctx, pod: &Value) -> Result<String, OperatorError> {
     }
     tracing::info!(namespace = ns, member = name, url = %redact(url), bump, "restore pod: restoring the snapshot");
     download(url, &roots, &snapshot).await?;
-    let got = sha256_file(&snapshot)?;
+    let got = super::etcd_init::sha256_file(&snapshot)?;
     if got != sha {
         return Err(invalid(format!("the downloaded snapshot has SHA-256 {got}, not {sha}")));
     }
-    let bumped = bump_revision(&snapshot, &work, bump).await?;
-    let (snap, dir, member, cluster, peer) = (bumped, work.join("data"), name.to_string(), ip_cluster, own);
-    tokio::task::spawn_blocking(move || crate::procs::etcd::etcdctl_snapshot_restore(&snap, &dir, &member, &cluster, &peer))
+    let user = ctx.bumps.enter(uid_of(pod));
+    let bumped = ctx.bumps.bumped(&user, &snapshot, sha, bump, &work).await?;
+    let member = crate::procs::etcd::RestoreMember { name: name.to_string(), initial_cluster: ip_cluster, token: token.to_string(), peer_url: own };
+    let (snap, dir) = (bumped, work.join("data"));
+    tokio::task::spawn_blocking(move || crate::procs::etcd::snapshot_restore(&snap, &dir, Some(&member)))
         .await
         .map_err(|e| invalid(format!("restore task: {e}")))??;
+    drop(user);
     if data_dir.exists() {
         std::fs::remove_dir_all(&data_dir).map_err(io_err("removing", &data_dir))?;
     }
@@ -264,46 +376,4 @@ fn reset_dir(dir: &Path) -> Result<(), OperatorError> {
         std::fs::remove_dir_all(dir).map_err(io_err("removing", dir))?;
     }
     std::fs::create_dir_all(dir).map_err(io_err("creating", dir))
-}
-
-fn sha256_file(path: &Path) -> Result<String, OperatorError> {
-    let mut file = std::fs::File::open(path).map_err(io_err("opening", path))?;
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut file, &mut hasher).map_err(io_err("reading", path))?;
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// `--bump-revision N --mark-compacted`, emulated (see the module docs):
-/// the path of a snapshot at the snapshot's revision plus `bump`, compacted there.
-async fn bump_revision(snapshot: &Path, work: &Path, bump: u64) -> Result<PathBuf, OperatorError> {
-    let scratch = work.join("bump");
-    let mut member = restore_scratch(snapshot, &scratch).await?;
-    let result = async {
-        let etcd = |action: &str| {
-            let action = action.to_string();
-            move |source| OperatorError::Etcd { action, source: Box::new(source) }
-        };
-        let mut client = etcd_client::Client::connect([member.client_url()], None).await.map_err(etcd("connect"))?;
-        const KEY: &str = "\0hcp-dr-sandbox/bump-revision";
-        for _ in 1..bump {
-            client.put(KEY, "", None).await.map_err(etcd("put"))?;
-        }
-        let deleted = client.delete(KEY, None).await.map_err(etcd("delete"))?;
-        let revision = deleted.header().map(|h| h.revision()).unwrap_or_default();
-        client
-            .compact(revision, Some(etcd_client::CompactionOptions::new().with_physical()))
-            .await
-            .map_err(etcd("compact"))?;
-        let out = work.join("bumped.db");
-        let mut stream = client.snapshot().await.map_err(etcd("snapshot"))?;
-        let mut file = std::fs::File::create(&out).map_err(io_err("creating", &out))?;
-        while let Some(chunk) = stream.message().await.map_err(etcd("snapshot"))? {
-            std::io::Write::write_all(&mut file, chunk.blob()).map_err(io_err("writing", &out))?;
-        }
-        file.sync_all().map_err(io_err("syncing", &out))?;
-        Ok(out)
-    }
-    .await;
-    member.kill();
-    result
 }

@@ -126,7 +126,7 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
     release_storage(&ctx, &world).await;
     bind_claims(&ctx, &world, &statefulsets).await;
     let here: Vec<Value> = world.pods.iter().filter(|p| ctx.runs_here(p)).cloned().collect();
-    super::restore_pod::sync(&ctx, &here).await;
+    super::restore_pod::sync(&ctx, &here, &world.pvcs).await;
     if ctx.cluster_controllers() {
         // the cluster's controllers made the pods; this is their kubelet
         // (a pod admitted in this pass runs in the next, with its address)
@@ -261,9 +261,11 @@ async fn bind_claims(ctx: &Ctx, world: &World, statefulsets: &[Value]) {
                 Err(None) => return Ok(()),
             };
             let recorded = str_at(pvc, &format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1")));
-            let ip = match recorded {
-                Some(ip) => ip.to_string(),
-                None => alloc_pod_ip(spec.as_ref().unwrap_or(&Value::Null))?.to_string(),
+            let ip = match (recorded, &spec) {
+                (Some(ip), _) => ip.to_string(),
+                (None, Some(spec)) => alloc_pod_ip(spec)?.to_string(),
+                // no StatefulSet yet: an etcd volume seeded before it
+                (None, None) => alloc_etcd_pod_ip()?.to_string(),
             };
             // the volume (and its data) first: a Bound claim has its directory
             let (state_dir, claim) = (ctx.cfg.state_dir.clone(), pvc.clone());
@@ -380,10 +382,17 @@ async fn claim_provisioner<'a>(
     if provisioner != SANDBOX_CSI_DRIVER && provisioner != LOCAL_PROVISIONER {
         return Ok(None);
     }
-    let consumed = world
-        .pods
-        .iter()
-        .any(|p| ns_of(p) == ns_of(pvc) && !is_deleting(p) && pod_claims(p).iter().any(|c| c == name_of(pvc)));
+    // a consumer is a pod the scheduler can place (or placed): one whose
+    // node selection fits no node never triggers the binding
+    let node = super::scheduling::virtual_node(ctx);
+    let consumed = world.pods.iter().any(|p| {
+        ns_of(p) == ns_of(pvc)
+            && !is_deleting(p)
+            && pod_claims(p).iter().any(|c| c == name_of(pvc))
+            && (ctx.cluster_controllers()
+                || str_at(p, "/spec/nodeName").is_some_and(|n| !n.is_empty())
+                || super::scheduling::fits(p.get("spec").unwrap_or(&Value::Null), &node).is_ok())
+    });
     if str_at(class, "/volumeBindingMode") == Some("WaitForFirstConsumer") && !consumed {
         ctx.kube
             .event(&PVC, pvc, false, "WaitForFirstConsumer", "waiting for first consumer to be created before binding",
@@ -553,6 +562,50 @@ pub(crate) fn alloc_pod_ip(spec: &Value) -> Result<IpAddr, OperatorError> {
     Ok(crate::procs::alloc_loopback_ip(&container_ports(spec))?)
 }
 
+/// The ports of an etcd pod (client, peer, metrics, healthz): where a claim
+/// bound before its StatefulSet exists (hcp-dr seeds the etcd volumes of a
+/// restore before the HostedCluster) gets its pod IP.
+pub(crate) const ETCD_POD_PORTS: [u16; 4] = [2379, 2380, 2381, 9980];
+
+/// A pod IP where an etcd member can listen ([`ETCD_POD_PORTS`] free).
+pub(crate) fn alloc_etcd_pod_ip() -> Result<IpAddr, OperatorError> {
+    Ok(crate::procs::alloc_loopback_ip(&ETCD_POD_PORTS)?)
+}
+
+/// The pod IP of the StatefulSet pod `member` in `ns`: the address recorded
+/// on its claim `data-<member>` (the sandbox's stand-in for the name
+/// `<member>.etcd-discovery.<ns>.svc`). A claim that has none yet (not bound,
+/// or made outside a StatefulSet) gets one now, which the provisioner and
+/// the StatefulSet keep for the pod. `None`: there is no such claim.
+pub(crate) async fn member_ip(ctx: &Ctx, ns: &str, member: &str) -> Result<Option<IpAddr>, OperatorError> {
+    let claim = format!("data-{member}");
+    let pointer = format!("/metadata/annotations/{}", POD_IP_ANNOTATION.replace('/', "~1"));
+    for _ in 0..5 {
+        let Some(pvc) = ctx.kube.get(&PVC, Some(ns), &claim).await? else {
+            return Ok(None);
+        };
+        if let Some(ip) = str_at(&pvc, &pointer).and_then(|ip| ip.parse().ok()) {
+            return Ok(Some(ip));
+        }
+        if is_deleting(&pvc) {
+            return Ok(None);
+        }
+        let ip = alloc_etcd_pod_ip()?;
+        let patch = json!({"metadata": {"annotations": {POD_IP_ANNOTATION: ip.to_string()},
+            "resourceVersion": pvc.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
+        match ctx.kube.merge(&PVC, Some(ns), &claim, &patch).await {
+            Ok(_) => {
+                tracing::info!(namespace = ns, pvc = %claim, pod_ip = %ip, "recorded the pod IP of a claim not bound yet");
+                return Ok(Some(ip));
+            }
+            // changed meanwhile (bound, or annotated by another): read again
+            Err(e) if objects::status_code(&e) == Some(409) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(OperatorError::Waiting(format!("the pod IP of PersistentVolumeClaim {ns}/{claim} (it keeps changing)")))
+}
+
 fn is_ready(pod: &Value) -> bool {
     objects::condition_true(pod.pointer("/status/conditions"), "Ready") && !is_deleting(pod)
 }
@@ -630,6 +683,21 @@ async fn run_plain_pod(ctx: &Ctx, pod: &Value) -> Result<(), OperatorError> {
         )
         .await?;
     Ok(())
+}
+
+/// How many Nodes the sandbox registers on a cluster with its own
+/// controllers: a HighlyAvailable control plane spreads its etcd members
+/// (and hcp-dr the pods that seed their volumes) one per node and zone.
+pub const SANDBOX_NODES: usize = 3;
+
+/// The sandbox's Nodes on a cluster with its own controllers, with their
+/// zones (`<cluster>-control-plane-N` in `<cluster>-zone-a/b/c`); in the
+/// emulated mode the one virtual node.
+pub(crate) fn sandbox_nodes(ctx: &Ctx) -> Vec<(String, String)> {
+    let count = if ctx.cluster_controllers() { SANDBOX_NODES } else { 1 };
+    (0..count)
+        .map(|i| (format!("{}-control-plane-{i}", ctx.cfg.cluster_name), format!("{}-zone-{}", ctx.cfg.cluster_name, (b'a' + i as u8) as char)))
+        .collect()
 }
 
 pub(crate) fn virtual_node(ctx: &Ctx) -> String {
@@ -833,8 +901,19 @@ async fn sync_statefulset(ctx: &Ctx, s: &Value, world: &World) -> Result<(), Ope
                             ),
                         )
                         .map(str::to_string);
+                        if pod_ip.is_none() && !pods.contains_key(pod_name.as_str()) {
+                            // a claim made before the set (not bound yet):
+                            // its address first, which its binding keeps
+                            let ip = alloc_pod_ip(&spec_template)?.to_string();
+                            let patch = json!({"metadata": {"annotations": {POD_IP_ANNOTATION: ip.clone()},
+                                "resourceVersion": pvc.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)}});
+                            ctx.kube.merge(&PVC, Some(ns), &claim, &patch).await?;
+                            pod_ip = Some(ip);
+                        }
                     }
-                    ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
+                    if existing_pv_dir(&ctx.cfg.state_dir, pvc).is_none() && str_at(pvc, "/spec/volumeName").is_some_and(|v| !v.is_empty()) {
+                        ensure_pv_dir(&ctx.cfg.state_dir, pvc)?;
+                    }
                 }
                 None => {
                     let ip = alloc_pod_ip(&spec_template)?.to_string();

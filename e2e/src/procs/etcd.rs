@@ -526,6 +526,63 @@ pub fn etcdctl_snapshot_restore(
     Ok(())
 }
 
+/// The member flags of a `snapshot restore`; without them the tool
+/// restores a one-member cluster named `default` at `http://localhost:2380`
+/// (etcd's defaults), as HyperShift's shipped `etcd-init` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreMember {
+    /// `--name`.
+    pub name: String,
+    /// `--initial-cluster`, as (name, peer URL).
+    pub initial_cluster: Vec<(String, String)>,
+    /// `--initial-cluster-token`.
+    pub token: String,
+    /// `--initial-advertise-peer-urls`.
+    pub peer_url: String,
+}
+
+/// `snapshot restore SNAPSHOT --data-dir=DATA_DIR` with the member flags of
+/// `member` (none: etcd's defaults) and nothing else (no revision bump,
+/// whatever the tool supports). `data_dir` must not exist or be empty.
+pub fn snapshot_restore(snapshot: &Path, data_dir: &Path, member: Option<&RestoreMember>) -> Result<(), ProcError> {
+    if data_dir.exists() {
+        let empty = std::fs::read_dir(data_dir)
+            .map_err(|source| ProcError::Io { op: "reading", path: data_dir.to_path_buf(), source })?
+            .next()
+            .is_none();
+        if !empty {
+            return Err(ProcError::InvalidConfig(format!(
+                "restore target {} is not empty: etcd would ignore the snapshot",
+                data_dir.display()
+            )));
+        }
+        std::fs::remove_dir(data_dir).map_err(|source| ProcError::Io { op: "removing", path: data_dir.to_path_buf(), source })?;
+    }
+    let tool = restore_tool()?;
+    let mut cmd = Command::new(&tool.program);
+    cmd.env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(snapshot)
+        .arg(format!("--data-dir={}", data_dir.display()));
+    if let Some(m) = member {
+        cmd.arg(format!("--name={}", m.name))
+            .arg(format!("--initial-cluster={}", initial_cluster_flag(&m.initial_cluster)))
+            .arg(format!("--initial-cluster-token={}", m.token))
+            .arg(format!("--initial-advertise-peer-urls={}", m.peer_url));
+    }
+    let rendered = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| ProcError::Spawn { name: tool.program.display().to_string(), source })?;
+    if !out.status.success() {
+        return Err(ProcError::CommandFailed {
+            command: rendered,
+            status: out.status.to_string(),
+            output: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        });
+    }
+    Ok(())
+}
+
 /// Restore `snapshot` with `etcdctl snapshot restore` into a fresh
 /// single-member cluster in `dir` (plain http on 127.0.0.1, free ports) and
 /// start it; healthy on return. For checking what a snapshot holds.

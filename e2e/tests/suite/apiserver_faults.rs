@@ -465,6 +465,7 @@ fn fake_sandbox(dir: &Path, api_url: &str) {
         route53_url: String::new(),
         zone_id: String::new(),
         crds: String::new(),
+        etcd_init: Default::default(),
     };
     std::fs::write(dir.join("sandbox.json"), serde_json::to_string(&state).unwrap()).unwrap();
 }

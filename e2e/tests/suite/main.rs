@@ -16,6 +16,7 @@ mod operator_agent;
 mod operator_capi;
 mod operator_crash;
 mod operator_dns;
+mod operator_etcd_init;
 mod operator_ha;
 mod operator_oidc;
 mod operator_single;

@@ -1,6 +1,7 @@
 //! The etcd "kubelet": a member process that dies is restarted with backoff,
 //! the restart is visible in the pod's containerStatuses, and the member comes
-//! back Ready with its data.
+//! back Ready with its data; a failing `etcd-init` crash-loops in the pod's
+//! initContainerStatuses.
 
 use crate::operator_support;
 
@@ -83,32 +84,56 @@ async fn a_dead_member_is_restarted_and_reported() {
     mgmt.stop().await;
 }
 
+/// The `etcd-init` entry of the pod's `initContainerStatuses`.
+fn etcd_init_status(pod: &Value) -> Option<&Value> {
+    pod.pointer("/status/initContainerStatuses")?
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "etcd-init")
+}
+
+/// An `etcd-init` that fails (curl cannot fetch `s3://`; S3 answers an error
+/// document) crash-loops as a kubelet restarts it: the member never starts,
+/// etcd is unavailable, and `EtcdSnapshotRestored` is not set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_s3_restore_url_keeps_the_member_not_ready() {
+async fn a_failing_etcd_init_keeps_the_member_initializing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("hcp_dr_e2e=info")
         .with_test_writer()
         .try_init();
     let mgmt = Mgmt::start("mgmt-a").await;
-    mgmt.create_hosted_cluster(
-        "zeta",
-        "SingleReplica",
-        0,
-        Some("s3://bucket/backups/zeta/snapshot.db"),
-    )
-    .await;
-    let pod = wait_for("etcd-0 waiting on the unsupported URL", || async {
-        let pod = mgmt.pod("clusters-zeta", "etcd-0").await?;
-        let message = etcd_container(&pod)?
-            .pointer("/state/waiting/message")?
-            .as_str()?
-            .to_string();
-        message.contains("https://").then_some(pod)
-    })
-    .await;
-    assert!(!has_condition(&pod, "Ready", "True"));
-    mgmt.wait_condition("zeta", "EtcdAvailable", "False").await;
-    let hc = mgmt.wait_condition("zeta", "Available", "False").await;
-    assert!(hc.pointer("/status/kubeconfig/name").is_some());
+    let expired = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>";
+    let (xml_url, server) = serve_snapshot(&mgmt.ca, expired.as_bytes().to_vec()).await;
+    mgmt.create_hosted_cluster("zeta", "SingleReplica", 0, Some("s3://bucket/backups/zeta/snapshot.db"))
+        .await;
+    mgmt.create_hosted_cluster("eta", "SingleReplica", 0, Some(&xml_url))
+        .await;
+    for (hc, message) in [("zeta", "Protocol \"s3\" not supported"), ("eta", expired)] {
+        let ns = format!("clusters-{hc}");
+        let pod = wait_for(&format!("{hc}: etcd-init crash-looping"), || async {
+            let pod = mgmt.pod(&ns, "etcd-0").await?;
+            let s = etcd_init_status(&pod)?;
+            (s["state"]["waiting"]["reason"] == "CrashLoopBackOff" && s["restartCount"].as_u64() >= Some(2)).then_some(pod)
+        })
+        .await;
+        let s = etcd_init_status(&pod).expect("etcd-init status");
+        assert_eq!(s["ready"], false);
+        assert_eq!(s["lastState"]["terminated"]["exitCode"], 1, "{s}");
+        assert_eq!(s["lastState"]["terminated"]["reason"], "Error");
+        let got = s["lastState"]["terminated"]["message"].as_str().unwrap_or_default();
+        assert!(got.contains(message), "{hc}: termination message {got:?}");
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert!(has_condition(&pod, "Initialized", "False"));
+        assert!(!has_condition(&pod, "Ready", "True"));
+        assert_eq!(etcd_container(&pod).and_then(|c| c["state"]["waiting"]["reason"].as_str()), Some("PodInitializing"));
+        mgmt.wait_condition(hc, "EtcdAvailable", "False").await;
+        let hc_obj = mgmt.wait_condition(hc, "Available", "False").await;
+        assert!(hc_obj.pointer("/status/kubeconfig/name").is_some());
+        let hcps = mgmt.api("hypershift.openshift.io", "v1beta1", "HostedControlPlane", "hostedcontrolplanes", Some(&ns));
+        let hcp = mgmt.get(&hcps, hc).await.expect("HostedControlPlane");
+        let restored = hcp.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "EtcdSnapshotRestored");
+        assert!(!restored, "{hc}: the condition waits for every member to be ready, as the control-plane operator's does");
+    }
+    server.abort();
     mgmt.stop().await;
 }

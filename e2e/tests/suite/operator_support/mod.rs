@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use hcp_dr_e2e::apiserver::{ApiServer, ApiServerConfig};
-use hcp_dr_e2e::operator::{OidcConfig, Operator, OperatorConfig, Route53Config};
+use hcp_dr_e2e::operator::{EtcdInit, OidcConfig, Operator, OperatorConfig, Route53Config};
 use hcp_dr_e2e::pki::{Ca, CertSpec};
 use hcp_dr_e2e::procs::etcd::{ClientTls, EtcdProcess};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -57,11 +57,25 @@ impl Mgmt {
         Mgmt::start_full(cluster, None, Some(oidc)).await
     }
 
+    /// With the simulated HyperShift operator rendering `etcd_init`.
+    pub async fn start_with_etcd_init(cluster: &str, etcd_init: EtcdInit) -> Mgmt {
+        Mgmt::start_all(cluster, None, None, etcd_init).await
+    }
+
     /// With external-dns writing into `route53` and the OIDC bucket `oidc`.
     pub async fn start_full(
         cluster: &str,
         route53: Option<Route53Config>,
         oidc: Option<OidcConfig>,
+    ) -> Mgmt {
+        Mgmt::start_all(cluster, route53, oidc, EtcdInit::default()).await
+    }
+
+    async fn start_all(
+        cluster: &str,
+        route53: Option<Route53Config>,
+        oidc: Option<OidcConfig>,
+        etcd_init: EtcdInit,
     ) -> Mgmt {
         let dir = tempfile::tempdir().expect("temp dir");
         let etcd = match EtcdProcess::start_plain(&dir.path().join("mgmt-etcd")).await {
@@ -98,6 +112,7 @@ impl Mgmt {
             cloud_dir: Some(dir.path().join("cloud")),
             oidc,
             controllers: Default::default(),
+            etcd_init,
         })
         .await
         .expect("operator starts");
