@@ -63,6 +63,8 @@ pub const PRESIGN_TTL: DurationIn = secs(5 * MINUTE, 7 * DAY, "S3 presigned URLs
 /// How long an idle data mover waits before it exits.
 pub const MOVER_IDLE: DurationIn = secs(MINUTE, DAY, "a mover nobody talks to for a day is orphaned");
 /// How long to wait for DNS records to move or propagate.
+/// How long a seeding pod may stay unschedulable, or its claim unbound.
+pub const SEED_GRACE: DurationIn = secs(5, 6 * HOUR, "a pod no node takes within hours needs a person");
 pub const DNS_WAIT: DurationIn = secs(10, DAY, "DNS that has not moved within a day will not");
 /// How old a complete backup may get before `backups prune --max-age` removes it.
 pub const RETENTION_AGE: DurationIn = secs(HOUR, 36_500 * DAY, "no backup is older than a century");

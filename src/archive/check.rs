@@ -528,6 +528,7 @@ mod tests {
                 release_image: "img".into(),
                 encryption_key_secret: None,
                 lineage: None,
+                etcd_image: None,
             },
             etcd: vec![MemberSnapshot {
                 member: "etcd-0".into(),

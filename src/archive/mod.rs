@@ -235,6 +235,11 @@ pub struct ClusterIdentity {
     /// backups lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<String>,
+    /// The image of the etcd StatefulSet's `etcd` container when the backup
+    /// was taken (the release's etcd): what a restore seeds the members'
+    /// volumes with. Older backups lack it (`--etcd-image` then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_image: Option<String>,
 }
 
 /// The annotation a restore or migrate puts on the HostedCluster it
@@ -558,6 +563,7 @@ mod tests {
                 release_image: "img".into(),
                 encryption_key_secret: Some("demo-etcd-encryption-key".into()),
                 lineage: None,
+                etcd_image: None,
             },
             etcd: ["etcd-0", "etcd-1"]
                 .iter()

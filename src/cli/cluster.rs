@@ -252,6 +252,11 @@ pub struct CreateArgs {
     /// the HostedCluster's spec.tolerations.
     #[arg(long = "toleration", value_name = "TOLERATION", value_parser = parse_toleration)]
     pub toleration: Vec<serde_json::Value>,
+    /// The StorageClass of the etcd members' volumes (the HostedCluster's
+    /// spec.etcd.managed.storage.persistentVolume.storageClassName)
+    /// [default: the management cluster's default class].
+    #[arg(long, value_name = "CLASS", value_parser = super::k8s_name)]
+    pub etcd_storage_class: Option<String>,
     /// Print the objects as YAML; create nothing.
     #[arg(long)]
     pub render: bool,
@@ -290,6 +295,7 @@ fn cluster(args: &CreateArgs) -> Result<NewCluster, OpsError> {
         agent_namespace: args.agent_namespace.clone(),
         node_selector: args.node_selector.iter().cloned().collect(),
         tolerations: args.toleration.clone(),
+        etcd_storage_class: args.etcd_storage_class.clone(),
         aws: match (&args.aws_region, &args.aws_role_arn_prefix, &args.aws_subnet_id, &args.aws_oidc_bucket_url) {
             (Some(region), Some(prefix), Some(subnet), Some(issuer)) => {
                 Some(AwsSpec { region: region.clone(), role_arn_prefix: prefix.clone(), subnet_id: subnet.clone(), oidc_bucket_url: issuer.clone() })

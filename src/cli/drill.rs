@@ -70,6 +70,8 @@ pub struct Args {
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
     #[command(flatten)]
+    pub seed: super::SeedArgs,
+    #[command(flatten)]
     pub run: crate::ops::RunFlags,
 }
 
@@ -97,6 +99,7 @@ fn options(args: Args, output: Output) -> DrillOptions {
         name_suffix: args.name_suffix,
         keep: args.keep,
         report: args.report,
+        etcd_seed: args.seed.inputs(),
         run: args.run,
         observer: super::report::progress(output),
     }

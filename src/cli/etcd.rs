@@ -360,6 +360,8 @@ pub fn render_status(health: &ClusterHealth, options: &StatusOptions) -> String 
         health.expected_members,
         if health.healthy {
             "HEALTHY"
+        } else if !health.split.is_empty() {
+            "SPLIT"
         } else {
             "DEGRADED"
         }
@@ -413,15 +415,38 @@ pub fn render_status(health: &ClusterHealth, options: &StatusOptions) -> String 
             _ => "pod IP",
         }
     ));
+    out.push_str("the cluster each member says it is in:\n");
+    for m in health.members.iter().filter(|m| m.cluster_id.is_some()) {
+        out.push_str(&format!(
+            "  {}: cluster {}, members {}\n",
+            m.name,
+            m.cluster_id.as_deref().unwrap_or("-"),
+            m.member_list
+                .as_ref()
+                .map(|list| list
+                    .iter()
+                    .map(|l| format!("{}={}", if l.name.is_empty() { "(unstarted)" } else { l.name.as_str() }, l.peer_urls.join(",")))
+                    .collect::<Vec<_>>()
+                    .join(" "))
+                .unwrap_or_else(|| "(not read)".into())
+        ));
+    }
     if !health.healthy {
         out.push_str("problems:\n");
         for problem in &health.problems {
             out.push_str(&format!("  - {problem}\n"));
         }
-        out.push_str(&format!(
-            "one failing member: hcp-dr etcd recover --hosted-cluster {} -n {}; several, or no quorum: restore etcd from a backup (hcp-dr etcd restore)\n",
-            options.hosted_cluster, options.namespace
-        ));
+        if health.split.is_empty() {
+            out.push_str(&format!(
+                "one failing member: hcp-dr etcd recover --hosted-cluster {} -n {}; several, or no quorum: restore etcd from a backup (hcp-dr etcd restore)\n",
+                options.hosted_cluster, options.namespace
+            ));
+        } else {
+            out.push_str(&format!(
+                "the members are NOT ONE CLUSTER: each serves its own copy of the data behind the etcd-client Service. Stop writes to it, then put one cluster back from a backup: hcp-dr etcd restore --hosted-cluster {} -n {} --from BACKUP (it restores every member with the same --initial-cluster); `etcd recover` cannot join separate clusters\n",
+                options.hosted_cluster, options.namespace
+            ));
+        }
     }
     out
 }

@@ -85,6 +85,8 @@ pub struct Args {
     #[arg(long, env = "HCP_DR_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
     #[command(flatten)]
+    pub seed: super::SeedArgs,
+    #[command(flatten)]
     pub run: crate::ops::RunFlags,
 }
 
@@ -116,6 +118,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         presign_ttl: args.presign_ttl,
         etcd_access: args.etcd_access,
         tls: TlsOverride::default(),
+        etcd_seed: args.seed.inputs(),
         run: args.run,
         observer: super::report::progress(output),
     }
@@ -142,6 +145,12 @@ pub fn render(result: &MigrateResult) -> String {
     out.push('\n');
     out.push_str(&format!("hosted cluster: {}\nbackup: {}\n", result.hosted_cluster, result.backup));
     out.push_str(&super::report::stage_lines(&result.run));
+    if let Ok(Some(seeded)) = result.run.output_of::<crate::stages::restore::etcd_seed::EtcdSeed>() {
+        out.push_str(&super::etcd_seed_line(&seeded));
+    }
+    if let Some(etcd) = result.run.output_of::<crate::stages::restore::wait::Wait>().ok().flatten().and_then(|h| h.etcd) {
+        out.push_str(&super::one_cluster_line(&etcd));
+    }
     if let Some(rto) = result.rto_seconds {
         out.push_str(&format!("RTO (API down on the source until Available on the destination): {rto:.1}s\n"));
     }

@@ -51,6 +51,79 @@ pub fn image_ref(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// How a restored cluster's etcd members get the backup's data (restore,
+/// migrate, drill).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SeedArgs {
+    /// How the restored etcd members get the backup's data: `volumes`
+    /// (hcp-dr restores every member's volume, with the members' names and
+    /// initial cluster, before the HostedCluster exists) or `url`
+    /// (HyperShift's etcd-init restores restoreSnapshotURL into each
+    /// member) [default: volumes for HighlyAvailable, url for SingleReplica].
+    /// `url` on a HighlyAvailable cluster splits it into separate clusters
+    /// unless the destination's HyperShift has the fix (--etcd-init-fixed).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub etcd_seed: Option<crate::stages::restore::etcd_seed::SeedMode>,
+    /// The destination's HyperShift has openshift/hypershift PR 9048 (its
+    /// etcd-init restores with the members' names and initial cluster):
+    /// allows --etcd-seed url for a HighlyAvailable cluster.
+    #[arg(long)]
+    pub etcd_init_fixed: bool,
+    /// How far above the backup's revision the seeded members start
+    /// [default: 1000 revisions a second of the backup's age, at least 1000;
+    /// 1000 for a migration, whose source is stopped from the backup on]
+    /// [range: 1 to 1000000000000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
+    pub bump_revision: Option<u64>,
+    /// The image of the pods that seed the members' volumes (it runs
+    /// etcdutl, curl and sha256sum) [default: the etcd image the backup
+    /// recorded from the source's etcd StatefulSet].
+    #[arg(long, value_name = "IMAGE", value_parser = image_ref)]
+    pub etcd_image: Option<String>,
+}
+
+impl SeedArgs {
+    pub fn inputs(&self) -> crate::stages::restore::etcd_seed::EtcdSeedInputs {
+        crate::stages::restore::etcd_seed::EtcdSeedInputs {
+            mode: self.etcd_seed,
+            init_fixed: self.etcd_init_fixed,
+            bump_revision: self.bump_revision,
+            image: self.etcd_image.clone(),
+            source_stopped: false,
+        }
+    }
+}
+
+/// How a restore's etcd got its data, for the reports.
+pub fn etcd_seed_line(seeded: &crate::stages::restore::etcd_seed::Seeded) -> String {
+    use crate::stages::restore::etcd_seed::SeedMode;
+    match seeded.mode {
+        SeedMode::Url => format!("etcd: restored by HyperShift's etcd-init from restoreSnapshotURL ({})\n", seeded.why),
+        SeedMode::Volumes => format!(
+            "etcd: hcp-dr seeded the members' volumes ({}) with the backup at revision {} bumped by {} to {} or above ({}); why: {}\n",
+            seeded.members.keys().cloned().collect::<Vec<_>>().join(", "),
+            seeded.backup_revision,
+            seeded.bump,
+            seeded.expected_min_revision,
+            seeded.bump_reason,
+            seeded.why
+        ),
+    }
+}
+
+/// The proof that the restored etcd is one cluster, for the reports.
+pub fn one_cluster_line(etcd: &crate::stages::restore::wait::OneCluster) -> String {
+    format!(
+        "etcd is ONE cluster {} of {} (leader {}), every member at revision {} or above; a key written through {} was read back through {}\n",
+        etcd.cluster_id,
+        etcd.members.join(", "),
+        etcd.leader,
+        etcd.min_revision,
+        etcd.probe_written_through,
+        if etcd.probe_read_back.is_empty() { "no other member (one member)".to_string() } else { etcd.probe_read_back.join(", ") }
+    )
+}
+
 /// `--replicas` of a NodePool (an int32 in the CRD; no NodePool is larger).
 pub fn node_pool_replicas() -> clap::builder::RangedI64ValueParser<i64> {
     clap::builder::RangedI64ValueParser::new().range(0..=500)

@@ -102,6 +102,8 @@ pub struct Args {
     #[arg(long, requires = "take_over_dns")]
     pub dns_only: bool,
     #[command(flatten)]
+    pub seed: super::SeedArgs,
+    #[command(flatten)]
     pub run: crate::ops::RunFlags,
 }
 
@@ -125,6 +127,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
         overwrite: args.overwrite,
         etcd_access: args.etcd_access,
         mover_image: args.mover_image,
+        etcd_seed: args.seed.inputs(),
         run: args.run,
         observer: super::report::progress(output),
         dns: (args.route53_zone.is_some() || args.take_over_dns || args.dns_owner.is_some()).then(|| DnsInputs {
@@ -205,6 +208,9 @@ pub fn render(result: &RestoreResult) -> String {
     out.push('\n');
     out.push_str(&format!("backup: {}\nhosted cluster: {}\n", result.backup, result.hosted_cluster));
     out.push_str(&super::report::stage_lines(&result.run));
+    if let Some(seeded) = &result.seeded {
+        out.push_str(&super::etcd_seed_line(seeded));
+    }
     if let Some(healthy) = &result.healthy {
         out.push_str(&format!(
             "Available after {:.1}s; etcd revisions {} (backup {})\n",
@@ -212,6 +218,9 @@ pub fn render(result: &RestoreResult) -> String {
             serde_json::json!(healthy.revisions),
             healthy.backup_revision
         ));
+        if let Some(etcd) = &healthy.etcd {
+            out.push_str(&super::one_cluster_line(etcd));
+        }
     }
     if let (Some(taken), Some(age)) = (result.backup_taken, result.backup_age_seconds)
         && matches!(result.run.outcome, crate::pipeline::RunOutcome::Succeeded)

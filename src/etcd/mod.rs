@@ -89,6 +89,8 @@ pub struct Member {
 /// What a member says about itself.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MemberStatus {
+    /// The cluster this member belongs to (its response header's cluster ID).
+    pub cluster_id: u64,
     pub member_id: u64,
     pub leader_id: u64,
     pub is_leader: bool,
@@ -110,7 +112,7 @@ pub struct MemberAlarm {
 }
 
 /// One entry of the cluster's member list.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ListedMember {
     pub id: u64,
     /// Empty while the member was added but never started.
@@ -166,6 +168,7 @@ impl Member {
         let header = status.header();
         let member_id = header.map(|h| h.member_id()).unwrap_or_default();
         Ok(MemberStatus {
+            cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
             member_id,
             leader_id: status.leader(),
             is_leader: member_id != 0 && member_id == status.leader(),
@@ -217,6 +220,25 @@ impl Member {
                 is_learner: m.is_learner(),
             })
             .collect())
+    }
+
+    /// Write `value` at `key` through this member (one revision).
+    pub async fn put(&self, client: &mut Client, key: &str, value: &str) -> Result<i64, EtcdError> {
+        let response = client.put(key, value, None).await.map_err(self.request("put"))?;
+        Ok(response.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
+    /// The value at `key` as this member serves it to a linearizable read
+    /// (`None`: no such key in the cluster this member belongs to).
+    pub async fn get_value(&self, client: &mut Client, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        let response = client.get(key, None).await.map_err(self.request("get"))?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    /// Delete `key` through this member.
+    pub async fn delete(&self, client: &mut Client, key: &str) -> Result<(), EtcdError> {
+        client.delete(key, None).await.map_err(self.request("delete"))?;
+        Ok(())
     }
 
     /// Stream a snapshot of this member into `store` at `key`, checking etcd's

@@ -54,6 +54,9 @@ pub struct NewCluster {
     pub node_selector: std::collections::BTreeMap<String, String>,
     /// `spec.tolerations`: added to every control-plane pod (and data mover).
     pub tolerations: Vec<Value>,
+    /// `spec.etcd.managed.storage.persistentVolume.storageClassName`
+    /// (None: the management cluster's default class).
+    pub etcd_storage_class: Option<String>,
 }
 
 /// A label for `--node-selector`: `KEY=VALUE`, each part as Kubernetes
@@ -257,6 +260,9 @@ pub fn objects(c: &NewCluster) -> Result<Vec<Value>, String> {
         "platform": hc_platform,
         "services": [api, route("OAuthServer", "oauth"), route("Konnectivity", "konnectivity"), route("Ignition", "ignition")],
     });
+    if let Some(class) = &c.etcd_storage_class {
+        spec["etcd"]["managed"]["storage"]["persistentVolume"]["storageClassName"] = json!(class);
+    }
     if let Some(aws) = c.aws.as_ref().filter(|_| c.platform == Platform::Aws) {
         // the issuer names the infraID, so both are chosen here (as `hcp create cluster aws` does)
         let infra_id = format!("{name}-{}", infra_suffix()?);
@@ -301,6 +307,7 @@ pub(crate) mod tests {
             agent_namespace: None,
             node_selector: Default::default(),
             tolerations: Vec::new(),
+            etcd_storage_class: None,
         }
     }
 

@@ -53,6 +53,8 @@ pub struct DrillOptions {
     pub keep: bool,
     /// Write the report to `<report>.md` and `<report>.json`.
     pub report: Option<PathBuf>,
+    /// `--etcd-seed`, `--etcd-init-fixed`, `--bump-revision`, `--etcd-image`.
+    pub etcd_seed: crate::stages::restore::etcd_seed::EtcdSeedInputs,
     /// Playbook, journal, abort (of a drill that stopped with `--keep` or
     /// was killed), dry-run; a drill is not resumed.
     pub run: super::RunFlags,
@@ -148,6 +150,7 @@ fn restore_options(options: &DrillOptions) -> RestoreOptions {
         overwrite: false,
         etcd_access: options.etcd_access,
         mover_image: None,
+        etcd_seed: options.etcd_seed.clone(),
         run: super::RunFlags {
             dry_run: options.run.dry_run,
             ..super::RunFlags::default()
@@ -211,8 +214,9 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
         .iter()
         .any(|s| s.name == <crate::stages::restore::apply::Apply as crate::pipeline::StageId>::NAME && !matches!(s.status, StageStatus::Skipped | StageStatus::Planned { .. }));
     match &run.outcome {
-        _ if !apply_ran => DrillCluster::NeverCreated,
+        // what `etcd-seed` made before `apply` may be what is left
         RunOutcome::UndoFailed { .. } => DrillCluster::LeftAfterFailedUndo,
+        _ if !apply_ran => DrillCluster::NeverCreated,
         RunOutcome::RolledBack { .. } => DrillCluster::RemovedAfterFailure,
         RunOutcome::Aborted => DrillCluster::RemovedByAbort,
         RunOutcome::Failed { .. } => DrillCluster::NeverCreated,
@@ -248,6 +252,9 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
     s3.endpoint = s3.endpoint.or_else(|| inputs.restore.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.restore.ca_bundle.clone());
     let store = store::open(&inputs.restore.store, s3.clone()).await?;
+    if options.run.abort.is_none() {
+        super::restore::check_seed(&inputs.restore, store.as_ref()).await?;
+    }
     // an encrypted backup is read as restore reads it; --abort needs no key
     let (keys, warnings) = match options.run.abort {
         Some(_) => (None, Vec::new()),

@@ -49,6 +49,8 @@ pub struct MigrateOptions {
     pub presign_ttl: Duration,
     pub etcd_access: EtcdAccess,
     pub tls: TlsOverride,
+    /// `--etcd-seed`, `--etcd-init-fixed`, `--bump-revision`, `--etcd-image`.
+    pub etcd_seed: crate::stages::restore::etcd_seed::EtcdSeedInputs,
     /// Playbook, journal, resume/abort, dry-run.
     pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
@@ -150,6 +152,8 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             identity: None,
             dns: None,
             mover_image: options.platform.mover_image.clone(),
+            // the source's writers stay stopped from the snapshot on
+            etcd_seed: crate::stages::restore::etcd_seed::EtcdSeedInputs { source_stopped: true, ..options.etcd_seed.clone() },
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),
@@ -195,6 +199,10 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         }
         None => (new_inputs(&options)?, None),
     };
+    let mut inputs = inputs;
+    if let Some(image) = &options.etcd_seed.image {
+        inputs.destination.etcd_seed.image = Some(image.clone());
+    }
     // a resumed run reaches the clusters its journal recorded (absolute
     // kubeconfig paths and resolved contexts) unless the flags say otherwise;
     // journals of older versions only have the inputs
@@ -214,6 +222,15 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
             "the source and the destination are the same management cluster ({}): migrate moves a hosted cluster to another one",
             source.binding.describe()
         )));
+    }
+    if journal_given.is_none() {
+        // a seeding the cluster cannot be restored with is refused before the source is paused
+        let label = format!("HostedCluster {}/{}", inputs.source.namespace, inputs.source.hosted_cluster);
+        let hcs = crate::kube::api(&source.client, &crate::hosted::HOSTED_CLUSTER, &inputs.source.namespace);
+        if let Some(hc) = crate::kube::get_json(&hcs, &inputs.source.hosted_cluster, &label).await? {
+            let hc = crate::hosted::HostedCluster(hc);
+            crate::stages::restore::etcd_seed::resolve_mode(&inputs.destination.etcd_seed, hc.availability_policy()).map_err(OpsError::Input)?;
+        }
     }
     let clusters = vec![source.binding.clone(), destination.binding.clone()];
     let destination_binding = destination.binding.clone();

@@ -13,6 +13,7 @@ use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::dns::TakenOver;
+use crate::stages::restore::etcd_seed::{EtcdSeedInputs, resolve_mode};
 use crate::stages::restore::{DnsInputs, RestoreContext, RestoreInputs, restore_catalog};
 use crate::archive::check::{CheckError, read_manifest};
 use crate::archive::encryption::{EncryptionError, Identities};
@@ -37,6 +38,8 @@ pub struct RestoreOptions {
     pub etcd_access: EtcdAccess,
     /// The data-mover image for a KubeVirt cluster's guest volumes.
     pub mover_image: Option<String>,
+    /// `--etcd-seed`, `--etcd-init-fixed`, `--bump-revision`, `--etcd-image`.
+    pub etcd_seed: EtcdSeedInputs,
     /// Playbook, journal, resume/abort, dry-run.
     pub run: super::RunFlags,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
@@ -70,6 +73,9 @@ pub struct RestoreResult {
     /// What `wait` saw, when it ran.
     #[serde(skip)]
     pub healthy: Option<crate::stages::restore::wait::Healthy>,
+    /// How etcd got its data (`etcd-seed`), when it ran.
+    #[serde(skip)]
+    pub seeded: Option<crate::stages::restore::etcd_seed::Seeded>,
     /// The fence `fence` wrote, when it ran.
     #[serde(skip)]
     pub fence: Option<crate::archive::fence::Fence>,
@@ -180,6 +186,7 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         identity: None,
         dns: check_dns(options)?,
         mover_image: options.mover_image.clone(),
+        etcd_seed: options.etcd_seed.clone(),
     })
 }
 
@@ -281,6 +288,19 @@ pub(crate) async fn prepare_decryption(
     Ok((Some(identities), Vec::new()))
 }
 
+/// Refuse, before anything is contacted on the destination, a seeding the
+/// backup's cluster cannot be restored with (`--etcd-seed url` on a
+/// HighlyAvailable backup without `--etcd-init-fixed`). A manifest that
+/// cannot be read is `verify`'s to report.
+pub(crate) async fn check_seed(inputs: &RestoreInputs, store: &dyn Store) -> Result<(), OpsError> {
+    let manifest = match read_manifest(store, &inputs.layout()).await {
+        Ok(manifest) => manifest,
+        Err(CheckError::Store(err)) => return Err(err.into()),
+        Err(_) => return Ok(()),
+    };
+    resolve_mode(&inputs.etcd_seed, &manifest.cluster.availability_policy).map(|_| ()).map_err(OpsError::Input)
+}
+
 /// Run (or resume, abort, dry-run) a restore.
 pub async fn restore(options: RestoreOptions, interrupt: &mut Interrupt) -> Result<RestoreResult, OpsError> {
     restore_with(options, Decrypt::default(), interrupt).await
@@ -308,12 +328,19 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
     // the destination first: a journal pointed at another cluster is refused
     // before the store is read or anything is decrypted
     let target = super::reach_for("destination", options.kubeconfig.as_deref(), options.context.as_deref(), journal_given.as_deref()).await?;
-    // --overwrite may be added when resuming after a conflict report.
+    // --overwrite may be added when resuming after a conflict report, and
+    // --etcd-image when the backup did not record one.
     inputs.overwrite |= options.overwrite;
+    if let Some(image) = &options.etcd_seed.image {
+        inputs.etcd_seed.image = Some(image.clone());
+    }
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     let store = store::open(&inputs.store, s3.clone()).await?;
+    if journal_given.is_none() && !dns_only {
+        check_seed(&inputs, store.as_ref()).await?;
+    }
     // --abort deletes what the run made, the decrypted copy too: no key needed
     let (keys, warnings) = if options.run.aborting() {
         (None, Vec::new())
@@ -366,6 +393,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         take_over_dns_command,
         dns_takeover,
         healthy: run.output_of::<crate::stages::restore::wait::Wait>()?,
+        seeded: run.output_of::<crate::stages::restore::etcd_seed::EtcdSeed>()?,
         fence: run.output_of::<crate::stages::restore::fence::WriteFence>()?.map(|fenced| fenced.fence),
         oidc: run.output_of::<crate::stages::restore::oidc::OidcIssuer>()?.flatten(),
         backup,

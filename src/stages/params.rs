@@ -138,6 +138,40 @@ impl DnsParams {
     }
 }
 
+/// `etcd-seed`: how long a seeding pod may stay unschedulable, and its
+/// volume claim unbound, before the restore stops and says why.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SeedParams {
+    pub unschedulable_for: Option<String>,
+    pub unbound_for: Option<String>,
+}
+
+/// The defaults of [`SeedParams`]: long enough for a cluster autoscaler to
+/// add a node, or a provisioner to make a volume.
+pub const SEED_UNSCHEDULABLE_FOR: Duration = Duration::from_secs(120);
+pub const SEED_UNBOUND_FOR: Duration = Duration::from_secs(180);
+
+impl StageParams for SeedParams {
+    const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("unschedulable-for", "how long a seeding pod may stay unschedulable before the restore stops (5s to 6h; default 2m)"),
+        ("unbound-for", "how long a seeded volume claim may stay Pending once it can bind (5s to 6h; default 3m)"),
+    ];
+    fn check(&self) -> Result<(), String> {
+        self.unschedulable_for()?;
+        self.unbound_for().map(|_| ())
+    }
+}
+
+impl SeedParams {
+    pub fn unschedulable_for(&self) -> Result<Duration, String> {
+        Ok(duration_in("unschedulable-for", &self.unschedulable_for, duration::SEED_GRACE)?.unwrap_or(SEED_UNSCHEDULABLE_FOR))
+    }
+    pub fn unbound_for(&self) -> Result<Duration, String> {
+        Ok(duration_in("unbound-for", &self.unbound_for, duration::SEED_GRACE)?.unwrap_or(SEED_UNBOUND_FOR))
+    }
+}
+
 /// `etcd-snapshot`: how many members stream their snapshot at once.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

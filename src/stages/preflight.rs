@@ -249,6 +249,7 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
         .map_err(|err| StageError::Precondition(err.to_string()))?;
     }
     let etcd_health = crate::archive::EtcdHealth { skipped: choice.skipped, no_quorum: choice.no_quorum };
+    let etcd_image = etcd_image(ctx, &hcp_ns).await?;
 
     Ok(Findings {
         identity: ClusterIdentity {
@@ -263,6 +264,7 @@ async fn check(ctx: &mut BackupContext) -> Result<Findings, StageFailure> {
             release_image: hc.release_image().to_string(),
             encryption_key_secret: hc.encryption_key_secret().map(str::to_string),
             lineage: hc.0["metadata"]["annotations"][crate::archive::LINEAGE].as_str().map(str::to_string),
+            etcd_image,
         },
         node_pools,
         members,
@@ -293,6 +295,22 @@ pub fn platform_gap(platform: &str, guest: Option<&hosted::kubevirt::GuestData>)
         "AWS" => Some("the IAM OIDC provider and the roles' trust policies are cloud resources outside this backup: a restore or migrate checks and rewrites the OIDC issuer's documents (from the signing key the backup holds), but only reports which provider and roles must trust the issuer".into()),
         other => Some(format!("hcp-dr does not know the platform `{other}`: the backup holds etcd, the HyperShift objects and the control-plane namespace's Cluster API and provider objects, but none of the platform's objects elsewhere (hosts, volumes, cloud identity); back those up with the platform's own tooling")),
     }
+}
+
+/// The image of the etcd StatefulSet's `etcd` container (the release's
+/// etcd), recorded so a restore can seed the members' volumes with it.
+async fn etcd_image(ctx: &BackupContext, hcp_ns: &str) -> Result<Option<String>, StageFailure> {
+    let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), hcp_ns);
+    let sts = sets
+        .get_opt(hosted::ETCD_STATEFULSET)
+        .await
+        .map_err(request(format!("reading StatefulSet {hcp_ns}/{}", hosted::ETCD_STATEFULSET)))?;
+    Ok(sts
+        .map(|s| s.spec)
+        .and_then(|spec| spec.template.spec)
+        .and_then(|pod| pod.containers.into_iter().find(|c| c.name == "etcd"))
+        .and_then(|c| c.image)
+        .filter(|image| !image.is_empty()))
 }
 
 /// How long one member has to answer: a hung member (stopped,

@@ -3,8 +3,12 @@
 //! not stop the drill (teardown still runs), it fails it in the report.
 //!
 //! - **etcd members**: as many member pods as the cluster's availability policy asks.
+//! - **etcd one cluster**: the members answer as one cluster (same cluster
+//!   and member list, one leader) and a key written through one is read
+//!   back through the others (`etcd_ops::one_cluster`).
 //! - **etcd revision `<member>`**: the member's revision is at least the
-//!   manifest's (it restored the snapshot, not an empty database).
+//!   manifest's plus the seeding's bump (it restored the snapshot, not an
+//!   empty database).
 //! - **etcd keys `<member>`**: per resource prefix (`/kubernetes.io/secrets/`),
 //!   the keys of the member created at or before the backup's revision (the
 //!   ones the snapshot brought; etcd keeps a key's create revision through a
@@ -35,6 +39,7 @@ use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{api, get_json, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, stage::error_chain};
 use crate::stages::context::{MemberTarget, TlsOverride};
+use crate::stages::etcd_ops::{health, one_cluster};
 use crate::stages::restore::volumes::VolumeRestore;
 use crate::stages::restore::wait::{hosted_client, ready_nodes};
 use crate::stages::{StageError, etcd_access};
@@ -267,6 +272,15 @@ async fn etcd_checks(ctx: &DrillContext, step: &Step<'_>, snapshot: Option<&BTre
             return Ok(Vec::new());
         }
     };
+    let hc = crate::stages::restore::preflight::hosted_cluster(restore.objects.as_deref().unwrap_or_default())?;
+    out.push(one_cluster_check(restore, &hc, &tls).await);
+    // seeded members start above the backup's revision by the seeding's bump
+    let seeded = step.output_of::<crate::stages::restore::etcd_seed::EtcdSeed>()?.filter(|s| s.expected_min_revision > 0);
+    let min_revision = seeded.as_ref().map(|s| s.expected_min_revision).unwrap_or(backup_revision);
+    let floor = match &seeded {
+        Some(s) => format!("the backup's {backup_revision} plus the seeding's bump of {}", s.bump),
+        None => format!("the backup's {backup_revision}"),
+    };
     let mut samples = None;
     for target in &targets {
         let member = &target.pod;
@@ -280,10 +294,10 @@ async fn etcd_checks(ctx: &DrillContext, step: &Step<'_>, snapshot: Option<&BTre
         match read.await {
             Err(err) => out.push(CheckResult::fail(format!("etcd revision {member}"), format!("cannot read the member: {}", error_chain(err.as_ref())))),
             Ok((revision, counted)) => {
-                out.push(if revision >= backup_revision {
-                    CheckResult::pass(format!("etcd revision {member}"), format!("revision {revision}, the backup's {backup_revision}"))
+                out.push(if revision >= min_revision {
+                    CheckResult::pass(format!("etcd revision {member}"), format!("revision {revision}, at or above {floor}"))
                 } else {
-                    CheckResult::fail(format!("etcd revision {member}"), format!("revision {revision} is below the backup's {backup_revision}: the member did not restore the snapshot"))
+                    CheckResult::fail(format!("etcd revision {member}"), format!("revision {revision} is below {floor}: the member did not restore the snapshot"))
                 });
                 out.push(match snapshot {
                     Some(snapshot) => compare_counts(member, snapshot, &counted),
@@ -294,6 +308,43 @@ async fn etcd_checks(ctx: &DrillContext, step: &Step<'_>, snapshot: Option<&BTre
         }
     }
     Ok(samples.unwrap_or_default())
+}
+
+/// The members are one cluster (`one_cluster`): the same cluster and member
+/// list everywhere, one leader, and a key written through one member read
+/// back through the others.
+async fn one_cluster_check(restore: &crate::stages::restore::RestoreContext, hc: &HostedCluster, tls: &crate::stages::context::EtcdTlsMaterial) -> CheckResult {
+    const NAME: &str = "etcd one cluster";
+    let hcp_ns = restore.inputs.hcp_namespace();
+    let cluster = health::EtcdCluster { client: &restore.client, hosted_cluster: hc, access: restore.inputs.etcd_access, tls };
+    let found = match health::probe(&cluster).await {
+        Ok(found) => found,
+        Err(err) => return CheckResult::fail(NAME, format!("cannot read the members: {err}")),
+    };
+    let expected: Vec<String> = (0..hc.expected_etcd_members()).map(|i| format!("{}-{i}", hosted::ETCD_STATEFULSET)).collect();
+    let verdict = one_cluster::check(&expected, &hcp_ns, &found.members);
+    if !verdict.is_one_cluster() {
+        return CheckResult::fail(NAME, verdict.problems().join("; "));
+    }
+    let members: Vec<&health::MemberHealth> = expected.iter().filter_map(|n| found.member(n)).collect();
+    match one_cluster::write_probe(&cluster, found.access, &members).await {
+        Err(err) => CheckResult::fail(NAME, err),
+        Ok(probe) => match one_cluster::probe_split(&probe) {
+            Some(split) => CheckResult::fail(NAME, split),
+            None if !probe.unreadable.is_empty() => CheckResult::fail(NAME, format!("the probe key could not be read back: {}", probe.unreadable.join("; "))),
+            None => CheckResult::pass(
+                NAME,
+                format!(
+                    "cluster {}: every member lists {}; leader {}; a key written through {} was read back through {}",
+                    members.first().and_then(|m| m.cluster_id.as_deref()).unwrap_or("?"),
+                    expected.join(", "),
+                    found.leader.as_deref().unwrap_or("?"),
+                    probe.written_through,
+                    if probe.read_back.is_empty() { "no other member (one member)".to_string() } else { probe.read_back.join(", ") }
+                ),
+            ),
+        },
+    }
 }
 
 /// Ready nodes of each NodePool of the drill cluster.

@@ -406,6 +406,7 @@ mod tests {
             revision: Some(50),
             healthy: problems.is_empty(),
             problems,
+            split: Vec::new(),
             members,
         }
     }

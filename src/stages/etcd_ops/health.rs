@@ -109,6 +109,18 @@ pub struct MemberHealth {
     pub name: String,
     /// etcd's member id, in hex as etcdctl prints it.
     pub member_id: Option<String>,
+    /// The cluster this member says it belongs to (hex).
+    #[serde(default)]
+    pub cluster_id: Option<String>,
+    /// The member id this member says leads (hex; `0`: none).
+    #[serde(default)]
+    pub leader_id: Option<String>,
+    /// The names in this member's member list (sorted).
+    #[serde(default)]
+    pub members: Option<Vec<String>>,
+    /// This member's member list in full (ids and peer URLs).
+    #[serde(default)]
+    pub member_list: Option<Vec<ListedMember>>,
     pub pod: Option<String>,
     pub pod_uid: Option<String>,
     pub phase: Option<String>,
@@ -182,6 +194,10 @@ pub struct ClusterHealth {
     /// Why the cluster is degraded; empty when it is healthy.
     pub problems: Vec<String>,
     pub healthy: bool,
+    /// Why the members are not one cluster (they answer, but disagree about
+    /// the cluster they form: `one_cluster::check`); empty when they are.
+    #[serde(default)]
+    pub split: Vec<String>,
 }
 
 impl ClusterHealth {
@@ -228,6 +244,10 @@ fn pod_row(pod: &Pod) -> MemberHealth {
     MemberHealth {
         name: name.clone(),
         member_id: None,
+        cluster_id: None,
+        leader_id: None,
+        members: None,
+        member_list: None,
         pod: Some(name),
         pod_uid: pod.metadata.uid.clone(),
         phase: status.and_then(|s| s.phase.clone()),
@@ -282,15 +302,16 @@ fn join_host_port(ip: &str, port: u16) -> String {
 }
 
 fn pod_ip(row: &MemberHealth) -> Option<String> {
-    row.endpoint
-        .as_deref()
-        .and_then(|e| e.strip_prefix("https://"))
+    row.endpoint.as_deref().and_then(endpoint_host)
+}
+
+/// The host of a client URL `https://<host>:<port>` (brackets of an IPv6
+/// address removed).
+pub fn endpoint_host(endpoint: &str) -> Option<String> {
+    endpoint
+        .strip_prefix("https://")
         .and_then(|hp| hp.rsplit_once(':'))
-        .map(|(host, _)| {
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string()
-        })
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']').to_string())
 }
 
 /// `auto`: pod IPs when any member's answers a TCP connect from here, else
@@ -419,6 +440,14 @@ fn fill(row: &mut MemberHealth, answer: Answer) {
     };
     row.reachable = true;
     row.member_id = Some(format!("{:x}", status.member_id));
+    row.cluster_id = Some(format!("{:x}", status.cluster_id));
+    row.leader_id = Some(format!("{:x}", status.leader_id));
+    if let Some(list) = &answer.listed {
+        let mut names: Vec<String> = list.iter().map(|m| if m.name.is_empty() { format!("(unstarted {:x})", m.id) } else { m.name.clone() }).collect();
+        names.sort();
+        row.members = Some(names);
+        row.member_list = Some(list.clone());
+    }
     row.leader = status.is_leader;
     row.raft_term = Some(status.raft_term);
     row.raft_index = Some(status.raft_index);
@@ -524,6 +553,10 @@ pub async fn probe(cluster: &EtcdCluster<'_>) -> Result<ClusterHealth, HealthErr
                 format!("(unstarted {id})")
             },
             member_id: Some(id.clone()),
+            cluster_id: None,
+            leader_id: None,
+            members: None,
+            member_list: None,
             pod: None,
             pod_uid: None,
             phase: None,
@@ -558,7 +591,10 @@ pub async fn probe(cluster: &EtcdCluster<'_>) -> Result<ClusterHealth, HealthErr
     let leader = rows.iter().find(|r| r.leader);
     let expected = hc.expected_etcd_members();
     let listed_members = listed.as_ref().map(Vec::len);
-    let problems = problems(expected, hc.availability_policy(), &rows, listed_members);
+    let mut problems = problems(expected, hc.availability_policy(), &rows, listed_members);
+    let names: Vec<String> = (0..expected).map(|i| format!("{}-{i}", hosted::ETCD_STATEFULSET)).collect();
+    let split = super::one_cluster::check(&names, &hcp_ns, &rows).split;
+    problems.extend(split.iter().cloned());
     Ok(ClusterHealth {
         hosted_cluster: format!("{}/{}", hc.namespace(), hc.name()),
         hcp_namespace: hcp_ns,
@@ -570,6 +606,7 @@ pub async fn probe(cluster: &EtcdCluster<'_>) -> Result<ClusterHealth, HealthErr
         listed_members,
         healthy: problems.is_empty(),
         problems,
+        split,
         members: rows,
     })
 }
@@ -616,6 +653,10 @@ pub(crate) mod tests {
                 "{:x}",
                 name.len() * 1000 + name.bytes().last().unwrap_or(0) as usize
             )),
+            cluster_id: None,
+            leader_id: None,
+            members: None,
+            member_list: None,
             pod: Some(name.into()),
             pod_uid: Some(format!("uid-{name}")),
             phase: Some("Running".into()),
@@ -702,6 +743,7 @@ pub(crate) mod tests {
     #[test]
     fn a_status_without_leader_or_with_errors_is_unhealthy() {
         let status = |leader_id: u64, errors: Vec<String>| MemberStatus {
+            cluster_id: 1,
             member_id: 7,
             leader_id,
             is_leader: false,

@@ -11,6 +11,7 @@
 
 pub mod assess;
 pub mod health;
+pub mod one_cluster;
 pub mod rejoin;
 pub mod replace;
 

@@ -99,6 +99,8 @@ pub fn restore_pod(plan: &RestorePlan, member: &PlannedMember, namespace: &str, 
             ],
             "volumeMounts": [{"name": "data", "mountPath": plan.mount_path}],
             "terminationMessagePolicy": "FallbackToLogsOnError",
+            // nothing it does needs a privilege (PodSecurity `restricted`)
+            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
         }]),
     );
     spec.insert("volumes".into(), json!([{"name": "data", "persistentVolumeClaim": {"claimName": member.pvc}}]));
@@ -106,7 +108,7 @@ pub fn restore_pod(plan: &RestorePlan, member: &PlannedMember, namespace: &str, 
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": format!("hcp-dr-etcd-restore-{}", member.name),
+            "name": pod_name(&member.name),
             "namespace": namespace,
             "labels": {POD_LABEL.0: POD_LABEL.1, "app.kubernetes.io/managed-by": "hcp-dr", "hcp-dr.openshift.io/member": member.name},
             "annotations": {SCRIPT_ANNOTATION.0: SCRIPT_ANNOTATION.1},
@@ -149,6 +151,41 @@ async fn replace_claim(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &Pl
         .ok_or_else(|| StageError::Precondition(format!("{what} was created without a uid")).into())
 }
 
+/// The name of `member`'s restore pod.
+pub fn pod_name(member: &str) -> String {
+    format!("hcp-dr-etcd-restore-{member}")
+}
+
+/// How a restore pod ended: `Some(Ok)` succeeded, `Some(Err(why))` failed,
+/// `None` still going (pure, for tests).
+pub fn pod_outcome(pod: &Pod, ns: &str) -> Option<Result<(), String>> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let what = format!("restore pod {ns}/{name}");
+    let status = pod.status.clone().unwrap_or_default();
+    let terminated = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|c| c.state.and_then(|s| s.terminated));
+    match status.phase.as_deref() {
+        Some("Succeeded") => Some(Ok(())),
+        Some("Failed") => Some(Err(format!(
+            "{what} failed ({}): {}",
+            terminated
+                .as_ref()
+                .map(|t| format!("exit code {}{}", t.exit_code, t.reason.as_ref().map(|r| format!(", {r}")).unwrap_or_default()))
+                .or(status.reason.clone())
+                .unwrap_or_else(|| "no reason given".into()),
+            terminated
+                .and_then(|t| t.message)
+                .or(status.message)
+                .map(|m| m.trim().to_string())
+                .unwrap_or_else(|| format!("see kubectl -n {ns} describe pod {name}"))
+        ))),
+        _ => None,
+    }
+}
+
 /// Run the restore pod of `member` to completion; the seconds it took.
 async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedMember, sha256: &str, bump: u64) -> Result<f64, StageFailure> {
     let ns = ctx.hcp_namespace();
@@ -163,29 +200,7 @@ async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedM
     api.create(&PostParams::default(), &pod).await.map_err(request(format!("creating {what}")))?;
     let outcome = crate::kube::wait_watching(&api, crate::kube::Watched::named(&name), &format!("{what} to finish"), timeout, Duration::from_millis(500), || async {
         let pod = api.get(&name).await.map_err(request(format!("reading {what}")))?;
-        let status = pod.status.unwrap_or_default();
-        let terminated = status
-            .container_statuses
-            .unwrap_or_default()
-            .into_iter()
-            .find_map(|c| c.state.and_then(|s| s.terminated));
-        Ok(match status.phase.as_deref() {
-            Some("Succeeded") => Some(Ok(())),
-            Some("Failed") => Some(Err(format!(
-                "{what} failed ({}): {}",
-                terminated
-                    .as_ref()
-                    .map(|t| format!("exit code {}{}", t.exit_code, t.reason.as_ref().map(|r| format!(", {r}")).unwrap_or_default()))
-                    .or(status.reason.clone())
-                    .unwrap_or_else(|| "no reason given".into()),
-                terminated
-                    .and_then(|t| t.message)
-                    .or(status.message)
-                    .map(|m| m.trim().to_string())
-                    .unwrap_or_else(|| format!("see kubectl -n {ns} describe pod {name}"))
-            ))),
-            _ => None,
-        })
+        Ok(pod_outcome(&pod, &ns))
     })
     .await?;
     outcome.map_err(|message| StageError::Precondition(format!("{message}; fix the cause and resume (hcp-dr etcd restore --resume JOURNAL)")))?;
@@ -257,11 +272,15 @@ async fn presign(ctx: &mut EtcdRestoreContext, snapshot: &CheckedSnapshot, done:
 
 /// Hand the URL to the pods in a Secret (replaced if left over).
 async fn put_url_secret(ctx: &EtcdRestoreContext) -> Result<(), StageFailure> {
-    let ns = ctx.hcp_namespace();
     let url = ctx.url.clone().ok_or(StageError::Missing("the presigned URL"))?;
-    let api: Api<Secret> = Api::namespaced(ctx.cluster.client.clone(), &ns);
+    write_url_secret(&ctx.cluster.client, &ctx.hcp_namespace(), &url, ctx.cluster.inputs.wait_timeout()).await
+}
+
+/// The Secret [`URL_SECRET`] in `ns` holding `url` (replacing one left over).
+pub async fn write_url_secret(client: &kube::Client, ns: &str, url: &str, timeout: Duration) -> Result<(), StageFailure> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let what = format!("Secret {ns}/{URL_SECRET}");
-    crate::teardown::delete_and_wait(&api, URL_SECRET, &what, ctx.cluster.inputs.wait_timeout()).await?;
+    crate::teardown::delete_and_wait(&api, URL_SECRET, &what, timeout).await?;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": URL_SECRET, "namespace": ns, "labels": {POD_LABEL.0: POD_LABEL.1, "app.kubernetes.io/managed-by": "hcp-dr"}},
         "type": "Opaque",
@@ -271,11 +290,16 @@ async fn put_url_secret(ctx: &EtcdRestoreContext) -> Result<(), StageFailure> {
     Ok(())
 }
 
+/// Delete the Secret [`URL_SECRET`] of `ns` (a missing one is fine).
+pub async fn remove_url_secret(client: &kube::Client, ns: &str, timeout: Duration) -> Result<(), StageFailure> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    crate::teardown::delete_and_wait(&api, URL_SECRET, &format!("Secret {ns}/{URL_SECRET}"), timeout).await?;
+    Ok(())
+}
+
 /// Remove the Secret and the staged copy (also after a failure).
 async fn clean_up(ctx: &EtcdRestoreContext, done: &Restored) -> Result<(), StageFailure> {
-    let ns = ctx.hcp_namespace();
-    let api: Api<Secret> = Api::namespaced(ctx.cluster.client.clone(), &ns);
-    crate::teardown::delete_and_wait(&api, URL_SECRET, &format!("Secret {ns}/{URL_SECRET}"), ctx.cluster.inputs.wait_timeout()).await?;
+    remove_url_secret(&ctx.cluster.client, &ctx.hcp_namespace(), ctx.cluster.inputs.wait_timeout()).await?;
     if let (Some(key), Some(staging)) = (&done.staged_key, &ctx.staging) {
         staging.delete(key).await?;
     }

@@ -243,8 +243,10 @@ async fn run(ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Applied, S
     let run_id = applied.run_id.clone();
     let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
 
-    // Leftover etcd volumes (only with --clean-leftovers; preflight refused otherwise).
-    if ctx.inputs.clean_leftovers {
+    // Leftover etcd volumes (only with --clean-leftovers; preflight refused
+    // otherwise), unless `etcd-seed` replaced them with its own claims.
+    let seeded = step.output_of::<super::etcd_seed::EtcdSeed>()?.is_some_and(|s| s.mode == super::etcd_seed::SeedMode::Volumes);
+    if ctx.inputs.clean_leftovers && !seeded {
         let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
         for name in &findings.leftover_pvcs {
             if !applied.deleted_leftovers.contains(name) {

@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod dns;
+pub mod etcd_seed;
 pub mod fence;
 pub mod oidc;
 pub mod order;
@@ -67,6 +68,9 @@ pub struct RestoreInputs {
     /// default hcp-dr's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover_image: Option<String>,
+    /// How the members get etcd's data (`--etcd-seed` and friends).
+    #[serde(default)]
+    pub etcd_seed: etcd_seed::EtcdSeedInputs,
 }
 
 /// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`.
@@ -164,7 +168,7 @@ impl RestoreContext {
 
 /// Every restore stage, and what must come before what (the playbook rules).
 pub fn restore_catalog() -> Catalog<RestoreContext> {
-    use {apply::Apply, dns::DnsTakeover, fence::WriteFence, oidc::OidcIssuer, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, volumes::VolumeRestore, wait::Wait};
+    use {apply::Apply, dns::DnsTakeover, etcd_seed::EtcdSeed, fence::WriteFence, oidc::OidcIssuer, preflight::Preflight, snapshot_url::SnapshotUrl, verify::Verify, volumes::VolumeRestore, wait::Wait};
     Catalog::new("restore")
         .with(Verify)
         .with(Preflight)
@@ -173,8 +177,10 @@ pub fn restore_catalog() -> Catalog<RestoreContext> {
         .after(&[Verify::NAME])
         .with(VolumeRestore)
         .after(&[Preflight::NAME])
-        .with(Apply)
+        .with(EtcdSeed)
         .after(&[Preflight::NAME, SnapshotUrl::NAME])
+        .with(Apply)
+        .after(&[Preflight::NAME, SnapshotUrl::NAME, EtcdSeed::NAME])
         .with(Wait)
         .after(&[Apply::NAME])
         .with(WriteFence { by: "restore" })

@@ -87,7 +87,8 @@ pub fn hosted_cluster(objects: &[Value]) -> Result<HostedCluster, StageError> {
     }
 }
 
-async fn check(ctx: &mut RestoreContext, guest: Option<&crate::archive::GuestVolumes>) -> Result<Findings, StageFailure> {
+async fn check(ctx: &mut RestoreContext, manifest: Option<&crate::archive::Manifest>) -> Result<Findings, StageFailure> {
+    let guest = manifest.and_then(|m| m.guest_volumes.as_ref());
     ensure_loaded(ctx).await?;
     let objects = ctx.objects.clone().unwrap_or_default();
     let (ns, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hcp_namespace());
@@ -211,6 +212,17 @@ async fn check(ctx: &mut RestoreContext, guest: Option<&crate::archive::GuestVol
         ));
     }
 
+    // HighlyAvailable: hcp-dr seeds the members' volumes (a class to make
+    // them in, an image to fill them with), or the URL path is allowed.
+    if let Some(manifest) = manifest {
+        let (seeding, warnings) = super::etcd_seed::preflight_problems(ctx, manifest, &hc).await?;
+        problems.extend(seeding);
+        for warning in warnings {
+            tracing::warn!("{warning}");
+            ctx.warnings.push(warning);
+        }
+    }
+
     // Secrets in etcd are useless without the exact encryption key.
     if let Some(key) = hc.encryption_key_secret() {
         let included = objects.iter().any(|o| {
@@ -260,7 +272,7 @@ impl Stage<RestoreContext> for Preflight {
     }
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let manifest = super::verify::manifest(ctx, step).await?;
-        let findings = check(ctx, manifest.guest_volumes.as_ref()).await?;
+        let findings = check(ctx, Some(&manifest)).await?;
         ctx.findings = Some(findings.clone());
         Ok(findings)
     }

@@ -1,18 +1,25 @@
 //! `wait`: the restore is done when the HostedCluster is Available, every
-//! NodePool's nodes are Ready in the hosted cluster, and every etcd member
-//! reports a revision no lower than the backup's (the data is the backup's,
-//! not an empty etcd). Then a staged snapshot copy is deleted.
+//! NodePool's nodes are Ready in the hosted cluster, and the etcd members
+//! are ONE cluster holding the restored data: every member answers with the
+//! same cluster ID and the same member list of exactly the expected members
+//! at their own peer URLs, one leader, revisions at or above the restored
+//! one and within a small window, and a key written through one member is
+//! read back through each of the others (`etcd_ops::one_cluster`). Members
+//! that answer but are not one cluster (what HyperShift's etcd-init makes of
+//! a HighlyAvailable restore through restoreSnapshotURL) fail the stage.
+//! Then a staged snapshot copy is deleted.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::RestoreContext;
+use super::etcd_seed::{EtcdSeed, SeedMode, Seeded};
 use super::preflight::hosted_cluster;
 use super::snapshot_url::UrlRecord;
 use super::verify::ensure_loaded;
@@ -20,7 +27,8 @@ use crate::hosted::{self, HOSTED_CLUSTER, HostedCluster};
 use crate::kube::{KubeError, Watched, api, get_json, request, wait_for, wait_watching};
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
 use crate::stages::params::AvailableWait;
-use crate::stages::context::{MemberTarget, TlsOverride};
+use crate::stages::context::TlsOverride;
+use crate::stages::etcd_ops::{health, one_cluster};
 use crate::stages::{StageError, etcd_access};
 
 pub struct Wait;
@@ -33,6 +41,9 @@ pub struct Healthy {
     /// Per member.
     pub revisions: BTreeMap<String, i64>,
     pub nodes_ready: BTreeMap<String, usize>,
+    /// How the members were proven one cluster (absent in older journals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<OneCluster>,
 }
 
 const POLL: Duration = Duration::from_secs(1);
@@ -74,10 +85,10 @@ pub async fn ready_nodes(client: &kube::Client, pool: &str) -> Result<usize, kub
         .count())
 }
 
-async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::archive::Manifest) -> Result<Healthy, StageFailure> {
+async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::archive::Manifest, seeded: Option<&Seeded>) -> Result<Healthy, StageFailure> {
     ensure_loaded(ctx).await?;
     let started = Instant::now();
-    let (ns, name, hcp_ns) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone(), ctx.inputs.hcp_namespace());
+    let (ns, name) = (ctx.inputs.namespace.clone(), ctx.inputs.hosted_cluster.clone());
     let hc_api = api(&ctx.client, &HOSTED_CLUSTER, &ns);
     let label = ctx.inputs.hc_label();
     // progress: say what the cluster reports whenever it changes
@@ -139,44 +150,14 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::arch
         }
     }
 
-    // Every member holds the backup's data.
+    // Every member holds the backup's data, and they are one cluster.
     let backup_revision = manifest
         .best_snapshot()
         .map(|s| s.revision)
         .ok_or_else(|| StageError::Precondition("the backup's manifest lists no etcd snapshot".into()))?;
-    let tls = etcd_access::discover_tls(&ctx.client, &hcp_ns, &TlsOverride::default()).await?;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    let pods = pods
-        .list(&ListParams::default().labels(hosted::ETCD_POD_SELECTOR))
-        .await
-        .map_err(request(format!("listing etcd pods in {hcp_ns}")))?;
-    let expected = hosted_cluster(ctx.objects.as_deref().unwrap_or_default())?.expected_etcd_members();
-    let mut revisions = BTreeMap::new();
-    for pod in &pods.items {
-        let target = MemberTarget {
-            pod: pod.metadata.name.clone().unwrap_or_default(),
-            pod_ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-            revision: 0,
-        };
-        let (member, _forward) = etcd_access::connect_member(&ctx.client, &hcp_ns, ctx.inputs.etcd_access, &tls, &target).await?;
-        let mut client = member.connect().await?;
-        let status = member.status(&mut client).await?;
-        if status.revision < backup_revision {
-            return Err(StageError::Precondition(format!(
-                "etcd member {hcp_ns}/{} is at revision {}, below the backup's {backup_revision}: it did not restore the snapshot (a leftover volume, or the download failed: kubectl -n {hcp_ns} logs {} -c etcd-init)",
-                target.pod, status.revision, target.pod
-            ))
-            .into());
-        }
-        revisions.insert(target.pod, status.revision);
-    }
-    if revisions.len() != expected {
-        return Err(StageError::Precondition(format!(
-            "{} etcd member(s) answer in {hcp_ns}, {expected} expected; check kubectl -n {hcp_ns} get pods -l app=etcd",
-            revisions.len()
-        ))
-        .into());
-    }
+    let left = timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(60));
+    let etcd = prove_one_cluster(ctx, seeded, backup_revision, left).await?;
+    let revisions = etcd.revisions.clone();
 
     // The staged copy is no longer needed.
     let staged: Option<UrlRecord> = ctx.url_record.clone();
@@ -189,7 +170,105 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::arch
         backup_revision,
         revisions,
         nodes_ready,
+        etcd: Some(etcd),
     })
+}
+
+/// The proof that the restored members are one cluster (journaled).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OneCluster {
+    pub cluster_id: String,
+    pub leader: String,
+    /// The members every member lists.
+    pub members: Vec<String>,
+    /// Per member.
+    pub revisions: BTreeMap<String, i64>,
+    /// Every member is at or above this: the backup's revision plus the
+    /// seeding's bump (the backup's own with the URL path).
+    pub min_revision: i64,
+    /// A key written through this member was read back through the others.
+    pub probe_written_through: String,
+    pub probe_read_back: Vec<String>,
+}
+
+/// Wait until the restored members are ONE cluster at or above the
+/// restored revision (`one_cluster`), and fail when they answer but are
+/// not: split clusters do not heal by themselves.
+async fn prove_one_cluster(ctx: &RestoreContext, seeded: Option<&Seeded>, backup_revision: i64, timeout: Duration) -> Result<OneCluster, StageFailure> {
+    let hc = hosted_cluster(ctx.objects.as_deref().unwrap_or_default())?;
+    let hcp_ns = ctx.inputs.hcp_namespace();
+    let tls = etcd_access::discover_tls(&ctx.client, &hcp_ns, &TlsOverride::default()).await?;
+    let cluster = health::EtcdCluster { client: &ctx.client, hosted_cluster: &hc, access: ctx.inputs.etcd_access, tls: &tls };
+    let expected: Vec<String> = (0..hc.expected_etcd_members()).map(|i| format!("{}-{i}", hosted::ETCD_STATEFULSET)).collect();
+    let seeded_volumes = seeded.filter(|s| s.mode == SeedMode::Volumes && s.expected_min_revision > 0);
+    let min_revision = seeded_volumes.map(|s| s.expected_min_revision).unwrap_or(backup_revision);
+    let started = Instant::now();
+    let (mut strikes, mut last) = (0, String::new());
+    loop {
+        let found = health::probe(&cluster).await.map_err(|e| StageError::Precondition(e.to_string()))?;
+        let verdict = one_cluster::check(&expected, &hcp_ns, &found.members);
+        let mut definitive = verdict.split.clone();
+        let mut waiting = verdict.waiting.clone();
+        for m in found.members.iter().filter(|m| expected.contains(&m.name)) {
+            if let Some(revision) = m.revision.filter(|r| *r < min_revision) {
+                definitive.push(format!(
+                    "{} is at revision {revision}, below the {min_revision} the restore gives every member ({}): it does not hold the restored data (a leftover volume, or the download failed: kubectl -n {hcp_ns} logs {} -c etcd-init)",
+                    m.name,
+                    if seeded_volumes.is_some() { "the backup's revision plus the seeding's bump" } else { "the backup's revision" },
+                    m.name
+                ));
+            }
+        }
+        if definitive.is_empty() && waiting.is_empty() {
+            let members: Vec<&health::MemberHealth> = expected.iter().filter_map(|n| found.member(n)).collect();
+            let probe = one_cluster::write_probe(&cluster, found.access, &members).await.map_err(StageError::Precondition)?;
+            match one_cluster::probe_split(&probe) {
+                Some(split) => definitive.push(split),
+                None if !probe.unreadable.is_empty() => waiting.push(format!("the probe key could not be read back: {}", probe.unreadable.join("; "))),
+                None => {
+                    let leader = found.members.iter().find(|m| m.leader).map(|m| m.name.clone()).unwrap_or_default();
+                    let first = members.first().copied();
+                    tracing::info!(cluster_id = %first.and_then(|m| m.cluster_id.clone()).unwrap_or_default(), leader = %leader, "etcd is one cluster of {}: a key written through {} was read through {}", expected.join(", "), probe.written_through, probe.read_back.join(", "));
+                    return Ok(OneCluster {
+                        cluster_id: first.and_then(|m| m.cluster_id.clone()).unwrap_or_default(),
+                        leader,
+                        members: first.and_then(|m| m.members.clone()).unwrap_or_default(),
+                        revisions: members.iter().filter_map(|m| m.revision.map(|r| (m.name.clone(), r))).collect(),
+                        min_revision,
+                        probe_written_through: probe.written_through,
+                        probe_read_back: probe.read_back,
+                    });
+                }
+            }
+        }
+        // a split is stable: seen three times running, it is the answer
+        strikes = if definitive.is_empty() { 0 } else { strikes + 1 };
+        if strikes >= 3 {
+            let why = if seeded_volumes.is_some() {
+                "hcp-dr seeded every member's volume, yet they are not one cluster: did something else fill or replace the volumes?".to_string()
+            } else {
+                one_cluster::split_advice(&found)
+            };
+            return Err(StageError::Precondition(format!(
+                "etcd in {hcp_ns} is not one cluster of {}:\n  - {}\n{why}. Remove this restore with --abort (it deletes what it created) and restore again with --etcd-seed volumes (the default for HighlyAvailable), which seeds the members itself; see `hcp-dr etcd status --hosted-cluster {} -n {}`",
+                expected.join(", "),
+                definitive.join("\n  - "),
+                ctx.inputs.hosted_cluster,
+                ctx.inputs.namespace
+            ))
+            .into());
+        }
+        let now: Vec<String> = definitive.iter().chain(&waiting).cloned().collect();
+        if started.elapsed() >= timeout {
+            return Err(KubeError::Timeout { what: format!("the etcd members in {hcp_ns} to be one cluster at revision {min_revision} or above ({})", now.join("; ")), seconds: timeout.as_secs() }.into());
+        }
+        let said = now.join("; ");
+        if said != last {
+            tracing::info!(namespace = %hcp_ns, "etcd not yet one cluster: {said}");
+            last = said;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 impl StageId for Wait {
@@ -219,6 +298,7 @@ impl Stage<RestoreContext> for Wait {
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<AvailableWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
         let manifest = super::verify::manifest(ctx, step).await?;
-        Ok(run(ctx, timeout, &manifest).await?)
+        let seeded = step.output_of::<EtcdSeed>()?;
+        Ok(run(ctx, timeout, &manifest, seeded.as_ref()).await?)
     }
 }
