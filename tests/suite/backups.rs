@@ -83,6 +83,7 @@ async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, complete: b
                 release_image: "img".into(),
                 encryption_key_secret: None,
                 lineage: None,
+                etcd_image: None,
             },
             etcd: vec![MemberSnapshot {
                 member: "etcd-0".into(),

@@ -108,6 +108,10 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--volume-snapshot-class", "Fast_Snaps"], 2, &["--volume-snapshot-class", "Fast_Snaps", "not a valid Kubernetes name"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--mover-image", "Quay.io/HCP DR"], 2, &["--mover-image", "not a container image reference"]),
         case(&["restore", "--from", &s, "--mover-image", "quay.io/HcpDr/mover:v1"], 2, &["--mover-image", "repository in lowercase"]),
+        case(&["restore", "--from", &s, "--etcd-seed", "disk"], 2, &["--etcd-seed", "possible values: volumes, url"]),
+        case(&["restore", "--from", &s, "--bump-revision", "0"], 2, &["--bump-revision", "0 is not in 1..="]),
+        case(&["drill", "--from", &s, "--etcd-image", "Quay.io/Etcd"], 2, &["--etcd-image", "container image reference"]),
+        case(&["migrate", "--hosted-cluster", "demo", "--bump-revision", "many"], 2, &["--bump-revision", "invalid digit"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--include-root-disks", "--skip-guest-volumes"], 2, &["--include-root-disks", "--skip-guest-volumes", "cannot be used with"]),
         case(&["migrate", "--hosted-cluster", "demo", "--include-root-disks", "--skip-guest-volumes"], 2, &["--include-root-disks", "cannot be used with"]),
         // backup: stores

@@ -180,6 +180,7 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
     for expected in [
         "etcd members",
+        "etcd one cluster",
         "etcd revision etcd-0",
         "etcd revision etcd-1",
         "etcd revision etcd-2",
@@ -204,6 +205,12 @@ async fn a_drill_restores_the_backup_on_staging_checks_it_reports_and_removes_it
     }
     let wait = result["stages"].as_array().unwrap().iter().find(|s| s["name"] == "wait").unwrap()["output"].clone();
     assert!(wait["revisions"].as_object().unwrap().values().all(|r| r.as_i64().unwrap() >= revision), "{wait}");
+    // HighlyAvailable: hcp-dr seeded the members' volumes, and they are one cluster
+    let seeded = result["stages"].as_array().unwrap().iter().find(|s| s["name"] == "etcd-seed").unwrap()["output"].clone();
+    assert_eq!(seeded["mode"], "volumes", "{seeded}");
+    assert_eq!(wait["etcd"]["members"], json!(["etcd-0", "etcd-1", "etcd-2"]), "{wait}");
+    let one = checks.iter().find(|c| c["name"] == "etcd one cluster").unwrap()["detail"].as_str().unwrap();
+    assert!(one.contains("every member lists etcd-0, etcd-1, etcd-2"), "{one}");
     // nothing secret in the output
     let printed = text(&out);
     assert!(!printed.contains("X-Amz-Signature"), "a presigned URL was printed");

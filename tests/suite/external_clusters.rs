@@ -142,15 +142,20 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     let down = support::existing::Down(kubelet_dir.clone());
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(kubelet_dir.join("sandbox.json")).unwrap()).unwrap();
     assert_eq!(state["clusters"][0]["external"]["footprint"]["controllers"], "cluster", "{state:#}");
-    let out = a.kubectl(&["get", "node", "mgmt-a-control-plane-0", "-o", "json"]);
-    assert!(out.status.success(), "the sandbox registered its Node: {}", text(&out));
-    let node: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(node["metadata"]["labels"]["sandbox.hcp-dr.io/kubelet"], "true", "{node:#}");
-    assert_eq!(node["spec"]["taints"][0]["key"], "sandbox.hcp-dr.io/kubelet", "{node:#}");
-    let ready = node["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
-    assert!(ready, "{node:#}");
-    let out = a.kubectl(&["get", "lease", "mgmt-a-control-plane-0", "-n", "kube-node-lease", "-o", "jsonpath={.spec.holderIdentity}"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "mgmt-a-control-plane-0", "{}", text(&out));
+    // three Nodes, one per zone (etcd members go one per node and zone)
+    for (i, zone) in ["a", "b", "c"].iter().enumerate() {
+        let name = format!("mgmt-a-control-plane-{i}");
+        let out = a.kubectl(&["get", "node", &name, "-o", "json"]);
+        assert!(out.status.success(), "the sandbox registered its Node {name}: {}", text(&out));
+        let node: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(node["metadata"]["labels"]["sandbox.hcp-dr.io/kubelet"], "true", "{node:#}");
+        assert_eq!(node["metadata"]["labels"]["topology.kubernetes.io/zone"], format!("mgmt-a-zone-{zone}"), "{node:#}");
+        assert_eq!(node["spec"]["taints"][0]["key"], "sandbox.hcp-dr.io/kubelet", "{node:#}");
+        let ready = node["status"]["conditions"].as_array().unwrap().iter().any(|c| c["type"] == "Ready" && c["status"] == "True");
+        assert!(ready, "{node:#}");
+        let out = a.kubectl(&["get", "lease", &name, "-n", "kube-node-lease", "-o", "jsonpath={.spec.holderIdentity}"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), name, "{}", text(&out));
+    }
     for object in ["priorityclass/hypershift-etcd", "priorityclass/hypershift-api-critical", "storageclass/sandbox-local"] {
         let out = a.kubectl(&["get", object, "-o", "name"]);
         assert!(out.status.success(), "{object}: {}", text(&out));
@@ -158,7 +163,7 @@ fn bad_clusters_are_refused_before_anything_is_created_and_down_removes_what_up_
     let out = sandbox(&["down", "--dir", kd]);
     drop(down);
     let said = String::from_utf8_lossy(&out.stdout).to_string();
-    for removed in ["removed Node mgmt-a-control-plane-0", "removed PriorityClass hypershift-etcd", "removed StorageClass sandbox-local"] {
+    for removed in ["removed Nodes mgmt-a-control-plane-0, mgmt-a-control-plane-1, mgmt-a-control-plane-2", "removed PriorityClass hypershift-etcd", "removed StorageClass sandbox-local"] {
         assert!(said.contains(removed), "{removed}: {said}");
     }
     for kind in ["nodes", "priorityclasses", "storageclasses", "crd"] {

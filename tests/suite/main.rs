@@ -18,6 +18,7 @@ mod drill;
 mod drill_cmd;
 mod encryption;
 mod etcd_ops;
+mod etcd_seed;
 mod etcd_restore;
 mod etcd_snapshot;
 mod external_clusters;

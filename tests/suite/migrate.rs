@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::Value;
 use support::*;
 
-const STAGES: [&str; 24] = [
+const STAGES: [&str; 25] = [
     "lock",
     "preflight",
     "destination-check",
@@ -32,6 +32,7 @@ const STAGES: [&str; 24] = [
     "destination-preflight",
     "snapshot-url",
     "volume-restore",
+    "etcd-seed",
     "apply",
     "wait",
     "fence",
@@ -108,6 +109,8 @@ async fn migrate_survives_a_sigkill_in_every_stage_and_moves_everything() {
     assert!(Api::<Namespace>::all(env.mgmt.clone()).get_opt(&env.hcp_ns()).await.unwrap().is_none());
     // the destination serves every workload object and every etcd key from before
     assert_moved(&b, &env.hcp_ns(), revision_before, &keys_before, 3).await;
+    // with HyperShift's shipped etcd-init: one cluster, because hcp-dr seeded the volumes
+    assert_one_etcd_cluster(&b, &env.hcp_ns(), 3, "after the migration").await;
     let ovn_before = keys_before.iter().filter(|k| k.starts_with("/kubernetes.io/pods/openshift-ovn-kubernetes/ovnkube-node-")).count();
     let restarted = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "ovn-restart").unwrap()["output"]["restarted"].as_array().map_or(0, Vec::len);
     assert_eq!(restarted, ovn_before, "every OVN pod from before was restarted");

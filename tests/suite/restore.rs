@@ -22,21 +22,6 @@ async fn mgmt_b_client(env: &Env) -> kube::Client {
     env.sandbox.clusters[1].api.client().await.expect("mgmt-b client")
 }
 
-/// Delete `demo` on mgmt-a and wait for its control plane to go (it and the
-/// restored copy would serve the same stable hosted API address).
-async fn retire_source(env: &Env) {
-    let hc = api_for(&env.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
-    hc.delete("demo", &Default::default()).await.expect("delete source HC");
-    let namespaces: Api<Namespace> = Api::all(env.mgmt.clone());
-    for _ in 0..360 {
-        if namespaces.get_opt(&env.hcp_ns()).await.expect("ns").is_none() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("the source control plane namespace was not removed");
-}
-
 async fn hc_exists(client: &kube::Client) -> bool {
     let hc = api_for(client, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
     hc.get_opt("demo").await.expect("get HC").is_some()
@@ -107,8 +92,9 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     // the presigned URL's signature is never printed
     assert!(!text(&out).contains("X-Amz-Signature"), "{}", text(&out));
 
-    // the restored cluster serves the backup's data
+    // the restored cluster serves the backup's data, from one etcd cluster
     wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
+    assert_one_etcd_cluster(&b, &env.hcp_ns(), 3, "after the restore").await;
     let hosted = hosted_client(&b, "clusters", "demo").await.expect("hosted client on mgmt-b");
     let cms = Api::<ConfigMap>::namespaced(hosted.clone(), WORKLOAD_NS).list(&Default::default()).await.expect("configmaps");
     let secrets = Api::<Secret>::namespaced(hosted, WORKLOAD_NS).list(&Default::default()).await.expect("secrets");

@@ -93,7 +93,7 @@ async fn assert_workloads(mgmt: &kube::Client, namespace: &str, name: &str, cont
     assert_eq!(secrets.items.iter().filter(|s| s.metadata.name.as_deref().is_some_and(|n| n.starts_with("secret-"))).count(), WORKLOAD_OBJECTS, "{context}");
 }
 
-const RESTORE_STAGES: [&str; 9] = ["verify", "preflight", "snapshot-url", "volume-restore", "apply", "wait", "fence", "oidc-issuer", "dns-takeover"];
+const RESTORE_STAGES: [&str; 10] = ["verify", "preflight", "snapshot-url", "volume-restore", "etcd-seed", "apply", "wait", "fence", "oidc-issuer", "dns-takeover"];
 
 fn hostnames() -> Vec<String> {
     ["api", "ignition", "konnectivity", "oauth"].iter().map(|s| format!("{s}.demo.{BASE_DOMAIN}")).collect()
@@ -147,12 +147,19 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
     // fence (Available), each before its stage was journaled as done, then
     // --abort: nothing of the restore is left on mgmt-b, no store fence, the
     // DNS records still the lost cluster's
-    for stage in ["apply", "fence"] {
+    for stage in ["etcd-seed", "apply", "fence"] {
         let aborted = env.dir.path().join(format!("restore-aborted-{stage}.jsonl"));
         let args = restore(&aborted);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         kill_after(&env, &args, &aborted, stage);
-        assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_some(), "{stage}: apply ran before the kill");
+        if stage == "etcd-seed" {
+            // the members' volumes are seeded, nothing else made yet
+            let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(b.clone(), &env.hcp_ns()).list(&Default::default()).await.unwrap();
+            assert_eq!(claims.items.len(), 3, "{stage}: the seeded claims before the kill");
+            assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_none(), "{stage}: apply ran");
+        } else {
+            assert!(hc_api(&b, "clusters").get_opt("demo").await.unwrap().is_some(), "{stage}: apply ran before the kill");
+        }
         assert_eq!(fence_file.exists(), stage == "fence", "{stage}: the store fence before --abort");
         let out = env.hcp_dr(&["restore", "--abort", aborted.to_str().unwrap(), "-o", "json"], &[]);
         assert!(out.status.success(), "{stage}: {}", text(&out));
@@ -179,12 +186,16 @@ async fn restore_survives_a_sigkill_in_every_stage_and_an_abort_leaves_nothing()
     assert_eq!(wait["backup_revision"].as_i64(), Some(revision), "{wait}");
     let revisions = wait["revisions"].as_object().expect("revisions");
     assert_eq!(revisions.len(), 3, "{wait}");
-    assert!(revisions.values().all(|r| r.as_i64().unwrap() >= revision), "{wait}");
+    let seeded = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "etcd-seed").unwrap()["output"];
+    let min = seeded["expected_min_revision"].as_i64().unwrap();
+    assert!(min > revision && revisions.values().all(|r| r.as_i64().unwrap() >= min), "{wait} {seeded}");
+    assert_eq!(wait["etcd"]["members"], json!(["etcd-0", "etcd-1", "etcd-2"]), "{wait}");
     assert!(!text(&out).contains("X-Amz-Signature"), "{}", text(&out));
 
     // as an uninterrupted restore: Available with the backup's data
     wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
     assert_workloads(&b, "clusters", "demo", "after the resumed restore").await;
+    assert_one_etcd_cluster(&b, &env.hcp_ns(), 3, "after the resumed restore").await;
     let after = member_keys(&b, &env.hcp_ns(), "/kubernetes.io/").await.expect("keys after");
     assert_eq!(after.len(), 3);
     for (pod, member_revision, keys) in &after {
@@ -304,7 +315,7 @@ async fn etcd_restore_survives_a_sigkill_in_every_stage_and_an_abort_puts_the_ol
     assert_workloads(&env.mgmt, "clusters", "demo", "after the resumed restore").await;
 }
 
-const DRILL_STAGES: [&str; 8] = ["verify", "rewrite", "preflight", "snapshot-url", "apply", "wait", "checks", "teardown"];
+const DRILL_STAGES: [&str; 9] = ["verify", "rewrite", "preflight", "snapshot-url", "etcd-seed", "apply", "wait", "checks", "teardown"];
 
 /// Nothing of the drill is left on the staging cluster.
 async fn assert_no_drill(b: &kube::Client, namespaces_before: &BTreeSet<String>, context: &str) {

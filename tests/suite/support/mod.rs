@@ -57,16 +57,23 @@ pub async fn env_with(availability: &str, opts: &UpOptions) -> Env {
 /// [`env_with`] for a HostedCluster of `spec`, written by hand (as
 /// `kubectl apply` would create it), not by `hcp-dr cluster create`.
 pub async fn env_of(spec: HostedClusterSpec, opts: &UpOptions) -> Env {
+    env_editing(spec, opts, |_| {}).await
+}
+
+/// [`env_of`], its objects changed by `edit` before they are created.
+pub async fn env_editing(spec: HostedClusterSpec, opts: &UpOptions, edit: impl FnOnce(&mut Vec<Value>)) -> Env {
     let dir = tempfile::tempdir().expect("tempdir");
     let sandbox = Sandbox::up_with(&dir.path().join("sandbox"), opts).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");
     let mut objects = spec.objects();
+    edit(&mut objects);
     if sandbox.clusters[0].api.controllers() == hcp_dr_e2e::operator::Controllers::Cluster {
         // its control plane on the sandbox's Node (docs/sandbox.md)
         let (selector, tolerations) = hcp_dr_e2e::operator::kubelet::placement();
         for hc in objects.iter_mut().filter(|o| o["kind"] == "HostedCluster") {
             hc["spec"]["nodeSelector"] = selector.clone();
             hc["spec"]["tolerations"] = tolerations.clone();
+            hc["spec"]["etcd"]["managed"]["storage"]["persistentVolume"]["storageClassName"] = json!(hcp_dr_e2e::operator::workloads::LOCAL_CLASS);
         }
     }
     create_all(&mgmt, &objects).await.expect("create demo");
@@ -573,6 +580,61 @@ pub async fn etcd_keys(mgmt: &kube::Client, hcp_ns: &str) -> (i64, std::collecti
     let members = hcp_dr_e2e::drill::member_keys(mgmt, hcp_ns, "/kubernetes.io/").await.expect("etcd keys");
     let (_, revision, keys) = members.into_iter().max_by_key(|m| m.1).expect("an etcd member");
     (revision, keys)
+}
+
+/// Delete `demo` on mgmt-a and wait for its control plane to go (it and a
+/// restored copy would serve the same stable hosted API address).
+pub async fn retire_source(env: &Env) {
+    let hc = api_for(&env.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
+    hc.delete("demo", &Default::default()).await.expect("delete source HC");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.mgmt.clone());
+    for _ in 0..360 {
+        if namespaces.get_opt(&env.hcp_ns()).await.expect("ns").is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("the source control plane namespace was not removed");
+}
+
+/// What each etcd member of `hcp_ns` on `mgmt` says: (member, the names
+/// in its member list, its cluster ID), and whether a key written through
+/// the first member is read back through each of the others (then deleted).
+pub async fn etcd_views(mgmt: &kube::Client, hcp_ns: &str) -> (Vec<(String, Vec<String>, u64)>, Vec<(String, bool)>) {
+    let mut members = hcp_dr_e2e::drill::member_clients(mgmt, hcp_ns).await.expect("member clients");
+    let mut views = Vec::new();
+    for (pod, _, client) in &mut members {
+        let list = client.member_list().await.expect("member list");
+        let cluster_id = list.header().map(|h| h.cluster_id()).unwrap_or_default();
+        let mut names: Vec<String> = list.members().iter().map(|m| m.name().to_string()).collect();
+        names.sort();
+        views.push((pod.clone(), names, cluster_id));
+    }
+    let key = format!("/hcp-dr-test/one-cluster/{}", std::process::id());
+    let (first, rest) = members.split_first_mut().expect("an etcd member");
+    first.2.put(key.as_str(), "written through the first member", None).await.expect("put");
+    let mut read = Vec::new();
+    for (pod, _, client) in rest {
+        let got = client.get(key.as_str(), None).await.expect("get");
+        read.push((pod.clone(), !got.kvs().is_empty()));
+    }
+    first.2.delete(key.as_str(), None).await.expect("delete");
+    (views, read)
+}
+
+/// The etcd members of `hcp_ns` are one cluster of `n` (etcd-0..n-1): each
+/// lists all of them, one cluster ID, a key written through one is read
+/// through the others.
+pub async fn assert_one_etcd_cluster(mgmt: &kube::Client, hcp_ns: &str, n: usize, context: &str) {
+    let want: Vec<String> = (0..n).map(|i| format!("etcd-{i}")).collect();
+    let (views, read) = etcd_views(mgmt, hcp_ns).await;
+    assert_eq!(views.len(), n, "{context}: {views:?}");
+    for (pod, names, _) in &views {
+        assert_eq!(names, &want, "{context}: {pod} lists {names:?}");
+    }
+    let ids: std::collections::BTreeSet<u64> = views.iter().map(|v| v.2).collect();
+    assert_eq!(ids.len(), 1, "{context}: cluster IDs {views:?}");
+    assert!(read.iter().all(|(_, found)| *found), "{context}: a key written through {} is missing on some: {read:?}", views[0].0);
 }
 
 /// demo was moved to `dest` whole: Available there, its workload objects
