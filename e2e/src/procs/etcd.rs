@@ -455,6 +455,32 @@ pub fn restore_tool() -> Result<RestoreTool, ProcError> {
     })
 }
 
+/// A restore's target must be absent or an empty directory (an empty one is
+/// removed: the tool insists on creating it); a full one would be ignored.
+fn clear_restore_target(data_dir: &Path) -> Result<(), ProcError> {
+    if !data_dir.exists() {
+        return Ok(());
+    }
+    let empty = std::fs::read_dir(data_dir)
+        .map_err(|source| ProcError::Io { op: "reading", path: data_dir.to_path_buf(), source })?
+        .next()
+        .is_none();
+    if !empty {
+        return Err(ProcError::InvalidConfig(format!("restore target {} is not empty: etcd would ignore the snapshot", data_dir.display())));
+    }
+    std::fs::remove_dir(data_dir).map_err(|source| ProcError::Io { op: "removing", path: data_dir.to_path_buf(), source })
+}
+
+/// `snapshot restore SNAPSHOT --data-dir=DATA_DIR` with the tool there is,
+/// its target cleared ([`clear_restore_target`]); the caller adds flags.
+fn restore_command(snapshot: &Path, data_dir: &Path) -> Result<(RestoreTool, Command), ProcError> {
+    clear_restore_target(data_dir)?;
+    let tool = restore_tool()?;
+    let mut cmd = Command::new(&tool.program);
+    cmd.env("ETCDCTL_API", "3").arg("snapshot").arg("restore").arg(snapshot).arg(format!("--data-dir={}", data_dir.display()));
+    Ok((tool, cmd))
+}
+
 /// Restore `snapshot` into `data_dir` for member `name` (runs `etcdctl
 /// snapshot restore`, or `etcdutl` with `--bump-revision`/`--mark-compacted`
 /// when available). `data_dir` must be absent or an empty directory (an empty
@@ -466,35 +492,8 @@ pub fn etcdctl_snapshot_restore(
     initial_cluster: &[(String, String)],
     initial_advertise_peer_url: &str,
 ) -> Result<(), ProcError> {
-    if data_dir.exists() {
-        let empty = std::fs::read_dir(data_dir)
-            .map_err(|source| ProcError::Io {
-                op: "reading",
-                path: data_dir.to_path_buf(),
-                source,
-            })?
-            .next()
-            .is_none();
-        if !empty {
-            return Err(ProcError::InvalidConfig(format!(
-                "restore target {} is not empty: etcd would ignore the snapshot",
-                data_dir.display()
-            )));
-        }
-        std::fs::remove_dir(data_dir).map_err(|source| ProcError::Io {
-            op: "removing",
-            path: data_dir.to_path_buf(),
-            source,
-        })?;
-    }
-    let tool = restore_tool()?;
-    let mut cmd = Command::new(&tool.program);
-    cmd.env("ETCDCTL_API", "3")
-        .arg("snapshot")
-        .arg("restore")
-        .arg(snapshot)
-        .arg(format!("--data-dir={}", data_dir.display()))
-        .arg(format!("--name={name}"))
+    let (tool, mut cmd) = restore_command(snapshot, data_dir)?;
+    cmd.arg(format!("--name={name}"))
         .arg(format!(
             "--initial-cluster={}",
             initial_cluster_flag(initial_cluster)
@@ -545,26 +544,7 @@ pub struct RestoreMember {
 /// `member` (none: etcd's defaults) and nothing else (no revision bump,
 /// whatever the tool supports). `data_dir` must not exist or be empty.
 pub fn snapshot_restore(snapshot: &Path, data_dir: &Path, member: Option<&RestoreMember>) -> Result<(), ProcError> {
-    if data_dir.exists() {
-        let empty = std::fs::read_dir(data_dir)
-            .map_err(|source| ProcError::Io { op: "reading", path: data_dir.to_path_buf(), source })?
-            .next()
-            .is_none();
-        if !empty {
-            return Err(ProcError::InvalidConfig(format!(
-                "restore target {} is not empty: etcd would ignore the snapshot",
-                data_dir.display()
-            )));
-        }
-        std::fs::remove_dir(data_dir).map_err(|source| ProcError::Io { op: "removing", path: data_dir.to_path_buf(), source })?;
-    }
-    let tool = restore_tool()?;
-    let mut cmd = Command::new(&tool.program);
-    cmd.env("ETCDCTL_API", "3")
-        .arg("snapshot")
-        .arg("restore")
-        .arg(snapshot)
-        .arg(format!("--data-dir={}", data_dir.display()));
+    let (tool, mut cmd) = restore_command(snapshot, data_dir)?;
     if let Some(m) = member {
         cmd.arg(format!("--name={}", m.name))
             .arg(format!("--initial-cluster={}", initial_cluster_flag(&m.initial_cluster)))

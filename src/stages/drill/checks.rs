@@ -203,6 +203,19 @@ async fn read_through_api(hosted: &kube::Client, key: &str) -> Result<Option<Str
     Ok(rv.map(|m| m.resource_version.unwrap_or_default()))
 }
 
+/// Wait (at most 90 s) until the hosted API server answers a read; the
+/// checks that follow say what fails if it never does.
+async fn answers(hosted: &kube::Client) {
+    let namespaces: Api<Namespace> = Api::all(hosted.clone());
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(90) {
+        if namespaces.list(&ListParams::default().limit(1)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 /// The hosted-API check: every sample served at the revision etcd holds.
 async fn samples_check(hosted: &kube::Client, samples: &[(String, i64)]) -> CheckResult {
     const NAME: &str = "hosted API samples";
@@ -317,15 +330,23 @@ async fn one_cluster_check(restore: &crate::stages::restore::RestoreContext, hc:
     const NAME: &str = "etcd one cluster";
     let hcp_ns = restore.inputs.hcp_namespace();
     let cluster = health::EtcdCluster { client: &restore.client, hosted_cluster: hc, access: restore.inputs.etcd_access, tls };
-    let found = match health::probe(&cluster).await {
-        Ok(found) => found,
-        Err(err) => return CheckResult::fail(NAME, format!("cannot read the members: {err}")),
-    };
     let expected: Vec<String> = (0..hc.expected_etcd_members()).map(|i| format!("{}-{i}", hosted::ETCD_STATEFULSET)).collect();
-    let verdict = one_cluster::check(&expected, &hcp_ns, &found.members);
-    if !verdict.is_one_cluster() {
-        return CheckResult::fail(NAME, verdict.problems().join("; "));
-    }
+    // a member being replaced is waited for a while; a split is not
+    let started = std::time::Instant::now();
+    let found = loop {
+        let found = match health::probe(&cluster).await {
+            Ok(found) => found,
+            Err(err) => return CheckResult::fail(NAME, format!("cannot read the members: {err}")),
+        };
+        let verdict = one_cluster::check(&expected, &hcp_ns, &found.members);
+        if verdict.is_one_cluster() {
+            break found;
+        }
+        if !verdict.split.is_empty() || started.elapsed() >= std::time::Duration::from_secs(90) {
+            return CheckResult::fail(NAME, verdict.problems().join("; "));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    };
     let members: Vec<&health::MemberHealth> = expected.iter().filter_map(|n| found.member(n)).collect();
     match one_cluster::write_probe(&cluster, found.access, &members).await {
         Err(err) => CheckResult::fail(NAME, err),
@@ -430,6 +451,10 @@ async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, St
     let mut out = Vec::new();
     let snapshot: Option<BTreeMap<String, u64>> =
         step.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.snapshot.keys_by_prefix);
+    // HyperShift replaces the members once the restore is done (etcd-init
+    // leaves the StatefulSet): the members are read once that is over
+    let restore = &ctx.restore;
+    crate::stages::restore::wait::wait_etcd_rolled_out(&restore.client, &restore.inputs.hcp_namespace(), &restore.inputs.hosted_cluster, restore.inputs.wait_timeout().min(std::time::Duration::from_secs(180))).await?;
     let samples = etcd_checks(ctx, step, snapshot.as_ref(), &mut out).await?;
 
     let (ns, name) = (&ctx.inputs.identity.drill.namespace, &ctx.inputs.identity.drill.name);
@@ -440,6 +465,8 @@ async fn run(ctx: &DrillContext, step: &Step<'_>) -> Result<Vec<CheckResult>, St
         .ok_or_else(|| StageError::Precondition(format!("{label} is gone from the staging cluster")))?;
     match hosted_client(&ctx.restore.client, &hc).await {
         Ok(Some(hosted)) => {
+            // its API server may be reconnecting after etcd's members were replaced
+            answers(&hosted).await;
             out.push(samples_check(&hosted, &samples).await);
             node_checks(ctx, &hosted, &mut out).await;
         }

@@ -46,6 +46,30 @@ pub struct Healthy {
     pub etcd: Option<OneCluster>,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn etcd_is_settled_once_rolled_out_and_etcd_init_is_gone() {
+        let sts = |init: bool, current: &str, ready: i64| {
+            let inits = if init { json!([{"name": "reset-member"}, {"name": "etcd-init"}]) } else { json!([{"name": "reset-member"}]) };
+            json!({"metadata": {"generation": 2}, "spec": {"replicas": 3, "template": {"spec": {"initContainers": inits}}},
+                "status": {"observedGeneration": 2, "currentRevision": current, "updateRevision": "etcd-b", "readyReplicas": ready, "updatedReplicas": 1}})
+        };
+        assert!(etcd_rolled_out(&sts(false, "etcd-b", 3), true).is_ok());
+        // the restore not yet marked done: etcd-init may stay
+        assert!(etcd_rolled_out(&sts(true, "etcd-b", 3), false).is_ok());
+        assert!(etcd_rolled_out(&sts(true, "etcd-b", 3), true).unwrap_err().contains("etcd-init"));
+        assert!(etcd_rolled_out(&sts(false, "etcd-a", 3), true).unwrap_err().contains("replaced"));
+        assert!(etcd_rolled_out(&sts(false, "etcd-b", 2), true).unwrap_err().contains("2 of 3"));
+        let mut unseen = sts(false, "etcd-b", 3);
+        unseen["status"]["observedGeneration"] = json!(1);
+        assert!(etcd_rolled_out(&unseen, true).unwrap_err().contains("generation 2"));
+    }
+}
+
 const POLL: Duration = Duration::from_secs(1);
 
 /// A client for the hosted cluster, from the kubeconfig Secret the
@@ -174,6 +198,71 @@ async fn run(ctx: &mut RestoreContext, timeout: Duration, manifest: &crate::arch
     })
 }
 
+/// Whether the etcd StatefulSet `sts` has rolled out (pure): its
+/// controller saw the last change, every replica is of the current
+/// revision and ready, and (`restored`: the HostedControlPlane's
+/// EtcdSnapshotRestored is True) the template no longer runs `etcd-init`,
+/// which the control-plane operator takes out once the restore is done,
+/// replacing the members one by one. `Err` says what it waits for.
+pub fn etcd_rolled_out(sts: &Value, restored: bool) -> Result<(), String> {
+    let replicas = sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    let generation = sts.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+    let status = &sts["status"];
+    let observed = status["observedGeneration"].as_i64().unwrap_or(0);
+    if observed < generation {
+        return Err(format!("the StatefulSet controller to see generation {generation} (observed {observed})"));
+    }
+    if restored && sts.pointer("/spec/template/spec/initContainers").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["name"] == "etcd-init")) {
+        return Err("the control-plane operator to take etcd-init out of the StatefulSet (EtcdSnapshotRestored is True)".into());
+    }
+    let (current, update) = (status["currentRevision"].as_str(), status["updateRevision"].as_str());
+    if current.is_some() && update.is_some() && current != update {
+        return Err(format!("the members to be replaced with revision {} ({} of {replicas} updated)", update.unwrap_or("?"), status["updatedReplicas"].as_i64().unwrap_or(0)));
+    }
+    let ready = status["readyReplicas"].as_i64().unwrap_or(0);
+    if ready < replicas {
+        return Err(format!("{ready} of {replicas} members ready"));
+    }
+    Ok(())
+}
+
+/// Wait (at most `timeout`) until the restored etcd StatefulSet has rolled
+/// out ([`etcd_rolled_out`]): after a restore HyperShift changes its
+/// template, and a proof made while the members are replaced would see
+/// one without a pod. Not settling in time is said, not failed: the proof
+/// that follows waits for the members itself.
+pub async fn wait_etcd_rolled_out(client: &kube::Client, hcp_ns: &str, hcp_name: &str, timeout: Duration) -> Result<(), KubeError> {
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), hcp_ns);
+    let hcps = api(client, &crate::hosted::HOSTED_CONTROL_PLANE, hcp_ns);
+    let started = Instant::now();
+    let mut last = String::new();
+    loop {
+        let sts = sets
+            .get_opt(hosted::ETCD_STATEFULSET)
+            .await
+            .map_err(request(format!("reading StatefulSet {hcp_ns}/etcd")))?
+            .map(|s| serde_json::to_value(s).unwrap_or_default());
+        let hcp = get_json(&hcps, hcp_name, &format!("HostedControlPlane {hcp_ns}/{hcp_name}")).await?;
+        let restored = hcp.as_ref().and_then(|h| hosted::current_condition(h, "EtcdSnapshotRestored")) == Some("True");
+        let waiting = match &sts {
+            None => "the etcd StatefulSet".to_string(),
+            Some(sts) => match etcd_rolled_out(sts, restored) {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            },
+        };
+        if started.elapsed() >= timeout {
+            tracing::warn!(namespace = %hcp_ns, "etcd has not settled within {}s (waiting for {waiting}): checking it as it is", timeout.as_secs());
+            return Ok(());
+        }
+        if waiting != last {
+            tracing::info!(namespace = %hcp_ns, "waiting for {waiting}");
+            last = waiting;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// The proof that the restored members are one cluster (journaled).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct OneCluster {
@@ -202,6 +291,7 @@ async fn prove_one_cluster(ctx: &RestoreContext, seeded: Option<&Seeded>, backup
     let expected: Vec<String> = (0..hc.expected_etcd_members()).map(|i| format!("{}-{i}", hosted::ETCD_STATEFULSET)).collect();
     let seeded_volumes = seeded.filter(|s| s.mode == SeedMode::Volumes && s.expected_min_revision > 0);
     let min_revision = seeded_volumes.map(|s| s.expected_min_revision).unwrap_or(backup_revision);
+    wait_etcd_rolled_out(&ctx.client, &hcp_ns, &ctx.inputs.hosted_cluster, timeout.min(Duration::from_secs(180))).await?;
     let started = Instant::now();
     let (mut strikes, mut last) = (0, String::new());
     loop {
