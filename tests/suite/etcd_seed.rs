@@ -58,6 +58,14 @@ async fn a_highly_available_restore_is_one_cluster_and_the_url_alone_splits() {
     }
     let reached = put(&env, "/hcp-dr-test/after-backup/last", "the source's last write").await;
     assert!(reached > revision);
+    // a migration with the URL path is refused before the source is paused
+    let journal = env.dir.path().join("migrate-url.jsonl");
+    let args = migrate_args(&env, &journal, &["--etcd-seed", "url"]);
+    let out = env.hcp_dr(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--etcd-seed url on a HighlyAvailable backup"), "{}", text(&out));
+    assert!(!journal.exists(), "the refused migration wrote a journal");
+    env.assert_in_service("after the refused migration").await;
     retire_source(&env).await;
     let endpoint = env.sandbox.s3.https_url().to_string();
     let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
