@@ -227,15 +227,47 @@ where
 
 /// Wait until the object with `uid` (any, when None) no longer exists under
 /// `name`; true when gone, false after `timeout`.
+/// How often a wait for a deletion says what it waits for.
+const SAY_EVERY: Duration = Duration::from_secs(30);
+
+/// What a deletion still waits for, and how to go on now (pure): `what`
+/// is `Kind namespace/name` (or `Kind name`).
+pub fn still_held(what: &str, meta: &kube::api::ObjectMeta, waited: Duration, timeout: Duration) -> String {
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    let (kind, rest) = what.split_once(' ').unwrap_or((what, ""));
+    let (ns, name) = rest.rsplit_once('/').map(|(n, m)| (n, m)).unwrap_or(("", rest));
+    let namespace = if ns.is_empty() { String::new() } else { format!(" -n {ns}") };
+    if finalizers.is_empty() {
+        return format!("{what} is still being deleted ({}s of {}s): its controller or garbage collector has not finished; see kubectl{namespace} describe {kind} {name}", waited.as_secs(), timeout.as_secs());
+    }
+    format!(
+        "{what} is still held by finalizer(s) {} (waited {}s of at most {}s for their controller). If no controller will remove them, go on now: kubectl{namespace} patch {kind} {name} --type merge -p '{{\"metadata\":{{\"finalizers\":null}}}}'",
+        finalizers.join(", "),
+        waited.as_secs(),
+        timeout.as_secs()
+    )
+}
+
 async fn wait_gone_or_replaced<K>(api: &Api<K>, name: &str, uid: Option<&str>, what: &str, timeout: Duration) -> Result<bool, KubeError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    let started = std::time::Instant::now();
+    let said = std::sync::Mutex::new(started);
     let waited = crate::kube::wait_watching(api, crate::kube::Watched::named(name), &format!("{what} to be deleted"), timeout, Duration::from_millis(500), || async {
         match api.get_opt(name).await {
             Ok(None) => Ok(Some(())),
             Ok(Some(obj)) if uid.is_some() && obj.meta().uid.as_deref() != uid => Ok(Some(())),
-            Ok(Some(_)) => Ok(None),
+            Ok(Some(obj)) => {
+                // whatever has to wait says what for, every 30 s
+                if let Ok(mut last) = said.lock()
+                    && last.elapsed() >= SAY_EVERY
+                {
+                    tracing::warn!("{}", still_held(what, obj.meta(), started.elapsed(), timeout));
+                    *last = std::time::Instant::now();
+                }
+                Ok(None)
+            }
             Err(err) => Err(request(format!("reading {what}"))(err)),
         }
     })
@@ -343,6 +375,21 @@ where
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+
+    #[test]
+    fn a_held_deletion_says_what_holds_it_and_how_to_go_on() {
+        let meta = kube::api::ObjectMeta { finalizers: Some(vec!["hypershift.openshift.io/finalizer".into()]), ..Default::default() };
+        let said = still_held("HostedControlPlane clusters-demo/demo", &meta, Duration::from_secs(30), Duration::from_secs(300));
+        assert!(said.contains("finalizer(s) hypershift.openshift.io/finalizer (waited 30s of at most 300s"), "{said}");
+        assert!(said.contains("kubectl -n clusters-demo patch HostedControlPlane demo --type merge -p '{\"metadata\":{\"finalizers\":null}}'"), "{said}");
+        let said = still_held("Namespace clusters-demo", &kube::api::ObjectMeta::default(), Duration::from_secs(60), Duration::from_secs(300));
+        assert!(said.contains("kubectl describe Namespace clusters-demo"), "{said}");
+    }
 }
 
 // ---------------------------------------------------------------------------

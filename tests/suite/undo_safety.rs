@@ -244,3 +244,51 @@ fn bad_dns_flags_are_refused_before_anything_is_contacted() {
     assert!(!state.path().join("state").exists(), "a journal was written");
     assert!(!state.path().join("store").exists(), "the store was touched");
 }
+
+/// Issue 41: an apply that failed before the HostedCluster existed left a
+/// HostedControlPlane with the finalizer the replay carried and no
+/// control-plane operator to clear it. The abort removes such untouched
+/// objects' finalizers at once (it used to wait out its timeout), says so,
+/// and leaves nothing; the finalizer stays until someone removes it, as on
+/// a real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abort_of_an_apply_that_failed_before_the_cluster_existed_does_not_wait_on_finalizers() {
+    let env = env("SingleReplica").await;
+    let (folder, _) = backup_to_s3(&env);
+    retire_source(&env).await;
+    let b = env.sandbox.clusters[1].api.client().await.unwrap();
+    let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let namespaces = || async { Api::<k8s_openapi::api::core::v1::Namespace>::all(b.clone()).list(&Default::default()).await.unwrap().items.len() };
+    let before = namespaces().await;
+    let journal = env.dir.path().join("restore.jsonl");
+    let args = ["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b, "--wait", "10m", "--journal", journal.to_str().unwrap()];
+    kill_after(&env, &args, &journal, "snapshot-url");
+    // the destination stops serving Cluster API Clusters: apply creates the
+    // HostedControlPlane, then fails on the Cluster, before the HostedCluster
+    let crds = api_for(&b, &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition"}));
+    crds.delete("clusters.cluster.x-k8s.io", &DeleteParams::default()).await.expect("delete the Cluster CRD");
+    for _ in 0..60 {
+        if crds.get_opt("clusters.cluster.x-k8s.io").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let out = env.hcp_dr(&["restore", "--resume", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["stage"], "apply", "{report:#}");
+    assert!(hc_uid(&b).await.is_none(), "the HostedCluster was created");
+    let hcps = api_for(&b, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedControlPlane", "metadata": {"namespace": "clusters-demo"}}));
+    let hcp = hcps.get("demo").await.expect("the replayed HostedControlPlane");
+    assert!(hcp.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == "hypershift.openshift.io/finalizer")), "{:?}", hcp.metadata);
+
+    let out = env.hcp_dr(&["restore", "--abort", journal.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "aborted", "{report:#}");
+    let warnings = report["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n");
+    assert!(warnings.contains("never acted on the object") && warnings.contains("HostedControlPlane clusters-demo/demo: hypershift.openshift.io/finalizer"), "{warnings}");
+    assert!(hcps.get_opt("demo").await.unwrap().is_none(), "the HostedControlPlane is left");
+    assert_eq!(namespaces().await, before, "the abort left namespaces");
+}

@@ -482,7 +482,12 @@ impl Stage<RestoreContext> for Apply {
                 }
             };
             let api = api_of(ctx, &discovery, r)?;
-            if (stilled && exported_group(r.group())) || paused.contains(&r.label()) {
+            // no HostedCluster of this run, so no operator to clear what the
+            // replay carried: an object nobody wrote to since its create
+            // (same resourceVersion) loses its finalizers at once instead of
+            // being waited for until the timeout
+            let unreconciled = !stilled && untouched(&api, r).await?;
+            if (stilled && exported_group(r.group())) || paused.contains(&r.label()) || unreconciled {
                 // (a detached host's finalizer is metal3's: it lets go of it without deprovisioning)
                 for finalizer in remove_finalizers_if_uid(&api, &r.name, uid, &r.label()).await? {
                     unheld.push(format!("{}: {finalizer}", r.label()));
@@ -524,13 +529,22 @@ impl Stage<RestoreContext> for Apply {
             let note = format!(
                 "the undo paused (clusters) or detached (hosts) {} before deleting, so no controller cleaned up or deprovisioned the machines, hosts or cloud resources they stand for{}",
                 if paused.is_empty() { "nothing (already paused or gone)".to_string() } else { paused.join(", ") },
-                if unheld.is_empty() { String::new() } else { format!("; finalizers it removed (their controllers were paused or scaled to zero): {}", unheld.join("; ")) }
+                if unheld.is_empty() { String::new() } else { format!("; finalizers it removed (their controllers were paused or scaled to zero, or never acted on the object): {}", unheld.join("; ")) }
             );
             tracing::info!("{note}");
             ctx.warnings.push(note);
         }
         Ok(())
     }
+}
+
+/// Whether the object `r` names is as this run created it: its
+/// resourceVersion is still the one the create returned (no controller,
+/// nor anyone, has written to it since).
+async fn untouched(api: &Api<DynamicObject>, r: &ObjRef) -> Result<bool, KubeError> {
+    let Some(recorded) = r.resource_version.as_deref() else { return Ok(false) };
+    let live = get_value(api, &r.name, &r.label()).await?;
+    Ok(live.as_ref().and_then(|o| o.pointer("/metadata/resourceVersion")).and_then(Value::as_str) == Some(recorded))
 }
 
 /// An undo found a same-named object it did not create: say so, touch nothing.
