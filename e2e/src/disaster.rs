@@ -1,8 +1,10 @@
 //! The disaster scenario (`hcp-dr-sandbox disaster`, and the test suite):
 //! the management cluster running `demo` dies, the cluster is restored on
 //! the other one from the last scheduled backup with its DNS records taken
-//! over, and when the dead cluster comes back with its old state, `hcp-dr
-//! fence` stops the stale copy and the store fence keeps its backups out.
+//! over, and when the dead cluster comes back with its old state (its hosted
+//! API answering clients at mgmt-a's own address, with data the restored
+//! copy does not have: a split brain), `hcp-dr fence` stops the stale copy
+//! and the store fence keeps its backups out.
 //!
 //! Every step drives the real hcp-dr binary; every check reads the real
 //! thing (etcd member processes, the Route53 zone, the S3 store) and fails
@@ -16,7 +18,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::drill::{Step, WORKLOAD_NS, WORKLOAD_OBJECTS, hcp_dr_command, hosted_client, kube_err, run_create, s3_store, timed, write_workloads};
+use crate::drill::{Step, WORKLOAD_NS, WORKLOAD_OBJECTS, hcp_dr_command, hosted_client, hosted_server, kube_err, run_create, s3_store, timed, write_workloads};
 use crate::sandbox::{HostedClusterSpec, Sandbox, SandboxError, api_for, wait_available};
 
 /// What the scenario found.
@@ -38,6 +40,13 @@ pub struct DisasterReport {
     pub stale_members_after_fence: usize,
     /// Routes of the stale copy after the fence.
     pub stale_routes_after_fence: usize,
+    /// The restored copy's hosted API URL (mgmt-b) and the stale copy's (mgmt-a).
+    pub live_api: String,
+    pub stale_api: String,
+    /// What the stale copy's hosted API answered before the fence, and how
+    /// a request to it failed after.
+    pub stale_api_before_fence: String,
+    pub stale_api_after_fence: String,
     /// Why the backup on mgmt-a was refused, before and after the fence.
     pub stale_backup_refused: Vec<String>,
     /// mgmt-b's backup after the restore, and what `latest` names at the end.
@@ -66,6 +75,9 @@ impl DisasterReport {
             "  stale copy on mgmt-a: {} etcd member(s) running when it came back, {} after the fence; {} Route(s) left\n",
             self.stale_members_before_fence, self.stale_members_after_fence, self.stale_routes_after_fence
         ));
+        out.push_str(&format!("  stale copy's API {}: before the fence {}\n", self.stale_api, self.stale_api_before_fence));
+        out.push_str(&format!("  stale copy's API after the fence: {}\n", self.stale_api_after_fence));
+        out.push_str(&format!("  live copy's API: {}\n", self.live_api));
         for refusal in &self.stale_backup_refused {
             out.push_str(&format!("  backup on mgmt-a refused: {refusal}\n"));
         }
@@ -283,6 +295,33 @@ async fn scenario(sandbox: &mut Sandbox, bin: &Path, steps: &mut Vec<Step>) -> R
     })
     .await?;
 
+    // The stale copy serves clients at mgmt-a's own address (its load
+    // balancer), with the write the restore lost: two copies of one cluster
+    // answering at once, the split brain the fence ends.
+    let a = client_of(sandbox, "mgmt-a").await?;
+    let live_api = hosted_server(&b, &spec.namespace, &spec.name).await?;
+    let stale = hosted_client(&a, &spec.namespace, &spec.name).await?;
+    let (stale_api, stale_api_before_fence) = timed(steps, "the stale copy's API answers on mgmt-a", async {
+        let stale_api = hosted_server(&a, &spec.namespace, &spec.name).await?;
+        if stale_api == live_api {
+            return Err(SandboxError::Check(format!("the stale and the live copy name one API address ({stale_api})")));
+        }
+        let late = until("the stale copy's hosted API to answer", Duration::from_secs(90), || async {
+            Ok(Api::<ConfigMap>::namespaced(stale.clone(), WORKLOAD_NS).get_opt("after-the-backup").await.ok())
+        })
+        .await?;
+        if late.is_none() {
+            return Err(SandboxError::Check(format!("the stale copy at {stale_api} answered without the write made on it after the backup")));
+        }
+        let live = hosted_client(&b, &spec.namespace, &spec.name).await?;
+        if Api::<ConfigMap>::namespaced(live, WORKLOAD_NS).get_opt("after-the-backup").await.map_err(kube_err("reading the live copy"))?.is_some() {
+            return Err(SandboxError::Check("the live copy holds the write made after the backup".into()));
+        }
+        let said = "served ConfigMap after-the-backup, which the live copy does not have".to_string();
+        Ok(((stale_api.clone(), said.clone()), format!("{stale_api} {said}")))
+    })
+    .await?;
+
     let mut stale_backup_refused = Vec::new();
     let backup_on_a = ["backup", "--hosted-cluster", spec.name.as_str(), "-n", spec.namespace.as_str(), "--kubeconfig", a_kubeconfig.as_str(), "--to", &s3_store(), "--s3-endpoint", s3_endpoint.as_str()].map(str::to_string);
     // refused with exit 1 and the reason in the report, naming `says`
@@ -305,8 +344,7 @@ async fn scenario(sandbox: &mut Sandbox, bin: &Path, steps: &mut Vec<Step>) -> R
     .await?;
     stale_backup_refused.push(why);
 
-    let a = client_of(sandbox, "mgmt-a").await?;
-    let (stale_members_after_fence, stale_routes_after_fence) = timed(steps, "hcp-dr fence on mgmt-a", async {
+    let (stale_members_after_fence, stale_routes_after_fence, stale_api_after_fence) = timed(steps, "hcp-dr fence on mgmt-a", async {
         let ran = hcp_dr(
             sandbox,
             bin,
@@ -324,8 +362,12 @@ async fn scenario(sandbox: &mut Sandbox, bin: &Path, steps: &mut Vec<Step>) -> R
         if routes != 0 {
             return Err(SandboxError::Check(format!("{routes} Route(s) of the stale copy left after the fence")));
         }
+        let refused = until("the stale copy's hosted API to stop answering", Duration::from_secs(30), || async {
+            Ok(Api::<ConfigMap>::namespaced(stale.clone(), WORKLOAD_NS).get_opt("after-the-backup").await.err().map(|e| e.to_string()))
+        })
+        .await?;
         let scaled = report["scaled_to_zero"].as_array().map(Vec::len).unwrap_or(0);
-        Ok(((members, routes), format!("{scaled} workloads scaled to 0, Routes removed, HostedCluster annotated")))
+        Ok(((members, routes, refused), format!("{scaled} workloads scaled to 0, Routes removed, HostedCluster annotated; its API no longer answers")))
     })
     .await?;
 
@@ -398,6 +440,10 @@ async fn scenario(sandbox: &mut Sandbox, bin: &Path, steps: &mut Vec<Step>) -> R
         stale_members_before_fence,
         stale_members_after_fence,
         stale_routes_after_fence,
+        live_api,
+        stale_api,
+        stale_api_before_fence,
+        stale_api_after_fence,
         stale_backup_refused,
         live_backup,
         latest_at_end,

@@ -119,12 +119,9 @@ where
     Ok(value)
 }
 
-/// A kube client for the hosted cluster from its `<name>-admin-kubeconfig` secret.
-pub async fn hosted_client(
-    mgmt: &kube::Client,
-    ns: &str,
-    name: &str,
-) -> Result<kube::Client, SandboxError> {
+/// The hosted cluster's admin kubeconfig, from its `<name>-admin-kubeconfig`
+/// secret on `mgmt`.
+async fn admin_kubeconfig(mgmt: &kube::Client, ns: &str, name: &str) -> Result<kube::config::Kubeconfig, SandboxError> {
     let secret_name = format!("{name}-admin-kubeconfig");
     let secret = Api::<Secret>::namespaced(mgmt.clone(), ns)
         .get(&secret_name)
@@ -140,15 +137,34 @@ pub async fn hosted_client(
             seconds: 0,
         })?;
     let text = String::from_utf8_lossy(&bytes).to_string();
-    let config = kube::config::Kubeconfig::from_yaml(&text)
-        .map_err(|err| SandboxError::Kube {
-            action: format!("parsing {secret_name}"),
-            source: kube::Error::InferKubeconfig(err),
-        })?;
+    kube::config::Kubeconfig::from_yaml(&text).map_err(|err| SandboxError::Kube {
+        action: format!("parsing {secret_name}"),
+        source: kube::Error::InferKubeconfig(err),
+    })
+}
+
+/// The URL of the hosted cluster's API as `mgmt` serves it (each management
+/// cluster has its own address).
+pub async fn hosted_server(mgmt: &kube::Client, ns: &str, name: &str) -> Result<String, SandboxError> {
+    let config = admin_kubeconfig(mgmt, ns, name).await?;
+    config
+        .clusters
+        .iter()
+        .find_map(|c| c.cluster.as_ref().and_then(|c| c.server.clone()))
+        .ok_or_else(|| SandboxError::Check(format!("{name}-admin-kubeconfig names no server")))
+}
+
+/// A kube client for the hosted cluster from its `<name>-admin-kubeconfig` secret.
+pub async fn hosted_client(
+    mgmt: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<kube::Client, SandboxError> {
+    let config = admin_kubeconfig(mgmt, ns, name).await?;
     let config = kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
         .await
         .map_err(|err| SandboxError::Kube {
-            action: format!("loading {secret_name}"),
+            action: format!("loading {name}-admin-kubeconfig"),
             source: kube::Error::InferKubeconfig(err),
         })?;
     kube::Client::try_from(config).map_err(kube_err("building the hosted cluster client"))

@@ -242,6 +242,10 @@ async fn the_sandbox_disaster_scenario_holds() {
     assert!(report.stale_members_before_fence > 0, "the stale copy ran again before the fence: {}", report.render());
     assert_eq!(report.stale_members_after_fence, 0, "{}", report.render());
     assert_eq!(report.stale_routes_after_fence, 0, "{}", report.render());
+    // the stale copy answered clients at its own address before the fence, and not after
+    assert_ne!(report.stale_api, report.live_api, "{}", report.render());
+    assert!(report.stale_api_before_fence.contains("served ConfigMap after-the-backup"), "{}", report.render());
+    assert!(!report.stale_api_after_fence.is_empty(), "{}", report.render());
     assert_eq!(report.stale_backup_refused.len(), 2, "{}", report.render());
     assert_eq!(report.latest_at_end, report.live_backup, "{}", report.render());
     assert_ne!(report.live_backup, report.restored_backup, "{}", report.render());

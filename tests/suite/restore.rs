@@ -1,13 +1,16 @@
 //! `hcp-dr restore` on the sandbox: a backup of `demo` taken on mgmt-a is
-//! replayed onto mgmt-b and serves the same data; damaged backups, leftover
-//! etcd volumes and bad input are refused before anything changes.
+//! replayed onto mgmt-b and serves the same data, while the copy on mgmt-a
+//! still serves at its own address (a partition: the restore reads only the
+//! store), and the store fence then refuses mgmt-a's backups; damaged
+//! backups, leftover etcd volumes and bad input are refused before anything
+//! changes.
 
 use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client};
+use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, hosted_client, hosted_server};
 use hcp_dr_e2e::sandbox::{api_for, wait_available};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Secret};
 use kube::api::{Api, PostParams};
@@ -31,7 +34,8 @@ async fn hc_exists(client: &kube::Client) -> bool {
 async fn backup_from_s3_restores_onto_another_management_cluster() {
     let env = env("HighlyAvailable").await;
     let (folder, revision) = backup_to_s3(&env);
-    retire_source(&env).await;
+    // mgmt-a's copy keeps serving throughout: mgmt-b cannot reach it (a
+    // partition), and the restore needs nothing but the store
 
     // dry-run: read-only stages run, nothing is created
     let endpoint = env.sandbox.s3.https_url().to_string();
@@ -106,6 +110,24 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     assert!(hc.pointer("/spec/etcd/managed/storage/restoreSnapshotURL/0").and_then(Value::as_str).is_some_and(|u| u.starts_with("https://")));
     assert!(hc["spec"].get("pausedUntil").is_none(), "the backup's pause travelled: {}", hc["spec"]);
     assert!(hc["metadata"]["annotations"]["hcp-dr.openshift.io/restored-from"].as_str().is_some_and(|f| f.ends_with(folder.rsplit('/').next().unwrap())));
+
+    // both copies serve, each at its own management cluster's address: they
+    // diverge, and the store fence keeps the stale one's backups out
+    let a_api = hosted_server(&env.mgmt, "clusters", "demo").await.unwrap();
+    let b_api = hosted_server(&b, "clusters", "demo").await.unwrap();
+    assert_ne!(a_api, b_api, "both copies name one hosted API address");
+    let on_a: Api<ConfigMap> = Api::namespaced(env.hosted.clone(), WORKLOAD_NS);
+    on_a.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "written-on-a-after-the-restore"}})).unwrap())
+        .await
+        .expect("mgmt-a's copy still serves after the restore");
+    let on_b: Api<ConfigMap> = Api::namespaced(hosted_client(&b, "clusters", "demo").await.unwrap(), WORKLOAD_NS);
+    assert!(on_b.get_opt("written-on-a-after-the-restore").await.unwrap().is_none(), "a write on mgmt-a's copy reached mgmt-b's");
+    let mut args = vec!["backup", "--hosted-cluster", "demo", "-o", "json"];
+    let s3 = env.s3_args();
+    args.extend(s3.iter().map(String::as_str));
+    let out = env.hcp_dr(&args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(json_report(&out)["error"].as_str().is_some_and(|e| e.contains("the store is fenced")), "{}", text(&out));
 
     // a second restore of the same backup is refused: the cluster exists
     let out = env.hcp_dr(&["restore", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b], &[]);

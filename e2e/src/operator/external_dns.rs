@@ -221,7 +221,7 @@ impl ExternalDns {
                 continue;
             };
             let (ip, _) =
-                super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, hc_ns, hc_name);
+                super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, &ctx.cfg.cluster_name, hc_ns, hc_name);
             want.insert(
                 host,
                 (

@@ -9,12 +9,17 @@
 //! endpoint list while those members exist and is restarted (a short outage)
 //! when one of them is replaced by a pod with a new address.
 //!
-//! Its address is derived from the sandbox id and the HostedCluster's
-//! namespace/name (a 127.251-254.x.y address, port 6443), and so is its admin
-//! token: both management clusters of one sandbox serve a migrated cluster at
-//! the same URL with the same credentials, as external-dns keeps the real API
-//! hostname. The kubeconfig is written to Secret `<name>-admin-kubeconfig`
-//! (HC namespace) and `admin-kubeconfig` (HCP namespace).
+//! Its address is derived from the sandbox id, the management cluster's name
+//! and the HostedCluster's namespace/name (a 127.251-254.x.y address, port
+//! 6443): each management cluster has its own, as each real one has its own
+//! load balancers, so a stale copy on mgmt-a and the restored copy on mgmt-b
+//! serve at once (the split brain `hcp-dr fence` ends), and external-dns
+//! moves the API hostname's record from one address to the other on a DNS
+//! take-over. The admin token is derived from the sandbox id and
+//! namespace/name only: a restored cluster keeps its credentials, as the
+//! restored PKI keeps a real admin kubeconfig valid. The kubeconfig is
+//! written to Secret `<name>-admin-kubeconfig` (HC namespace) and
+//! `admin-kubeconfig` (HCP namespace).
 //!
 //! Inside the hosted cluster it keeps one Ready Node per NodePool replica and
 //! one `ovnkube-node-*` pod per node in `openshift-ovn-kubernetes` (recreated
@@ -77,9 +82,10 @@ fn digest(parts: &[&str]) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The stable address of a hosted API server: 127.(251..=254).x.(1..=254):6443.
-pub fn hosted_api_address(sandbox_id: &str, hc_ns: &str, hc_name: &str) -> (IpAddr, u16) {
-    let d = digest(&[sandbox_id, hc_ns, hc_name, "address"]);
+/// The stable address of a hosted API server on management cluster `mgmt`:
+/// 127.(251..=254).x.(1..=254):6443.
+pub fn hosted_api_address(sandbox_id: &str, mgmt: &str, hc_ns: &str, hc_name: &str) -> (IpAddr, u16) {
+    let d = digest(&[sandbox_id, mgmt, hc_ns, hc_name, "address"]);
     let ip = Ipv4Addr::new(127, 251 + d[0] % 4, d[1], 1 + d[2] % 254);
     (IpAddr::V4(ip), HOSTED_API_PORT)
 }
@@ -259,7 +265,7 @@ async fn start(
     endpoints: Vec<String>,
 ) -> Result<HostedApi, OperatorError> {
     let (ns, name) = (ns_of(hc), name_of(hc));
-    let (ip, port) = hosted_api_address(&ctx.cfg.sandbox_id, ns, name);
+    let (ip, port) = hosted_api_address(&ctx.cfg.sandbox_id, &ctx.cfg.cluster_name, ns, name);
     let tls = client_tls(ctx, hcp_ns, format!("etcd-client.{hcp_ns}.svc")).await?;
     let server = ApiServer::start(ApiServerConfig {
         cluster_name: name.to_string(),
@@ -469,9 +475,11 @@ mod tests {
 
     #[test]
     fn address_and_token_are_stable_per_sandbox_and_cluster() {
-        let a = hosted_api_address("sb1", "clusters", "hc1");
-        assert_eq!(a, hosted_api_address("sb1", "clusters", "hc1"));
-        assert_ne!(a, hosted_api_address("sb2", "clusters", "hc1"));
+        let a = hosted_api_address("sb1", "mgmt-a", "clusters", "hc1");
+        assert_eq!(a, hosted_api_address("sb1", "mgmt-a", "clusters", "hc1"));
+        assert_ne!(a, hosted_api_address("sb2", "mgmt-a", "clusters", "hc1"));
+        // each management cluster has its own load balancer address
+        assert_ne!(a, hosted_api_address("sb1", "mgmt-b", "clusters", "hc1"));
         let IpAddr::V4(v4) = a.0 else {
             panic!("expected IPv4")
         };

@@ -852,7 +852,7 @@ async fn ensure_deployments(
 
 fn endpoint(ctx: &Ctx, hc: &Value) -> Value {
     let (ip, port) =
-        super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, ns_of(hc), name_of(hc));
+        super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, &ctx.cfg.cluster_name, ns_of(hc), name_of(hc));
     json!({"host": ip.to_string(), "port": port})
 }
 

@@ -164,7 +164,7 @@ pub(crate) async fn ensure_published(ctx: &Ctx, hc: &Value, ns: &str, hcp: &Valu
                 .and_then(Value::as_array)
                 .is_some_and(|i| !i.is_empty());
             if current.is_some() && !has_address {
-                let (ip, _) = super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, super::objects::ns_of(hc), name_of(hc));
+                let (ip, _) = super::hosted_api::hosted_api_address(&ctx.cfg.sandbox_id, &ctx.cfg.cluster_name, super::objects::ns_of(hc), name_of(hc));
                 ctx.kube
                     .merge_status(&SERVICE, Some(ns), service, &json!({"status": {"loadBalancer": {"ingress": [{"ip": ip.to_string()}]}}}))
                     .await?;

@@ -134,7 +134,7 @@ async fn external_dns_publishes_respects_owners_and_withdraws() {
         .send()
         .await
         .expect("delete foreign TXT");
-    let (ip, _) = hosted_api_address(&mgmt.sandbox_id, HC_NS, "gamma");
+    let (ip, _) = hosted_api_address(&mgmt.sandbox_id, "mgmt-a", HC_NS, "gamma");
     let ours = owner_txt("mgmt-a", "clusters-gamma", "kube-apiserver");
     let mut published = wait_for("A and TXT published", || async {
         let r = records(&client, &zone, host).await;

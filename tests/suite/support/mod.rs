@@ -582,8 +582,9 @@ pub async fn etcd_keys(mgmt: &kube::Client, hcp_ns: &str) -> (i64, std::collecti
     (revision, keys)
 }
 
-/// Delete `demo` on mgmt-a and wait for its control plane to go (it and a
-/// restored copy would serve the same stable hosted API address).
+/// Delete `demo` on mgmt-a and wait for its control plane to go, as a lost
+/// cluster would be gone (the copies could serve at once: each management
+/// cluster has its own hosted API addresses).
 pub async fn retire_source(env: &Env) {
     let hc = api_for(&env.mgmt, &json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"namespace": "clusters"}}));
     hc.delete("demo", &Default::default()).await.expect("delete source HC");
