@@ -679,6 +679,19 @@ impl Sandbox {
         }
     }
 
+    /// Make the next `reset-member` init container of an etcd pod with no
+    /// data on management cluster `name` fail to reach the cluster, as the
+    /// real script's `etcdctl member list` does when the `etcd-client`
+    /// Service has no ready endpoint or times out (a leader election, a DNS
+    /// hiccup): it says "Cannot list members in cluster, so likely not up
+    /// yet" and etcd starts as a new cluster, which never joins the others.
+    /// The marker file `DIR/<name>/state/reset-member-unreachable` does it
+    /// (consumed by the one it fails), so a shell can too.
+    pub fn fail_next_reset_member(&self, name: &str) -> Result<(), SandboxError> {
+        let marker = self.dir.join(name).join("state").join(crate::operator::etcd_member::RESET_UNREACHABLE_MARKER);
+        std::fs::write(&marker, b"the next reset-member cannot list the members\n").map_err(io_err(&marker))
+    }
+
     /// Make the API server of management cluster `cluster` fail a share of
     /// its requests (`Some`), or stop (`None`): writes or removes
     /// `DIR/<cluster>/state/api-faults.json`, which the server reads again on

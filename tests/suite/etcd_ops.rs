@@ -13,7 +13,7 @@ use hcp_dr_e2e::drill::{WORKLOAD_NS, WORKLOAD_OBJECTS, member_keys};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use serde_json::{Value, json};
-use support::{Env, env, etcd_pid, files, json_report, text, wait_for_stage};
+use support::{Env, assert_one_etcd_cluster, env, etcd_pid, files, json_report, text, wait_for_stage};
 
 /// Break `member`: replace its bbolt database with garbage (atomically, the
 /// running process keeps the old file) and SIGKILL its process. Every
@@ -496,6 +496,27 @@ async fn status_shows_a_crash_looping_member_and_recover_brings_it_back() {
     assert_eq!(member(&report, "etcd-1")["pod_uid"], new_pod.as_str());
     assert_eq!(member(&report, "etcd-1")["healthy"], true);
     assert_eq!(report["listed_members"], 3);
+
+    // The recreated pod's reset-member cannot list the members (as when the
+    // etcd-client Service has no ready endpoint during the election that
+    // removing a leader starts): etcd starts as a cluster of its own. The
+    // recovery sees the old member id still listed, deletes the new claim and
+    // pod again, and the member joins on the next try.
+    env.sandbox.fail_next_reset_member("mgmt-a").expect("arm the reset-member fault");
+    let out = env.hcp_dr(&["etcd", "recover", "--hosted-cluster", "demo", "--member", "etcd-1", "-o", "json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let result = json_report(&out);
+    assert_eq!(result["outcome"], "succeeded", "{result:#}");
+    assert!(!env.sandbox.dir.join("mgmt-a/state/reset-member-unreachable").exists(), "the reset-member fault was never used");
+    let rejoin = &result["stages"].as_array().unwrap().iter().find(|s| s["name"] == "rejoin").unwrap()["output"];
+    let resets = rejoin["resets"].as_array().expect("resets");
+    assert_eq!(resets.len(), 1, "{rejoin:#}");
+    assert!(resets[0].as_str().unwrap().contains("started as a cluster of its own"), "{rejoin:#}");
+    assert!(result["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("its reset-member could not reach the cluster")), "{result:#}");
+    let (code, report) = status_until(&env, "one healthy cluster after the stranded member was replaced again", |code, r| code == Some(0) && r["listed_members"] == 3);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(member(&report, "etcd-1")["pod_uid"], uid_of(&env, "pod", "etcd-1").await.as_str());
+    assert_one_etcd_cluster(&env.mgmt, &env.hcp_ns(), 3, "after the stranded member rejoined").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -25,8 +25,11 @@
 //!    directory (`<pv>/data`, the real `/var/lib/data`), its initial cluster
 //!    the StatefulSet's members (ignored by etcd when the data directory
 //!    already holds a member: what a restore put there wins).
-//! 4. The pod is Ready only while the member answers a status request over TLS;
-//!    a process that exits is restarted with backoff (CrashLoopBackOff and the
+//! 4. The pod is Ready once the member answers a status request over TLS
+//!    (with a leader) and stays Ready until that check has failed for the
+//!    etcd container's readiness probe threshold (`failureThreshold x
+//!    periodSeconds`, 75 s in HyperShift's StatefulSet), as a kubelet
+//!    probes; a process that exits is restarted with backoff (CrashLoopBackOff and the
 //!    restart count are visible in `containerStatuses`); a deleted pod's
 //!    process is killed.
 //!
@@ -56,6 +59,10 @@ use super::workloads::{POD_IP_ANNOTATION, existing_pv_dir, is_etcd_pod};
 use super::{Ctx, OperatorError, io_err};
 use crate::pki::{Ca, CertPair, CertSpec};
 use crate::procs::etcd::{ClientTls, ClusterState, EtcdMemberConfig, EtcdProcess, EtcdTls};
+
+/// A file in the state directory that makes the next `reset-member` of a
+/// pod with no data find no cluster ([`crate::sandbox::Sandbox::fail_next_reset_member`]).
+pub const RESET_UNREACHABLE_MARKER: &str = "reset-member-unreachable";
 
 /// etcd client port (as in HyperShift).
 pub const CLIENT_PORT: u16 = 2379;
@@ -140,6 +147,7 @@ pub(crate) async fn sync(ctx: Arc<Ctx>) -> Result<(), OperatorError> {
                     .and_then(Value::as_array)
                     .cloned()
                     .unwrap_or_default(),
+                unready_after: unready_after(pod),
             };
             tracing::info!(namespace = %member.ns, pod = %member.pod, %ip, "starting etcd member supervisor");
             members.insert(
@@ -343,6 +351,25 @@ struct Member {
     init_containers: Vec<Value>,
     /// Their `initContainerStatuses`, as last reported.
     init_statuses: Vec<Value>,
+    /// How long the readiness check must fail, without a success, before a
+    /// Ready member is reported not ready ([`unready_after`]).
+    unready_after: Duration,
+}
+
+/// How long a running etcd container's readiness probe fails before the
+/// kubelet marks it not ready: `failureThreshold x periodSeconds` of the
+/// etcd container's `readinessProbe` (HyperShift's: 15 x 5 s), Kubernetes'
+/// defaults (3 x 10 s) without one. A leader election or a slow answer
+/// does not take a member out of the `etcd-client` Service, as on a real
+/// cluster; a container that exits is not ready at once.
+fn unready_after(pod: &Value) -> Duration {
+    let probe = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| str_at(c, "/name") == Some("etcd")))
+        .and_then(|c| c.get("readinessProbe"));
+    let field = |name: &str, default: u64| probe.and_then(|p| p.get(name)).and_then(Value::as_u64).unwrap_or(default);
+    Duration::from_secs(field("failureThreshold", 3) * field("periodSeconds", 10))
 }
 
 /// What the pod's volumes and certificates are, once they can be mounted.
@@ -401,8 +428,15 @@ impl Member {
                 Ok(mut proc) => {
                     let running = json!({"running": {"startedAt": started_at}});
                     let mut reported: Option<bool> = None;
+                    let mut failing_since: Option<std::time::Instant> = None;
                     while proc.is_running() {
-                        let healthy = self.healthy().await;
+                        let answered = self.healthy().await;
+                        failing_since = if answered { None } else { failing_since.or(Some(std::time::Instant::now())) };
+                        // Ready from the first success; not ready again only
+                        // once the probe has failed for its whole threshold.
+                        let healthy = answered
+                            || (reported == Some(true)
+                                && failing_since.is_some_and(|t| t.elapsed() < self.unready_after));
                         if reported != Some(healthy) {
                             self.report(
                                 running.clone(),
@@ -711,6 +745,11 @@ impl Member {
     async fn reset_member(&self, expected: usize, data_dir: &Path) -> Result<Reset, OperatorError> {
         if data_dir.join("member").join("snap").join("db").exists() {
             return Ok(Reset::HasData);
+        }
+        let marker = self.ctx.cfg.state_dir.join(RESET_UNREACHABLE_MARKER);
+        if std::fs::remove_file(&marker).is_ok() {
+            tracing::warn!(namespace = %self.ns, pod = %self.pod, "reset-member: Cannot list members in cluster, so likely not up yet (fault file {RESET_UNREACHABLE_MARKER})");
+            return Ok(Reset::NoCluster);
         }
         let ctx = &self.ctx;
         let ns = self.ns.as_str();

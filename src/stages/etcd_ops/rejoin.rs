@@ -6,19 +6,32 @@
 //! Caught up: the member's revision is at least the leader's, as read in the
 //! same round or the round before (under writes the leader moves on while
 //! the member is asked, so "equal right now" may never be seen).
+//!
+//! Stranded: HyperShift's `reset-member` init container removes the old
+//! member and adds the new one only when `etcdctl member list` through the
+//! `etcd-client` Service answers; when it does not (no ready endpoint, a
+//! leader election, DNS), it says "Cannot list members in cluster, so likely
+//! not up yet" and etcd starts as a new cluster that never joins (seen beside
+//! a real kube-controller-manager, whose StatefulSet controller recreates the
+//! pod within a second, during the election that removing the leader
+//! starts). The sign: the new pod's etcd container runs while the healthy
+//! members still list the old member id, which `reset-member` would have
+//! removed before it. Seen for [`STRANDED_GRACE`], the new claim and pod are
+//! deleted again (by uid, the others keeping quorum) so `reset-member` runs
+//! once more, at most [`MAX_RESETS`] times; then the recovery fails saying so.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use serde::{Deserialize, Serialize};
 
 use super::RecoverContext;
-use super::assess::Assess;
-use super::replace::{Replace, Replaced};
+use super::assess::{Assess, quorum_without};
+use super::replace::{Replace, Replaced, delete_exact};
 use crate::kube::request;
 use crate::pipeline::stage::error_chain;
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
@@ -42,9 +55,17 @@ pub struct Rejoined {
     pub seconds: f64,
     /// Every member's revision at the end.
     pub revisions: BTreeMap<String, i64>,
+    /// Each time the recreated member started as a cluster of its own and
+    /// its claim and pod were deleted again (see the module docs).
+    #[serde(default)]
+    pub resets: Vec<String>,
 }
 
 const POLL: Duration = Duration::from_secs(2);
+/// How long a recreated member must look stranded before it is replaced again.
+const STRANDED_GRACE: Duration = Duration::from_secs(6);
+/// How many times a stranded member is replaced again before giving up.
+const MAX_RESETS: usize = 3;
 
 /// One look: done, or what is still missing (and the leader's revision seen).
 enum Seen {
@@ -53,11 +74,19 @@ enum Seen {
         state: String,
         leader_revision: Option<i64>,
     },
+    /// The recreated pod (these uids) runs etcd, but the healthy members
+    /// still list the old member: `reset-member` did not replace it.
+    Stranded {
+        pod_uid: String,
+        pvc_uid: String,
+        state: String,
+    },
 }
 
 async fn look(
     ctx: &mut RecoverContext,
     replaced: &Replaced,
+    old_member_id: Option<&str>,
     previous_leader_revision: Option<i64>,
 ) -> Result<Seen, StageFailure> {
     let waiting = |state: String, leader_revision: Option<i64>| {
@@ -106,6 +135,26 @@ async fn look(
         );
     }
     if !member.ok() {
+        let old_still_listed = old_member_id.is_some_and(|old| {
+            health
+                .members
+                .iter()
+                .filter(|m| m.name != replaced.member && m.ok())
+                .filter_map(|m| m.member_list.as_ref())
+                .any(|list| list.iter().any(|l| format!("{:x}", l.id) == old))
+        });
+        if old_still_listed && member.state.as_deref() == Some("Running") {
+            return Ok(Seen::Stranded {
+                pod_uid,
+                pvc_uid,
+                state: format!(
+                    "{} runs on its new volume but the healthy members still list its old member id {}: its reset-member could not reach the cluster and it started as a cluster of its own ({})",
+                    replaced.member,
+                    old_member_id.unwrap_or_default(),
+                    member.problem().unwrap_or_default()
+                ),
+            });
+        }
         let pod = format!(
             "pod {}, {}",
             member
@@ -170,20 +219,65 @@ async fn look(
             .iter()
             .filter_map(|m| m.revision.map(|r| (m.name.clone(), r)))
             .collect(),
+        resets: Vec::new(),
     }))
 }
 
-async fn run(ctx: &mut RecoverContext, replaced: Replaced, timeout: Duration) -> Result<Rejoined, StageFailure> {
+/// Delete a stranded member's new claim and pod (by uid, after checking the
+/// others keep quorum), so the StatefulSet recreates them and `reset-member`
+/// runs again.
+async fn replace_again(ctx: &mut RecoverContext, member: &str, pvc: &str, pod_uid: &str, pvc_uid: &str) -> Result<(), StageFailure> {
+    let health = ctx.probe().await?;
+    quorum_without(&health, member)?;
+    let hcp_ns = ctx.inputs.hcp_namespace();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    delete_exact(&pvcs, "PersistentVolumeClaim", pvc, pvc_uid).await?;
+    delete_exact(&pods, "pod", member, pod_uid).await?;
+    Ok(())
+}
+
+async fn run(ctx: &mut RecoverContext, mut replaced: Replaced, old_member_id: Option<String>, timeout: Duration) -> Result<Rejoined, StageFailure> {
     let started = Instant::now();
     let mut previous_leader_revision = None;
     let mut last = String::new();
+    let mut stranded_since: Option<Instant> = None;
+    let mut resets: Vec<String> = Vec::new();
     loop {
         // A failed look (the API server or a member briefly away) is one
         // more reason to wait, not the end of the recovery.
-        let state = match look(ctx, &replaced, previous_leader_revision).await {
-            Ok(Seen::Back(rejoined)) => {
+        let seen = look(ctx, &replaced, old_member_id.as_deref(), previous_leader_revision).await;
+        if !matches!(seen, Ok(Seen::Stranded { .. })) {
+            stranded_since = None;
+        }
+        let state = match seen {
+            Ok(Seen::Back(mut rejoined)) => {
                 tracing::info!(member = %rejoined.member, seconds = rejoined.seconds, revision = rejoined.revision, "rejoined");
+                rejoined.resets = resets;
                 return Ok(rejoined);
+            }
+            Ok(Seen::Stranded { pod_uid, pvc_uid, state }) => {
+                let since = *stranded_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STRANDED_GRACE {
+                    if resets.len() >= MAX_RESETS {
+                        return Err(StageError::Precondition(format!(
+                            "{state}; its claim and pod were deleted again {MAX_RESETS} times and it never joined: check that the etcd-client Service of {} has the healthy members as endpoints and that {}.etcd-discovery resolves, then run hcp-dr etcd recover --member {} again",
+                            ctx.inputs.hcp_namespace(),
+                            replaced.member,
+                            replaced.member
+                        ))
+                        .into());
+                    }
+                    tracing::warn!(member = %replaced.member, attempt = resets.len() + 1, "{state}: deleting its new claim and pod again so reset-member runs once more");
+                    replace_again(ctx, &replaced.member, &replaced.pvc, &pod_uid, &pvc_uid).await?;
+                    let reset = format!("{state}; deleted claim {} (uid {pvc_uid}) and pod (uid {pod_uid}) again", replaced.pvc);
+                    ctx.warnings.push(reset.clone());
+                    resets.push(reset);
+                    replaced.pod_uid = pod_uid;
+                    replaced.pvc_uid = pvc_uid;
+                    stranded_since = None;
+                }
+                state
             }
             Ok(Seen::Waiting {
                 state,
@@ -247,6 +341,7 @@ impl Stage<RecoverContext> for Rejoin {
     ) -> Result<Self::Output, StageFailure> {
         let timeout = step.read_params::<MemberWait>()?.timeout()?.unwrap_or(ctx.inputs.wait_timeout());
         let replaced = step.needs::<Replace>()?;
-        Ok(run(ctx, replaced, timeout).await?)
+        let old_member_id = step.output_of::<Assess>().ok().flatten().and_then(|a| a.member_id);
+        Ok(run(ctx, replaced, old_member_id, timeout).await?)
     }
 }
