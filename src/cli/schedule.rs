@@ -59,6 +59,26 @@ pub enum Command {
         /// Spread the fleet over K pods: an Indexed Job (completionMode Indexed, parallelism K) whose pod i backs up (and prunes) the clusters of `--shard i/K`; a failing shard does not stop the others; 1 is one pod [range: 1 to 64].
         #[arg(long, default_value_t = 1, conflicts_with = "hosted_cluster", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
         shards: usize,
+        /// Passed to each backup: push its metrics to this Pushgateway
+        /// (http(s)://host:port), where Prometheus scrapes them.
+        #[arg(long, value_name = "URL")]
+        pushgateway: Option<String>,
+        /// Also render a PrometheusRule (alerts: a backup failing, stale, a
+        /// cluster never backed up, no reports at all) and a Grafana
+        /// dashboard ConfigMap (label grafana_dashboard: "1"). Needs
+        /// --pushgateway (the alerts read what each backup pushes) and
+        /// --runbook-base.
+        #[arg(long, requires_all = ["pushgateway", "runbook_base"])]
+        monitoring: bool,
+        /// With --monitoring: a backup is stale after N times the longest gap
+        /// between two runs of --schedule [range: 1 to 100].
+        #[arg(long, default_value_t = 2.0, requires = "monitoring")]
+        stale_after: f64,
+        /// With --monitoring: the URL where this project's docs/runbooks are
+        /// published (e.g. your Git host's copy of the repository); each
+        /// alert links its section of backup.md there.
+        #[arg(long, value_name = "URL", requires = "monitoring")]
+        runbook_base: Option<String>,
         /// Passed to each backup (the data movers default to --image).
         #[command(flatten)]
         platform: crate::stages::context::PlatformSettings,
@@ -82,6 +102,10 @@ pub fn exec(command: Command, output: Output) -> Exit {
         max_age,
         route53_zone,
         shards,
+        pushgateway,
+        monitoring,
+        stale_after,
+        runbook_base,
         platform,
     } = command;
     let options = ScheduleOptions {
@@ -100,6 +124,13 @@ pub fn exec(command: Command, output: Output) -> Exit {
         route53_zone,
         shards,
         platform,
+        pushgateway,
+        monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring {
+            schedule: String::new(),
+            stale_after,
+            runbook_base: runbook_base.unwrap_or_default(),
+            namespace: String::new(),
+        }),
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

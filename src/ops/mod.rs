@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod etcd_restore;
 pub mod fence;
 pub mod migrate;
+pub mod monitoring;
 pub mod reconcile;
 pub mod registry;
 pub mod restore;

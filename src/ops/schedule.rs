@@ -37,6 +37,11 @@ pub struct ScheduleOptions {
     /// data movers of KubeVirt guest volumes run `image` unless
     /// `mover_image` names another.
     pub platform: crate::stages::context::PlatformSettings,
+    /// Passed to each backup: the Pushgateway its metrics go to.
+    pub pushgateway: Option<String>,
+    /// Render the PrometheusRule and the dashboard too (its schedule and
+    /// namespace are the CronJob's, filled in by [`render`]).
+    pub monitoring: Option<super::monitoring::Monitoring>,
 }
 
 /// The rules of the ClusterRole: what backup (and prune, and the signals)
@@ -180,6 +185,10 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
         crate::dns::route53::parse_zone_id(zone).map_err(|e| OpsError::Input(format!("--route53-zone: {e}")))?;
         backup_args.extend(["--route53-zone".into(), zone.clone()]);
     }
+    if let Some(url) = &o.pushgateway {
+        super::signals::Pushgateway::new(url, "hcp-dr", &[], None).map_err(|e| OpsError::Input(format!("--pushgateway: {e}")))?;
+        backup_args.extend(["--pushgateway".into(), url.clone()]);
+    }
     backup_args.extend(platform_args(&o.platform, &o.image));
     let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
     if let Some(endpoint) = &o.s3_endpoint {
@@ -270,6 +279,19 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
                    "jobTemplate": {"metadata": {"labels": labels}, "spec": job},
                }}),
     ];
+    if let Some(monitoring) = &o.monitoring {
+        let m = super::monitoring::Monitoring { schedule: o.schedule.clone(), namespace: o.namespace.clone(), ..monitoring.clone() };
+        let base = m.runbook_base.parse::<http::Uri>().ok().filter(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some());
+        if base.is_none() {
+            return Err(OpsError::Input(format!(
+                "--runbook-base `{}`: give the http(s) URL where this project's docs/runbooks are published",
+                m.runbook_base
+            )));
+        }
+        let labels = json!({"app.kubernetes.io/name": "hcp-dr", "app.kubernetes.io/component": "monitoring"});
+        objects.push(super::monitoring::prometheus_rule(&m, &labels)?);
+        objects.push(super::monitoring::dashboard_configmap(&m, &labels));
+    }
     objects.iter_mut().for_each(drop_empty_lists);
     Ok(objects)
 }
@@ -331,6 +353,8 @@ mod tests {
             route53_zone: None,
             shards: 1,
             platform: Default::default(),
+            pushgateway: None,
+            monitoring: None,
         }
     }
 

@@ -116,7 +116,7 @@ pub async fn status(client: &Client, namespace: &str, name: &str, outcome: &Outc
     }
 }
 
-const METRICS: &[(&str, &str, &str)] = &[
+pub const METRICS: &[(&str, &str, &str)] = &[
     ("hcp_dr_backup_last_success_timestamp_seconds", "gauge", "Unix time of the last successful backup."),
     ("hcp_dr_backup_last_duration_seconds", "gauge", "Duration of the last backup run, successful or not."),
     ("hcp_dr_backup_last_api_downtime_seconds", "gauge", "API downtime of the last successful backup."),

@@ -25,6 +25,7 @@ mod external_clusters;
 mod fence;
 mod fleet;
 mod migrate;
+mod monitoring;
 mod next_steps;
 mod no_panic;
 mod operator_down;

@@ -147,6 +147,8 @@ async fn backups_record_events_status_and_metrics() {
     assert_eq!(pushed(&body, "hcp_dr_backup_last_success"), 0.0, "{body}");
     assert_eq!(pushed(&body, "hcp_dr_backup_last_duration_seconds"), series(&prom, "hcp_dr_backup_last_duration_seconds"));
     env.assert_in_service("after the failed backup").await;
+    // the rendered alerts fire on these very series (promtool test rules)
+    crate::monitoring::rules_fire_on_hcp_drs_own_series(&prom);
 
     // a Pushgateway that cannot be reached is a warning, never a failed backup
     let closed = {

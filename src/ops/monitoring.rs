@@ -1,0 +1,249 @@
+//! Monitoring as code for `hcp-dr schedule render --monitoring`: a
+//! PrometheusRule (prometheus-operator's `monitoring.coreos.com/v1`) whose
+//! alerts read the series each scheduled backup pushes to the Pushgateway
+//! ([`crate::ops::signals`]), and a Grafana dashboard in a ConfigMap labelled
+//! `grafana_dashboard: "1"` for the dashboard sidecar.
+//!
+//! Every alert names the cluster in its summary and links its runbook. The
+//! stale threshold is a multiple of the longest gap between two runs of the
+//! CronJob's schedule, so a 6-hourly schedule alerts after 12 h without a
+//! good backup (two missed runs), an hourly one after 2 h.
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde_json::{Value, json};
+
+use super::OpsError;
+
+/// The alerts' names, in the order they are rendered.
+pub const ALERTS: [&str; 4] = ["HcpDrBackupFailing", "HcpDrBackupStale", "HcpDrClusterNeverBackedUp", "HcpDrNoBackupReports"];
+
+/// What the rules are built from.
+#[derive(Debug, Clone)]
+pub struct Monitoring {
+    /// The CronJob's schedule (five fields or a macro).
+    pub schedule: String,
+    /// Alert when the newest good backup is older than this many of the
+    /// schedule's longest gaps.
+    pub stale_after: f64,
+    /// Where `docs/runbooks` is published: each alert links a page there.
+    pub runbook_base: String,
+    /// Namespace of the PrometheusRule and the dashboard ConfigMap.
+    pub namespace: String,
+}
+
+/// The runbooks are served from the project's repository by default.
+pub const DEFAULT_RUNBOOK_BASE: &str = "https://github.com/hcp-dr/hcp-dr/blob/main/docs/runbooks";
+
+/// Five-field form of a CronJob macro.
+fn expand_macro(schedule: &str) -> &str {
+    match schedule.trim() {
+        "@yearly" | "@annually" => "0 0 1 1 *",
+        "@monthly" => "0 0 1 * *",
+        "@weekly" => "0 0 * * 0",
+        "@daily" | "@midnight" => "0 0 * * *",
+        "@hourly" => "0 * * * *",
+        other => other,
+    }
+}
+
+/// The longest gap, in seconds, between two consecutive runs of `schedule`
+/// over a year of its runs (a monthly schedule's longest month, a weekday
+/// schedule's weekend), from a fixed start so the result never depends on
+/// today. At most 20,000 runs are stepped through: a schedule that runs
+/// more often than that in a year (every few minutes) has its longest gap
+/// within the runs stepped.
+pub fn longest_gap_seconds(schedule: &str) -> Result<i64, OpsError> {
+    let text = expand_macro(schedule);
+    let start: DateTime<Utc> = Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).single().expect("a valid date");
+    let end = start + chrono::Duration::days(366);
+    let bad = |e: cron_parser::ParseError| OpsError::Input(format!("--schedule `{schedule}`: {e:?}"));
+    let mut previous = cron_parser::parse(text, &start).map_err(bad)?;
+    let mut longest = 0i64;
+    for _ in 0..20_000 {
+        let next = cron_parser::parse(text, &previous).map_err(bad)?;
+        longest = longest.max((next - previous).num_seconds());
+        previous = next;
+        if previous > end {
+            break;
+        }
+    }
+    Ok(longest)
+}
+
+/// An alert; its runbook is the section of docs/runbooks/backup.md headed
+/// with its name.
+fn alert(base: &str, name: &str, expr: String, for_: &str, severity: &str, summary: &str, description: &str) -> Value {
+    let runbook = format!("{base}/backup.md#{}", name.to_lowercase());
+    json!({
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity, "app_kubernetes_io_name": "hcp-dr"},
+        "annotations": {"summary": summary, "description": description, "runbook_url": runbook},
+    })
+}
+
+/// The rule group (what goes under `spec.groups` of the PrometheusRule and
+/// what `promtool check rules` reads under `groups`).
+pub fn rule_groups(m: &Monitoring) -> Result<Value, OpsError> {
+    if !(m.stale_after.is_finite() && m.stale_after >= 1.0 && m.stale_after <= 100.0) {
+        return Err(OpsError::Input(format!(
+            "--stale-after {}: a backup is stale after 1 to 100 of the schedule's intervals (e.g. 2: two missed runs)",
+            m.stale_after
+        )));
+    }
+    let gap = longest_gap_seconds(&m.schedule)?;
+    let stale = (gap as f64 * m.stale_after).round() as i64;
+    let base = m.runbook_base.trim_end_matches('/');
+    let cluster = "{{ $labels.namespace }}/{{ $labels.hosted_cluster }}";
+    let by = "max by (namespace, hosted_cluster)";
+    let rules = vec![
+        alert(
+            base,
+            "HcpDrBackupFailing",
+            format!("{by} (hcp_dr_backup_last_success) == 0"),
+            "5m",
+            "warning",
+            &format!("The last backup of hosted cluster {cluster} failed"),
+            &format!("hcp-dr's last scheduled backup of {cluster} failed; the newest good backup is getting older. The failed run undid itself: read the CronJob's pod log (its JSON report names the stage and the error)."),
+        ),
+        alert(
+            base,
+            "HcpDrBackupStale",
+            format!("time() - {by} (hcp_dr_backup_last_success_timestamp_seconds) > {stale}"),
+            "10m",
+            "critical",
+            &format!("No good backup of hosted cluster {cluster} for more than {}", humantime::format_duration(std::time::Duration::from_secs(stale.max(0) as u64))),
+            &format!("The newest successful backup of {cluster} is older than {stale} s ({} times the longest gap of the schedule `{}`): a restore now would lose everything written since. Check the CronJob's last runs and the store.", m.stale_after, m.schedule),
+        ),
+        alert(
+            base,
+            "HcpDrClusterNeverBackedUp",
+            format!("{by} (hcp_dr_backup_failures_total) > 0 unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"),
+            "5m",
+            "critical",
+            &format!("Hosted cluster {cluster} has never been backed up"),
+            &format!("Every backup of {cluster} hcp-dr reported has failed: there is no backup to restore it from."),
+        ),
+        alert(
+            base,
+            "HcpDrNoBackupReports",
+            "absent(hcp_dr_backup_last_success)".to_string(),
+            &format!("{}s", gap * 2),
+            "warning",
+            "No hcp-dr backup has reported for two scheduled intervals",
+            &format!("Prometheus sees no hcp_dr_backup_last_success series: the backup CronJob has not run, cannot reach the Pushgateway, or the Pushgateway lost its groups. Schedule `{}`.", m.schedule),
+        ),
+    ];
+    Ok(json!([{"name": "hcp-dr", "rules": rules}]))
+}
+
+/// The PrometheusRule object.
+pub fn prometheus_rule(m: &Monitoring, labels: &Value) -> Result<Value, OpsError> {
+    Ok(json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "hcp-dr", "namespace": m.namespace, "labels": labels},
+        "spec": {"groups": rule_groups(m)?},
+    }))
+}
+
+fn panel(id: u64, title: &str, expr: &str, unit: &str, kind: &str, (x, y): (u64, u64)) -> Value {
+    json!({
+        "id": id, "type": kind, "title": title,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [{"refId": "A", "expr": expr, "legendFormat": "{{namespace}}/{{hosted_cluster}}"}],
+    })
+}
+
+/// The Grafana dashboard, as the JSON its ConfigMap carries.
+pub fn dashboard() -> Value {
+    let by = "max by (namespace, hosted_cluster)";
+    json!({
+        "uid": "hcp-dr", "title": "hcp-dr: hosted cluster backups", "schemaVersion": 39, "version": 1,
+        "tags": ["hcp-dr", "hypershift"], "time": {"from": "now-7d", "to": "now"}, "refresh": "1m",
+        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}]},
+        "panels": [
+            panel(1, "Age of the newest good backup", &format!("time() - {by} (hcp_dr_backup_last_success_timestamp_seconds)"), "s", "timeseries", (0, 0)),
+            panel(2, "Last backup succeeded (1) or failed (0)", &format!("{by} (hcp_dr_backup_last_success)"), "none", "stat", (12, 0)),
+            panel(3, "Backup duration", &format!("{by} (hcp_dr_backup_last_duration_seconds)"), "s", "timeseries", (0, 8)),
+            panel(4, "Hosted API downtime per backup", &format!("{by} (hcp_dr_backup_last_api_downtime_seconds)"), "s", "timeseries", (12, 8)),
+            panel(5, "Backup size", &format!("{by} (hcp_dr_backup_last_bytes)"), "bytes", "timeseries", (0, 16)),
+            panel(6, "Failed backups (increase over 1 d)", &format!("{by} (increase(hcp_dr_backup_failures_total[1d]))"), "none", "timeseries", (12, 16)),
+        ],
+    })
+}
+
+/// The ConfigMap the Grafana dashboard sidecar picks up.
+pub fn dashboard_configmap(m: &Monitoring, labels: &Value) -> Value {
+    let mut labels = labels.clone();
+    labels["grafana_dashboard"] = json!("1");
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "hcp-dr-dashboard", "namespace": m.namespace, "labels": labels},
+        "data": {"hcp-dr.json": serde_json::to_string_pretty(&dashboard()).unwrap_or_default()},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn monitoring(schedule: &str) -> Monitoring {
+        Monitoring { schedule: schedule.into(), stale_after: 2.0, runbook_base: DEFAULT_RUNBOOK_BASE.into(), namespace: "hcp-dr".into() }
+    }
+
+    #[test]
+    fn the_stale_threshold_follows_the_schedules_longest_gap() {
+        assert_eq!(longest_gap_seconds("0 */6 * * *").unwrap(), 6 * 3600);
+        assert_eq!(longest_gap_seconds("@hourly").unwrap(), 3600);
+        assert_eq!(longest_gap_seconds("@daily").unwrap(), 86400);
+        // weekdays at 02:00: the weekend is the longest gap
+        assert_eq!(longest_gap_seconds("0 2 * * 1-5").unwrap(), 3 * 86400);
+        // monthly: the longest month
+        assert_eq!(longest_gap_seconds("@monthly").unwrap(), 31 * 86400);
+        let groups = rule_groups(&monitoring("0 */6 * * *")).unwrap();
+        let stale = groups[0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrBackupStale").unwrap();
+        assert!(stale["expr"].as_str().unwrap().ends_with("> 43200"), "{stale}");
+    }
+
+    #[test]
+    fn every_alert_names_the_cluster_and_links_a_runbook_that_exists() {
+        let groups = rule_groups(&monitoring("0 */6 * * *")).unwrap();
+        let rules = groups[0]["rules"].as_array().unwrap();
+        let names: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+        assert_eq!(names, ALERTS);
+        for rule in rules {
+            let url = rule["annotations"]["runbook_url"].as_str().unwrap();
+            let (page, anchor) = url.strip_prefix(DEFAULT_RUNBOOK_BASE).unwrap().trim_start_matches('/').split_once('#').unwrap();
+            let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks").join(page)).unwrap();
+            let slug = |h: &str| h.trim_start_matches('#').trim().to_lowercase().replace(' ', "-").chars().filter(|c| c.is_alphanumeric() || *c == '-').collect::<String>();
+            assert!(text.lines().filter(|l| l.starts_with("## ") || l.starts_with("### ")).any(|h| slug(h) == anchor), "{url}: no heading #{anchor} in docs/runbooks/{page}");
+            if rule["alert"] != "HcpDrNoBackupReports" {
+                assert!(rule["annotations"]["summary"].as_str().unwrap().contains("{{ $labels.namespace }}/{{ $labels.hosted_cluster }}"), "{rule}");
+            }
+        }
+    }
+
+    #[test]
+    fn nonsense_thresholds_are_refused() {
+        for bad in [0.5, 0.0, -1.0, f64::NAN, 1000.0] {
+            let mut m = monitoring("@daily");
+            m.stale_after = bad;
+            assert!(rule_groups(&m).unwrap_err().to_string().contains("--stale-after"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_dashboard_reads_the_series_hcp_dr_writes() {
+        let text = dashboard().to_string();
+        for (metric, _, _) in crate::ops::signals::METRICS {
+            assert!(text.contains(metric), "the dashboard shows no {metric}");
+        }
+        let cm = dashboard_configmap(&monitoring("@daily"), &json!({"app.kubernetes.io/name": "hcp-dr"}));
+        assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+        let _: Value = serde_json::from_str(cm["data"]["hcp-dr.json"].as_str().unwrap()).unwrap();
+    }
+}

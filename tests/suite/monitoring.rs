@@ -1,0 +1,186 @@
+//! The alert rules `schedule render --monitoring` renders, checked and
+//! tested with Prometheus' own `promtool` (Debian's `prometheus` package,
+//! installed by e2e/setup): `promtool check rules` on the rendered group,
+//! and `promtool test rules` on input series whose names and labels are the
+//! lines `hcp-dr backup --metrics-file` wrote (tests/suite/signals.rs hands
+//! them over), so a renamed metric or label fails here.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::support::text;
+
+const RUNBOOKS: &str = "https://git.example.com/platform/hcp-dr/blob/main/docs/runbooks";
+
+fn hcp_dr(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(args).output().expect("run hcp-dr")
+}
+
+/// `promtool`, or None when it is not installed (CI installs it: there a
+/// missing promtool fails).
+fn promtool() -> Option<&'static str> {
+    let found = Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "promtool is not installed: e2e/setup installs Debian's prometheus package");
+        println!("skipped: promtool is not installed (e2e/setup installs Debian's prometheus package)");
+        return None;
+    }
+    Some("promtool")
+}
+
+/// The objects `schedule render --monitoring` prints for a 6-hourly schedule.
+fn rendered() -> Vec<Value> {
+    let out = hcp_dr(&[
+        "schedule", "render", "--schedule", "0 */6 * * *", "--to", "s3://bucket/hcp", "--pushgateway", "http://pushgateway.monitoring.svc:9091",
+        "--monitoring", "--runbook-base", RUNBOOKS, "-o", "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("a JSON list")
+}
+
+fn rule_groups() -> Value {
+    let objects = rendered();
+    let rule = objects.iter().find(|o| o["kind"] == "PrometheusRule").expect("a PrometheusRule");
+    json!({"groups": rule["spec"]["groups"]})
+}
+
+fn promtool_run(promtool: &str, args: &[&str], dir: &Path) -> String {
+    let out = Command::new(promtool).args(args).current_dir(dir).output().expect("run promtool");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool {args:?}:\n{said}");
+    said
+}
+
+#[test]
+fn the_rendered_schedule_carries_the_rules_the_dashboard_and_the_pushgateway() {
+    let objects = rendered();
+    let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(kinds, ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CronJob", "PrometheusRule", "ConfigMap"]);
+    let cronjob = &objects[4];
+    let args: Vec<&str> = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let at = args.iter().position(|a| *a == "--pushgateway").expect("the backup pushes its metrics");
+    assert_eq!(args[at + 1], "http://pushgateway.monitoring.svc:9091");
+    assert_eq!(objects[6]["metadata"]["labels"]["grafana_dashboard"], "1");
+    let Some(promtool) = promtool() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yml"), rule_groups().to_string()).unwrap();
+    let said = promtool_run(promtool, &["check", "rules", "rules.yml"], dir.path());
+    assert!(said.contains("SUCCESS: 4 rules found"), "{said}");
+
+    // bad input: exit 2, saying what to give
+    for (extra, says) in [
+        (vec!["--stale-after", "0.5"], "--stale-after 0.5"),
+        (vec!["--runbook-base", "not a url"], "--runbook-base `not a url`"),
+    ] {
+        let mut args = vec!["schedule", "render", "--schedule", "@daily", "--to", "s3://bucket/hcp", "--pushgateway", "http://pg:9091", "--monitoring"];
+        if !extra.contains(&"--runbook-base") {
+            args.extend(["--runbook-base", RUNBOOKS]);
+        }
+        args.extend(extra.iter().copied());
+        let out = hcp_dr(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(says) || String::from_utf8_lossy(&out.stdout).contains(says), "{args:?}: {}", text(&out));
+    }
+    let out = hcp_dr(&["schedule", "render", "--schedule", "@daily", "--to", "s3://bucket/hcp", "--monitoring", "--runbook-base", RUNBOOKS]);
+    assert_eq!(out.status.code(), Some(2), "--monitoring without --pushgateway: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pushgateway"), "{}", text(&out));
+}
+
+/// The series (name and labels, as written) of each metric in a metrics file.
+fn series_of(prom: &str) -> std::collections::BTreeMap<String, String> {
+    prom.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series.to_string()))
+        .map(|series| (series.split('{').next().unwrap_or_default().to_string(), series))
+        .collect()
+}
+
+/// The rule's annotations as Prometheus renders them for `labels`.
+fn annotations(rule: &Value, labels: &[(&str, &str)]) -> Value {
+    let mut out = serde_json::Map::new();
+    for (k, v) in rule["annotations"].as_object().unwrap() {
+        let mut text = v.as_str().unwrap().to_string();
+        for (name, value) in labels {
+            text = text.replace(&format!("{{{{ $labels.{name} }}}}"), value);
+        }
+        out.insert(k.clone(), json!(text));
+    }
+    Value::Object(out)
+}
+
+/// `promtool test rules` on series named and labelled as in `prom` (what
+/// `hcp-dr backup --metrics-file` wrote for demo): demo's last good backup
+/// at time 0, its backups failing from 5 h on; a second cluster `fresh`
+/// (demo's series, relabelled) that only ever failed. The 6-hourly
+/// schedule's alerts fire when they should and not before.
+pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
+    let Some(promtool) = promtool() else { return };
+    let series = series_of(prom);
+    let name = |metric: &str| series.get(metric).unwrap_or_else(|| panic!("{metric} not in what hcp-dr wrote:\n{prom}")).clone();
+    assert!(name("hcp_dr_backup_last_success").contains("hosted_cluster=\"demo\""), "{prom}");
+    let fresh = |metric: &str| name(metric).replace("hosted_cluster=\"demo\"", "hosted_cluster=\"fresh\"");
+    let groups = rule_groups();
+    let rule = |alert: &str| groups["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == alert).unwrap().clone();
+    let expect = |alert: &str, cluster: Option<&str>| {
+        let rule = rule(alert);
+        let mut labels = rule["labels"].clone();
+        let mut pairs = Vec::new();
+        if let Some(c) = cluster {
+            labels["namespace"] = json!("clusters");
+            labels["hosted_cluster"] = json!(c);
+            pairs = vec![("namespace", "clusters"), ("hosted_cluster", c)];
+        }
+        json!({"exp_labels": labels, "exp_annotations": annotations(&rule, &pairs)})
+    };
+    let case = |at: &str, alert: &str, alerts: Vec<Value>| json!({"eval_time": at, "alertname": alert, "exp_alerts": alerts});
+    let tests = json!({
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": name("hcp_dr_backup_last_success_timestamp_seconds"), "values": "0+0x900"},
+                    {"series": name("hcp_dr_backup_last_success"), "values": "1x300 0x600"},
+                    {"series": name("hcp_dr_backup_failures_total"), "values": "0x300 1+0x600"},
+                    {"series": fresh("hcp_dr_backup_last_success"), "values": "0x900"},
+                    {"series": fresh("hcp_dr_backup_failures_total"), "values": "1+1x900"},
+                ],
+                "alert_rule_test": [
+                    case("4h", "HcpDrBackupFailing", vec![expect("HcpDrBackupFailing", Some("fresh"))]),
+                    case("6h", "HcpDrBackupFailing", vec![expect("HcpDrBackupFailing", Some("demo")), expect("HcpDrBackupFailing", Some("fresh"))]),
+                    case("11h", "HcpDrBackupStale", vec![]),
+                    case("13h", "HcpDrBackupStale", vec![expect("HcpDrBackupStale", Some("demo"))]),
+                    case("2m", "HcpDrClusterNeverBackedUp", vec![]),
+                    case("1h", "HcpDrClusterNeverBackedUp", vec![expect("HcpDrClusterNeverBackedUp", Some("fresh"))]),
+                    case("13h", "HcpDrNoBackupReports", vec![]),
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [{"series": "up{job=\"pushgateway\"}", "values": "1x900"}],
+                "alert_rule_test": [
+                    case("11h", "HcpDrNoBackupReports", vec![]),
+                    case("13h", "HcpDrNoBackupReports", vec![expect("HcpDrNoBackupReports", None)]),
+                ],
+            },
+        ],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yml"), groups.to_string()).unwrap();
+    std::fs::write(dir.path().join("tests.yml"), tests.to_string()).unwrap();
+    let said = promtool_run(promtool, &["test", "rules", "tests.yml"], dir.path());
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+#[test]
+fn the_text_output_carries_the_rules_as_yaml_for_kubectl_apply() {
+    let out = hcp_dr(&[
+        "schedule", "render", "--schedule", "@hourly", "--to", "s3://bucket/hcp", "--pushgateway", "http://pg:9091", "--monitoring", "--runbook-base", RUNBOOKS,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    assert!(yaml.contains("kind: PrometheusRule") && yaml.contains("alert: HcpDrBackupStale") && yaml.contains("> 7200"), "{yaml}");
+}
