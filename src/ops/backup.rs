@@ -236,6 +236,43 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
 
 /// Event, status ConfigMap and metrics for one outcome; what could not be
 /// written comes back as warnings.
+/// Record every HostedCluster of the fleet's namespace scope, selected by
+/// `-l` or not, for the unprotected-cluster alert (best effort: a warning).
+async fn discovered(options: &BackupOptions, fleet: &FleetSelection, shared: &FleetShared, matching: &[serde_json::Value]) {
+    let key = |hc: &serde_json::Value| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string()));
+    let selected: std::collections::BTreeSet<(String, String)> = matching.iter().filter_map(key).collect();
+    let api: kube::Api<kube::api::DynamicObject> = match &fleet.namespace {
+        Some(ns) => crate::kube::api(&shared.client, &crate::hosted::HOSTED_CLUSTER, ns),
+        None => kube::Api::all_with(shared.client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
+    };
+    let all = match crate::kube::list_json(&api, &kube::api::ListParams::default(), "HostedClusters").await {
+        Ok(all) => all,
+        Err(e) => {
+            tracing::warn!("could not list every HostedCluster for hcp_dr_hosted_cluster_discovered: {e}");
+            return;
+        }
+    };
+    let clusters: Vec<signals::Discovered> = all
+        .iter()
+        .filter_map(key)
+        .map(|(ns, name)| {
+            let chosen = selected.contains(&(ns.clone(), name.clone()));
+            (ns, name, chosen)
+        })
+        .collect();
+    if let Some(path) = &options.metrics_file
+        && let Err(e) = signals::discovered_file(path, &clusters)
+    {
+        tracing::warn!("could not write the discovered clusters' metrics: {e}");
+    }
+    if let Some(gateway) = &options.pushgateway {
+        let id = shared.binding.kube_system_uid.clone().unwrap_or_else(|| shared.binding.server.clone());
+        if let Err(e) = signals::push_discovered(gateway, &id, &clusters).await {
+            tracing::warn!("could not push the discovered clusters to the Pushgateway: {e}");
+        }
+    }
+}
+
 async fn signal(ctx: &BackupContext, options: &BackupOptions, outcome: &signals::Outcome) -> Vec<String> {
     let metrics = options.metrics_file.as_deref();
     let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
@@ -416,6 +453,9 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
         () = &mut fan_out => runs.await,
     };
     clusters.sort_by(|a, b| a.hosted_cluster.cmp(&b.hosted_cluster));
+    if options.metrics_file.is_some() || options.pushgateway.is_some() {
+        discovered(&options, &fleet, &shared, &matching).await;
+    }
     let succeeded = clusters.iter().filter(|c| c.succeeded).count();
     Ok(FleetResult {
         failed: clusters.len() - succeeded,

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::OpsError;
 
 /// The alerts' names, in the order they are rendered.
-pub const ALERTS: [&str; 4] = ["HcpDrBackupFailing", "HcpDrBackupStale", "HcpDrClusterNeverBackedUp", "HcpDrNoBackupReports"];
+pub const ALERTS: [&str; 5] = ["HcpDrBackupFailing", "HcpDrBackupStale", "HcpDrClusterNeverBackedUp", "HcpDrClusterUnprotected", "HcpDrNoBackupReports"];
 
 /// What the rules are built from.
 #[derive(Debug, Clone)]
@@ -127,6 +127,15 @@ pub fn rule_groups(m: &Monitoring) -> Result<Value, OpsError> {
         ),
         alert(
             base,
+            "HcpDrClusterUnprotected",
+            format!("max by (namespace, hosted_cluster, selected) (hcp_dr_hosted_cluster_discovered) unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"),
+            &format!("{stale}s"),
+            "critical",
+            &format!("Hosted cluster {cluster} exists on the management cluster and has no backup"),
+            &format!("backup --all found {cluster} (selected by its selector: {{{{ $labels.selected }}}}) and no good backup of it was reported for {stale} s: no backup covers it. A cluster its selector leaves out needs the label, or a schedule of its own."),
+        ),
+        alert(
+            base,
             "HcpDrNoBackupReports",
             "absent(hcp_dr_backup_last_success)".to_string(),
             &format!("{}s", gap * 2),
@@ -172,6 +181,7 @@ pub fn dashboard() -> Value {
             panel(4, "Hosted API downtime per backup", &format!("{by} (hcp_dr_backup_last_api_downtime_seconds)"), "s", "timeseries", (12, 8)),
             panel(5, "Backup size", &format!("{by} (hcp_dr_backup_last_bytes)"), "bytes", "timeseries", (0, 16)),
             panel(6, "Failed backups (increase over 1 d)", &format!("{by} (increase(hcp_dr_backup_failures_total[1d]))"), "none", "timeseries", (12, 16)),
+            panel(7, "Hosted clusters with no good backup", &format!("{by} (hcp_dr_hosted_cluster_discovered) unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"), "none", "table", (0, 24)),
         ],
     })
 }
@@ -239,7 +249,7 @@ mod tests {
     #[test]
     fn the_dashboard_reads_the_series_hcp_dr_writes() {
         let text = dashboard().to_string();
-        for (metric, _, _) in crate::ops::signals::METRICS {
+        for (metric, _, _) in crate::ops::signals::METRICS.iter().chain([&crate::ops::signals::DISCOVERED]) {
             assert!(text.contains(metric), "the dashboard shows no {metric}");
         }
         let cm = dashboard_configmap(&monitoring("@daily"), &json!({"app.kubernetes.io/name": "hcp-dr"}));

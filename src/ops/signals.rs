@@ -125,6 +125,72 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ("hcp_dr_backup_last_success", "gauge", "1 when the last backup succeeded, 0 when it failed."),
 ];
 
+/// One series per HostedCluster `backup --all` finds on the management
+/// cluster (`namespace`, `hosted_cluster`, `selected`: whether its `-l`
+/// selector took it): what the unprotected-cluster alert compares with the
+/// clusters that have a good backup.
+pub const DISCOVERED: (&str, &str, &str) = (
+    "hcp_dr_hosted_cluster_discovered",
+    "gauge",
+    "1 for each HostedCluster backup --all found on the management cluster; selected=\"false\" when its selector left it out.",
+);
+
+/// A cluster `backup --all` found: namespace, name, selected.
+pub type Discovered = (String, String, bool);
+
+fn discovered_lines(clusters: &[Discovered]) -> BTreeMap<String, f64> {
+    clusters
+        .iter()
+        .map(|(ns, name, selected)| (format!("{}{{namespace=\"{ns}\",hosted_cluster=\"{name}\",selected=\"{selected}\"}}", DISCOVERED.0), 1.0))
+        .collect()
+}
+
+/// Read-modify-write of the metrics file: one at a time in this process
+/// (the backups of `backup --all` run concurrently).
+static METRICS_FILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Write `series` (the known metrics only) to `path`, atomically.
+fn write_series(path: &Path, series: &BTreeMap<String, f64>) -> Result<(), String> {
+    let mut out = String::new();
+    for (metric, kind, help) in METRICS.iter().copied().chain([DISCOVERED]) {
+        out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} {kind}\n"));
+        for (s, v) in series.iter().filter(|(s, _)| s.split('{').next() == Some(metric)) {
+            out.push_str(&format!("{s} {v}\n"));
+        }
+    }
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, out).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Replace the discovered clusters in the metrics file (the backups'
+/// series are kept).
+pub fn discovered_file(path: &Path, clusters: &[Discovered]) -> Result<(), String> {
+    let _one = METRICS_FILE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
+    series.retain(|s, _| s.split('{').next() != Some(DISCOVERED.0));
+    series.extend(discovered_lines(clusters));
+    write_series(path, &series)
+}
+
+/// Push the discovered clusters as one group of the management cluster
+/// (`URL/metrics/job/<job>/management_cluster/<id>[/<label>/<value>...]`;
+/// every shard pushes the same list), replacing its earlier list.
+pub async fn push_discovered(gateway: &Pushgateway, management_cluster: &str, clusters: &[Discovered]) -> Result<(), String> {
+    let mut path = vec![label_segments("job", &gateway.job), label_segments("management_cluster", management_cluster)];
+    path.extend(gateway.labels.iter().map(|(k, v)| label_segments(k, v)));
+    let group = format!("{}/metrics/{}", gateway.url, path.join("/"));
+    let mut body = format!("# HELP {} {}\n# TYPE {} {}\n", DISCOVERED.0, DISCOVERED.2, DISCOVERED.0, DISCOVERED.1);
+    for (series, value) in discovered_lines(clusters) {
+        body.push_str(&format!("{series} {value}\n"));
+    }
+    let (status, answer) = gateway.request(hyper::Method::PUT, &group, body).await?;
+    if !status.is_success() {
+        return Err(format!("PUT {group}: HTTP {status}: {}", answer.trim().chars().take(300).collect::<String>()));
+    }
+    Ok(())
+}
+
 /// `name{labels} value` lines of a Prometheus text file, keyed by series.
 fn read_series(text: &str) -> BTreeMap<String, f64> {
     text.lines()
@@ -162,6 +228,7 @@ pub fn next_values(previous: &BTreeMap<String, f64>, outcome: &Outcome, at: Date
 /// Update the cluster's series in a textfile-collector file (other series,
 /// e.g. other clusters', are kept), written atomically.
 pub fn metrics_file(path: &Path, namespace: &str, name: &str, outcome: &Outcome, at: DateTime<Utc>) -> Result<(), String> {
+    let _one = METRICS_FILE.lock().unwrap_or_else(|e| e.into_inner());
     let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
     let labels = format!("{{namespace=\"{namespace}\",hosted_cluster=\"{name}\"}}");
     let key = |metric: &str| format!("{metric}{labels}");
@@ -173,16 +240,7 @@ pub fn metrics_file(path: &Path, namespace: &str, name: &str, outcome: &Outcome,
     for (metric, value) in values {
         series.insert(key(&metric), value);
     }
-    let mut out = String::new();
-    for (metric, kind, help) in METRICS {
-        out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} {kind}\n"));
-        for (s, v) in series.iter().filter(|(s, _)| s.split('{').next() == Some(*metric)) {
-            out.push_str(&format!("{s} {v}\n"));
-        }
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, out).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    write_series(path, &series)
 }
 
 /// Where to push the metrics (`--pushgateway`): the same metrics as the
@@ -582,6 +640,32 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         assert_eq!(values, expected);
+    }
+
+    #[tokio::test]
+    async fn the_discovered_clusters_are_one_group_per_management_cluster() {
+        let (url, seen) = fake_gateway("", 200).await;
+        let gateway = Pushgateway::new(&url, "nightly", &["site=east/1".to_string()], None).unwrap();
+        let clusters = vec![("clusters".to_string(), "a".to_string(), true), ("clusters".to_string(), "b".to_string(), false)];
+        push_discovered(&gateway, "uid-1", &clusters).await.unwrap();
+        let seen = seen.lock().unwrap();
+        let (method, path, body) = seen.last().unwrap().clone();
+        assert_eq!(method, "PUT");
+        assert_eq!(path, "/metrics/job/nightly/management_cluster/uid-1/site@base64/ZWFzdC8x");
+        assert!(body.contains("hcp_dr_hosted_cluster_discovered{namespace=\"clusters\",hosted_cluster=\"a\",selected=\"true\"} 1\n"), "{body}");
+        assert!(body.contains("hcp_dr_hosted_cluster_discovered{namespace=\"clusters\",hosted_cluster=\"b\",selected=\"false\"} 1\n"), "{body}");
+        // the file keeps the backups' series and replaces the list
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prom");
+        let at = Utc::now();
+        metrics_file(&path, "clusters", "a", &Outcome::Succeeded { backup: "b1".into(), revision: Some(1), seconds: 2.0, api_downtime_seconds: None, bytes: 10 }, at).unwrap();
+        discovered_file(&path, &clusters).unwrap();
+        discovered_file(&path, &clusters[..1]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("hcp_dr_backup_last_success{namespace=\"clusters\",hosted_cluster=\"a\"} 1"), "{text}");
+        assert!(text.contains("hosted_cluster=\"a\",selected=\"true\"} 1") && !text.contains("hosted_cluster=\"b\""), "{text}");
+        metrics_file(&path, "clusters", "a", &Outcome::Failed { reason: "x".into(), seconds: 1.0 }, at).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().contains("selected=\"true\"} 1"), "a backup's write dropped the discovered clusters");
     }
 
     #[tokio::test]

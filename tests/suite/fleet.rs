@@ -68,6 +68,20 @@ async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {
         assert!(hc["spec"]["pausedUntil"].is_null(), "{name} still paused");
     }
 
+    // with a selector that takes demo only, and metrics: every HostedCluster
+    // found is recorded, selected or not, and the rendered
+    // HcpDrClusterUnprotected alert fires for alpha and beta, not demo
+    hcs.patch("demo", &Default::default(), &Patch::Merge(json!({"metadata": {"labels": {"backup": "yes"}}}))).await.unwrap();
+    let metrics = env.dir.path().join("fleet.prom");
+    let out = env.hcp_dr(&["backup", "--all", "-l", "backup=yes", "--to", store.to_str().unwrap(), "--metrics-file", metrics.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let prom = std::fs::read_to_string(&metrics).unwrap();
+    for (name, selected) in [("alpha", false), ("beta", false), ("demo", true)] {
+        let line = format!("hcp_dr_hosted_cluster_discovered{{namespace=\"clusters\",hosted_cluster=\"{name}\",selected=\"{selected}\"}} 1");
+        assert!(prom.lines().any(|l| l == line), "{line} missing:\n{prom}");
+    }
+    crate::monitoring::unprotected_fires_on_hcp_drs_own_series(&prom);
+
     // a selector that matches nothing is bad input
     let out = env.hcp_dr(&["backup", "--all", "-l", "team=nobody", "--to", store.to_str().unwrap()], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

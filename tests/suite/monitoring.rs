@@ -67,7 +67,7 @@ fn the_rendered_schedule_carries_the_rules_the_dashboard_and_the_pushgateway() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yml"), rule_groups().to_string()).unwrap();
     let said = promtool_run(promtool, &["check", "rules", "rules.yml"], dir.path());
-    assert!(said.contains("SUCCESS: 4 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 5 rules found"), "{said}");
 
     // bad input: exit 2, saying what to give
     for (extra, says) in [
@@ -183,4 +183,66 @@ fn the_text_output_carries_the_rules_as_yaml_for_kubectl_apply() {
     assert!(out.status.success(), "{}", text(&out));
     let yaml = String::from_utf8_lossy(&out.stdout);
     assert!(yaml.contains("kind: PrometheusRule") && yaml.contains("alert: HcpDrBackupStale") && yaml.contains("> 7200"), "{yaml}");
+}
+
+/// The labels of a series as written (`name{a="x",b="y"}`).
+fn labels_of(series: &str) -> Vec<(String, String)> {
+    let inside = series.split_once('{').map_or("", |(_, rest)| rest.trim_end_matches('}'));
+    inside
+        .split("\",")
+        .filter_map(|pair| pair.split_once("=\""))
+        .map(|(k, v)| (k.to_string(), v.trim_end_matches('"').to_string()))
+        .collect()
+}
+
+/// `promtool test rules` of HcpDrClusterUnprotected on what `backup --all
+/// --metrics-file` wrote (tests/suite/fleet.rs): every discovered cluster
+/// without a good backup of its own fires once the stale threshold has
+/// passed, with its `selected` label; the backed-up ones never do.
+pub fn unprotected_fires_on_hcp_drs_own_series(prom: &str) {
+    let Some(promtool) = promtool() else { return };
+    let lines: Vec<&str> = prom.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s)).collect();
+    let discovered: Vec<&str> = lines.iter().copied().filter(|s| s.starts_with("hcp_dr_hosted_cluster_discovered{")).collect();
+    let backed_up: Vec<&str> = lines.iter().copied().filter(|s| s.starts_with("hcp_dr_backup_last_success_timestamp_seconds{")).collect();
+    assert!(!discovered.is_empty() && !backed_up.is_empty(), "backup --all wrote no discovered clusters or no backup:\n{prom}");
+    let cluster = |series: &str| {
+        let labels = labels_of(series);
+        let get = |k: &str| labels.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap_or_default();
+        (get("namespace"), get("hosted_cluster"), get("selected"))
+    };
+    let covered: Vec<(String, String)> = backed_up.iter().map(|s| { let (ns, name, _) = cluster(s); (ns, name) }).collect();
+    let groups = rule_groups();
+    let rule = groups["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrClusterUnprotected").unwrap().clone();
+    let mut expected = Vec::new();
+    for series in &discovered {
+        let (ns, name, selected) = cluster(series);
+        if covered.contains(&(ns.clone(), name.clone())) {
+            continue;
+        }
+        let mut labels = rule["labels"].clone();
+        labels["namespace"] = json!(ns);
+        labels["hosted_cluster"] = json!(name);
+        labels["selected"] = json!(selected);
+        expected.push(json!({"exp_labels": labels, "exp_annotations": annotations(&rule, &[("namespace", &ns), ("hosted_cluster", &name), ("selected", &selected)])}));
+    }
+    assert!(!expected.is_empty() && expected.len() < discovered.len(), "the fleet test should leave some clusters unprotected and back up others:\n{prom}");
+    let mut input: Vec<Value> = discovered.iter().map(|s| json!({"series": s, "values": "1x900"})).collect();
+    input.extend(backed_up.iter().map(|s| json!({"series": s, "values": "0+0x900"})));
+    let tests = json!({
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": input,
+            "alert_rule_test": [
+                {"eval_time": "11h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": []},
+                {"eval_time": "13h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": expected},
+            ],
+        }],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yml"), groups.to_string()).unwrap();
+    std::fs::write(dir.path().join("tests.yml"), tests.to_string()).unwrap();
+    let said = promtool_run(promtool, &["test", "rules", "tests.yml"], dir.path());
+    assert!(said.contains("SUCCESS"), "{said}");
 }
