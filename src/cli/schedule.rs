@@ -125,12 +125,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         shards,
         platform,
         pushgateway,
-        monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring {
-            schedule: String::new(),
-            stale_after,
-            runbook_base: runbook_base.unwrap_or_default(),
-            namespace: String::new(),
-        }),
+        monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, runbook_base: runbook_base.unwrap_or_default() }),
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

@@ -236,15 +236,24 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
 
 /// Event, status ConfigMap and metrics for one outcome; what could not be
 /// written comes back as warnings.
+/// A listed HostedCluster's namespace and name.
+fn namespace_and_name(hc: &serde_json::Value) -> Option<(String, String)> {
+    Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string()))
+}
+
+/// The HostedClusters of `namespace`, or of every namespace.
+fn hosted_clusters_api(client: &kube::Client, namespace: Option<&str>) -> kube::Api<kube::api::DynamicObject> {
+    match namespace {
+        Some(ns) => crate::kube::api(client, &crate::hosted::HOSTED_CLUSTER, ns),
+        None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
+    }
+}
+
 /// Record every HostedCluster of the fleet's namespace scope, selected by
 /// `-l` or not, for the unprotected-cluster alert (best effort: a warning).
 async fn discovered(options: &BackupOptions, fleet: &FleetSelection, shared: &FleetShared, matching: &[serde_json::Value]) {
-    let key = |hc: &serde_json::Value| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string()));
-    let selected: std::collections::BTreeSet<(String, String)> = matching.iter().filter_map(key).collect();
-    let api: kube::Api<kube::api::DynamicObject> = match &fleet.namespace {
-        Some(ns) => crate::kube::api(&shared.client, &crate::hosted::HOSTED_CLUSTER, ns),
-        None => kube::Api::all_with(shared.client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
-    };
+    let selected: std::collections::BTreeSet<(String, String)> = matching.iter().filter_map(namespace_and_name).collect();
+    let api = hosted_clusters_api(&shared.client, fleet.namespace.as_deref());
     let all = match crate::kube::list_json(&api, &kube::api::ListParams::default(), "HostedClusters").await {
         Ok(all) => all,
         Err(e) => {
@@ -254,7 +263,7 @@ async fn discovered(options: &BackupOptions, fleet: &FleetSelection, shared: &Fl
     };
     let clusters: Vec<signals::Discovered> = all
         .iter()
-        .filter_map(key)
+        .filter_map(namespace_and_name)
         .map(|(ns, name)| {
             let chosen = selected.contains(&(ns.clone(), name.clone()));
             (ns, name, chosen)
@@ -372,10 +381,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     if let Some(selector) = &fleet.selector {
         params = params.labels(selector);
     }
-    let api: kube::Api<kube::api::DynamicObject> = match &fleet.namespace {
-        Some(ns) => crate::kube::api(&client, &crate::hosted::HOSTED_CLUSTER, ns),
-        None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
-    };
+    let api = hosted_clusters_api(&client, fleet.namespace.as_deref());
     let matching = crate::kube::list_json(&api, &params, "HostedClusters").await?;
     if matching.is_empty() {
         return Err(OpsError::Input(format!(
@@ -389,7 +395,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     let mut targets: Vec<(String, String)> = matching
         .iter()
         .filter(mine)
-        .filter_map(|hc| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string())))
+        .filter_map(namespace_and_name)
         .collect();
     targets.sort();
     let other_shards = fleet.shard.map(|_| matching.len() - targets.len());

@@ -17,22 +17,36 @@ use super::OpsError;
 /// The alerts' names, in the order they are rendered.
 pub const ALERTS: [&str; 5] = ["HcpDrBackupFailing", "HcpDrBackupStale", "HcpDrClusterNeverBackedUp", "HcpDrClusterUnprotected", "HcpDrNoBackupReports"];
 
-/// What the rules are built from.
+/// What `--monitoring` was asked (the schedule and namespace are the
+/// CronJob's).
 #[derive(Debug, Clone)]
 pub struct Monitoring {
-    /// The CronJob's schedule (five fields or a macro).
-    pub schedule: String,
     /// Alert when the newest good backup is older than this many of the
     /// schedule's longest gaps.
     pub stale_after: f64,
     /// Where `docs/runbooks` is published: each alert links a page there.
     pub runbook_base: String,
-    /// Namespace of the PrometheusRule and the dashboard ConfigMap.
-    pub namespace: String,
 }
 
-/// The runbooks are served from the project's repository by default.
-pub const DEFAULT_RUNBOOK_BASE: &str = "https://github.com/hcp-dr/hcp-dr/blob/main/docs/runbooks";
+impl Monitoring {
+    /// Refuse thresholds that make no sense and a base that is no URL.
+    pub fn check(&self) -> Result<(), OpsError> {
+        if !(self.stale_after.is_finite() && self.stale_after >= 1.0 && self.stale_after <= 100.0) {
+            return Err(OpsError::Input(format!(
+                "--stale-after {}: a backup is stale after 1 to 100 of the schedule's intervals (e.g. 2: two missed runs)",
+                self.stale_after
+            )));
+        }
+        let base = self.runbook_base.parse::<http::Uri>().ok().filter(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some());
+        if base.is_none() {
+            return Err(OpsError::Input(format!(
+                "--runbook-base `{}`: give the http(s) URL where this project's docs/runbooks are published",
+                self.runbook_base
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Five-field form of a CronJob macro.
 fn expand_macro(schedule: &str) -> &str {
@@ -83,16 +97,12 @@ fn alert(base: &str, name: &str, expr: String, for_: &str, severity: &str, summa
     })
 }
 
-/// The rule group (what goes under `spec.groups` of the PrometheusRule and
-/// what `promtool check rules` reads under `groups`).
-pub fn rule_groups(m: &Monitoring) -> Result<Value, OpsError> {
-    if !(m.stale_after.is_finite() && m.stale_after >= 1.0 && m.stale_after <= 100.0) {
-        return Err(OpsError::Input(format!(
-            "--stale-after {}: a backup is stale after 1 to 100 of the schedule's intervals (e.g. 2: two missed runs)",
-            m.stale_after
-        )));
-    }
-    let gap = longest_gap_seconds(&m.schedule)?;
+/// The rule group for the CronJob's `schedule` (what goes under
+/// `spec.groups` of the PrometheusRule and what `promtool check rules`
+/// reads under `groups`).
+pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
+    m.check()?;
+    let gap = longest_gap_seconds(schedule)?;
     let stale = (gap as f64 * m.stale_after).round() as i64;
     let base = m.runbook_base.trim_end_matches('/');
     let cluster = "{{ $labels.namespace }}/{{ $labels.hosted_cluster }}";
@@ -114,7 +124,7 @@ pub fn rule_groups(m: &Monitoring) -> Result<Value, OpsError> {
             "10m",
             "critical",
             &format!("No good backup of hosted cluster {cluster} for more than {}", humantime::format_duration(std::time::Duration::from_secs(stale.max(0) as u64))),
-            &format!("The newest successful backup of {cluster} is older than {stale} s ({} times the longest gap of the schedule `{}`): a restore now would lose everything written since. Check the CronJob's last runs and the store.", m.stale_after, m.schedule),
+            &format!("The newest successful backup of {cluster} is older than {stale} s ({} times the longest gap of the schedule `{}`): a restore now would lose everything written since. Check the CronJob's last runs and the store.", m.stale_after, schedule),
         ),
         alert(
             base,
@@ -141,19 +151,19 @@ pub fn rule_groups(m: &Monitoring) -> Result<Value, OpsError> {
             &format!("{}s", gap * 2),
             "warning",
             "No hcp-dr backup has reported for two scheduled intervals",
-            &format!("Prometheus sees no hcp_dr_backup_last_success series: the backup CronJob has not run, cannot reach the Pushgateway, or the Pushgateway lost its groups. Schedule `{}`.", m.schedule),
+            &format!("Prometheus sees no hcp_dr_backup_last_success series: the backup CronJob has not run, cannot reach the Pushgateway, or the Pushgateway lost its groups. Schedule `{schedule}`."),
         ),
     ];
     Ok(json!([{"name": "hcp-dr", "rules": rules}]))
 }
 
-/// The PrometheusRule object.
-pub fn prometheus_rule(m: &Monitoring, labels: &Value) -> Result<Value, OpsError> {
+/// The PrometheusRule object, in `namespace`.
+pub fn prometheus_rule(m: &Monitoring, schedule: &str, namespace: &str, labels: &Value) -> Result<Value, OpsError> {
     Ok(json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "hcp-dr", "namespace": m.namespace, "labels": labels},
-        "spec": {"groups": rule_groups(m)?},
+        "metadata": {"name": "hcp-dr", "namespace": namespace, "labels": labels},
+        "spec": {"groups": rule_groups(m, schedule)?},
     }))
 }
 
@@ -186,13 +196,13 @@ pub fn dashboard() -> Value {
     })
 }
 
-/// The ConfigMap the Grafana dashboard sidecar picks up.
-pub fn dashboard_configmap(m: &Monitoring, labels: &Value) -> Value {
+/// The ConfigMap the Grafana dashboard sidecar picks up, in `namespace`.
+pub fn dashboard_configmap(namespace: &str, labels: &Value) -> Value {
     let mut labels = labels.clone();
     labels["grafana_dashboard"] = json!("1");
     json!({
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "hcp-dr-dashboard", "namespace": m.namespace, "labels": labels},
+        "metadata": {"name": "hcp-dr-dashboard", "namespace": namespace, "labels": labels},
         "data": {"hcp-dr.json": serde_json::to_string_pretty(&dashboard()).unwrap_or_default()},
     })
 }
@@ -201,8 +211,11 @@ pub fn dashboard_configmap(m: &Monitoring, labels: &Value) -> Value {
 mod tests {
     use super::*;
 
-    fn monitoring(schedule: &str) -> Monitoring {
-        Monitoring { schedule: schedule.into(), stale_after: 2.0, runbook_base: DEFAULT_RUNBOOK_BASE.into(), namespace: "hcp-dr".into() }
+    /// Any base: there is no default, the user names where the runbooks are.
+    const RUNBOOK_BASE: &str = "https://git.example.com/platform/hcp-dr/blob/main/docs/runbooks";
+
+    fn monitoring() -> Monitoring {
+        Monitoring { stale_after: 2.0, runbook_base: RUNBOOK_BASE.into() }
     }
 
     #[test]
@@ -214,20 +227,20 @@ mod tests {
         assert_eq!(longest_gap_seconds("0 2 * * 1-5").unwrap(), 3 * 86400);
         // monthly: the longest month
         assert_eq!(longest_gap_seconds("@monthly").unwrap(), 31 * 86400);
-        let groups = rule_groups(&monitoring("0 */6 * * *")).unwrap();
+        let groups = rule_groups(&monitoring(), "0 */6 * * *").unwrap();
         let stale = groups[0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrBackupStale").unwrap();
         assert!(stale["expr"].as_str().unwrap().ends_with("> 43200"), "{stale}");
     }
 
     #[test]
     fn every_alert_names_the_cluster_and_links_a_runbook_that_exists() {
-        let groups = rule_groups(&monitoring("0 */6 * * *")).unwrap();
+        let groups = rule_groups(&monitoring(), "0 */6 * * *").unwrap();
         let rules = groups[0]["rules"].as_array().unwrap();
         let names: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
         assert_eq!(names, ALERTS);
         for rule in rules {
             let url = rule["annotations"]["runbook_url"].as_str().unwrap();
-            let (page, anchor) = url.strip_prefix(DEFAULT_RUNBOOK_BASE).unwrap().trim_start_matches('/').split_once('#').unwrap();
+            let (page, anchor) = url.strip_prefix(RUNBOOK_BASE).unwrap().trim_start_matches('/').split_once('#').unwrap();
             let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks").join(page)).unwrap();
             let slug = |h: &str| h.trim_start_matches('#').trim().to_lowercase().replace(' ', "-").chars().filter(|c| c.is_alphanumeric() || *c == '-').collect::<String>();
             assert!(text.lines().filter(|l| l.starts_with("## ") || l.starts_with("### ")).any(|h| slug(h) == anchor), "{url}: no heading #{anchor} in docs/runbooks/{page}");
@@ -240,9 +253,8 @@ mod tests {
     #[test]
     fn nonsense_thresholds_are_refused() {
         for bad in [0.5, 0.0, -1.0, f64::NAN, 1000.0] {
-            let mut m = monitoring("@daily");
-            m.stale_after = bad;
-            assert!(rule_groups(&m).unwrap_err().to_string().contains("--stale-after"), "{bad}");
+            let m = Monitoring { stale_after: bad, ..monitoring() };
+            assert!(rule_groups(&m, "@daily").unwrap_err().to_string().contains("--stale-after"), "{bad}");
         }
     }
 
@@ -252,7 +264,7 @@ mod tests {
         for (metric, _, _) in crate::ops::signals::METRICS.iter().chain([&crate::ops::signals::DISCOVERED]) {
             assert!(text.contains(metric), "the dashboard shows no {metric}");
         }
-        let cm = dashboard_configmap(&monitoring("@daily"), &json!({"app.kubernetes.io/name": "hcp-dr"}));
+        let cm = dashboard_configmap("hcp-dr", &json!({"app.kubernetes.io/name": "hcp-dr"}));
         assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
         let _: Value = serde_json::from_str(cm["data"]["hcp-dr.json"].as_str().unwrap()).unwrap();
     }

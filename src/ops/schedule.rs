@@ -39,8 +39,8 @@ pub struct ScheduleOptions {
     pub platform: crate::stages::context::PlatformSettings,
     /// Passed to each backup: the Pushgateway its metrics go to.
     pub pushgateway: Option<String>,
-    /// Render the PrometheusRule and the dashboard too (its schedule and
-    /// namespace are the CronJob's, filled in by [`render`]).
+    /// Render the PrometheusRule and the dashboard too (for the CronJob's
+    /// schedule, in its namespace).
     pub monitoring: Option<super::monitoring::Monitoring>,
 }
 
@@ -279,18 +279,10 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
                    "jobTemplate": {"metadata": {"labels": labels}, "spec": job},
                }}),
     ];
-    if let Some(monitoring) = &o.monitoring {
-        let m = super::monitoring::Monitoring { schedule: o.schedule.clone(), namespace: o.namespace.clone(), ..monitoring.clone() };
-        let base = m.runbook_base.parse::<http::Uri>().ok().filter(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some());
-        if base.is_none() {
-            return Err(OpsError::Input(format!(
-                "--runbook-base `{}`: give the http(s) URL where this project's docs/runbooks are published",
-                m.runbook_base
-            )));
-        }
+    if let Some(m) = &o.monitoring {
         let labels = json!({"app.kubernetes.io/name": "hcp-dr", "app.kubernetes.io/component": "monitoring"});
-        objects.push(super::monitoring::prometheus_rule(&m, &labels)?);
-        objects.push(super::monitoring::dashboard_configmap(&m, &labels));
+        objects.push(super::monitoring::prometheus_rule(m, &o.schedule, &o.namespace, &labels)?);
+        objects.push(super::monitoring::dashboard_configmap(&o.namespace, &labels));
     }
     objects.iter_mut().for_each(drop_empty_lists);
     Ok(objects)

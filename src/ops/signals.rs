@@ -177,18 +177,12 @@ pub fn discovered_file(path: &Path, clusters: &[Discovered]) -> Result<(), Strin
 /// (`URL/metrics/job/<job>/management_cluster/<id>[/<label>/<value>...]`;
 /// every shard pushes the same list), replacing its earlier list.
 pub async fn push_discovered(gateway: &Pushgateway, management_cluster: &str, clusters: &[Discovered]) -> Result<(), String> {
-    let mut path = vec![label_segments("job", &gateway.job), label_segments("management_cluster", management_cluster)];
-    path.extend(gateway.labels.iter().map(|(k, v)| label_segments(k, v)));
-    let group = format!("{}/metrics/{}", gateway.url, path.join("/"));
+    let group = gateway.url_of(&gateway.grouping_of(&[("management_cluster", management_cluster)]));
     let mut body = format!("# HELP {} {}\n# TYPE {} {}\n", DISCOVERED.0, DISCOVERED.2, DISCOVERED.0, DISCOVERED.1);
     for (series, value) in discovered_lines(clusters) {
         body.push_str(&format!("{series} {value}\n"));
     }
-    let (status, answer) = gateway.request(hyper::Method::PUT, &group, body).await?;
-    if !status.is_success() {
-        return Err(format!("PUT {group}: HTTP {status}: {}", answer.trim().chars().take(300).collect::<String>()));
-    }
-    Ok(())
+    gateway.put(&group, body).await
 }
 
 /// `name{labels} value` lines of a Prometheus text file, keyed by series.
@@ -331,21 +325,38 @@ impl Pushgateway {
         })
     }
 
-    /// Every grouping label of a cluster's group, in path order.
-    fn grouping(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
-        let mut out = vec![
-            ("job".to_string(), self.job.clone()),
-            ("namespace".to_string(), namespace.to_string()),
-            ("hosted_cluster".to_string(), name.to_string()),
-        ];
+    /// Every grouping label of a group identified by `own` (after `job`,
+    /// before the extra labels), in path order.
+    fn grouping_of(&self, own: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut out = vec![("job".to_string(), self.job.clone())];
+        out.extend(own.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         out.extend(self.labels.iter().cloned());
         out
     }
 
+    /// Every grouping label of a cluster's group, in path order.
+    fn grouping(&self, namespace: &str, name: &str) -> Vec<(String, String)> {
+        self.grouping_of(&[("namespace", namespace), ("hosted_cluster", name)])
+    }
+
+    /// The URL of the group with these grouping labels.
+    fn url_of(&self, grouping: &[(String, String)]) -> String {
+        let path: Vec<String> = grouping.iter().map(|(k, v)| label_segments(k, v)).collect();
+        format!("{}/metrics/{}", self.url, path.join("/"))
+    }
+
     /// The URL of a cluster's group.
     pub fn group_url(&self, namespace: &str, name: &str) -> String {
-        let path: Vec<String> = self.grouping(namespace, name).iter().map(|(k, v)| label_segments(k, v)).collect();
-        format!("{}/metrics/{}", self.url, path.join("/"))
+        self.url_of(&self.grouping(namespace, name))
+    }
+
+    /// Replace the group at `group` with `body` (`PUT`).
+    async fn put(&self, group: &str, body: String) -> Result<(), String> {
+        let (status, answer) = self.request(hyper::Method::PUT, group, body).await?;
+        if !status.is_success() {
+            return Err(format!("PUT {group}: HTTP {status}: {}", answer.trim().chars().take(300).collect::<String>()));
+        }
+        Ok(())
     }
 
     async fn request(&self, method: hyper::Method, url: &str, body: String) -> Result<(hyper::StatusCode, String), String> {
@@ -508,11 +519,8 @@ pub async fn push(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &
         )),
     }
     let Some(values) = next_values(&previous, outcome, at) else { return Ok(notes) };
-    let group = gateway.group_url(namespace, name);
-    let (status, answer) = gateway.request(hyper::Method::PUT, &group, exposition(&values)).await?;
-    if !status.is_success() {
-        return Err(format!("PUT {group}: HTTP {status}: {}", answer.trim().chars().take(300).collect::<String>()));
-    }
+    let group = gateway.url_of(&grouping);
+    gateway.put(&group, exposition(&values)).await?;
     tracing::info!(group = %group, "metrics pushed to the Pushgateway");
     Ok(notes)
 }

@@ -88,12 +88,19 @@ fn the_rendered_schedule_carries_the_rules_the_dashboard_and_the_pushgateway() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--pushgateway"), "{}", text(&out));
 }
 
-/// The series (name and labels, as written) of each metric in a metrics file.
-fn series_of(prom: &str) -> std::collections::BTreeMap<String, String> {
+/// The series (name and labels, as written) of a metrics file, in order.
+fn series_lines(prom: &str) -> Vec<&str> {
     prom.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series.to_string()))
-        .map(|series| (series.split('{').next().unwrap_or_default().to_string(), series))
+        .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series))
+        .collect()
+}
+
+/// The series of each metric in a metrics file (the last one of a name).
+fn series_of(prom: &str) -> std::collections::BTreeMap<String, String> {
+    series_lines(prom)
+        .into_iter()
+        .map(|series| (series.split('{').next().unwrap_or_default().to_string(), series.to_string()))
         .collect()
 }
 
@@ -201,7 +208,7 @@ fn labels_of(series: &str) -> Vec<(String, String)> {
 /// passed, with its `selected` label; the backed-up ones never do.
 pub fn unprotected_fires_on_hcp_drs_own_series(prom: &str) {
     let Some(promtool) = promtool() else { return };
-    let lines: Vec<&str> = prom.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s)).collect();
+    let lines = series_lines(prom);
     let discovered: Vec<&str> = lines.iter().copied().filter(|s| s.starts_with("hcp_dr_hosted_cluster_discovered{")).collect();
     let backed_up: Vec<&str> = lines.iter().copied().filter(|s| s.starts_with("hcp_dr_backup_last_success_timestamp_seconds{")).collect();
     assert!(!discovered.is_empty() && !backed_up.is_empty(), "backup --all wrote no discovered clusters or no backup:\n{prom}");

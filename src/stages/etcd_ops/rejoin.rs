@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 use serde::{Deserialize, Serialize};
 
 use super::RecoverContext;
 use super::assess::{Assess, quorum_without};
-use super::replace::{Replace, Replaced, delete_exact};
+use super::replace::{Replace, Replaced, delete_claim_and_pod};
 use crate::kube::request;
 use crate::pipeline::stage::error_chain;
 use crate::pipeline::{Params, Stage, StageId, StageFailure, Step, read_params};
@@ -229,11 +229,7 @@ async fn look(
 async fn replace_again(ctx: &mut RecoverContext, member: &str, pvc: &str, pod_uid: &str, pvc_uid: &str) -> Result<(), StageFailure> {
     let health = ctx.probe().await?;
     quorum_without(&health, member)?;
-    let hcp_ns = ctx.inputs.hcp_namespace();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
-    delete_exact(&pvcs, "PersistentVolumeClaim", pvc, pvc_uid).await?;
-    delete_exact(&pods, "pod", member, pod_uid).await?;
+    delete_claim_and_pod(ctx, member, pvc, pod_uid, pvc_uid).await?;
     Ok(())
 }
 

@@ -60,6 +60,18 @@ where
     }
 }
 
+/// Delete a member's volume claim, then its pod, each by uid (claim first:
+/// while the pod exists the claim is only marked, so the pod is never
+/// recreated on it). Whether each was deleted (`false`: already gone).
+pub(crate) async fn delete_claim_and_pod(ctx: &RecoverContext, member: &str, pvc: &str, pod_uid: &str, pvc_uid: &str) -> Result<(bool, bool), StageFailure> {
+    let hcp_ns = ctx.inputs.hcp_namespace();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let claim_deleted = delete_exact(&pvcs, "PersistentVolumeClaim", pvc, pvc_uid).await?;
+    let pod_deleted = delete_exact(&pods, "pod", member, pod_uid).await?;
+    Ok((claim_deleted, pod_deleted))
+}
+
 async fn uid_of<K>(api: &Api<K>, what: &str, name: &str) -> Result<Option<String>, StageFailure>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -106,9 +118,8 @@ async fn run(ctx: &mut RecoverContext, step: &mut Step<'_>) -> Result<Replaced, 
         deleted_at: Utc::now(),
     });
     step.record(serde_json::to_value(&record)?)?;
-    let claim_deleted =
-        delete_exact(&pvcs, "PersistentVolumeClaim", &record.pvc, &record.pvc_uid).await?;
-    let pod_deleted = delete_exact(&pods, "pod", &record.member, &record.pod_uid).await?;
+    let (claim_deleted, pod_deleted) =
+        delete_claim_and_pod(ctx, &record.member, &record.pvc, &record.pod_uid, &record.pvc_uid).await?;
     tracing::info!(
         namespace = %hcp_ns,
         member = %record.member,
