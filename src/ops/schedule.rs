@@ -186,7 +186,7 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
         backup_args.extend(["--route53-zone".into(), zone.clone()]);
     }
     if let Some(url) = &o.pushgateway {
-        super::signals::Pushgateway::new(url, "hcp-dr", &[], None).map_err(|e| OpsError::Input(format!("--pushgateway: {e}")))?;
+        super::signals::Pushgateway::new(url, "hcp-dr", &[], None).map_err(OpsError::Input)?;
         backup_args.extend(["--pushgateway".into(), url.clone()]);
     }
     backup_args.extend(platform_args(&o.platform, &o.image));

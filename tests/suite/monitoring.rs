@@ -83,6 +83,9 @@ fn the_rendered_schedule_carries_the_rules_the_dashboard_and_the_pushgateway() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         assert!(String::from_utf8_lossy(&out.stderr).contains(says) || String::from_utf8_lossy(&out.stdout).contains(says), "{args:?}: {}", text(&out));
     }
+    let out = hcp_dr(&["schedule", "render", "--schedule", "@daily", "--to", "s3://bucket/hcp", "--pushgateway", "ftp://pg:9091"]);
+    assert_eq!(out.status.code(), Some(2), "a Pushgateway that is no http(s) URL: {}", text(&out));
+    assert!(text(&out).contains("--pushgateway"), "{}", text(&out));
     let out = hcp_dr(&["schedule", "render", "--schedule", "@daily", "--to", "s3://bucket/hcp", "--monitoring", "--runbook-base", RUNBOOKS]);
     assert_eq!(out.status.code(), Some(2), "--monitoring without --pushgateway: {}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--pushgateway"), "{}", text(&out));
