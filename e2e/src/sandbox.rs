@@ -1200,15 +1200,20 @@ pub fn condition(obj: &Value, kind: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Poll `HostedCluster ns/name` until its `Available` condition is True.
+/// Whether the etcd StatefulSet of `hcp_ns` has observed its spec and has
+/// every replica ready.
 async fn all_etcd_members_ready(client: &kube::Client, hcp_ns: &str) -> bool {
     let api: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
         kube::Api::namespaced(client.clone(), hcp_ns);
     match api.get_opt("etcd").await {
         Ok(Some(sts)) => {
             let want = sts.spec.replicas.unwrap_or(1);
-            let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-            ready >= want
+            let status = sts.status.as_ref();
+            let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+            // a status written before the last change of the spec (a scale
+            // back up right after a scale to zero) still counts the old pods
+            let observed = status.and_then(|s| s.observed_generation).unwrap_or(0);
+            observed >= sts.metadata.generation.unwrap_or(0) && ready >= want
         }
         _ => false,
     }
