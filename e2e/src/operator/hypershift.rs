@@ -1251,9 +1251,10 @@ async fn update_status(
         "kubeconfig": {"name": format!("{name}-admin-kubeconfig")},
         "controlPlaneEndpoint": ep,
     });
-    patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, objects::observed(status, hc)).await?;
     // `completionTime` is required and nullable: a merge patch's null would
-    // delete it, so the version is written by a PUT of the status
+    // delete it, so the version is written by a PUT of the status. It is
+    // written before the conditions, so whoever sees Available=True also
+    // sees the version it completed (HyperShift writes both in one update)
     let version_status = json!({
         "desired": {"image": image, "version": version},
         "history": [{"state": state, "image": image, "version": version, "startedTime": started,
@@ -1263,13 +1264,14 @@ async fn update_status(
     });
     let current = hc.pointer("/status/version").cloned().unwrap_or(Value::Null);
     if !super::workloads::status_subset(&version_status, &current) || current.pointer("/history/0/completionTime").is_none() {
-        // as read just now: the conditions patched above are kept
+        // as read just now, so nothing else of the status is lost
         let Some(mut fresh) = ctx.kube.get(&HOSTED_CLUSTER, Some(ns_of(hc)), name_of(hc)).await? else {
             return Ok(());
         };
         fresh["status"]["version"] = version_status;
         ctx.kube.replace_status(&HOSTED_CLUSTER, &fresh).await?;
     }
+    patch_status_if_changed(ctx, &HOSTED_CLUSTER, hc, objects::observed(status, hc)).await?;
     let restored = etcd_restored_condition(ctx, hcp, sts.as_ref(), hcp_ns).await?;
     let mut hcp_conditions = vec![
         objects::condition(hcp.pointer("/status/conditions"), "EtcdAvailable", etcd_ok, if etcd_ok { "QuorumAvailable" } else { "EtcdQuorumUnavailable" }, ""),
