@@ -68,6 +68,10 @@ pub const SEED_GRACE: DurationIn = secs(5, 6 * HOUR, "a pod no node takes within
 pub const DNS_WAIT: DurationIn = secs(10, DAY, "DNS that has not moved within a day will not");
 /// How old a complete backup may get before `backups prune --max-age` removes it.
 pub const RETENTION_AGE: DurationIn = secs(HOUR, 36_500 * DAY, "no backup is older than a century");
+/// `report --drill-every`: how often each cluster should be drilled.
+pub const DRILL_EVERY: DurationIn = secs(HOUR, 366 * DAY, "a drill a year is the least an audit accepts");
+/// `report --rto-target`: the longest a restore may take.
+pub const RTO_TARGET: DurationIn = secs(10, 7 * DAY, "a recovery that may take more than a week is not a target");
 /// How old an incomplete backup must be before prune treats it as abandoned.
 pub const INCOMPLETE_AFTER: DurationIn = secs(HOUR, 36_500 * DAY, "no backup is older than a century");
 

@@ -19,6 +19,7 @@ pub mod encryption;
 pub mod fence;
 pub mod objects;
 pub mod retention;
+pub mod results;
 pub mod sanitize;
 pub mod sealed;
 

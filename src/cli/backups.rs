@@ -352,6 +352,12 @@ fn render_verify(r: &VerifyReport) -> String {
     for p in &r.problems {
         out.push_str(&format!("  problem: {p}\n"));
     }
+    if let Some(key) = &r.recorded {
+        out.push_str(&format!("  result recorded: {key}\n"));
+    }
+    for w in &r.warnings {
+        out.push_str(&format!("  warning: {w}\n"));
+    }
     out
 }
 

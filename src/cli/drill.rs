@@ -152,6 +152,9 @@ pub fn render(result: &DrillResult) -> String {
     if !result.report_files.is_empty() {
         out.push_str(&format!("report: {}\n", result.report_files.join(", ")));
     }
+    if let Some(key) = &result.recorded {
+        out.push_str(&format!("result recorded: {key}\n"));
+    }
     for warning in &result.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }

@@ -163,6 +163,9 @@ pub fn render(result: &MigrateResult) -> String {
             out.push_str(&format!("  {name}\n"));
         }
     }
+    if let Some(key) = &result.recorded {
+        out.push_str(&format!("result recorded: {key}\n"));
+    }
     for warning in &result.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
@@ -189,6 +192,7 @@ mod tests {
                 name("10.0.0.5", "HostedCluster Ignition (NodePort)", false, "a NodePort address"),
             ],
             warnings: Vec::new(),
+            recorded: None,
         };
         let text = render(&result);
         assert!(text.contains("DNS names:\n  api.demo.example.com (Service kube-apiserver (LoadBalancer)): managed: in zone Z1 (example.com)\n"), "{text}");

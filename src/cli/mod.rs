@@ -20,6 +20,7 @@ pub mod fence;
 pub mod man;
 pub mod migrate;
 pub mod playbook;
+pub mod posture;
 pub mod progress;
 pub mod report;
 pub mod restore;
@@ -146,7 +147,7 @@ pub const EXIT_CODES: &str = "Exit codes:
 #[command(name = "hcp-dr", version, about = "Back up, restore, migrate and repair OpenShift hosted control planes", after_help = EXIT_CODES)]
 pub struct Cli {
     /// Output format of the final report: text for people, or the same
-    /// structured report as JSON or YAML.
+    /// structured report as JSON or YAML (`html`: `hcp-dr report` only).
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Log format on stderr: `text` (human-readable), `json` (one object a
@@ -191,6 +192,8 @@ pub enum Output {
     Text,
     Json,
     Yaml,
+    /// One self-contained page: `hcp-dr report` only.
+    Html,
 }
 
 #[derive(Debug, Subcommand)]
@@ -230,6 +233,10 @@ pub enum Command {
     /// (--release lets it run again).
     #[command(after_help = "Example:\n  hcp-dr fence --hosted-cluster demo -n clusters --kubeconfig returned.kubeconfig --store s3://bucket/prefix")]
     Fence(fence::Args),
+    /// The fleet's DR posture, worst first: backups' ages, verifies, drills
+    /// (RTO, RPO), and with --kubeconfig every HostedCluster no backup covers.
+    #[command(after_help = "Example:\n  hcp-dr report --store s3://bucket/prefix --kubeconfig mgmt.kubeconfig -o html --output-file posture.html")]
+    Report(posture::Args),
     /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
     #[command(after_help = "Example:\n  hcp-dr completion bash > ~/.local/share/bash-completion/completions/hcp-dr")]
     Completion(completion::Args),
@@ -353,6 +360,10 @@ mod tests {
 
 /// Run the parsed command.
 pub async fn run(cli: Cli) -> Exit {
+    if cli.output == Output::Html && !matches!(cli.command, Command::Report(_)) {
+        eprintln!("error: -o html is for `hcp-dr report` only; use -o text, json or yaml");
+        return Exit::Usage;
+    }
     match cli.command {
         Command::Backup(args) => backup::exec(args, cli.output).await,
         Command::Backups(cmd) => backups::exec(cmd, cli.output).await,
@@ -365,6 +376,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Cluster(cmd) => cluster::exec(cmd, cli.output).await,
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
         Command::Fence(args) => fence::exec(args, cli.output).await,
+        Command::Report(args) => posture::exec(args, cli.output).await,
         Command::Completion(args) => completion::exec(args),
         Command::Man(args) => man::exec(args),
         Command::VolumeMover(args) => volume_mover::exec(args).await,

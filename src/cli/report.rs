@@ -77,7 +77,8 @@ pub fn print<T: serde::Serialize>(output: super::Output, value: &T, render: impl
     match output {
         super::Output::Json => println!("{}", serde_json::to_string_pretty(value).unwrap_or_default()),
         super::Output::Yaml => print!("{}", yaml(value)),
-        super::Output::Text => print!("{}", render()),
+        // `run` refuses -o html for every command but `report`
+        super::Output::Text | super::Output::Html => print!("{}", render()),
     }
 }
 

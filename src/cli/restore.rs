@@ -241,6 +241,9 @@ pub fn render(result: &RestoreResult) -> String {
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));
     }
+    if let Some(key) = &result.recorded {
+        out.push_str(&format!("result recorded: {key}\n"));
+    }
     for warning in &result.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }

@@ -131,7 +131,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),
         // the JSON list as YAML; text is the same objects as YAML documents, for kubectl apply
         Output::Yaml => render(&options).map(|objects| super::report::yaml(&objects)),
-        Output::Text => render_yaml(&options),
+        Output::Text | Output::Html => render_yaml(&options),
     };
     match rendered {
         Ok(text) => {

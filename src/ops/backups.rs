@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::OpsError;
 use crate::archive::check::{CheckError, Inspect, check_backup_inspecting, read_manifest};
 use crate::archive::encryption::Identities;
+use crate::archive::results::{self, Kind, ResultRecord};
 use crate::archive::retention::{self, Candidate, Decision, Policy};
 use crate::archive::fence::{self, Fence, FenceError};
 use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
@@ -177,6 +178,12 @@ pub struct VerifyReport {
     /// for a backup that is not encrypted). Without it only the stored
     /// bytes are: sizes, SHA-256s and SHA256SUMS.
     pub plaintext_checked: bool,
+    /// The result record written beside the backup (`results/`), for
+    /// `hcp-dr report`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Download and check every artifact against the manifest, then every
@@ -190,10 +197,23 @@ pub async fn verify(store: &dyn Store, layout: &Layout, deep: bool) -> Result<Ve
 /// with them every encrypted artifact is decrypted while it streams and its
 /// plaintext checked too. A wrong identity is bad input.
 pub async fn verify_with(store: &dyn Store, layout: &Layout, deep: bool, identities: Option<&Identities>) -> Result<VerifyReport, OpsError> {
+    let started = Utc::now();
     let meter = crate::pipeline::Meter::new();
     let metered = crate::store::metered::MeteredStore::new(store, &meter);
     let mut report = verify_metered(&metered, layout, deep, identities).await?;
     report.bytes_read = meter.bytes();
+    let depth = match (&report.deep_skipped, deep, report.plaintext_checked) {
+        (None, true, _) => "deep: restored into a scratch etcd",
+        (_, _, true) => "hashes and snapshots read offline",
+        (_, _, false) => "stored bytes only: encrypted, no --identity",
+    };
+    let summary = match report.ok {
+        true => format!("verify passed ({depth})"),
+        false => format!("verify FAILED: {}", report.problems.first().map(String::as_str).unwrap_or("a problem")),
+    };
+    let mut record = ResultRecord::new(Kind::Verify, &layout.namespace, &layout.hosted_cluster, &layout.backup_id, started, report.ok, summary);
+    record.failures = report.problems.clone();
+    report.recorded = results::write_noting(store, &record, &mut report.warnings).await;
     Ok(report)
 }
 
@@ -210,6 +230,8 @@ async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identiti
         deep_skipped: None,
         encrypted_to: Vec::new(),
         plaintext_checked: false,
+        recorded: None,
+        warnings: Vec::new(),
     };
     let scratch = if deep {
         match crate::etcd::scratch::ScratchTools::find() {

@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::restore::{Decrypt, RestoreOptions, prepare_decryption, resolve_inputs};
 use crate::archive::parse_backup_id;
+use crate::archive::results::{self, Kind, ResultRecord};
 use crate::pipeline::{Interrupt, OnFailure, RunOutcome, RunReport, StageStatus};
 use crate::stages::context::EtcdAccess;
 use crate::stages::drill::checks::CheckResult;
@@ -124,6 +125,9 @@ pub struct DrillResult {
     pub aborted: bool,
     /// `<report>.md` and `<report>.json`, once written.
     pub report_files: Vec<String>,
+    /// The result record written beside the backup (`results/`), for
+    /// `hcp-dr report`.
+    pub recorded: Option<String>,
     pub warnings: Vec<String>,
 }
 
@@ -265,6 +269,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         None => None,
     };
     let target = super::reach_for("staging", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.abort.as_deref()).await?;
+    let staging_cluster = target.binding.management_cluster().server;
     let restore = RestoreContext::new(target.client, store, staging, inputs.restore.clone());
     let mut ctx = DrillContext::new(restore, inputs.clone());
     ctx.restore.keys = keys;
@@ -301,6 +306,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         remove_with: None,
         aborted: options.run.aborting(),
         report_files: Vec::new(),
+        recorded: None,
         warnings: ctx.restore.warnings.clone(),
         run,
     };
@@ -312,6 +318,10 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
             None => result.run.output_of::<crate::stages::drill::teardown::Teardown>()?.and_then(|t| t.remove_with),
         };
     }
+    if !options.run.dry_run && !options.run.aborting() {
+        let record = record_of(&result, &inputs, &staging_cluster);
+        result.recorded = results::write_noting(ctx.restore.store.as_ref(), &record, &mut result.warnings).await;
+    }
     if let (Some(path), false, None) = (&options.report, options.run.dry_run, &options.run.abort) {
         match report::write(&report_base(path), &result) {
             Ok(files) => result.report_files = files,
@@ -319,6 +329,20 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         }
     }
     Ok(result)
+}
+
+/// The record of a drill for the store: verdict, RTO, RPO, what failed.
+fn record_of(result: &DrillResult, inputs: &DrillInputs, staging_cluster: &str) -> ResultRecord {
+    let source = &inputs.identity.source;
+    let mut record = ResultRecord::new(Kind::Drill, &source.namespace, &source.name, &inputs.restore.backup_id, inputs.started, result.passed, report::headline(result));
+    record.rto_seconds = result.rto_seconds;
+    record.rpo_seconds = result.rpo_seconds;
+    record.target = Some(format!("{} on {staging_cluster}", result.drill));
+    record.failures = result.failed_checks().iter().map(|c| format!("check {}", c.name)).collect();
+    if let Some(stage) = result.run.outcome.failed_stage() {
+        record.failures.push(format!("stage {stage}"));
+    }
+    record
 }
 
 /// The drill operation: a failure undoes everything (unless `--keep`); a

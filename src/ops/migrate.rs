@@ -11,6 +11,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::OpsError;
+use crate::archive::results::{self, Kind, ResultRecord};
 use super::backup::{check_name, holder};
 use crate::archive::new_backup_id;
 use crate::dns::DnsZone;
@@ -71,6 +72,10 @@ pub struct MigrateResult {
     /// managed, which they left alone, and why.
     pub dns_names: Vec<crate::hosted::publishing::PublishedName>,
     pub warnings: Vec<String>,
+    /// The result record written beside the backup (`results/`), for
+    /// `hcp-dr report`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<String>,
 }
 
 fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
@@ -266,6 +271,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         published: Vec::new(),
     };
     let journaled = super::Journaled::new(&inputs, clusters, &[&inputs.source.namespace, &inputs.source.hosted_cluster, &inputs.source.backup_id]);
+    let started = chrono::Utc::now();
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     let (stage_seconds, rto_seconds) = match &run.journal {
         Some(path) => timings(&Journal::read(Path::new(path))?),
@@ -273,7 +279,23 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     };
     let mut warnings = ctx.source.warnings.clone();
     warnings.extend(ctx.destination.warnings.iter().cloned());
+    let recorded = if options.run.dry_run || options.run.aborting() {
+        None
+    } else {
+        let source = &inputs.source;
+        let passed = run.outcome == crate::pipeline::RunOutcome::Succeeded;
+        let summary = results::outcome_summary("migrate", &run.outcome);
+        let mut record = ResultRecord::new(Kind::Migrate, &source.namespace, &source.hosted_cluster, &source.backup_id, started, passed, summary);
+        // the backup is taken with the source's API down: a migration that
+        // finished lost no write
+        record.rto_seconds = rto_seconds.filter(|_| passed);
+        record.rpo_seconds = Some(0.0).filter(|_| passed);
+        record.target = Some(format!("{}/{} on {}", source.namespace, source.hosted_cluster, destination_binding.management_cluster().server));
+        record.failures.extend(run.outcome.failed_stage().map(|stage| format!("stage {stage}")));
+        results::write_noting(ctx.source.store.as_ref(), &record, &mut warnings).await
+    };
     Ok(MigrateResult {
+        recorded,
         hosted_cluster: format!("{}/{}", inputs.source.namespace, inputs.source.hosted_cluster),
         backup: format!("{}/{}", ctx.source.store.url(), inputs.source.layout().dir()),
         rto_seconds,

@@ -10,6 +10,7 @@ pub mod etcd_restore;
 pub mod fence;
 pub mod migrate;
 pub mod monitoring;
+pub mod posture;
 pub mod reconcile;
 pub mod registry;
 pub mod restore;

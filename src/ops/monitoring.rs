@@ -104,6 +104,9 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
     m.check()?;
     let gap = longest_gap_seconds(schedule)?;
     let stale = (gap as f64 * m.stale_after).round() as i64;
+    // How long a condition must hold before it fires: a few minutes, but
+    // never more than one interval of a schedule that runs more often.
+    let hold = |seconds: i64| format!("{}s", seconds.min(gap).max(1));
     let base = m.runbook_base.trim_end_matches('/');
     let cluster = "{{ $labels.namespace }}/{{ $labels.hosted_cluster }}";
     let by = "max by (namespace, hosted_cluster)";
@@ -112,7 +115,7 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
             base,
             "HcpDrBackupFailing",
             format!("{by} (hcp_dr_backup_last_success) == 0"),
-            "5m",
+            &hold(300),
             "warning",
             &format!("The last backup of hosted cluster {cluster} failed"),
             &format!("hcp-dr's last scheduled backup of {cluster} failed; the newest good backup is getting older. The failed run undid itself: read the CronJob's pod log (its JSON report names the stage and the error)."),
@@ -121,7 +124,7 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
             base,
             "HcpDrBackupStale",
             format!("time() - {by} (hcp_dr_backup_last_success_timestamp_seconds) > {stale}"),
-            "10m",
+            &hold(600.min(gap / 2)),
             "critical",
             &format!("No good backup of hosted cluster {cluster} for more than {}", humantime::format_duration(std::time::Duration::from_secs(stale.max(0) as u64))),
             &format!("The newest successful backup of {cluster} is older than {stale} s ({} times the longest gap of the schedule `{}`): a restore now would lose everything written since. Check the CronJob's last runs and the store.", m.stale_after, schedule),
@@ -130,7 +133,7 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
             base,
             "HcpDrClusterNeverBackedUp",
             format!("{by} (hcp_dr_backup_failures_total) > 0 unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"),
-            "5m",
+            &hold(300),
             "critical",
             &format!("Hosted cluster {cluster} has never been backed up"),
             &format!("Every backup of {cluster} hcp-dr reported has failed: there is no backup to restore it from."),
@@ -230,6 +233,12 @@ mod tests {
         let groups = rule_groups(&monitoring(), "0 */6 * * *").unwrap();
         let stale = groups[0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrBackupStale").unwrap();
         assert!(stale["expr"].as_str().unwrap().ends_with("> 43200"), "{stale}");
+        assert_eq!(stale["for"], "600s");
+        // a schedule that runs every minute holds its conditions for less
+        // than an interval, so its alerts fire within minutes
+        let groups = rule_groups(&monitoring(), "* * * * *").unwrap();
+        let fors: Vec<&str> = groups[0]["rules"].as_array().unwrap().iter().map(|r| r["for"].as_str().unwrap()).collect();
+        assert_eq!(fors, ["60s", "30s", "60s", "120s", "120s"]);
     }
 
     #[test]

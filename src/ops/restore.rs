@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::OpsError;
 use super::backup::check_name;
+use crate::archive::results::{self, Kind, ResultRecord};
 use crate::archive::{Layout, parse_backup_id};
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::EtcdAccess;
@@ -82,6 +83,10 @@ pub struct RestoreResult {
     /// What `oidc-issuer` found (an AWS cluster), when it ran.
     #[serde(skip)]
     pub oidc: Option<crate::hosted::oidc::IssuerReport>,
+    /// The result record written beside the backup (`results/`): RTO and
+    /// RPO, for `hcp-dr report`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<String>,
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
@@ -362,7 +367,9 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
             Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames were not read: {err}")),
         }
     }
+    let destination = target.binding.management_cluster().server;
     let journaled = super::Journaled::new(&inputs, vec![target.binding], &[&inputs.namespace, &inputs.hosted_cluster, &inputs.backup_id]);
+    let started = chrono::Utc::now();
     let run = super::execute(&operation, &playbook, &mut ctx, &options.run, journaled, options.observer.as_deref(), interrupt).await?;
     // the manifest verify checked; for --dns-only (no verify) the store's
     let manifest = match run.output_of::<crate::stages::restore::verify::Verify>()?.and_then(|verified| verified.manifest) {
@@ -389,7 +396,22 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
             }
             words.join(" ")
         });
+    let mut warnings = ctx.warnings.clone();
+    let recorded = if options.run.dry_run || options.run.aborting() || dns_only {
+        None
+    } else {
+        let layout = inputs.layout();
+        let passed = run.outcome == crate::pipeline::RunOutcome::Succeeded;
+        let summary = results::outcome_summary("restore", &run.outcome);
+        let mut record = ResultRecord::new(Kind::Restore, &layout.namespace, &layout.hosted_cluster, &layout.backup_id, started, passed, summary);
+        record.rto_seconds = super::drill::rto_seconds(&run).filter(|_| passed && journal_given.is_none());
+        record.rpo_seconds = backup_taken.map(|t| (started - t).num_milliseconds() as f64 / 1000.0);
+        record.target = Some(format!("{}/{} on {destination}", inputs.namespace, inputs.hosted_cluster));
+        record.failures.extend(run.outcome.failed_stage().map(|stage| format!("stage {stage}")));
+        results::write_noting(ctx.store.as_ref(), &record, &mut warnings).await
+    };
     Ok(RestoreResult {
+        recorded,
         take_over_dns_command,
         dns_takeover,
         healthy: run.output_of::<crate::stages::restore::wait::Wait>()?,
@@ -398,7 +420,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         oidc: run.output_of::<crate::stages::restore::oidc::OidcIssuer>()?.flatten(),
         backup,
         hosted_cluster: format!("{}/{}", inputs.namespace, inputs.hosted_cluster),
-        warnings: ctx.warnings.clone(),
+        warnings,
         backup_taken,
         backup_age_seconds: backup_taken.map(|t| (chrono::Utc::now() - t).num_seconds()),
         run,

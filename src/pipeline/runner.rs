@@ -127,6 +127,14 @@ impl RunOutcome {
     pub fn is_success(&self) -> bool {
         matches!(self, RunOutcome::Succeeded | RunOutcome::Planned)
     }
+
+    /// The stage that failed, when one did.
+    pub fn failed_stage(&self) -> Option<&str> {
+        match self {
+            RunOutcome::RolledBack { stage, .. } | RunOutcome::Failed { stage, .. } | RunOutcome::Stopped { stage, .. } | RunOutcome::UndoFailed { stage, .. } => Some(stage),
+            RunOutcome::Succeeded | RunOutcome::Planned | RunOutcome::Aborted => None,
+        }
+    }
 }
 
 /// What happened to one stage in this run.

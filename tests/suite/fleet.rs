@@ -5,25 +5,11 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use hcp_dr_e2e::sandbox::{HostedClusterSpec, api_for, create_all, wait_available};
+use hcp_dr_e2e::sandbox::api_for;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch};
 use serde_json::{Value, json};
 use support::*;
-
-/// SingleReplica clusters `names` in demo's namespace, Available.
-async fn add_clusters(env: &Env, names: &[&str]) {
-    for name in names {
-        let mut spec = HostedClusterSpec::demo();
-        spec.name = name.to_string();
-        spec.availability = "SingleReplica".into();
-        spec.node_pool_replicas = 1;
-        // the namespace exists already
-        let objects: Vec<Value> = spec.objects().into_iter().filter(|o| o["kind"] != "Namespace").collect();
-        create_all(&env.mgmt, &objects).await.expect("create");
-        wait_available(&env.mgmt, "clusters", name, Duration::from_secs(180)).await.expect("Available");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fleet_backup_reports_the_broken_cluster_and_backs_up_the_others() {

@@ -33,6 +33,8 @@ mod platform_agent;
 mod platform_aws;
 mod platform_kubevirt;
 mod playbook_params;
+mod posture;
+mod prometheus_alerts;
 mod publishing;
 mod reconcile;
 mod restore;

@@ -220,6 +220,7 @@ mod tests {
             remove_with: None,
             aborted: false,
             report_files: Vec::new(),
+            recorded: None,
             warnings: Vec::new(),
         }
     }

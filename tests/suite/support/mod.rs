@@ -750,3 +750,17 @@ pub fn create_demo(env: &Env, platform_args: &[&str]) -> Output {
     args.extend(["--release-image", &env.spec.release_image, "--pull-secret", pull.to_str().unwrap(), "--base-domain", hcp_dr_e2e::sandbox::BASE_DOMAIN, "--wait", "5m"]);
     env.hcp_dr(&args, &[])
 }
+
+/// SingleReplica clusters `names` in demo's namespace, Available.
+pub async fn add_clusters(env: &Env, names: &[&str]) {
+    for name in names {
+        let mut spec = HostedClusterSpec::demo();
+        spec.name = name.to_string();
+        spec.availability = "SingleReplica".into();
+        spec.node_pool_replicas = 1;
+        // the namespace exists already
+        let objects: Vec<Value> = spec.objects().into_iter().filter(|o| o["kind"] != "Namespace").collect();
+        create_all(&env.mgmt, &objects).await.expect("create");
+        wait_available(&env.mgmt, "clusters", name, Duration::from_secs(180)).await.expect("Available");
+    }
+}
