@@ -508,7 +508,48 @@ async fn drill_on(
         ))
     })
     .await?;
+    timed(steps, "hcp-dr report", async {
+        let report = run_report(sandbox, hcp_dr).await?;
+        let rows = report["clusters"].as_array().cloned().unwrap_or_default();
+        let demo = rows
+            .iter()
+            .find(|r| r["namespace"] == spec.namespace.as_str() && r["hosted_cluster"] == spec.name.as_str())
+            .ok_or_else(|| SandboxError::Check(format!("hcp-dr report has no row for {}/{}", spec.namespace, spec.name)))?;
+        if demo["status"] != "green" || demo["last_drill"]["passed"] != true || demo["last_restore"]["passed"] != true {
+            return Err(SandboxError::Check(format!("hcp-dr report does not show {} green with its drill and migration passed: {demo}", spec.name)));
+        }
+        Ok(((), format!(
+            "{} green: {} backups, drill passed (RTO {:.1}s), migration passed (RTO {:.1}s); {} written",
+            spec.name,
+            demo["complete_backups"],
+            demo["last_drill"]["rto_seconds"].as_f64().unwrap_or_default(),
+            demo["last_restore"]["rto_seconds"].as_f64().unwrap_or_default(),
+            sandbox.dir.join("report.html").display()
+        )))
+    })
+    .await?;
     Ok((format!("{}/{}", spec.namespace, spec.name), members))
+}
+
+/// `hcp-dr report` of the sandbox's S3 store and mgmt-b (where demo runs
+/// after the migration): writes `report.html` into the sandbox's folder and
+/// returns the JSON report.
+pub async fn run_report(sandbox: &Sandbox, bin: &Path) -> Result<serde_json::Value, SandboxError> {
+    let html = sandbox.dir.join("report.html");
+    let mut page = hcp_dr_command(sandbox, bin);
+    page.args(["report", "--store", &s3_store(), "--s3-endpoint", sandbox.s3.https_url(), "-o", "html", "--output-file"])
+        .arg(&html)
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[1].kubeconfig);
+    let output = page.output().await.map_err(|source| SandboxError::Io { path: bin.to_path_buf(), source })?;
+    if !output.status.success() {
+        return Err(SandboxError::Check(format!("hcp-dr report -o html exited with {}:\n{}", output.status, String::from_utf8_lossy(&output.stderr))));
+    }
+    let mut cmd = hcp_dr_command(sandbox, bin);
+    cmd.args(["report", "--store", &s3_store(), "--s3-endpoint", sandbox.s3.https_url()])
+        .arg("--kubeconfig")
+        .arg(&sandbox.clusters[1].kubeconfig);
+    run_json("report", bin, &mut cmd).await
 }
 
 /// The hcp-dr binary: `$HCP_DR_BIN`, else next to this executable.

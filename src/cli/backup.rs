@@ -7,7 +7,6 @@ use clap::Args as ClapArgs;
 
 use super::{Exit, Output};
 use crate::duration;
-use crate::ops::signals::Pushgateway;
 use crate::ops::backup::{BackupOptions, BackupResult, FleetResult, FleetSelection, backup, backup_all};
 use crate::stages::context::{EtcdAccess, TlsOverride};
 use crate::store::{S3Options, ServerSideEncryption};
@@ -85,20 +84,8 @@ pub struct Args {
     /// Server-side encryption: none, s3 (SSE-S3) or kms:KEY-ID (SSE-KMS).
     #[arg(long, default_value = "none")]
     pub sse: String,
-    /// Keep Prometheus metrics (last success, duration, downtime, bytes,
-    /// failures) in this file, for the node exporter's textfile collector.
-    #[arg(long, env = "HCP_DR_METRICS_FILE")]
-    pub metrics_file: Option<PathBuf>,
-    /// Also push those metrics to this Prometheus Pushgateway (http:// or
-    /// https://; --ca-bundle is trusted too). A failed push is a warning.
-    #[arg(long, env = "HCP_DR_PUSHGATEWAY")]
-    pub pushgateway: Option<String>,
-    /// The Pushgateway `job` label.
-    #[arg(long, default_value = "hcp-dr", requires = "pushgateway")]
-    pub pushgateway_job: String,
-    /// An extra Pushgateway grouping label, NAME=VALUE (repeatable).
-    #[arg(long, value_name = "NAME=VALUE", requires = "pushgateway")]
-    pub pushgateway_label: Vec<String>,
+    #[command(flatten)]
+    pub metrics: super::MetricsArgs,
     /// Encrypt the etcd snapshots and the objects archive client-side to
     /// this age public key (age1…; repeatable, or comma-separated in
     /// HCP_DR_ENCRYPT_TO). Restoring then needs --identity. A resumed run
@@ -144,11 +131,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
     if tls.cert_pem.is_some() != tls.key_pem.is_some() {
         return Err("--etcd-cert and --etcd-key go together".into());
     }
-    let pushgateway = args
-        .pushgateway
-        .as_deref()
-        .map(|url| Pushgateway::new(url, &args.pushgateway_job, &args.pushgateway_label, args.ca_bundle.clone()))
-        .transpose()?;
+    let pushgateway = args.metrics.pushgateway(args.ca_bundle.clone())?;
     Ok(BackupOptions {
         kubeconfig: args.kubeconfig,
         context: args.context,
@@ -172,7 +155,7 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         tls,
         run: args.run,
         observer: super::report::progress(output),
-        metrics_file: args.metrics_file,
+        metrics_file: args.metrics.metrics_file,
         pushgateway,
         encrypt_to: args.encrypt_to,
         fleet: None,

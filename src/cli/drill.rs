@@ -72,11 +72,16 @@ pub struct Args {
     #[command(flatten)]
     pub seed: super::SeedArgs,
     #[command(flatten)]
+    pub metrics: super::MetricsArgs,
+    #[command(flatten)]
     pub run: crate::ops::RunFlags,
 }
 
-fn options(args: Args, output: Output) -> DrillOptions {
-    DrillOptions {
+fn options(args: Args, output: Output) -> Result<DrillOptions, String> {
+    let pushgateway = args.metrics.pushgateway(args.ca_bundle.clone())?;
+    Ok(DrillOptions {
+        metrics_file: args.metrics.metrics_file,
+        pushgateway,
         kubeconfig: args.kubeconfig,
         context: args.context,
         from: super::store_or_env(args.from, args.run.aborting()),
@@ -102,7 +107,7 @@ fn options(args: Args, output: Output) -> DrillOptions {
         etcd_seed: args.seed.inputs(),
         run: args.run,
         observer: super::report::progress(output),
-    }
+    })
 }
 
 /// 0 passed (or planned, or aborted); 1 a check or stage failed; 3 the
@@ -122,7 +127,11 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    match drill(options(args, output), &mut interrupt).await {
+    let options = match options(args, output) {
+        Ok(o) => o,
+        Err(e) => return super::report::error_exit(&crate::ops::OpsError::Input(e)),
+    };
+    match drill(options, &mut interrupt).await {
         Ok(result) => {
             super::report::print(output, &result, || render(&result));
             exit(&result)

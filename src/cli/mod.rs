@@ -52,6 +52,36 @@ pub fn image_ref(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// Where a run's Prometheus metrics go (backup, drill).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct MetricsArgs {
+    /// Keep Prometheus metrics (backup: last success, duration, downtime,
+    /// bytes, failures; drill: last result, RTO, RPO) in this file, for the
+    /// node exporter's textfile collector.
+    #[arg(long, env = "HCP_DR_METRICS_FILE")]
+    pub metrics_file: Option<std::path::PathBuf>,
+    /// Also push those metrics to this Prometheus Pushgateway (http:// or
+    /// https://; --ca-bundle is trusted too). A failed push is a warning.
+    #[arg(long, env = "HCP_DR_PUSHGATEWAY")]
+    pub pushgateway: Option<String>,
+    /// The Pushgateway `job` label.
+    #[arg(long, default_value = "hcp-dr", requires = "pushgateway")]
+    pub pushgateway_job: String,
+    /// An extra Pushgateway grouping label, NAME=VALUE (repeatable).
+    #[arg(long, value_name = "NAME=VALUE", requires = "pushgateway")]
+    pub pushgateway_label: Vec<String>,
+}
+
+impl MetricsArgs {
+    /// The Pushgateway, when one is given; a bad URL or label is bad input.
+    pub fn pushgateway(&self, ca_bundle: Option<std::path::PathBuf>) -> Result<Option<crate::ops::signals::Pushgateway>, String> {
+        self.pushgateway
+            .as_deref()
+            .map(|url| crate::ops::signals::Pushgateway::new(url, &self.pushgateway_job, &self.pushgateway_label, ca_bundle))
+            .transpose()
+    }
+}
+
 /// How a restored cluster's etcd members get the backup's data (restore,
 /// migrate, drill).
 #[derive(Debug, Clone, Default, clap::Args)]

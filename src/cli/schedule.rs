@@ -64,7 +64,8 @@ pub enum Command {
         #[arg(long, value_name = "URL")]
         pushgateway: Option<String>,
         /// Also render a PrometheusRule (alerts: a backup failing, stale, a
-        /// cluster never backed up, no reports at all) and a Grafana
+        /// cluster never backed up or unprotected, no reports at all, a
+        /// drill failed or overdue, the store unreachable) and a Grafana
         /// dashboard ConfigMap (label grafana_dashboard: "1"). Needs
         /// --pushgateway (the alerts read what each backup pushes) and
         /// --runbook-base.
@@ -74,6 +75,10 @@ pub enum Command {
         /// between two runs of --schedule [range: 1 to 100].
         #[arg(long, default_value_t = 2.0, requires = "monitoring")]
         stale_after: f64,
+        /// With --monitoring: alert when a cluster has had no passed drill
+        /// (`hcp-dr drill --pushgateway`) for this long [range: 1h to 366d].
+        #[arg(long, default_value = "30d", value_parser = duration::DRILL_EVERY, requires = "monitoring")]
+        drill_every: std::time::Duration,
         /// With --monitoring: the URL where this project's docs/runbooks are
         /// published (e.g. your Git host's copy of the repository); each
         /// alert links its section of backup.md there.
@@ -105,6 +110,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         pushgateway,
         monitoring,
         stale_after,
+        drill_every,
         runbook_base,
         platform,
     } = command;
@@ -125,7 +131,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         shards,
         platform,
         pushgateway,
-        monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, runbook_base: runbook_base.unwrap_or_default() }),
+        monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, drill_every, runbook_base: runbook_base.unwrap_or_default() }),
     };
     let rendered = match output {
         Output::Json => render(&options).map(|objects| serde_json::to_string_pretty(&objects).unwrap_or_default() + "\n"),

@@ -269,14 +269,26 @@ async fn discovered(options: &BackupOptions, fleet: &FleetSelection, shared: &Fl
             (ns, name, chosen)
         })
         .collect();
+    // the store as the next round will find it: a listing of a prefix no
+    // backup uses answers fast on any store
+    let store = signals::StoreProbe {
+        url: shared.store.url(),
+        reachable: match shared.store.list("hcp-dr-probe/").await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("the store {} cannot be listed: {e}", shared.store.url());
+                false
+            }
+        },
+    };
     if let Some(path) = &options.metrics_file
-        && let Err(e) = signals::discovered_file(path, &clusters)
+        && let Err(e) = signals::discovered_file(path, &clusters, &store)
     {
         tracing::warn!("could not write the discovered clusters' metrics: {e}");
     }
     if let Some(gateway) = &options.pushgateway {
         let id = shared.binding.kube_system_uid.clone().unwrap_or_else(|| shared.binding.server.clone());
-        if let Err(e) = signals::push_discovered(gateway, &id, &clusters).await {
+        if let Err(e) = signals::push_discovered(gateway, &id, &clusters, &store).await {
             tracing::warn!("could not push the discovered clusters to the Pushgateway: {e}");
         }
     }

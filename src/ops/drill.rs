@@ -60,6 +60,9 @@ pub struct DrillOptions {
     /// was killed), dry-run; a drill is not resumed.
     pub run: super::RunFlags,
     pub observer: Option<Arc<dyn crate::pipeline::runner::Observer>>,
+    /// Where the drill's result series go (textfile, Pushgateway).
+    pub metrics_file: Option<PathBuf>,
+    pub pushgateway: Option<super::signals::Pushgateway>,
 }
 
 /// What became of the drill cluster.
@@ -321,6 +324,8 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
     if !options.run.dry_run && !options.run.aborting() {
         let record = record_of(&result, &inputs, &staging_cluster);
         result.recorded = results::write_noting(ctx.restore.store.as_ref(), &record, &mut result.warnings).await;
+        let warnings = signal(&options, &inputs.identity.source, &result).await;
+        result.warnings.extend(warnings);
     }
     if let (Some(path), false, None) = (&options.report, options.run.dry_run, &options.run.abort) {
         match report::write(&report_base(path), &result) {
@@ -329,6 +334,26 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         }
     }
     Ok(result)
+}
+
+/// The drill's series to `--metrics-file` and `--pushgateway` (best
+/// effort: what fails is a warning).
+async fn signal(options: &DrillOptions, source: &ClusterRef, result: &DrillResult) -> Vec<String> {
+    let outcome = super::signals::DrillOutcome { passed: result.passed, rto_seconds: result.rto_seconds, rpo_seconds: result.rpo_seconds };
+    let now = Utc::now();
+    let mut warnings = Vec::new();
+    if let Some(path) = &options.metrics_file
+        && let Err(e) = super::signals::drill_metrics_file(path, &source.namespace, &source.name, &outcome, now)
+    {
+        warnings.push(format!("could not write the drill's metrics: {e}"));
+    }
+    if let Some(gateway) = &options.pushgateway {
+        match super::signals::push_drill(gateway, &source.namespace, &source.name, &outcome, now).await {
+            Ok(notes) => warnings.extend(notes),
+            Err(e) => warnings.push(format!("could not push the drill's metrics to the Pushgateway: {e}")),
+        }
+    }
+    warnings
 }
 
 /// The record of a drill for the store: verdict, RTO, RPO, what failed.

@@ -15,7 +15,16 @@ use serde_json::{Value, json};
 use super::OpsError;
 
 /// The alerts' names, in the order they are rendered.
-pub const ALERTS: [&str; 5] = ["HcpDrBackupFailing", "HcpDrBackupStale", "HcpDrClusterNeverBackedUp", "HcpDrClusterUnprotected", "HcpDrNoBackupReports"];
+pub const ALERTS: [&str; 8] = [
+    "HcpDrBackupFailing",
+    "HcpDrBackupStale",
+    "HcpDrClusterNeverBackedUp",
+    "HcpDrClusterUnprotected",
+    "HcpDrNoBackupReports",
+    "HcpDrDrillFailed",
+    "HcpDrDrillOverdue",
+    "HcpDrStoreUnreachable",
+];
 
 /// What `--monitoring` was asked (the schedule and namespace are the
 /// CronJob's).
@@ -24,6 +33,8 @@ pub struct Monitoring {
     /// Alert when the newest good backup is older than this many of the
     /// schedule's longest gaps.
     pub stale_after: f64,
+    /// Alert when a cluster's last passed drill is older than this.
+    pub drill_every: std::time::Duration,
     /// Where `docs/runbooks` is published: each alert links a page there.
     pub runbook_base: String,
 }
@@ -84,10 +95,11 @@ pub fn longest_gap_seconds(schedule: &str) -> Result<i64, OpsError> {
     Ok(longest)
 }
 
-/// An alert; its runbook is the section of docs/runbooks/backup.md headed
-/// with its name.
+/// An alert; its runbook is the section of `docs/runbooks/<page>` headed
+/// with its name (backup.md, or drill.md for the drill's alerts).
 fn alert(base: &str, name: &str, expr: String, for_: &str, severity: &str, summary: &str, description: &str) -> Value {
-    let runbook = format!("{base}/backup.md#{}", name.to_lowercase());
+    let page = if name.starts_with("HcpDrDrill") { "drill.md" } else { "backup.md" };
+    let runbook = format!("{base}/{page}#{}", name.to_lowercase());
     json!({
         "alert": name,
         "expr": expr,
@@ -110,11 +122,21 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
     let base = m.runbook_base.trim_end_matches('/');
     let cluster = "{{ $labels.namespace }}/{{ $labels.hosted_cluster }}";
     let by = "max by (namespace, hosted_cluster)";
+    // The clusters that still exist: those `backup --all` found on a
+    // management cluster in its last round. A deleted cluster's group stays
+    // on the Pushgateway, so without this it would alert stale forever.
+    // Where no discovery is pushed at all (single-cluster schedules), every
+    // cluster with backup series counts.
+    let known = format!(
+        "on (namespace, hosted_cluster) ({by} (hcp_dr_hosted_cluster_discovered) or ({by} (hcp_dr_backup_last_success) unless on () group(hcp_dr_hosted_cluster_discovered)))"
+    );
+    let drill_every = m.drill_every.as_secs();
+    let drill_every_text = crate::duration::show(m.drill_every);
     let rules = vec![
         alert(
             base,
             "HcpDrBackupFailing",
-            format!("{by} (hcp_dr_backup_last_success) == 0"),
+            format!("{by} (hcp_dr_backup_last_success) == 0 and {known}"),
             &hold(300),
             "warning",
             &format!("The last backup of hosted cluster {cluster} failed"),
@@ -123,7 +145,7 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
         alert(
             base,
             "HcpDrBackupStale",
-            format!("time() - {by} (hcp_dr_backup_last_success_timestamp_seconds) > {stale}"),
+            format!("(time() - {by} (hcp_dr_backup_last_success_timestamp_seconds) > {stale}) and {known}"),
             &hold(600.min(gap / 2)),
             "critical",
             &format!("No good backup of hosted cluster {cluster} for more than {}", humantime::format_duration(std::time::Duration::from_secs(stale.max(0) as u64))),
@@ -132,7 +154,7 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
         alert(
             base,
             "HcpDrClusterNeverBackedUp",
-            format!("{by} (hcp_dr_backup_failures_total) > 0 unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"),
+            format!("({by} (hcp_dr_backup_failures_total) > 0 unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)) and {known}"),
             &hold(300),
             "critical",
             &format!("Hosted cluster {cluster} has never been backed up"),
@@ -155,6 +177,35 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
             "warning",
             "No hcp-dr backup has reported for two scheduled intervals",
             &format!("Prometheus sees no hcp_dr_backup_last_success series: the backup CronJob has not run, cannot reach the Pushgateway, or the Pushgateway lost its groups. Schedule `{schedule}`."),
+        ),
+        alert(
+            base,
+            "HcpDrDrillFailed",
+            format!("{by} (hcp_dr_drill_last_success) == 0"),
+            "1m",
+            "warning",
+            &format!("The last restore drill of hosted cluster {cluster} failed"),
+            &format!("hcp-dr drill could not restore {cluster}'s backup on the staging cluster, or a check failed: its backups may not restore. Its result record (hcp-dr report) and the drill's report name the stage or check."),
+        ),
+        alert(
+            base,
+            "HcpDrDrillOverdue",
+            format!(
+                "((time() - {by} (hcp_dr_drill_last_success_timestamp_seconds) > {drill_every}) or ({by} (hcp_dr_backup_last_success_timestamp_seconds) unless on (namespace, hosted_cluster) {by} (hcp_dr_drill_last_success_timestamp_seconds))) and {known}"
+            ),
+            "1h",
+            "warning",
+            &format!("Hosted cluster {cluster} has had no passed restore drill for more than {drill_every_text}"),
+            &format!("No hcp-dr drill of {cluster} has passed within {drill_every_text} (or ever, while it has backups): nothing proves its backups still restore. Drills report with hcp-dr drill --pushgateway."),
+        ),
+        alert(
+            base,
+            "HcpDrStoreUnreachable",
+            "max by (store) (hcp_dr_store_reachable) == 0".to_string(),
+            &hold(300),
+            "critical",
+            "The backup store {{ $labels.store }} cannot be listed",
+            "backup --all could not list the store at the end of its round: backups cannot be written or restored from it. Check the endpoint, the credentials Secret and the bucket policy.",
         ),
     ];
     Ok(json!([{"name": "hcp-dr", "rules": rules}]))
@@ -195,6 +246,12 @@ pub fn dashboard() -> Value {
             panel(5, "Backup size", &format!("{by} (hcp_dr_backup_last_bytes)"), "bytes", "timeseries", (0, 16)),
             panel(6, "Failed backups (increase over 1 d)", &format!("{by} (increase(hcp_dr_backup_failures_total[1d]))"), "none", "timeseries", (12, 16)),
             panel(7, "Hosted clusters with no good backup", &format!("{by} (hcp_dr_hosted_cluster_discovered) unless on (namespace, hosted_cluster) {by} (hcp_dr_backup_last_success_timestamp_seconds)"), "none", "table", (0, 24)),
+            panel(8, "Last drill passed (1) or failed (0)", &format!("{by} (hcp_dr_drill_last_success)"), "none", "stat", (12, 24)),
+            panel(9, "Age of the last passed drill", &format!("time() - {by} (hcp_dr_drill_last_success_timestamp_seconds)"), "s", "timeseries", (0, 32)),
+            panel(10, "Age of the last drill, passed or not", &format!("time() - {by} (hcp_dr_drill_last_timestamp_seconds)"), "s", "timeseries", (12, 32)),
+            panel(11, "RTO of the last passed drill", &format!("{by} (hcp_dr_drill_last_rto_seconds)"), "s", "timeseries", (0, 40)),
+            panel(12, "RPO of the last passed drill", &format!("{by} (hcp_dr_drill_last_rpo_seconds)"), "s", "timeseries", (12, 40)),
+            panel(13, "Store reachable", "max by (store) (hcp_dr_store_reachable)", "none", "stat", (0, 48)),
         ],
     })
 }
@@ -218,7 +275,7 @@ mod tests {
     const RUNBOOK_BASE: &str = "https://git.example.com/platform/hcp-dr/blob/main/docs/runbooks";
 
     fn monitoring() -> Monitoring {
-        Monitoring { stale_after: 2.0, runbook_base: RUNBOOK_BASE.into() }
+        Monitoring { stale_after: 2.0, drill_every: std::time::Duration::from_secs(30 * 86400), runbook_base: RUNBOOK_BASE.into() }
     }
 
     #[test]
@@ -232,13 +289,13 @@ mod tests {
         assert_eq!(longest_gap_seconds("@monthly").unwrap(), 31 * 86400);
         let groups = rule_groups(&monitoring(), "0 */6 * * *").unwrap();
         let stale = groups[0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrBackupStale").unwrap();
-        assert!(stale["expr"].as_str().unwrap().ends_with("> 43200"), "{stale}");
+        assert!(stale["expr"].as_str().unwrap().contains("> 43200) and on (namespace, hosted_cluster)"), "{stale}");
         assert_eq!(stale["for"], "600s");
         // a schedule that runs every minute holds its conditions for less
         // than an interval, so its alerts fire within minutes
         let groups = rule_groups(&monitoring(), "* * * * *").unwrap();
         let fors: Vec<&str> = groups[0]["rules"].as_array().unwrap().iter().map(|r| r["for"].as_str().unwrap()).collect();
-        assert_eq!(fors, ["60s", "30s", "60s", "120s", "120s"]);
+        assert_eq!(fors, ["60s", "30s", "60s", "120s", "120s", "1m", "1h", "60s"]);
     }
 
     #[test]
@@ -253,7 +310,7 @@ mod tests {
             let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks").join(page)).unwrap();
             let slug = |h: &str| h.trim_start_matches('#').trim().to_lowercase().replace(' ', "-").chars().filter(|c| c.is_alphanumeric() || *c == '-').collect::<String>();
             assert!(text.lines().filter(|l| l.starts_with("## ") || l.starts_with("### ")).any(|h| slug(h) == anchor), "{url}: no heading #{anchor} in docs/runbooks/{page}");
-            if rule["alert"] != "HcpDrNoBackupReports" {
+            if !["HcpDrNoBackupReports", "HcpDrStoreUnreachable"].contains(&rule["alert"].as_str().unwrap()) {
                 assert!(rule["annotations"]["summary"].as_str().unwrap().contains("{{ $labels.namespace }}/{{ $labels.hosted_cluster }}"), "{rule}");
             }
         }
@@ -270,7 +327,8 @@ mod tests {
     #[test]
     fn the_dashboard_reads_the_series_hcp_dr_writes() {
         let text = dashboard().to_string();
-        for (metric, _, _) in crate::ops::signals::METRICS.iter().chain([&crate::ops::signals::DISCOVERED]) {
+        use crate::ops::signals::{DISCOVERED, DRILL_METRICS, METRICS, STORE_REACHABLE};
+        for (metric, _, _) in METRICS.iter().chain(DRILL_METRICS).chain([&DISCOVERED, &STORE_REACHABLE]) {
             assert!(text.contains(metric), "the dashboard shows no {metric}");
         }
         let cm = dashboard_configmap("hcp-dr", &json!({"app.kubernetes.io/name": "hcp-dr"}));

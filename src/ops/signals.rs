@@ -135,6 +135,52 @@ pub const DISCOVERED: (&str, &str, &str) = (
     "1 for each HostedCluster backup --all found on the management cluster; selected=\"false\" when its selector left it out.",
 );
 
+/// A drill's series (`drill --metrics-file`, `--pushgateway`), per cluster:
+/// what the drill-failed and drill-overdue alerts read. Pushed as the
+/// cluster's group with `operation="drill"` (the backup's group is not
+/// touched).
+pub const DRILL_METRICS: &[(&str, &str, &str)] = &[
+    ("hcp_dr_drill_last_success", "gauge", "1 when the last drill of the cluster's backup passed, 0 when it failed."),
+    ("hcp_dr_drill_last_timestamp_seconds", "gauge", "Unix time the last drill finished, passed or not."),
+    ("hcp_dr_drill_last_success_timestamp_seconds", "gauge", "Unix time the last passed drill finished."),
+    ("hcp_dr_drill_last_rto_seconds", "gauge", "RTO of the last passed drill: its start to the drill cluster Available."),
+    ("hcp_dr_drill_last_rpo_seconds", "gauge", "RPO of the last passed drill: the backup's age when it started."),
+];
+
+/// Whether `backup --all` could list the store at the end of its round
+/// (`store` label: the store's URL), with the discovered clusters.
+pub const STORE_REACHABLE: (&str, &str, &str) = (
+    "hcp_dr_store_reachable",
+    "gauge",
+    "1 when backup --all could list the store at the end of its round, 0 when it could not.",
+);
+
+/// How a drill ended, for its series.
+#[derive(Debug, Clone, Copy)]
+pub struct DrillOutcome {
+    pub passed: bool,
+    pub rto_seconds: Option<f64>,
+    pub rpo_seconds: Option<f64>,
+}
+
+/// A cluster's drill series after `outcome`, from their values before:
+/// a failed drill keeps the last passed one's time, RTO and RPO.
+pub fn next_drill_values(previous: &BTreeMap<String, f64>, outcome: &DrillOutcome, at: DateTime<Utc>) -> BTreeMap<String, f64> {
+    let mut values = previous.clone();
+    values.insert("hcp_dr_drill_last_success".into(), if outcome.passed { 1.0 } else { 0.0 });
+    values.insert("hcp_dr_drill_last_timestamp_seconds".into(), at.timestamp() as f64);
+    if outcome.passed {
+        values.insert("hcp_dr_drill_last_success_timestamp_seconds".into(), at.timestamp() as f64);
+        for (metric, value) in [("hcp_dr_drill_last_rto_seconds", outcome.rto_seconds), ("hcp_dr_drill_last_rpo_seconds", outcome.rpo_seconds)] {
+            match value {
+                Some(v) => values.insert(metric.into(), v),
+                None => values.remove(metric),
+            };
+        }
+    }
+    values
+}
+
 /// A cluster `backup --all` found: namespace, name, selected.
 pub type Discovered = (String, String, bool);
 
@@ -152,7 +198,7 @@ static METRICS_FILE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Write `series` (the known metrics only) to `path`, atomically.
 fn write_series(path: &Path, series: &BTreeMap<String, f64>) -> Result<(), String> {
     let mut out = String::new();
-    for (metric, kind, help) in METRICS.iter().copied().chain([DISCOVERED]) {
+    for (metric, kind, help) in METRICS.iter().chain(DRILL_METRICS).copied().chain([DISCOVERED, STORE_REACHABLE]) {
         out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} {kind}\n"));
         for (s, v) in series.iter().filter(|(s, _)| s.split('{').next() == Some(metric)) {
             out.push_str(&format!("{s} {v}\n"));
@@ -165,23 +211,42 @@ fn write_series(path: &Path, series: &BTreeMap<String, f64>) -> Result<(), Strin
 
 /// Replace the discovered clusters in the metrics file (the backups'
 /// series are kept).
-pub fn discovered_file(path: &Path, clusters: &[Discovered]) -> Result<(), String> {
+pub fn discovered_file(path: &Path, clusters: &[Discovered], store: &StoreProbe) -> Result<(), String> {
     let _one = METRICS_FILE.lock().unwrap_or_else(|e| e.into_inner());
     let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
-    series.retain(|s, _| s.split('{').next() != Some(DISCOVERED.0));
+    series.retain(|s, _| s.split('{').next() != Some(DISCOVERED.0) && s.split('{').next() != Some(STORE_REACHABLE.0));
     series.extend(discovered_lines(clusters));
+    series.insert(store.series(), store.value());
     write_series(path, &series)
+}
+
+/// Whether the store answered a listing, by URL.
+#[derive(Debug, Clone)]
+pub struct StoreProbe {
+    pub url: String,
+    pub reachable: bool,
+}
+
+impl StoreProbe {
+    fn series(&self) -> String {
+        format!("{}{{store=\"{}\"}}", STORE_REACHABLE.0, self.url.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    fn value(&self) -> f64 {
+        if self.reachable { 1.0 } else { 0.0 }
+    }
 }
 
 /// Push the discovered clusters as one group of the management cluster
 /// (`URL/metrics/job/<job>/management_cluster/<id>[/<label>/<value>...]`;
 /// every shard pushes the same list), replacing its earlier list.
-pub async fn push_discovered(gateway: &Pushgateway, management_cluster: &str, clusters: &[Discovered]) -> Result<(), String> {
+pub async fn push_discovered(gateway: &Pushgateway, management_cluster: &str, clusters: &[Discovered], store: &StoreProbe) -> Result<(), String> {
     let group = gateway.url_of(&gateway.grouping_of(&[("management_cluster", management_cluster)]));
     let mut body = format!("# HELP {} {}\n# TYPE {} {}\n", DISCOVERED.0, DISCOVERED.2, DISCOVERED.0, DISCOVERED.1);
     for (series, value) in discovered_lines(clusters) {
         body.push_str(&format!("{series} {value}\n"));
     }
+    body.push_str(&format!("# HELP {} {}\n# TYPE {} {}\n{} {}\n", STORE_REACHABLE.0, STORE_REACHABLE.2, STORE_REACHABLE.0, STORE_REACHABLE.1, store.series(), store.value()));
     gateway.put(&group, body).await
 }
 
@@ -222,15 +287,34 @@ pub fn next_values(previous: &BTreeMap<String, f64>, outcome: &Outcome, at: Date
 /// Update the cluster's series in a textfile-collector file (other series,
 /// e.g. other clusters', are kept), written atomically.
 pub fn metrics_file(path: &Path, namespace: &str, name: &str, outcome: &Outcome, at: DateTime<Utc>) -> Result<(), String> {
+    update_file(path, namespace, name, METRICS, |previous| next_values(previous, outcome, at))
+}
+
+/// As [`metrics_file`], for a drill's series.
+pub fn drill_metrics_file(path: &Path, namespace: &str, name: &str, outcome: &DrillOutcome, at: DateTime<Utc>) -> Result<(), String> {
+    update_file(path, namespace, name, DRILL_METRICS, |previous| Some(next_drill_values(previous, outcome, at)))
+}
+
+/// Read-modify-write of one cluster's `table` series in the file.
+fn update_file(
+    path: &Path,
+    namespace: &str,
+    name: &str,
+    table: &[(&str, &str, &str)],
+    next: impl FnOnce(&BTreeMap<String, f64>) -> Option<BTreeMap<String, f64>>,
+) -> Result<(), String> {
     let _one = METRICS_FILE.lock().unwrap_or_else(|e| e.into_inner());
     let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
     let labels = format!("{{namespace=\"{namespace}\",hosted_cluster=\"{name}\"}}");
     let key = |metric: &str| format!("{metric}{labels}");
-    let previous: BTreeMap<String, f64> = METRICS
+    let previous: BTreeMap<String, f64> = table
         .iter()
         .filter_map(|(metric, _, _)| series.get(&key(metric)).map(|v| (metric.to_string(), *v)))
         .collect();
-    let Some(values) = next_values(&previous, outcome, at) else { return Ok(()) };
+    let Some(values) = next(&previous) else { return Ok(()) };
+    for (metric, _, _) in table {
+        series.remove(&key(metric));
+    }
     for (metric, value) in values {
         series.insert(key(&metric), value);
     }
@@ -350,6 +434,27 @@ impl Pushgateway {
         self.url_of(&self.grouping(namespace, name))
     }
 
+    /// The values of `table` the group with exactly these grouping labels
+    /// holds now (`GET /metrics`), and a note (ending in `consequence`)
+    /// when they could not be read.
+    async fn read_back(&self, grouping: &[(String, String)], table: &[(&str, &str, &str)], consequence: &str) -> (BTreeMap<String, f64>, Vec<String>) {
+        let mut previous = BTreeMap::new();
+        let url = format!("{}/metrics", self.url);
+        match self.request(hyper::Method::GET, &url, String::new()).await {
+            Ok((status, text)) if status.is_success() => {
+                for (metric, labels, value) in text.lines().filter_map(parse_sample) {
+                    let ours = table.iter().any(|(m, _, _)| *m == metric) && grouping.iter().all(|(k, v)| labels.get(k) == Some(v));
+                    if ours {
+                        previous.insert(metric, value);
+                    }
+                }
+                (previous, Vec::new())
+            }
+            Ok((status, _)) => (previous, vec![format!("the Pushgateway's earlier values could not be read (GET {url}: HTTP {status}); {consequence}")]),
+            Err(e) => (previous, vec![format!("the Pushgateway's earlier values could not be read ({e}); {consequence}")]),
+        }
+    }
+
     /// Replace the group at `group` with `body` (`PUT`).
     async fn put(&self, group: &str, body: String) -> Result<(), String> {
         let (status, answer) = self.request(hyper::Method::PUT, group, body).await?;
@@ -430,8 +535,12 @@ fn http_client(ca_bundle: Option<&Path>) -> Result<HttpClient, String> {
 /// The Prometheus text format of one group's values (no labels: the
 /// Pushgateway adds the grouping labels).
 pub fn exposition(values: &BTreeMap<String, f64>) -> String {
+    exposition_of(METRICS, values)
+}
+
+fn exposition_of(table: &[(&str, &str, &str)], values: &BTreeMap<String, f64>) -> String {
     let mut out = String::new();
-    for (metric, kind, help) in METRICS {
+    for (metric, kind, help) in table {
         if let Some(value) = values.get(*metric) {
             out.push_str(&format!("# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric} {value}\n"));
         }
@@ -497,31 +606,25 @@ pub async fn push(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &
     if matches!(outcome, Outcome::Started) {
         return Ok(Vec::new());
     }
-    let mut notes = Vec::new();
     let grouping = gateway.grouping(namespace, name);
-    let mut previous = BTreeMap::new();
-    let url = format!("{}/metrics", gateway.url);
-    match gateway.request(hyper::Method::GET, &url, String::new()).await {
-        Ok((status, text)) if status.is_success() => {
-            for (metric, labels, value) in text.lines().filter_map(parse_sample) {
-                let ours = METRICS.iter().any(|(m, _, _)| *m == metric)
-                    && grouping.iter().all(|(k, v)| labels.get(k) == Some(v));
-                if ours {
-                    previous.insert(metric, value);
-                }
-            }
-        }
-        Ok((status, _)) => notes.push(format!(
-            "the Pushgateway's earlier values could not be read (GET {url}: HTTP {status}); hcp_dr_backup_failures_total restarts from this run"
-        )),
-        Err(e) => notes.push(format!(
-            "the Pushgateway's earlier values could not be read ({e}); hcp_dr_backup_failures_total restarts from this run"
-        )),
-    }
+    let (previous, notes) = gateway.read_back(&grouping, METRICS, "hcp_dr_backup_failures_total restarts from this run").await;
     let Some(values) = next_values(&previous, outcome, at) else { return Ok(notes) };
     let group = gateway.url_of(&grouping);
     gateway.put(&group, exposition(&values)).await?;
     tracing::info!(group = %group, "metrics pushed to the Pushgateway");
+    Ok(notes)
+}
+
+/// Push a drill's outcome as the cluster's `operation="drill"` group (its
+/// earlier values read back first, so a failed drill keeps the last passed
+/// one's time). Returns notes worth a warning; `Err` when the push failed.
+pub async fn push_drill(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &DrillOutcome, at: DateTime<Utc>) -> Result<Vec<String>, String> {
+    let grouping = gateway.grouping_of(&[("namespace", namespace), ("hosted_cluster", name), ("operation", "drill")]);
+    let (previous, notes) = gateway.read_back(&grouping, DRILL_METRICS, "the last passed drill's time is not known to this push").await;
+    let values = next_drill_values(&previous, outcome, at);
+    let group = gateway.url_of(&grouping);
+    gateway.put(&group, exposition_of(DRILL_METRICS, &values)).await?;
+    tracing::info!(group = %group, "drill metrics pushed to the Pushgateway");
     Ok(notes)
 }
 
@@ -655,25 +758,63 @@ mod tests {
         let (url, seen) = fake_gateway("", 200).await;
         let gateway = Pushgateway::new(&url, "nightly", &["site=east/1".to_string()], None).unwrap();
         let clusters = vec![("clusters".to_string(), "a".to_string(), true), ("clusters".to_string(), "b".to_string(), false)];
-        push_discovered(&gateway, "uid-1", &clusters).await.unwrap();
+        let store = StoreProbe { url: "s3://bucket/hcp".into(), reachable: false };
+        push_discovered(&gateway, "uid-1", &clusters, &store).await.unwrap();
         let seen = seen.lock().unwrap();
         let (method, path, body) = seen.last().unwrap().clone();
         assert_eq!(method, "PUT");
         assert_eq!(path, "/metrics/job/nightly/management_cluster/uid-1/site@base64/ZWFzdC8x");
         assert!(body.contains("hcp_dr_hosted_cluster_discovered{namespace=\"clusters\",hosted_cluster=\"a\",selected=\"true\"} 1\n"), "{body}");
         assert!(body.contains("hcp_dr_hosted_cluster_discovered{namespace=\"clusters\",hosted_cluster=\"b\",selected=\"false\"} 1\n"), "{body}");
+        assert!(body.contains("# TYPE hcp_dr_store_reachable gauge\nhcp_dr_store_reachable{store=\"s3://bucket/hcp\"} 0\n"), "{body}");
         // the file keeps the backups' series and replaces the list
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.prom");
         let at = Utc::now();
         metrics_file(&path, "clusters", "a", &Outcome::Succeeded { backup: "b1".into(), revision: Some(1), seconds: 2.0, api_downtime_seconds: None, bytes: 10 }, at).unwrap();
-        discovered_file(&path, &clusters).unwrap();
-        discovered_file(&path, &clusters[..1]).unwrap();
+        discovered_file(&path, &clusters, &store).unwrap();
+        let reachable = StoreProbe { reachable: true, ..store };
+        discovered_file(&path, &clusters[..1], &reachable).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("hcp_dr_backup_last_success{namespace=\"clusters\",hosted_cluster=\"a\"} 1"), "{text}");
         assert!(text.contains("hosted_cluster=\"a\",selected=\"true\"} 1") && !text.contains("hosted_cluster=\"b\""), "{text}");
+        assert!(text.contains("hcp_dr_store_reachable{store=\"s3://bucket/hcp\"} 1\n") && !text.contains("store=\"s3://bucket/hcp\"} 0"), "{text}");
         metrics_file(&path, "clusters", "a", &Outcome::Failed { reason: "x".into(), seconds: 1.0 }, at).unwrap();
         assert!(std::fs::read_to_string(&path).unwrap().contains("selected=\"true\"} 1"), "a backup's write dropped the discovered clusters");
+    }
+
+    #[tokio::test]
+    async fn a_drill_is_its_own_group_and_a_failure_keeps_the_last_pass() {
+        let earlier = "hcp_dr_drill_last_success_timestamp_seconds{job=\"hcp-dr\",namespace=\"clusters\",hosted_cluster=\"demo\",operation=\"drill\"} 1700000000\n\
+                       hcp_dr_drill_last_rto_seconds{job=\"hcp-dr\",namespace=\"clusters\",hosted_cluster=\"demo\",operation=\"drill\"} 80\n\
+                       hcp_dr_drill_last_rto_seconds{job=\"hcp-dr\",namespace=\"clusters\",hosted_cluster=\"other\",operation=\"drill\"} 999\n";
+        let (url, seen) = fake_gateway(earlier, 200).await;
+        let gateway = Pushgateway::new(&url, "hcp-dr", &[], None).unwrap();
+        let at = DateTime::parse_from_rfc3339("2026-11-29T12:00:00Z").unwrap().with_timezone(&Utc);
+        let failed = DrillOutcome { passed: false, rto_seconds: None, rpo_seconds: None };
+        push_drill(&gateway, "clusters", "demo", &failed, at).await.unwrap();
+        let (method, path, body) = seen.lock().unwrap().last().unwrap().clone();
+        assert_eq!((method.as_str(), path.as_str()), ("PUT", "/metrics/job/hcp-dr/namespace/clusters/hosted_cluster/demo/operation/drill"));
+        for line in [
+            "hcp_dr_drill_last_success 0\n",
+            &format!("hcp_dr_drill_last_timestamp_seconds {}\n", at.timestamp()),
+            "hcp_dr_drill_last_success_timestamp_seconds 1700000000\n",
+            "hcp_dr_drill_last_rto_seconds 80\n",
+        ] {
+            assert!(body.contains(line), "{line}: {body}");
+        }
+        // the file: a pass sets everything, a failure keeps the pass
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.prom");
+        let passed = DrillOutcome { passed: true, rto_seconds: Some(61.0), rpo_seconds: Some(300.0) };
+        drill_metrics_file(&path, "clusters", "demo", &passed, at).unwrap();
+        drill_metrics_file(&path, "clusters", "demo", &failed, at + chrono::Duration::hours(1)).unwrap();
+        let series = read_series(&std::fs::read_to_string(&path).unwrap());
+        let of = |m: &str| series[&format!("{m}{{namespace=\"clusters\",hosted_cluster=\"demo\"}}")];
+        assert_eq!(of("hcp_dr_drill_last_success"), 0.0);
+        assert_eq!(of("hcp_dr_drill_last_success_timestamp_seconds"), at.timestamp() as f64);
+        assert_eq!(of("hcp_dr_drill_last_timestamp_seconds"), (at.timestamp() + 3600) as f64);
+        assert_eq!((of("hcp_dr_drill_last_rto_seconds"), of("hcp_dr_drill_last_rpo_seconds")), (61.0, 300.0));
     }
 
     #[tokio::test]

@@ -67,7 +67,7 @@ fn the_rendered_schedule_carries_the_rules_the_dashboard_and_the_pushgateway() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yml"), rule_groups().to_string()).unwrap();
     let said = promtool_run(promtool, &["check", "rules", "rules.yml"], dir.path());
-    assert!(said.contains("SUCCESS: 5 rules found"), "{said}");
+    assert!(said.contains(&format!("SUCCESS: {} rules found", hcp_dr::ops::monitoring::ALERTS.len())), "{said}");
 
     // bad input: exit 2, saying what to give
     for (extra, says) in [
@@ -131,6 +131,8 @@ pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
     let name = |metric: &str| series.get(metric).unwrap_or_else(|| panic!("{metric} not in what hcp-dr wrote:\n{prom}")).clone();
     assert!(name("hcp_dr_backup_last_success").contains("hosted_cluster=\"demo\""), "{prom}");
     let fresh = |metric: &str| name(metric).replace("hosted_cluster=\"demo\"", "hosted_cluster=\"fresh\"");
+    let gone = |metric: &str| name(metric).replace("hosted_cluster=\"demo\"", "hosted_cluster=\"gone\"");
+    let discovered = |cluster: &str| format!("hcp_dr_hosted_cluster_discovered{{namespace=\"clusters\",hosted_cluster=\"{cluster}\",selected=\"true\"}}");
     let groups = rule_groups();
     let rule = |alert: &str| groups["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == alert).unwrap().clone();
     let expect = |alert: &str, cluster: Option<&str>| {
@@ -166,6 +168,23 @@ pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
                     case("2m", "HcpDrClusterNeverBackedUp", vec![]),
                     case("1h", "HcpDrClusterNeverBackedUp", vec![expect("HcpDrClusterNeverBackedUp", Some("fresh"))]),
                     case("13h", "HcpDrNoBackupReports", vec![]),
+                ],
+            },
+            {
+                // with discovery pushed, a cluster no management cluster has any
+                // more (`gone`: its group stays on the Pushgateway) never alerts
+                "interval": "1m",
+                "input_series": [
+                    {"series": discovered("demo"), "values": "1x900"},
+                    {"series": name("hcp_dr_backup_last_success_timestamp_seconds"), "values": "0+0x900"},
+                    {"series": name("hcp_dr_backup_last_success"), "values": "1x300 0x600"},
+                    {"series": gone("hcp_dr_backup_last_success_timestamp_seconds"), "values": "0+0x900"},
+                    {"series": gone("hcp_dr_backup_last_success"), "values": "0x900"},
+                    {"series": gone("hcp_dr_backup_failures_total"), "values": "1x900"},
+                ],
+                "alert_rule_test": [
+                    case("6h", "HcpDrBackupFailing", vec![expect("HcpDrBackupFailing", Some("demo"))]),
+                    case("13h", "HcpDrBackupStale", vec![expect("HcpDrBackupStale", Some("demo"))]),
                 ],
             },
             {
@@ -238,15 +257,90 @@ pub fn unprotected_fires_on_hcp_drs_own_series(prom: &str) {
     assert!(!expected.is_empty() && expected.len() < discovered.len(), "the fleet test should leave some clusters unprotected and back up others:\n{prom}");
     let mut input: Vec<Value> = discovered.iter().map(|s| json!({"series": s, "values": "1x900"})).collect();
     input.extend(backed_up.iter().map(|s| json!({"series": s, "values": "0+0x900"})));
+    // the store's reachability, written with the discovered clusters: a 0
+    // alerts with the store's URL, a 1 never does
+    let store = lines.iter().copied().find(|s| s.starts_with("hcp_dr_store_reachable{")).unwrap_or_else(|| panic!("backup --all wrote no hcp_dr_store_reachable:\n{prom}"));
+    assert!(prom.contains(&format!("{store} 1\n")), "the fleet's store answered:\n{prom}");
+    let url = labels_of(store).into_iter().find(|(k, _)| k == "store").map(|(_, v)| v).expect("a store label");
+    let unreachable = groups["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "HcpDrStoreUnreachable").unwrap().clone();
+    let mut labels = unreachable["labels"].clone();
+    labels["store"] = json!(url);
+    let down = json!({"exp_labels": labels, "exp_annotations": annotations(&unreachable, &[("store", &url)])});
     let tests = json!({
         "rule_files": ["rules.yml"],
         "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": input,
+                "alert_rule_test": [
+                    {"eval_time": "11h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": []},
+                    {"eval_time": "13h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": expected},
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [{"series": store, "values": "1x30 0x30"}],
+                "alert_rule_test": [
+                    {"eval_time": "25m", "alertname": "HcpDrStoreUnreachable", "exp_alerts": []},
+                    {"eval_time": "32m", "alertname": "HcpDrStoreUnreachable", "exp_alerts": []},
+                    {"eval_time": "40m", "alertname": "HcpDrStoreUnreachable", "exp_alerts": [down]},
+                ],
+            },
+        ],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yml"), groups.to_string()).unwrap();
+    std::fs::write(dir.path().join("tests.yml"), tests.to_string()).unwrap();
+    let said = promtool_run(promtool, &["test", "rules", "tests.yml"], dir.path());
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// `promtool test rules` of the drill's alerts on what `hcp-dr drill
+/// --metrics-file` wrote (tests/suite/posture.rs): demo's drill passed at
+/// time 0 and failed at 40 d; `undrilled` has backups and never a drill.
+/// HcpDrDrillOverdue fires once the 30-day default has passed (and, after
+/// its hour, for the cluster never drilled); HcpDrDrillFailed fires on the
+/// failed drill.
+pub fn drill_rules_fire_on_hcp_drs_own_series(prom: &str) {
+    let Some(promtool) = promtool() else { return };
+    let series = series_of(prom);
+    let name = |metric: &str| series.get(metric).unwrap_or_else(|| panic!("{metric} not in what hcp-dr drill wrote:\n{prom}")).clone();
+    assert!(name("hcp_dr_drill_last_success").contains("hosted_cluster=\"demo\""), "{prom}");
+    for metric in ["hcp_dr_drill_last_timestamp_seconds", "hcp_dr_drill_last_rto_seconds", "hcp_dr_drill_last_rpo_seconds"] {
+        name(metric);
+    }
+    let backup_of = |cluster: &str| format!("hcp_dr_backup_last_success_timestamp_seconds{{namespace=\"clusters\",hosted_cluster=\"{cluster}\"}}");
+    let success_of = |cluster: &str| format!("hcp_dr_backup_last_success{{namespace=\"clusters\",hosted_cluster=\"{cluster}\"}}");
+    let groups = rule_groups();
+    let expect = |alert: &str, cluster: &str| {
+        let rule = groups["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == alert).unwrap().clone();
+        let mut labels = rule["labels"].clone();
+        labels["namespace"] = json!("clusters");
+        labels["hosted_cluster"] = json!(cluster);
+        json!({"exp_labels": labels, "exp_annotations": annotations(&rule, &[("namespace", "clusters"), ("hosted_cluster", cluster)])})
+    };
+    let case = |at: &str, alert: &str, alerts: Vec<Value>| json!({"eval_time": at, "alertname": alert, "exp_alerts": alerts});
+    let tests = json!({
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1h",
         "tests": [{
-            "interval": "1m",
-            "input_series": input,
+            "interval": "1h",
+            "input_series": [
+                {"series": name("hcp_dr_drill_last_success"), "values": "1x960 0x100"},
+                {"series": name("hcp_dr_drill_last_success_timestamp_seconds"), "values": "0+0x1060"},
+                {"series": backup_of("demo"), "values": "0+3600x1060"},
+                {"series": backup_of("undrilled"), "values": "0+3600x1060"},
+                {"series": success_of("demo"), "values": "1x1060"},
+                {"series": success_of("undrilled"), "values": "1x1060"},
+            ],
             "alert_rule_test": [
-                {"eval_time": "11h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": []},
-                {"eval_time": "13h", "alertname": "HcpDrClusterUnprotected", "exp_alerts": expected},
+                case("30m", "HcpDrDrillOverdue", vec![]),
+                case("3h", "HcpDrDrillOverdue", vec![expect("HcpDrDrillOverdue", "undrilled")]),
+                case("29d", "HcpDrDrillOverdue", vec![expect("HcpDrDrillOverdue", "undrilled")]),
+                case("31d", "HcpDrDrillOverdue", vec![expect("HcpDrDrillOverdue", "demo"), expect("HcpDrDrillOverdue", "undrilled")]),
+                case("39d", "HcpDrDrillFailed", vec![]),
+                case("41d", "HcpDrDrillFailed", vec![expect("HcpDrDrillFailed", "demo")]),
             ],
         }],
     });

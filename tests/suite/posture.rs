@@ -33,6 +33,11 @@ fn render(browser: &str, page: &Path, screenshot: &Path) -> (String, Vec<String>
         "--no-sandbox".into(),
         "--disable-gpu".into(),
         "--no-first-run".into(),
+        // no background requests: this machine's network is closed
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        "--disable-quic".into(),
         format!("--user-data-dir={}", profile.path().display()),
         "--enable-logging=stderr".into(),
         "--v=0".into(),
@@ -146,11 +151,21 @@ async fn the_report_shows_demo_green_after_a_drill_and_an_unbacked_cluster_red()
     let recorded = verified["recorded"].as_str().expect("the verify recorded its result");
     assert!(recorded.starts_with("s3://") && recorded.contains("/clusters/demo/results/") && recorded.ends_with(".json"), "{recorded}");
     let staging = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
-    let out = env.hcp_dr(&["drill", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &staging, "--wait", "5m", "-o", "json"], &[]);
+    let metrics = env.dir.path().join("drill.prom");
+    let out = env.hcp_dr(
+        &["drill", "--from", &folder, "--s3-endpoint", &endpoint, "--kubeconfig", &staging, "--wait", "5m", "--metrics-file", metrics.to_str().unwrap(), "-o", "json"],
+        &[],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let drill = json_report(&out);
     assert_eq!(drill["passed"], true, "{drill:#}");
     assert!(drill["recorded"].as_str().is_some_and(|r| r.contains("-drill-")), "{drill:#}");
+    // the drill's series, as the drill alerts read them
+    let prom = std::fs::read_to_string(&metrics).expect("the drill's metrics file");
+    assert!(prom.contains("hcp_dr_drill_last_success{namespace=\"clusters\",hosted_cluster=\"demo\"} 1\n"), "{prom}");
+    let rto = prom.lines().find_map(|l| l.strip_prefix("hcp_dr_drill_last_rto_seconds{namespace=\"clusters\",hosted_cluster=\"demo\"} ")).and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(rto, drill["rto_seconds"].as_f64(), "{prom}");
+    crate::monitoring::drill_rules_fire_on_hcp_drs_own_series(&prom);
 
     // JSON: worst first, the drill's own RTO and RPO
     let mgmt_a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();

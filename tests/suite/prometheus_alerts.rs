@@ -92,7 +92,9 @@ impl Monitoring {
         });
         std::fs::write(dir.join("prometheus.yml"), config.to_string()).unwrap();
         let mut cmd = Command::new(&programs.1);
-        cmd.arg(format!("--web.listen-address={pushgateway_at}"));
+        // Debian's build persists to /var/lib/prometheus by default: one
+        // file shared by every run would bring back another run's groups
+        cmd.arg(format!("--web.listen-address={pushgateway_at}")).arg(format!("--persistence.file={}", dir.join("pushgateway.data").display()));
         let pushgateway = ManagedChild::spawn(cmd, "prometheus-pushgateway", &dir.join("pushgateway.log")).expect("start the Pushgateway");
         let mut cmd = Command::new(&programs.0);
         cmd.arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
@@ -143,6 +145,11 @@ impl Monitoring {
                 whole: a.clone(),
             })
             .collect();
+        // no drill runs here: HcpDrDrillOverdue is pending for every
+        // backed-up cluster and holds an hour before it fires (its firing is
+        // tested with promtool, tests/suite/monitoring.rs)
+        assert!(!alerts.iter().any(|a| a.name == "HcpDrDrillOverdue" && a.state == "firing"), "HcpDrDrillOverdue fired within the test: {data}");
+        alerts.retain(|a| a.name != "HcpDrDrillOverdue");
         alerts.sort_by(|a, b| (&a.name, &a.cluster).cmp(&(&b.name, &b.cluster)));
         alerts
     }

@@ -16,7 +16,7 @@ use kube::api::Api;
 use serde_json::{Value, json};
 
 /// The steps of the sandbox drill (`hcp_dr_e2e::drill::run`), in order.
-pub const DRILL_STEPS: [&str; 11] = [
+pub const DRILL_STEPS: [&str; 12] = [
     "sandbox up",
     "hcp-dr cluster create demo",
     "connect to the hosted API",
@@ -28,6 +28,7 @@ pub const DRILL_STEPS: [&str; 11] = [
     "hcp-dr drill on mgmt-b",
     "hcp-dr migrate to mgmt-b",
     "verify on mgmt-b, source gone",
+    "hcp-dr report",
 ];
 
 pub const WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
