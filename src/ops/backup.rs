@@ -175,6 +175,9 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     let (client, binding, store, api_groups) = match &options.fleet {
         Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
         None => {
+            if options.run.journal_given().is_none() {
+                check_local_store(&inputs.store, options.run.dry_run).await?;
+            }
             let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.journal_given()).await?;
             let store = store::open(&inputs.store, s3_options(&options, &inputs)).await?;
             (target.client, target.binding, store.into(), None)
@@ -247,6 +250,15 @@ fn hosted_clusters_api(client: &kube::Client, namespace: Option<&str>) -> kube::
         Some(ns) => crate::kube::api(client, &crate::hosted::HOSTED_CLUSTER, ns),
         None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
     }
+}
+
+/// A local store (`--to DIR`) hcp-dr cannot create or write is bad input,
+/// refused before anything is contacted, locked or written: the OS error
+/// says why (a dry run removes the folders the check created).
+async fn check_local_store(url: &str, dry_run: bool) -> Result<(), OpsError> {
+    let store::StoreUrl::Local(path) = store::StoreUrl::parse(url)? else { return Ok(()) };
+    let local = store::LocalStore::new(path);
+    local.check_writable(dry_run).await.map_err(|err| OpsError::Input(format!("--to {url}: backups cannot be written there ({err}); give a directory hcp-dr can create and write")))
 }
 
 /// Record every HostedCluster of the fleet's namespace scope, selected by
@@ -387,6 +399,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     if fleet.concurrency == 0 {
         return Err(OpsError::Input("--concurrency must be at least 1".into()));
     }
+    check_local_store(&options.store, options.run.dry_run).await?;
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), None).await?;
     let client = target.client.clone();
     let mut params = kube::api::ListParams::default();

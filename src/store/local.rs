@@ -103,6 +103,39 @@ impl LocalStore {
         Ok(written)
     }
 
+    /// Whether backups can be written here: the root is created (0700) if
+    /// missing, and a probe file is written, fsynced and removed. Fails with
+    /// the OS error of the step that failed (`/proc/nope`: `No such file or
+    /// directory`; a read-only mount: `Read-only file system`). With
+    /// `leave_nothing` (a dry run) the folders it created are removed again.
+    pub async fn check_writable(&self, leave_nothing: bool) -> Result<(), StoreError> {
+        let absolute = std::path::absolute(&self.root).unwrap_or(self.root.clone());
+        let missing: Vec<PathBuf> = absolute.ancestors().take_while(|p| !p.exists()).map(Path::to_path_buf).collect();
+        let created = self.create_dirs(&self.root).await;
+        let probe = self.root.join(format!(".hcp-dr-write-probe-{}", std::process::id()));
+        let written = match created {
+            Ok(()) => async {
+                let mut file = tokio::fs::OpenOptions::new().create(true).write(true).truncate(true).mode(0o600).open(&probe).await?;
+                file.write_all(b"hcp-dr").await?;
+                file.sync_all().await
+            }
+            .await
+            .map_err(io(&probe)),
+            Err(err) => Err(err),
+        };
+        let removed = match tokio::fs::remove_file(&probe).await {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(io(&probe)(err)),
+            _ => Ok(()),
+        };
+        if leave_nothing {
+            // deepest first; a folder something else wrote into stays
+            for dir in &missing {
+                let _ = tokio::fs::remove_dir(dir).await;
+            }
+        }
+        written.and(removed)
+    }
+
     async fn create_dirs(&self, dir: &Path) -> Result<(), StoreError> {
         let mut builder = tokio::fs::DirBuilder::new();
         builder.recursive(true).mode(0o700);
@@ -209,6 +242,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
     use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn a_store_that_cannot_be_written_says_why_and_a_dry_check_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/store");
+        LocalStore::new(&deep).check_writable(true).await.unwrap();
+        assert!(!dir.path().join("a").exists(), "the dry check left its folders");
+        LocalStore::new(&deep).check_writable(false).await.unwrap();
+        assert!(deep.is_dir() && std::fs::read_dir(&deep).unwrap().next().is_none(), "the probe is removed, the folder kept");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = LocalStore::new(file.join("store")).check_writable(false).await.unwrap_err().to_string();
+        assert!(err.contains(&file.join("store").display().to_string()) && err.contains("Not a directory"), "{err}");
+    }
 
     #[tokio::test]
     async fn put_get_list_delete() {

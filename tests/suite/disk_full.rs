@@ -155,3 +155,32 @@ async fn a_scratch_directory_that_fills_up_mid_copy_is_named_and_emptied() {
     assert!(err.contains(&disk.path.display().to_string()), "{err}");
     assert!(stored(&disk.path).is_empty(), "the scratch copy was removed: {:?}", stored(&disk.path));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_store_that_cannot_be_created_or_written_is_bad_input_before_anything_is_locked_or_written() {
+    let env = env("SingleReplica").await;
+    let file = env.dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let under_file = file.join("backups");
+    for (store, says) in [("/proc/nope", "/proc/nope"), (under_file.to_str().unwrap(), "Not a directory")] {
+        for dry_run in [false, true] {
+            let mut args = vec!["backup", "--hosted-cluster", "demo", "--to", store];
+            if dry_run {
+                args.push("--dry-run");
+            }
+            let out = env.hcp_dr(&args, &[]);
+            let text = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+            assert!(text.contains(&format!("--to {store}: backups cannot be written there")) && text.contains(says), "{args:?}: names the store and the OS error: {text}");
+            assert!(!text.contains("B free"), "{args:?}: {text}");
+        }
+    }
+    // nothing was locked, paused or signalled
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = kube::Api::namespaced(env.mgmt.clone(), "clusters");
+    assert!(leases.list(&Default::default()).await.unwrap().items.is_empty(), "a Lease was taken");
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(env.mgmt.clone(), "clusters");
+    assert!(cms.get_opt("hcp-dr-backup-demo").await.unwrap().is_none(), "a failure status was written");
+    assert!(env.paused_until().await.iter().all(serde_json::Value::is_null), "the cluster was paused");
+    assert!(!env.dir.path().join("state").exists() || files(&env.dir.path().join("state")).is_empty(), "a journal was written");
+    env.assert_in_service("after the refusals").await;
+}
