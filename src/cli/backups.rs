@@ -39,8 +39,10 @@ pub enum Command {
     #[command(after_help = "Example:\n  hcp-dr backups list --store s3://bucket/prefix --hosted-cluster demo -n clusters")]
     List {
         /// The store: a directory, file:///path or s3://bucket/prefix.
-        #[arg(long, env = "HCP_DR_STORE")]
-        store: String,
+        /// Repeat it for a store and its copies: each backup is listed once,
+        /// with the stores that hold it complete.
+        #[arg(long, env = "HCP_DR_STORE", required = true)]
+        store: Vec<String>,
         /// Only this hosted cluster's backups.
         #[arg(long)]
         hosted_cluster: Option<String>,
@@ -70,6 +72,28 @@ pub enum Command {
         /// plaintext too (without it, only the stored bytes are checked).
         #[arg(long, env = "HCP_DR_IDENTITY")]
         identity: Option<PathBuf>,
+        #[command(flatten)]
+        s3: StoreArgs,
+    },
+    /// Copy complete backups (and their result records) to another store:
+    /// idempotent and resumable, every hash checked, manifest last.
+    #[command(after_help = "Example:\n  hcp-dr backups copy --from s3://bucket/prefix --to s3://other-region-bucket/prefix --since 7d")]
+    Copy {
+        /// The store to copy from.
+        #[arg(long, env = "HCP_DR_STORE")]
+        from: String,
+        /// The store to copy to (another one).
+        #[arg(long)]
+        to: String,
+        /// Only this hosted cluster's backups.
+        #[arg(long)]
+        hosted_cluster: Option<String>,
+        /// Its namespace.
+        #[arg(short = 'n', long, default_value = "clusters")]
+        namespace: String,
+        /// Only backups taken within this long (e.g. 7d) [range: 1h to 36500d].
+        #[arg(long, value_parser = duration::RETENTION_AGE)]
+        since: Option<std::time::Duration>,
         #[command(flatten)]
         s3: StoreArgs,
     },
@@ -135,10 +159,12 @@ fn age(seconds: i64) -> String {
     }
 }
 
-fn render_list(entries: &[BackupEntry]) -> String {
+fn render_list(entries: &[BackupEntry], stores: &[String]) -> String {
+    let several = stores.len() > 1;
     let mut out = format!(
-        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}\n",
-        "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME", "LINEAGE"
+        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}{}\n",
+        "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME", "LINEAGE",
+        if several { "  STORES" } else { "" }
     );
     for e in entries {
         let opt = |v: Option<f64>| v.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
@@ -159,6 +185,16 @@ fn render_list(entries: &[BackupEntry]) -> String {
             opt(e.api_downtime_seconds),
             e.lineage.as_deref().map(|l| l.chars().take(8).collect::<String>()).unwrap_or_else(|| "-".into()),
         ));
+        if several {
+            out.pop();
+            let held: Vec<String> = stores.iter().enumerate().filter(|(_, s)| e.stores.contains(s)).map(|(i, _)| (i + 1).to_string()).collect();
+            out.push_str(&format!("  {}\n", if held.is_empty() { "-".to_string() } else { held.join(",") }));
+        }
+    }
+    if several {
+        for (i, s) in stores.iter().enumerate() {
+            out.push_str(&format!("store {}: {s}\n", i + 1));
+        }
     }
     if entries.is_empty() {
         out.push_str("(no backups)\n");
@@ -391,14 +427,22 @@ use super::report::{human_bytes as size, print};
 pub async fn exec(command: Command, output: Output) -> Exit {
     match command {
         Command::List { store, hosted_cluster, namespace, s3 } => {
-            let store = match store::open(&store, s3.s3()).await {
-                Ok(s) => s,
-                Err(e) => return fail(e.into()),
-            };
+            let mut stores = Vec::new();
+            for url in &store {
+                match store::open(url, s3.s3()).await {
+                    Ok(s) => stores.push(s),
+                    Err(e) => return fail(e.into()),
+                }
+            }
             let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
-            match backups::list(store.as_ref(), cluster).await {
+            let listed = match stores.as_slice() {
+                [one] => backups::list(one.as_ref(), cluster).await,
+                _ => backups::list_across(&stores, cluster).await,
+            };
+            match listed {
                 Ok(entries) => {
-                    print(output, &entries, || render_list(&entries));
+                    let urls: Vec<String> = stores.iter().map(|s| s.url()).collect();
+                    print(output, &entries, || render_list(&entries, &urls));
                     Exit::Success
                 }
                 Err(e) => fail(e),
@@ -440,6 +484,22 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Ok(report) => {
                     print(output, &report, || render_verify(&report));
                     if report.ok { Exit::Success } else { Exit::Failed }
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Copy { from, to, hosted_cluster, namespace, since, s3 } => {
+            let options = crate::ops::copy::CopyOptions {
+                from,
+                to,
+                s3: s3.s3(),
+                cluster: hosted_cluster.map(|hc| (namespace, hc)),
+                since,
+            };
+            match crate::ops::copy::copy(&options).await {
+                Ok(report) => {
+                    print(output, &report, || crate::ops::copy::render(&report));
+                    if report.failed == 0 { Exit::Success } else { Exit::Failed }
                 }
                 Err(e) => fail(e),
             }

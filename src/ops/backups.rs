@@ -53,6 +53,10 @@ pub struct BackupEntry {
     /// Taken with `--allow-no-quorum`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub no_quorum: bool,
+    /// Listed across several stores: every store holding it complete (a
+    /// restore takes any of them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stores: Vec<String>,
 }
 
 /// The fence of a cluster as shown: the record, or why it is unreadable.
@@ -128,8 +132,45 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
             fence_error,
             degraded: manifest.as_ref().and_then(|m| m.etcd_health.describe(m.etcd.len())),
             no_quorum: manifest.as_ref().is_some_and(|m| m.etcd_health.no_quorum),
+            stores: Vec::new(),
         });
     }
+    out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
+    Ok(out)
+}
+
+/// The backups of several stores (a primary and its copies), newest first:
+/// one entry per backup, from the first store that holds it complete (else
+/// the first that holds it at all), with `stores` naming every store that
+/// holds it complete.
+pub async fn list_across(stores: &[Box<dyn Store>], cluster: Option<(&str, &str)>) -> Result<Vec<BackupEntry>, OpsError> {
+    let mut merged: BTreeMap<(String, String, String), BackupEntry> = BTreeMap::new();
+    for store in stores {
+        for entry in list(store.as_ref(), cluster).await? {
+            let key = (entry.namespace.clone(), entry.hosted_cluster.clone(), entry.backup_id.clone());
+            let url = store.url();
+            match merged.get_mut(&key) {
+                Some(seen) => {
+                    if entry.complete {
+                        if !seen.complete {
+                            let stores = std::mem::take(&mut seen.stores);
+                            *seen = entry;
+                            seen.stores = stores;
+                        }
+                        seen.stores.push(url);
+                    }
+                }
+                None => {
+                    let mut entry = entry;
+                    if entry.complete {
+                        entry.stores.push(url);
+                    }
+                    merged.insert(key, entry);
+                }
+            }
+        }
+    }
+    let mut out: Vec<BackupEntry> = merged.into_values().collect();
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
     Ok(out)
 }

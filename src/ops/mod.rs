@@ -4,6 +4,7 @@
 pub mod backup;
 pub mod backups;
 pub mod cluster;
+pub mod copy;
 pub mod drill;
 pub mod etcd;
 pub mod etcd_restore;

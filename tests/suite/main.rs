@@ -10,6 +10,7 @@ mod backups;
 mod bad_input;
 mod cli_conveniences;
 mod cluster;
+mod copies;
 mod degraded_etcd;
 mod disaster;
 mod disk_full;

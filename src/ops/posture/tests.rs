@@ -33,6 +33,7 @@ fn entry(hc: &str, age: i64, complete: bool, now: DateTime<Utc>) -> BackupEntry 
         fence_error: None,
         degraded: None,
         no_quorum: false,
+        stores: Vec::new(),
     }
 }
 

@@ -1,0 +1,284 @@
+//! `hcp-dr backups copy --from STORE --to STORE`: copy complete backups
+//! (and their clusters' result records) to another store, for an off-site
+//! copy that survives the loss of the first store's region.
+//!
+//! Idempotent and resumable: an artifact already at the destination is
+//! kept when its bytes there hash to what the manifest records, so a copy
+//! cut short goes on where it stopped and a second run copies nothing. Every
+//! artifact's hash is checked on the way (the source's bytes against the
+//! manifest) and the manifest is written last, so the destination never
+//! lists a copy as complete before all of it is there. The store fence
+//! (`fence.json`) is not copied: it belongs to the store it is in.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+
+use super::OpsError;
+use super::backups::{self, BackupEntry};
+use crate::archive::results::is_result_key;
+use crate::archive::{Layout, Manifest};
+use crate::store::{self, Hasher, S3Options, Store, StoreError, StoreUrl};
+
+/// What `backups copy` was asked.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    pub from: String,
+    pub to: String,
+    pub s3: S3Options,
+    /// Only this cluster's backups (namespace, name).
+    pub cluster: Option<(String, String)>,
+    /// Only backups taken within this long.
+    pub since: Option<std::time::Duration>,
+}
+
+/// What became of one backup.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopiedBackup {
+    pub backup: String,
+    pub taken: DateTime<Utc>,
+    /// `copied`, `already there`, `completed` (a copy cut short, finished) or `failed`.
+    pub result: String,
+    pub artifacts: usize,
+    /// Artifacts that were at the destination already, their hashes checked.
+    pub kept: usize,
+    pub bytes_copied: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What `backups copy` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyReport {
+    pub from: String,
+    pub to: String,
+    pub backups: Vec<CopiedBackup>,
+    pub copied: usize,
+    pub already_there: usize,
+    pub failed: usize,
+    pub bytes_copied: u64,
+    /// Result records copied (the drills', verifies', restores').
+    pub results_copied: usize,
+    /// Incomplete backups left behind (no manifest: never finished).
+    pub skipped_incomplete: Vec<String>,
+}
+
+/// Copy the complete backups `options` selects, oldest first.
+pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
+    let (from_url, to_url) = (StoreUrl::parse(&options.from)?, StoreUrl::parse(&options.to)?);
+    if same_store(&from_url, &to_url) {
+        return Err(OpsError::Input(format!("--from and --to are the same store ({}): a copy goes to another one", options.to)));
+    }
+    if let Some((ns, hc)) = &options.cluster {
+        super::backup::check_name("hosted cluster", hc)?;
+        super::backup::check_name("namespace", ns)?;
+    }
+    let from = store::open(&options.from, options.s3.clone()).await?;
+    let to = store::open(&options.to, options.s3.clone()).await?;
+    let cluster = options.cluster.as_ref().map(|(ns, hc)| (ns.as_str(), hc.as_str()));
+    let now = Utc::now();
+    let mut entries: Vec<BackupEntry> = backups::list(from.as_ref(), cluster).await?;
+    if let Some(since) = options.since {
+        let oldest = now - crate::duration::to_chrono(since);
+        entries.retain(|e| e.taken >= oldest);
+    }
+    entries.reverse();
+    let mut report = CopyReport {
+        from: from.url(),
+        to: to.url(),
+        backups: Vec::new(),
+        copied: 0,
+        already_there: 0,
+        failed: 0,
+        bytes_copied: 0,
+        results_copied: 0,
+        skipped_incomplete: Vec::new(),
+    };
+    let mut clusters = std::collections::BTreeSet::new();
+    for entry in &entries {
+        if !entry.complete {
+            report.skipped_incomplete.push(entry.url.clone());
+            continue;
+        }
+        let layout = Layout::new(&entry.namespace, &entry.hosted_cluster, &entry.backup_id);
+        clusters.insert((entry.namespace.clone(), entry.hosted_cluster.clone()));
+        let copied = match copy_one(from.as_ref(), to.as_ref(), &layout).await {
+            Ok(done) => done,
+            // a store that cannot be reached fails the whole copy: the next
+            // backup would fail the same way
+            Err(CopyError::Store(err)) => return Err(err.into()),
+            Err(CopyError::Backup(why)) => CopiedBackup {
+                backup: format!("{}/{}", from.url(), layout.dir()),
+                taken: entry.taken,
+                result: "failed".into(),
+                artifacts: 0,
+                kept: 0,
+                bytes_copied: 0,
+                error: Some(why),
+            },
+        };
+        match copied.result.as_str() {
+            "failed" => report.failed += 1,
+            "already there" => report.already_there += 1,
+            _ => report.copied += 1,
+        }
+        report.bytes_copied += copied.bytes_copied;
+        report.backups.push(CopiedBackup { taken: entry.taken, ..copied });
+    }
+    for (ns, hc) in &clusters {
+        report.results_copied += copy_results(from.as_ref(), to.as_ref(), ns, hc).await?;
+    }
+    Ok(report)
+}
+
+fn same_store(a: &StoreUrl, b: &StoreUrl) -> bool {
+    match (a, b) {
+        (StoreUrl::Local(a), StoreUrl::Local(b)) => {
+            let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+            canonical(a) == canonical(b)
+        }
+        (StoreUrl::S3 { bucket: a, prefix: pa }, StoreUrl::S3 { bucket: b, prefix: pb }) => a == b && pa == pb,
+        _ => false,
+    }
+}
+
+enum CopyError {
+    /// A store did not answer.
+    Store(StoreError),
+    /// This backup cannot be copied (damaged at the source).
+    Backup(String),
+}
+
+impl From<StoreError> for CopyError {
+    fn from(err: StoreError) -> CopyError {
+        CopyError::Store(err)
+    }
+}
+
+async fn read_all(store: &dyn Store, key: &str) -> Result<Vec<u8>, StoreError> {
+    let mut bytes = Vec::new();
+    store.get(key).await?.read_to_end(&mut bytes).await.map_err(|source| StoreError::Body { key: key.to_string(), source })?;
+    Ok(bytes)
+}
+
+/// The size and SHA-256 of `key` in `store`, `None` when it is not there.
+async fn hash_of(store: &dyn Store, key: &str) -> Result<Option<crate::store::PutReport>, StoreError> {
+    let mut body = match store.get(key).await {
+        Ok(body) => body,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut hasher = Hasher::default();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = body.read(&mut buf).await.map_err(|source| StoreError::Body { key: key.to_string(), source })?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(Some(hasher.finish()))
+}
+
+/// Copy one backup: each artifact the manifest lists (kept when the
+/// destination already holds it with the recorded hash), then the manifest.
+async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout) -> Result<CopiedBackup, CopyError> {
+    let manifest_bytes = read_all(from, &layout.manifest()).await?;
+    let manifest = Manifest::parse(&manifest_bytes).map_err(|e| CopyError::Backup(format!("{}/{}: {e}", from.url(), layout.manifest())))?;
+    let existing = to.list(&format!("{}/", layout.dir())).await?;
+    let size_there = |key: &str| existing.iter().find(|o| o.key == key).map(|o| o.size);
+    let manifest_there = size_there(&layout.manifest()).is_some();
+    let mut done = CopiedBackup {
+        backup: format!("{}/{}", to.url(), layout.dir()),
+        taken: Utc::now(),
+        result: String::new(),
+        artifacts: manifest.artifacts.len(),
+        kept: 0,
+        bytes_copied: 0,
+        error: None,
+    };
+    for artifact in &manifest.artifacts {
+        let key = layout.artifact(&artifact.name);
+        if size_there(&key) == Some(artifact.size) {
+            if let Some(there) = hash_of(to, &key).await? {
+                if there.sha256 == artifact.sha256 {
+                    done.kept += 1;
+                    continue;
+                }
+            }
+        }
+        let body = from.get(&key).await?;
+        let put = to.put(&key, body).await?;
+        if put.size != artifact.size || put.sha256 != artifact.sha256 {
+            // what the source holds is not what its manifest recorded: the
+            // copy would be as damaged; remove what was written
+            let _ = to.delete(&key).await;
+            return Err(CopyError::Backup(format!(
+                "{}/{key}: {} bytes with SHA-256 {}, the manifest records {} bytes with {}: the backup is damaged at the source; nothing of it is listed as complete at the destination",
+                from.url(),
+                put.size,
+                put.sha256,
+                artifact.size,
+                artifact.sha256
+            )));
+        }
+        done.bytes_copied += put.size;
+    }
+    let same_manifest = manifest_there && read_all(to, &layout.manifest()).await? == manifest_bytes;
+    if !same_manifest {
+        to.put(&layout.manifest(), Box::new(&manifest_bytes[..])).await?;
+        done.bytes_copied += manifest_bytes.len() as u64;
+    }
+    done.result = match (same_manifest, done.kept) {
+        (true, kept) if kept == done.artifacts => "already there",
+        (_, 0) => "copied",
+        _ => "completed",
+    }
+    .into();
+    Ok(done)
+}
+
+/// Copy a cluster's result records the destination lacks; how many.
+async fn copy_results(from: &dyn Store, to: &dyn Store, ns: &str, hc: &str) -> Result<usize, StoreError> {
+    let prefix = format!("{ns}/{hc}/{}/", crate::archive::results::RESULTS);
+    let there: std::collections::BTreeSet<String> = to.list(&prefix).await?.into_iter().map(|o| o.key).collect();
+    let mut copied = 0;
+    for object in from.list(&prefix).await? {
+        if is_result_key(&object.key) && !there.contains(&object.key) {
+            let bytes = read_all(from, &object.key).await?;
+            to.put(&object.key, Box::new(&bytes[..])).await?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
+/// The text report.
+pub fn render(report: &CopyReport) -> String {
+    let mut out = format!(
+        "{} -> {}: {} copied, {} already there, {} failed ({})\n",
+        report.from,
+        report.to,
+        report.copied,
+        report.already_there,
+        report.failed,
+        crate::cli::report::human_bytes(report.bytes_copied)
+    );
+    for b in &report.backups {
+        out.push_str(&format!("  {:<13} {}", b.result, b.backup));
+        if b.kept > 0 && b.result != "already there" {
+            out.push_str(&format!(" ({} of {} artifacts were there already)", b.kept, b.artifacts));
+        }
+        if let Some(e) = &b.error {
+            out.push_str(&format!("\n                {e}"));
+        }
+        out.push('\n');
+    }
+    if report.results_copied > 0 {
+        out.push_str(&format!("  {} result record(s) copied\n", report.results_copied));
+    }
+    for url in &report.skipped_incomplete {
+        out.push_str(&format!("  skipped (incomplete: no manifest) {url}\n"));
+    }
+    out
+}
