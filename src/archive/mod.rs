@@ -539,10 +539,11 @@ pub fn sha256sums(artifacts: &[Artifact]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn manifest() -> Manifest {
+    /// A manifest of two members' snapshots, for tests.
+    pub(crate) fn manifest() -> Manifest {
         let art = |name: &str| Artifact {
             name: name.into(),
             size: 1,

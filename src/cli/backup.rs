@@ -84,6 +84,17 @@ pub struct Args {
     /// Server-side encryption: none, s3 (SSE-S3) or kms:KEY-ID (SSE-KMS).
     #[arg(long, default_value = "none")]
     pub sse: String,
+    /// Also write every artifact to this store (repeatable, or
+    /// comma-separated in HCP_DR_COPY_TO), in the same pass: an off-site
+    /// copy. Each copy gets its manifest last, and only when it holds
+    /// everything. A copy that fails fails the backup (unless
+    /// --copy-optional).
+    #[arg(long, value_name = "STORE", env = "HCP_DR_COPY_TO", value_delimiter = ',')]
+    pub copy_to: Vec<String>,
+    /// A --copy-to store that fails is a warning (and the report's
+    /// `copies` says which): the backup is complete in --to.
+    #[arg(long, requires = "copy_to")]
+    pub copy_optional: bool,
     #[command(flatten)]
     pub metrics: super::MetricsArgs,
     /// Encrypt the etcd snapshots and the objects archive client-side to
@@ -164,6 +175,8 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         operator_ack_timeout: Some(args.operator_ack_timeout),
         allow_no_quorum: args.allow_no_quorum,
         platform: args.platform,
+        copy_to: args.copy_to,
+        copy_optional: args.copy_optional,
     })
 }
 

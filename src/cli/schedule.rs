@@ -63,6 +63,13 @@ pub enum Command {
         /// (http(s)://host:port), where Prometheus scrapes them.
         #[arg(long, value_name = "URL")]
         pushgateway: Option<String>,
+        /// Passed to each backup: also write every artifact to this store
+        /// (repeatable), an off-site copy in the same pass.
+        #[arg(long, value_name = "STORE")]
+        copy_to: Vec<String>,
+        /// Passed to each backup: a failing copy is a warning.
+        #[arg(long, requires = "copy_to")]
+        copy_optional: bool,
         /// Also render a PrometheusRule (alerts: a backup failing, stale, a
         /// cluster never backed up or unprotected, no reports at all, a
         /// drill failed or overdue, the store unreachable) and a Grafana
@@ -108,6 +115,8 @@ pub fn exec(command: Command, output: Output) -> Exit {
         route53_zone,
         shards,
         pushgateway,
+        copy_to,
+        copy_optional,
         monitoring,
         stale_after,
         drill_every,
@@ -131,6 +140,8 @@ pub fn exec(command: Command, output: Output) -> Exit {
         shards,
         platform,
         pushgateway,
+        copy_to,
+        copy_optional,
         monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, drill_every, runbook_base: runbook_base.unwrap_or_default() }),
     };
     let rendered = match output {

@@ -53,6 +53,10 @@ pub struct BackupOptions {
     /// What the backups of one fleet run (`backup --all`) share; a single
     /// backup builds its own.
     pub fleet: Option<FleetShared>,
+    /// `--copy-to`: stores every artifact is also written to, in the same pass.
+    pub copy_to: Vec<String>,
+    /// `--copy-optional`: a copy that fails is a warning, not a failed backup.
+    pub copy_optional: bool,
 }
 
 /// What the backups of one fleet run share instead of each building its
@@ -92,6 +96,9 @@ pub struct BackupResult {
     pub etcd_revision: Option<i64>,
     pub api_downtime_seconds: Option<f64>,
     pub warnings: Vec<String>,
+    /// `--copy-to`: each copy store, complete or why not.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<crate::store::mirrored::CopyState>,
 }
 
 pub(crate) fn holder() -> String {
@@ -155,6 +162,8 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                     None => None,
                 },
                 route53_endpoint: options.route53_endpoint.clone(),
+                copy_to: check_copies(&options.store, &options.copy_to)?,
+                copy_optional: options.copy_optional,
             }
         }
     };
@@ -183,6 +192,20 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             (target.client, target.binding, store.into(), None)
         }
     };
+    // --copy-to: the primary and its copies written in one pass
+    let (store, mirrored) = if inputs.copy_to.is_empty() {
+        (store, None)
+    } else {
+        let mut copies = Vec::new();
+        for url in &inputs.copy_to {
+            if options.run.journal_given().is_none() {
+                check_local_store(url, options.run.dry_run).await.map_err(|e| OpsError::Input(e.to_string().replacen("--to", "--copy-to", 1)))?;
+            }
+            copies.push(store::open(url, s3_options(&options, &inputs)).await?);
+        }
+        let mirrored = std::sync::Arc::new(store::mirrored::Mirrored::new(store, copies, inputs.copy_optional));
+        (mirrored.clone() as std::sync::Arc<dyn store::Store>, Some(mirrored))
+    };
     let mut ctx = BackupContext::new(client, store, inputs.clone(), options.tls.clone());
     if let Some(shared) = api_groups {
         ctx.api_groups = shared;
@@ -207,11 +230,24 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     let package = run.output_of::<crate::stages::package::Package>()?;
     let snapshots = run.output_of::<crate::stages::etcd_snapshot::SnapshotFinish>()?;
     let resumed = run.output_of::<crate::stages::resume::Resume>()?;
+    let copies = mirrored.map(|m| m.states()).unwrap_or_default();
+    let mut warnings = ctx.warnings.clone();
+    for copy in copies.iter().filter(|c| c.error.is_some()) {
+        warnings.push(format!(
+            "the copy to {} is incomplete ({}): the backup is complete in {} only; `hcp-dr backups copy --from {} --to {}` completes it",
+            copy.store,
+            copy.error.as_deref().unwrap_or_default(),
+            ctx.store.url(),
+            ctx.store.url(),
+            copy.store
+        ));
+    }
     let mut result = BackupResult {
+        copies,
         backup: package.as_ref().map(|p| p.backup.clone()),
         etcd_revision: package.as_ref().and_then(|p| p.revision),
         api_downtime_seconds: resumed.and_then(|r| r.api_downtime_seconds),
-        warnings: ctx.warnings.clone(),
+        warnings,
         run,
     };
     if signalling {
@@ -250,6 +286,23 @@ fn hosted_clusters_api(client: &kube::Client, namespace: Option<&str>) -> kube::
         Some(ns) => crate::kube::api(client, &crate::hosted::HOSTED_CLUSTER, ns),
         None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
     }
+}
+
+/// The `--copy-to` stores: valid URLs, none the primary store, none twice.
+fn check_copies(primary: &str, copies: &[String]) -> Result<Vec<String>, OpsError> {
+    let primary_url = store::StoreUrl::parse(primary)?;
+    let mut seen: Vec<store::StoreUrl> = Vec::new();
+    for copy in copies {
+        let url = store::StoreUrl::parse(copy).map_err(|e| OpsError::Input(format!("--copy-to: {e}")))?;
+        if super::copy::same_store(&url, &primary_url) {
+            return Err(OpsError::Input(format!("--copy-to {copy} is the store the backup is written to (--to {primary}): a copy goes to another store")));
+        }
+        if seen.iter().any(|s| super::copy::same_store(s, &url)) {
+            return Err(OpsError::Input(format!("--copy-to {copy} is given twice")));
+        }
+        seen.push(url);
+    }
+    Ok(copies.to_vec())
 }
 
 /// A local store (`--to DIR`) hcp-dr cannot create or write is bad input,

@@ -131,7 +131,8 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
     Ok(report)
 }
 
-fn same_store(a: &StoreUrl, b: &StoreUrl) -> bool {
+/// Whether two store URLs name the same store (local paths resolved).
+pub(crate) fn same_store(a: &StoreUrl, b: &StoreUrl) -> bool {
     match (a, b) {
         (StoreUrl::Local(a), StoreUrl::Local(b)) => {
             let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));

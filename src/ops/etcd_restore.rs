@@ -201,6 +201,8 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             encrypt_to: Vec::new(),
             route53_zone: None,
             route53_endpoint: None,
+            copy_to: Vec::new(),
+            copy_optional: false,
         },
         snapshot,
         stage_snapshot_to,

@@ -139,6 +139,8 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             encrypt_to: Vec::new(),
             route53_zone: None,
             route53_endpoint: None,
+            copy_to: Vec::new(),
+            copy_optional: false,
         },
         destination: RestoreInputs {
             store: via,

@@ -39,6 +39,9 @@ pub struct ScheduleOptions {
     pub platform: crate::stages::context::PlatformSettings,
     /// Passed to each backup: the Pushgateway its metrics go to.
     pub pushgateway: Option<String>,
+    /// Passed to each backup: `--copy-to` stores (and `--copy-optional`).
+    pub copy_to: Vec<String>,
+    pub copy_optional: bool,
     /// Render the PrometheusRule and the dashboard too (for the CronJob's
     /// schedule, in its namespace).
     pub monitoring: Option<super::monitoring::Monitoring>,
@@ -188,6 +191,19 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
     if let Some(url) = &o.pushgateway {
         super::signals::Pushgateway::new(url, "hcp-dr", &[], None).map_err(OpsError::Input)?;
         backup_args.extend(["--pushgateway".into(), url.clone()]);
+    }
+    for copy in &o.copy_to {
+        let url = crate::store::StoreUrl::parse(copy).map_err(|e| OpsError::Input(format!("--copy-to: {e}")))?;
+        if super::copy::same_store(&url, &crate::store::StoreUrl::parse(&o.store)?) {
+            return Err(OpsError::Input(format!("--copy-to {copy} is the store the backups are written to (--to): a copy goes to another store")));
+        }
+        if matches!(url, crate::store::StoreUrl::Local(_)) {
+            return Err(OpsError::Input(format!("--copy-to {copy}: a CronJob's pod has no local directory that outlives it; copy to s3://bucket/prefix")));
+        }
+        backup_args.extend(["--copy-to".into(), copy.clone()]);
+    }
+    if o.copy_optional {
+        backup_args.push("--copy-optional".into());
     }
     backup_args.extend(platform_args(&o.platform, &o.image));
     let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
@@ -346,6 +362,8 @@ mod tests {
             shards: 1,
             platform: Default::default(),
             pushgateway: None,
+            copy_to: Vec::new(),
+            copy_optional: false,
             monitoring: None,
         }
     }

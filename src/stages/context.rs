@@ -81,6 +81,12 @@ pub struct BackupInputs {
     /// What a platform's cluster takes besides etcd and its objects.
     #[serde(default, flatten)]
     pub platform: PlatformSettings,
+    /// `--copy-to`: stores every artifact is also written to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_to: Vec<String>,
+    /// `--copy-optional`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub copy_optional: bool,
 }
 
 /// What a backup (or migrate) takes of a platform's own data: a KubeVirt

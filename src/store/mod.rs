@@ -7,6 +7,7 @@
 
 pub mod local;
 pub mod metered;
+pub mod mirrored;
 pub mod s3;
 
 use std::path::PathBuf;
@@ -57,6 +58,9 @@ pub enum StoreError {
     /// A local store's disk has not room enough.
     #[error(transparent)]
     NoSpace(#[from] crate::space::NoSpace),
+    /// A copy store (`--copy-to`) failed, and the copy is not optional.
+    #[error("copy to {store}: {key}: {message} (the backup fails with it; --copy-optional lets it go on without the copy)")]
+    Copy { store: String, key: String, message: String },
     /// The CA bundle given for the S3 endpoint could not be read.
     #[error("CA bundle {path}: {source}")]
     CaBundle {

@@ -184,3 +184,53 @@ async fn a_local_store_that_cannot_be_created_or_written_is_bad_input_before_any
     assert!(!env.dir.path().join("state").exists() || files(&env.dir.path().join("state")).is_empty(), "a journal was written");
     env.assert_in_service("after the refusals").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_store_that_fills_up_mid_backup_fails_the_backup_or_is_left_incomplete_as_chosen() {
+    let env = env("SingleReplica").await;
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let primary = env.local_store();
+    let offsite = format!("s3://{}/offsite", hcp_dr_e2e::sandbox::BUCKET);
+
+    // a good copy: the same bytes in both stores, in one pass
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", &offsite, "--s3-endpoint", &endpoint, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["copies"], serde_json::json!([{"store": offsite, "complete": true}]), "{report:#}");
+    let folder = std::path::PathBuf::from(report["backup"].as_str().unwrap().strip_prefix("file://").unwrap());
+    let copy = env.sandbox.s3.root().join(hcp_dr_e2e::sandbox::BUCKET).join("offsite/clusters/demo").join(folder.file_name().unwrap());
+    for file in files(&folder) {
+        assert_eq!(std::fs::read(folder.join(&file)).unwrap(), std::fs::read(copy.join(&file)).unwrap(), "{file}");
+    }
+    let out = env.hcp_dr(&["backups", "verify", &format!("{offsite}/clusters/demo/latest"), "--s3-endpoint", &endpoint], &[]);
+    assert!(out.status.success(), "the copy verifies on its own: {}", text(&out));
+
+    // the primary as its own copy is bad input
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", &format!("file://{}", primary.display())], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("is the store the backup is written to"), "{}", text(&out));
+
+    // a copy on a disk that fills up mid-snapshot
+    let Some(disk) = SmallDisk::mount(&env.dir.path().join("small"), 64 << 10) else { return };
+    let full = disk.path.join("copies");
+    let before = files(&primary).len();
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "-o", "json"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let failed = json_report(&out);
+    assert!(failed["error"].as_str().unwrap().contains(&format!("copy to file://{}", full.display())), "{failed:#}");
+    assert_eq!(files(&primary).len(), before, "the failed backup left files in the primary store");
+    assert!(!stored(&disk.path).iter().any(|f| f.ends_with("manifest.json")), "{:?}", stored(&disk.path));
+    env.assert_in_service("after the failed copy").await;
+
+    // --copy-optional: the backup is complete in the primary, the copy is not
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--copy-optional", "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let warned = json_report(&out);
+    assert_eq!(warned["copies"][0]["complete"], false, "{warned:#}");
+    assert!(warned["copies"][0]["error"].as_str().unwrap().contains("disk space"), "{warned:#}");
+    assert!(warned["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("backups copy --from")), "{warned:#}");
+    assert!(!stored(&disk.path).iter().any(|f| f.ends_with("manifest.json")), "an incomplete copy is listed complete: {:?}", stored(&disk.path));
+    let out = env.hcp_dr(&["backups", "verify", warned["backup"].as_str().unwrap()], &[]);
+    assert!(out.status.success(), "the primary is whole: {}", text(&out));
+    env.assert_in_service("after the optional copy failed").await;
+}
