@@ -259,6 +259,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 api_downtime_seconds: result.api_downtime_seconds,
                 bytes: package.as_ref().map(|p| p.bytes).unwrap_or_else(|| snapshots.iter().flat_map(|s| &s.snapshots).map(|s| s.size).sum()),
                 seconds,
+                copies_incomplete: result.copies.iter().filter(|c| !c.complete).count(),
             },
             (crate::pipeline::RunOutcome::RolledBack { stage, error }, _)
             | (crate::pipeline::RunOutcome::Stopped { stage, error }, _)

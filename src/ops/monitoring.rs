@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::OpsError;
 
 /// The alerts' names, in the order they are rendered.
-pub const ALERTS: [&str; 8] = [
+pub const ALERTS: [&str; 9] = [
     "HcpDrBackupFailing",
     "HcpDrBackupStale",
     "HcpDrClusterNeverBackedUp",
@@ -24,6 +24,7 @@ pub const ALERTS: [&str; 8] = [
     "HcpDrDrillFailed",
     "HcpDrDrillOverdue",
     "HcpDrStoreUnreachable",
+    "HcpDrBackupCopyIncomplete",
 ];
 
 /// What `--monitoring` was asked (the schedule and namespace are the
@@ -207,6 +208,15 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
             "The backup store {{ $labels.store }} cannot be listed",
             "backup --all could not list the store at the end of its round: backups cannot be written or restored from it. Check the endpoint, the credentials Secret and the bucket policy.",
         ),
+        alert(
+            base,
+            "HcpDrBackupCopyIncomplete",
+            format!("{by} (hcp_dr_backup_last_copies_incomplete) > 0 and {known}"),
+            &hold(300),
+            "warning",
+            &format!("The last backup of hosted cluster {cluster} is missing from {{{{ $value }}}} copy store(s)"),
+            &format!("The last backup of {cluster} completed in its store but not in every --copy-to store (--copy-optional let it go on): the off-site copy is behind. The backup's report names the copy and why; hcp-dr backups copy completes it."),
+        ),
     ];
     Ok(json!([{"name": "hcp-dr", "rules": rules}]))
 }
@@ -252,6 +262,7 @@ pub fn dashboard() -> Value {
             panel(11, "RTO of the last passed drill", &format!("{by} (hcp_dr_drill_last_rto_seconds)"), "s", "timeseries", (0, 40)),
             panel(12, "RPO of the last passed drill", &format!("{by} (hcp_dr_drill_last_rpo_seconds)"), "s", "timeseries", (12, 40)),
             panel(13, "Store reachable", "max by (store) (hcp_dr_store_reachable)", "none", "stat", (0, 48)),
+            panel(14, "Copy stores the last backup is missing from", &format!("{by} (hcp_dr_backup_last_copies_incomplete)"), "none", "stat", (12, 48)),
         ],
     })
 }
@@ -295,7 +306,7 @@ mod tests {
         // than an interval, so its alerts fire within minutes
         let groups = rule_groups(&monitoring(), "* * * * *").unwrap();
         let fors: Vec<&str> = groups[0]["rules"].as_array().unwrap().iter().map(|r| r["for"].as_str().unwrap()).collect();
-        assert_eq!(fors, ["60s", "30s", "60s", "120s", "120s", "1m", "1h", "60s"]);
+        assert_eq!(fors, ["60s", "30s", "60s", "120s", "120s", "1m", "1h", "60s", "60s"]);
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum Outcome {
         api_downtime_seconds: Option<f64>,
         bytes: u64,
         seconds: f64,
+        /// `--copy-to` stores the backup is not complete in.
+        copies_incomplete: usize,
     },
     Failed {
         reason: String,
@@ -123,6 +125,7 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ("hcp_dr_backup_last_bytes", "gauge", "Bytes stored by the last successful backup."),
     ("hcp_dr_backup_failures_total", "counter", "Failed backups since the metrics file was created."),
     ("hcp_dr_backup_last_success", "gauge", "1 when the last backup succeeded, 0 when it failed."),
+    ("hcp_dr_backup_last_copies_incomplete", "gauge", "Copy stores (--copy-to) the last successful backup is not complete in (0: every copy complete, or none asked)."),
 ];
 
 /// One series per HostedCluster `backup --all` finds on the management
@@ -268,7 +271,8 @@ pub fn next_values(previous: &BTreeMap<String, f64>, outcome: &Outcome, at: Date
     values.entry("hcp_dr_backup_failures_total".into()).or_insert(0.0);
     match outcome {
         Outcome::Started => return None,
-        Outcome::Succeeded { api_downtime_seconds, bytes, seconds, .. } => {
+        Outcome::Succeeded { api_downtime_seconds, bytes, seconds, copies_incomplete, .. } => {
+            values.insert("hcp_dr_backup_last_copies_incomplete".into(), *copies_incomplete as f64);
             values.insert("hcp_dr_backup_last_success_timestamp_seconds".into(), at.timestamp() as f64);
             values.insert("hcp_dr_backup_last_duration_seconds".into(), *seconds);
             values.insert("hcp_dr_backup_last_api_downtime_seconds".into(), api_downtime_seconds.unwrap_or_default());
@@ -637,7 +641,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hcp_dr.prom");
         let at = DateTime::parse_from_rfc3339("2026-11-21T12:00:00Z").unwrap().with_timezone(&Utc);
-        let ok = Outcome::Succeeded { backup: "x".into(), revision: Some(7), api_downtime_seconds: Some(2.5), bytes: 1024, seconds: 9.0 };
+        let ok = Outcome::Succeeded { backup: "x".into(), revision: Some(7), api_downtime_seconds: Some(2.5), bytes: 1024, seconds: 9.0, copies_incomplete: 0 };
         let failed = Outcome::Failed { reason: "boom".into(), seconds: 3.0 };
         metrics_file(&path, "clusters", "a", &ok, at).unwrap();
         metrics_file(&path, "clusters", "b", &failed, at).unwrap();
@@ -735,7 +739,7 @@ mod tests {
         assert_eq!(values["hcp_dr_backup_last_success_timestamp_seconds"], 1.7e9, "the last success is kept");
 
         seen.lock().unwrap().clear();
-        let ok = Outcome::Succeeded { backup: "x".into(), revision: Some(7), api_downtime_seconds: Some(2.5), bytes: 1024, seconds: 9.0 };
+        let ok = Outcome::Succeeded { backup: "x".into(), revision: Some(7), api_downtime_seconds: Some(2.5), bytes: 1024, seconds: 9.0, copies_incomplete: 0 };
         push(&gateway, "clusters", "demo", &ok, at).await.unwrap();
         let requests = seen.lock().unwrap().clone();
         let values = pushed(&requests[1].2);
@@ -746,6 +750,7 @@ mod tests {
             ("hcp_dr_backup_last_bytes", 1024.0),
             ("hcp_dr_backup_failures_total", 2.0),
             ("hcp_dr_backup_last_success", 1.0),
+            ("hcp_dr_backup_last_copies_incomplete", 0.0),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -771,7 +776,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.prom");
         let at = Utc::now();
-        metrics_file(&path, "clusters", "a", &Outcome::Succeeded { backup: "b1".into(), revision: Some(1), seconds: 2.0, api_downtime_seconds: None, bytes: 10 }, at).unwrap();
+        metrics_file(&path, "clusters", "a", &Outcome::Succeeded { backup: "b1".into(), revision: Some(1), seconds: 2.0, api_downtime_seconds: None, bytes: 10, copies_incomplete: 1 }, at).unwrap();
         discovered_file(&path, &clusters, &store).unwrap();
         let reachable = StoreProbe { reachable: true, ..store };
         discovered_file(&path, &clusters[..1], &reachable).unwrap();

@@ -223,8 +223,14 @@ async fn a_copy_store_that_fills_up_mid_backup_fails_the_backup_or_is_left_incom
     env.assert_in_service("after the failed copy").await;
 
     // --copy-optional: the backup is complete in the primary, the copy is not
-    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--copy-optional", "-o", "json"], &[]);
+    let metrics = env.dir.path().join("copies.prom");
+    let out = env.hcp_dr(
+        &["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--copy-optional", "--metrics-file", metrics.to_str().unwrap(), "-o", "json"],
+        &[],
+    );
     assert!(out.status.success(), "{}", text(&out));
+    let prom = std::fs::read_to_string(&metrics).unwrap();
+    assert!(prom.contains("hcp_dr_backup_last_copies_incomplete{namespace=\"clusters\",hosted_cluster=\"demo\"} 1\n"), "the incomplete copy is counted: {prom}");
     let warned = json_report(&out);
     assert_eq!(warned["copies"][0]["complete"], false, "{warned:#}");
     assert!(warned["copies"][0]["error"].as_str().unwrap().contains("disk space"), "{warned:#}");

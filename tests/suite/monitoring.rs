@@ -146,6 +146,13 @@ pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
         }
         json!({"exp_labels": labels, "exp_annotations": annotations(&rule, &pairs)})
     };
+    // an alert whose summary carries its value
+    let expect_with = |alert: &str, cluster: &str, value: &str| {
+        let mut expected = expect(alert, Some(cluster));
+        let summary = expected["exp_annotations"]["summary"].as_str().unwrap().replace("{{ $value }}", value);
+        expected["exp_annotations"]["summary"] = json!(summary);
+        expected
+    };
     let case = |at: &str, alert: &str, alerts: Vec<Value>| json!({"eval_time": at, "alertname": alert, "exp_alerts": alerts});
     let tests = json!({
         "rule_files": ["rules.yml"],
@@ -159,6 +166,7 @@ pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
                     {"series": name("hcp_dr_backup_failures_total"), "values": "0x300 1+0x600"},
                     {"series": fresh("hcp_dr_backup_last_success"), "values": "0x900"},
                     {"series": fresh("hcp_dr_backup_failures_total"), "values": "1+1x900"},
+                    {"series": name("hcp_dr_backup_last_copies_incomplete"), "values": "0x120 1x780"},
                 ],
                 "alert_rule_test": [
                     case("4h", "HcpDrBackupFailing", vec![expect("HcpDrBackupFailing", Some("fresh"))]),
@@ -168,6 +176,8 @@ pub fn rules_fire_on_hcp_drs_own_series(prom: &str) {
                     case("2m", "HcpDrClusterNeverBackedUp", vec![]),
                     case("1h", "HcpDrClusterNeverBackedUp", vec![expect("HcpDrClusterNeverBackedUp", Some("fresh"))]),
                     case("13h", "HcpDrNoBackupReports", vec![]),
+                    case("1h", "HcpDrBackupCopyIncomplete", vec![]),
+                    case("3h", "HcpDrBackupCopyIncomplete", vec![expect_with("HcpDrBackupCopyIncomplete", "demo", "1")]),
                 ],
             },
             {
