@@ -324,6 +324,12 @@ async fn root_disks_move_with_their_machines_when_asked_and_a_drill_leaves_them_
     std::fs::write(dir.join("disk.img"), "imported, then written by the node\n").unwrap();
     std::fs::create_dir_all(dir.join("var/lib/kubelet")).unwrap();
     std::fs::write(dir.join("var/lib/kubelet/node-state"), "node demo-worker was here\n").unwrap();
+    // enough bytes that the mover is still streaming when the test kills
+    // it: a disk of a few bytes was copied whole between two of the
+    // killer's looks, and the migration it meant to break succeeded
+    let layer: Vec<u8> = (0..48u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::create_dir_all(dir.join("var/lib/containers")).unwrap();
+    std::fs::write(dir.join("var/lib/containers/layer.bin"), layer).unwrap();
     let written = tree(&dir);
 
     eprintln!("-- migrate with --include-root-disks, its mover killed, resumed");
