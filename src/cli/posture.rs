@@ -13,9 +13,10 @@ use crate::store::S3Options;
 
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The store: a directory, file:///path or s3://bucket/prefix.
-    #[arg(long, env = "HCP_DR_STORE")]
-    pub store: String,
+    /// The store: a directory, file:///path or s3://bucket/prefix. Repeat
+    /// it for the store's copies: a newest backup missing from one is amber.
+    #[arg(long, env = "HCP_DR_STORE", required = true)]
+    pub store: Vec<String>,
     /// A management cluster whose HostedClusters must all be covered: each
     /// one without a backup is a red row. Unreachable: the report is from
     /// the store alone, and says so.
@@ -61,7 +62,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         }
     }
     let options = PostureOptions {
-        store: args.store,
+        stores: args.store,
         s3: S3Options { endpoint: args.s3_endpoint, ca_bundle: args.ca_bundle, ..S3Options::default() },
         kubeconfig: args.kubeconfig,
         context: args.context,

@@ -81,6 +81,15 @@ async fn backups_copy_to_another_store_idempotently_resumably_and_refuse_a_damag
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("STORES") && said.contains("  1,2\n") && said.contains(&format!("store 2: {copies}")), "{said}");
 
+    // the posture report across both: the newest backup (the damaged one)
+    // is not in the copy store, which is amber
+    let out = env.hcp_dr(&["report", "--store", primary.to_str().unwrap(), "--store", &copies, "--s3-endpoint", &endpoint, "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let posture = json_report(&out);
+    let reasons: Vec<&str> = posture["clusters"][0]["reasons"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(reasons.contains(&format!("newest good backup is in 1 of 2 stores (not in {copies}): the off-site copy is behind").as_str()), "{posture:#}");
+    assert_eq!(posture["copies"], serde_json::json!([copies]));
+
     // the copy stands on its own
     let copied = format!("{copies}/clusters/demo/{}", first.file_name().unwrap().to_str().unwrap());
     let out = env.hcp_dr(&["backups", "verify", &copied, "--s3-endpoint", &endpoint, "-o", "json"], &[]);

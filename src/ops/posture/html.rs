@@ -79,8 +79,9 @@ pub fn page(report: &PostureReport) -> String {
     let _ = writeln!(html, "<header>\n<h1>Hosted cluster DR posture</h1>");
     let _ = writeln!(
         html,
-        "<p class=\"meta\">Store <code>{}</code> &middot; generated {}</p>",
+        "<p class=\"meta\">Store <code>{}</code>{} &middot; generated {}</p>",
         escape(&report.store),
+        report.copies.iter().map(|c| format!(", copy <code>{}</code>", escape(c))).collect::<String>(),
         escape(&report.generated.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
     );
     match (&report.management_cluster, &report.management_cluster_error) {
@@ -150,7 +151,7 @@ fn row(html: &mut String, c: &ClusterPosture) {
             c.complete_backups,
             if c.complete_backups == 1 { "" } else { "s" },
             if c.incomplete_backups > 0 { format!(", {} incomplete", c.incomplete_backups) } else { String::new() }
-        ),
+        ) + &if b.stores.is_empty() { String::new() } else { format!("<br><span class=\"small\">in {} store(s)</span>", b.stores.len()) },
         None => "<span class=\"fail\">none</span>".into(),
     };
     let _ = writeln!(html, "<td>{backup}</td>");

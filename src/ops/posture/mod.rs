@@ -32,7 +32,9 @@ pub const HISTORY: usize = 30;
 /// What `hcp-dr report` was asked.
 #[derive(Debug, Clone)]
 pub struct PostureOptions {
-    pub store: String,
+    /// The store, then its copies (`backups copy`, `backup --copy-to`):
+    /// with several, a newest backup missing from a copy is amber.
+    pub stores: Vec<String>,
     pub s3: S3Options,
     /// The management cluster whose HostedClusters must all be covered.
     pub kubeconfig: Option<PathBuf>,
@@ -117,11 +119,15 @@ pub struct BackupPoint {
     pub duration_seconds: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_downtime_seconds: Option<f64>,
+    /// With several stores: those holding it complete.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stores: Vec<String>,
 }
 
 impl BackupPoint {
     fn of(entry: &BackupEntry) -> BackupPoint {
         BackupPoint {
+            stores: entry.stores.clone(),
             backup_id: entry.backup_id.clone(),
             taken: entry.taken,
             age_seconds: entry.age_seconds,
@@ -185,6 +191,9 @@ pub struct ClusterPosture {
 pub struct PostureReport {
     pub generated: DateTime<Utc>,
     pub store: String,
+    /// The copy stores read besides `store`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<String>,
     /// The management cluster read (its API server), when one was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub management_cluster: Option<String>,
@@ -217,9 +226,30 @@ pub async fn report(options: &PostureOptions) -> Result<PostureReport, OpsError>
             }
         }
     };
-    let store = store::open(&options.store, options.s3.clone()).await?;
-    let entries = backups::list(store.as_ref(), None).await?;
-    let (records, mut warnings) = results::read_all(store.as_ref(), None).await?;
+    if options.stores.is_empty() {
+        return Err(OpsError::Input("--store is required: the store the backups are in".into()));
+    }
+    let mut stores = Vec::new();
+    for url in &options.stores {
+        stores.push(store::open(url, options.s3.clone()).await?);
+    }
+    let store_urls: Vec<String> = stores.iter().map(|s| s.url()).collect();
+    let entries = match stores.as_slice() {
+        [one] => backups::list(one.as_ref(), None).await?,
+        _ => backups::list_across(&stores, None).await?,
+    };
+    // a record copied to several stores is one record
+    let (mut records, mut warnings) = (Vec::new(), Vec::new());
+    for store in &stores {
+        let (found, skipped) = results::read_all(store.as_ref(), None).await?;
+        warnings.extend(skipped);
+        for record in found {
+            if !records.contains(&record) {
+                records.push(record);
+            }
+        }
+    }
+    records.sort_by(|a, b| a.finished.cmp(&b.finished));
     let now = Utc::now();
 
     let mut by_cluster: BTreeMap<(String, String), (Vec<BackupEntry>, Vec<ResultRecord>)> = BTreeMap::new();
@@ -234,7 +264,7 @@ pub async fn report(options: &PostureOptions) -> Result<PostureReport, OpsError>
             by_cluster.entry(key.clone()).or_default();
         }
     }
-    let facts = Facts { now, amber_after, red_after, thresholds: &options.thresholds, management: management_cluster.as_deref() };
+    let facts = Facts { now, amber_after, red_after, thresholds: &options.thresholds, management: management_cluster.as_deref(), stores: &store_urls };
     let mut clusters: Vec<ClusterPosture> = by_cluster
         .into_iter()
         .map(|((ns, hc), (entries, records))| {
@@ -253,12 +283,13 @@ pub async fn report(options: &PostureOptions) -> Result<PostureReport, OpsError>
             .then_with(|| (&a.namespace, &a.hosted_cluster).cmp(&(&b.namespace, &b.hosted_cluster)))
     });
     if clusters.is_empty() {
-        warnings.push(format!("{} holds no backup and no result, and no management cluster was read: nothing to report", store.url()));
+        warnings.push(format!("{} holds no backup and no result, and no management cluster was read: nothing to report", store_urls.join(", ")));
     }
     let count = |s: Status| clusters.iter().filter(|c| c.status == s).count();
     Ok(PostureReport {
         generated: now,
-        store: store.url(),
+        store: store_urls[0].clone(),
+        copies: store_urls[1..].to_vec(),
         management_cluster,
         management_cluster_error,
         thresholds: options.thresholds.clone(),
@@ -290,6 +321,8 @@ struct Facts<'a> {
     red_after: i64,
     thresholds: &'a Thresholds,
     management: Option<&'a str>,
+    /// Every store read: with more than one, the newest backup must be in all.
+    stores: &'a [String],
 }
 
 fn last_of(records: &[ResultRecord], kinds: &[Kind], now: DateTime<Utc>) -> Option<LastResult> {
@@ -335,6 +368,17 @@ impl Facts<'_> {
                 self.thresholds.schedule
             )),
             Some(_) => {}
+        }
+        if let Some(b) = newest.as_ref().filter(|_| self.stores.len() > 1) {
+            let missing: Vec<&str> = self.stores.iter().filter(|s| !b.stores.contains(s)).map(String::as_str).collect();
+            if !missing.is_empty() {
+                amber.push(format!(
+                    "newest good backup is in {} of {} stores (not in {}): the off-site copy is behind",
+                    self.stores.len() - missing.len(),
+                    self.stores.len(),
+                    missing.join(", ")
+                ));
+            }
         }
         match &last_drill {
             Some(d) if !d.passed => red.push(format!("last drill failed {} ago: {}", show(d.age_seconds), d.summary)),
@@ -394,8 +438,9 @@ impl Facts<'_> {
 
 /// The report as text: a summary line, then one block per cluster.
 pub fn text(report: &PostureReport) -> String {
+    let copies = if report.copies.is_empty() { String::new() } else { format!(" (copies: {})", report.copies.join(", ")) };
     let mut out = format!(
-        "DR posture of {} at {}: {} red, {} amber, {} green\n",
+        "DR posture of {}{copies} at {}: {} red, {} amber, {} green\n",
         report.store,
         report.generated.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         report.red,

@@ -63,7 +63,8 @@ fn each_row_is_coloured_by_its_worst_fact() {
     let now = Utc::now();
     let t = thresholds();
     let (amber_after, red_after) = t.backup_ages().unwrap();
-    let facts = Facts { now, amber_after, red_after, thresholds: &t, management: Some("https://mgmt-a:6443") };
+    let stores = vec!["s3://a/hcp".to_string()];
+    let facts = Facts { now, amber_after, red_after, thresholds: &t, management: Some("https://mgmt-a:6443"), stores: &stores };
     let fresh = entry("demo", HOUR, true, now);
     let id = fresh.backup_id.clone();
 
@@ -103,6 +104,17 @@ fn each_row_is_coloured_by_its_worst_fact() {
     assert_eq!(slow.status, Status::Amber);
     assert!(slow.reasons[0].contains("RTO 15m 00s is over the 10m target"), "{:?}", slow.reasons);
 
+    // with a copy store: a newest backup missing from it is amber
+    let two = vec!["s3://a/hcp".to_string(), "s3://b/hcp".to_string()];
+    let copied = Facts { stores: &two, ..Facts { now, amber_after, red_after, thresholds: &t, management: None, stores: &stores } };
+    let mut only_here = fresh.clone();
+    only_here.stores = vec!["s3://a/hcp".into()];
+    let behind = copied.row("clusters", "c", None, &[only_here.clone()], &[record(Kind::Drill, "c", &id, HOUR, true, now)]);
+    assert_eq!(behind.status, Status::Amber);
+    assert_eq!(behind.reasons, ["newest good backup is in 1 of 2 stores (not in s3://b/hcp): the off-site copy is behind"]);
+    only_here.stores = two.clone();
+    assert_eq!(copied.row("clusters", "c", None, &[only_here], &[record(Kind::Drill, "c", &id, HOUR, true, now)]).status, Status::Green);
+
     // a failed verify of the newest backup is red, of an older one amber
     let drill = record(Kind::Drill, "v", &id, HOUR, true, now);
     let bad_newest = facts.row("clusters", "v", None, &[fresh.clone()], &[drill.clone(), record(Kind::Verify, "v", &id, 60, false, now)]);
@@ -120,7 +132,7 @@ async fn the_report_reads_the_store_worst_first_and_the_page_is_self_contained()
     results::write(&store, &record(Kind::Drill, "gone<script>", "20250101T000000Z-000000", HOUR, true, now)).await.unwrap();
     std::fs::write(dir.path().join("clusters/gone<script>/results/x.json"), b"{").unwrap();
     let options = PostureOptions {
-        store: dir.path().display().to_string(),
+        stores: vec![dir.path().display().to_string()],
         s3: S3Options::default(),
         kubeconfig: None,
         context: None,
