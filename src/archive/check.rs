@@ -157,6 +157,11 @@ pub async fn read_manifest_at(store: &dyn Store, key: &str) -> Option<Manifest> 
     Manifest::parse(&bytes).ok()
 }
 
+/// The size and SHA-256 of what `key` holds in `store`, streamed back.
+pub(crate) async fn hash_stored(store: &dyn Store, key: &str) -> Result<PutReport, CheckError> {
+    rehash(store, key, None).await
+}
+
 /// Stream `key` back, hashing it; `keep` collects the bytes too.
 async fn rehash(store: &dyn Store, key: &str, mut keep: Option<Keep<'_>>) -> Result<crate::store::PutReport, CheckError> {
     let mut body = store.get(key).await?;

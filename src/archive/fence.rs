@@ -14,7 +14,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 
 use super::ManagementCluster;
 use crate::store::{Store, StoreError};
@@ -109,15 +108,7 @@ impl Fence {
 /// The fence of a hosted cluster, `None` when the store holds none.
 pub async fn read(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<Option<Fence>, FenceError> {
     let key = key(namespace, hosted_cluster);
-    let mut body = match store.get(&key).await {
-        Ok(body) => body,
-        Err(StoreError::NotFound { .. }) => return Ok(None),
-        Err(err) => return Err(err.into()),
-    };
-    let mut bytes = Vec::new();
-    body.read_to_end(&mut bytes)
-        .await
-        .map_err(|source| StoreError::Body { key: key.clone(), source })?;
+    let Some(bytes) = crate::store::get_bytes(store, &key).await? else { return Ok(None) };
     Fence::parse(&bytes).map(Some).map_err(|message| FenceError::Unreadable {
         url: store.url(),
         key,

@@ -14,7 +14,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 
 use crate::pipeline::RunOutcome;
 use crate::store::{Store, StoreError};
@@ -186,13 +185,14 @@ pub async fn read_all(store: &dyn Store, cluster: Option<(&str, &str)>) -> Resul
             warnings.push(skip(format!("{} bytes, more than a record ever holds", object.size)));
             continue;
         }
-        let mut bytes = Vec::new();
-        let read = match store.get(&object.key).await {
-            Ok(mut body) => body.read_to_end(&mut bytes).await.map_err(|e| e.to_string()),
-            Err(StoreError::NotFound { .. }) => continue,
+        let read = match crate::store::get_bytes(store, &object.key).await {
+            Ok(Some(bytes)) => Ok(bytes),
+            Ok(None) => continue,
+            // a record that breaks off is skipped, as a truncated one is
+            Err(err @ StoreError::Body { .. }) => Err(err.to_string()),
             Err(err) => return Err(err),
         };
-        match read.and_then(|_| ResultRecord::parse(&bytes)) {
+        match read.and_then(|bytes| ResultRecord::parse(&bytes)) {
             Ok(record) => {
                 let (ns, hc) = object.key.split_once('/').and_then(|(ns, rest)| Some((ns, rest.split_once('/')?.0))).unwrap_or_default();
                 if record.namespace != ns || record.hosted_cluster != hc {

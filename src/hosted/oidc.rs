@@ -25,11 +25,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 
 use super::SECRET;
 use crate::kube::{KubeError, api, get_json};
-use crate::store::{S3Options, Store, StoreError};
+use crate::store::{S3Options, StoreError};
 
 /// The discovery document, below the issuer URL.
 pub const DISCOVERY_PATH: &str = ".well-known/openid-configuration";
@@ -349,17 +348,6 @@ fn s3_endpoint(given: Option<&str>) -> Option<String> {
     given.map(str::to_string).or_else(|| ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"].into_iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())))
 }
 
-/// A document, None when absent.
-async fn read(store: &dyn Store, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-    let mut body = match store.get(key).await {
-        Ok(body) => body,
-        Err(StoreError::NotFound { .. }) => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    let mut bytes = Vec::new();
-    body.read_to_end(&mut bytes).await.map_err(|source| StoreError::Body { key: key.into(), source })?;
-    Ok(Some(bytes))
-}
 
 /// Check the OIDC issuer of `hc` (an AWS HostedCluster; None for any other
 /// platform) against the public key of its control plane's
@@ -416,7 +404,7 @@ pub async fn check_issuer(client: &kube::Client, hc: &Value, hcp_ns: &str, s3: &
     };
     let (discovery_key, jwks_key) = (place.key(DISCOVERY_PATH), place.key(JWKS_PATH));
     // what is wrong with the documents the bucket holds now
-    let check = || async { Ok::<_, StoreError>(problems(&issuer, &key, read(&store, &discovery_key).await?.as_deref(), read(&store, &jwks_key).await?.as_deref())) };
+    let check = || async { Ok::<_, StoreError>(problems(&issuer, &key, crate::store::get_bytes(&store, &discovery_key).await?.as_deref(), crate::store::get_bytes(&store, &jwks_key).await?.as_deref())) };
     let wrong = match check().await {
         Ok(wrong) if wrong.is_empty() => return Ok(Some(report)),
         Ok(wrong) => wrong,

@@ -12,13 +12,13 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio::io::AsyncReadExt;
 
 use super::OpsError;
 use super::backups::{self, BackupEntry};
 use crate::archive::results::is_result_key;
 use crate::archive::{Layout, Manifest};
-use crate::store::{self, Hasher, S3Options, Store, StoreError, StoreUrl};
+use crate::archive::check::CheckError;
+use crate::store::{self, S3Options, Store, StoreError, StoreUrl};
 
 /// What `backups copy` was asked.
 #[derive(Debug, Clone)]
@@ -32,13 +32,35 @@ pub struct CopyOptions {
     pub since: Option<std::time::Duration>,
 }
 
+/// What a copy run did with one backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyResult {
+    Copied,
+    #[serde(rename = "already there")]
+    AlreadyThere,
+    /// A copy cut short, finished.
+    Completed,
+    Failed,
+}
+
+impl CopyResult {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CopyResult::Copied => "copied",
+            CopyResult::AlreadyThere => "already there",
+            CopyResult::Completed => "completed",
+            CopyResult::Failed => "failed",
+        }
+    }
+}
+
 /// What became of one backup.
 #[derive(Debug, Clone, Serialize)]
 pub struct CopiedBackup {
     pub backup: String,
     pub taken: DateTime<Utc>,
-    /// `copied`, `already there`, `completed` (a copy cut short, finished) or `failed`.
-    pub result: String,
+    pub result: CopyResult,
     pub artifacts: usize,
     /// Artifacts that were at the destination already, their hashes checked.
     pub kept: usize,
@@ -66,7 +88,7 @@ pub struct CopyReport {
 /// Copy the complete backups `options` selects, oldest first.
 pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
     let (from_url, to_url) = (StoreUrl::parse(&options.from)?, StoreUrl::parse(&options.to)?);
-    if same_store(&from_url, &to_url) {
+    if from_url.same_store(&to_url) {
         return Err(OpsError::Input(format!("--from and --to are the same store ({}): a copy goes to another one", options.to)));
     }
     if let Some((ns, hc)) = &options.cluster {
@@ -102,7 +124,7 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         }
         let layout = Layout::new(&entry.namespace, &entry.hosted_cluster, &entry.backup_id);
         clusters.insert((entry.namespace.clone(), entry.hosted_cluster.clone()));
-        let copied = match copy_one(from.as_ref(), to.as_ref(), &layout).await {
+        let copied = match copy_one(from.as_ref(), to.as_ref(), &layout, entry.taken).await {
             Ok(done) => done,
             // a store that cannot be reached fails the whole copy: the next
             // backup would fail the same way
@@ -110,37 +132,25 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
             Err(CopyError::Backup(why)) => CopiedBackup {
                 backup: format!("{}/{}", from.url(), layout.dir()),
                 taken: entry.taken,
-                result: "failed".into(),
+                result: CopyResult::Failed,
                 artifacts: 0,
                 kept: 0,
                 bytes_copied: 0,
                 error: Some(why),
             },
         };
-        match copied.result.as_str() {
-            "failed" => report.failed += 1,
-            "already there" => report.already_there += 1,
-            _ => report.copied += 1,
+        match copied.result {
+            CopyResult::Failed => report.failed += 1,
+            CopyResult::AlreadyThere => report.already_there += 1,
+            CopyResult::Copied | CopyResult::Completed => report.copied += 1,
         }
         report.bytes_copied += copied.bytes_copied;
-        report.backups.push(CopiedBackup { taken: entry.taken, ..copied });
+        report.backups.push(copied);
     }
     for (ns, hc) in &clusters {
         report.results_copied += copy_results(from.as_ref(), to.as_ref(), ns, hc).await?;
     }
     Ok(report)
-}
-
-/// Whether two store URLs name the same store (local paths resolved).
-pub(crate) fn same_store(a: &StoreUrl, b: &StoreUrl) -> bool {
-    match (a, b) {
-        (StoreUrl::Local(a), StoreUrl::Local(b)) => {
-            let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-            canonical(a) == canonical(b)
-        }
-        (StoreUrl::S3 { bucket: a, prefix: pa }, StoreUrl::S3 { bucket: b, prefix: pb }) => a == b && pa == pb,
-        _ => false,
-    }
 }
 
 enum CopyError {
@@ -156,34 +166,25 @@ impl From<StoreError> for CopyError {
     }
 }
 
+/// The manifest, or any small object, that listing showed is there.
 async fn read_all(store: &dyn Store, key: &str) -> Result<Vec<u8>, StoreError> {
-    let mut bytes = Vec::new();
-    store.get(key).await?.read_to_end(&mut bytes).await.map_err(|source| StoreError::Body { key: key.to_string(), source })?;
-    Ok(bytes)
+    store::get_bytes(store, key).await?.ok_or_else(|| StoreError::NotFound { url: store.url(), key: key.to_string() })
 }
 
-/// The size and SHA-256 of `key` in `store`, `None` when it is not there.
-async fn hash_of(store: &dyn Store, key: &str) -> Result<Option<crate::store::PutReport>, StoreError> {
-    let mut body = match store.get(key).await {
-        Ok(body) => body,
-        Err(StoreError::NotFound { .. }) => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    let mut hasher = Hasher::default();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = body.read(&mut buf).await.map_err(|source| StoreError::Body { key: key.to_string(), source })?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
+/// Whether `key` is at the destination with the bytes the manifest records
+/// (rehashed from there); gone since the listing counts as not there.
+async fn holds(to: &dyn Store, key: &str, artifact: &crate::archive::Artifact) -> Result<bool, CopyError> {
+    match crate::archive::check::hash_stored(to, key).await {
+        Ok(there) => Ok(there.size == artifact.size && there.sha256 == artifact.sha256),
+        Err(CheckError::Store(StoreError::NotFound { .. })) => Ok(false),
+        Err(CheckError::Store(err)) => Err(CopyError::Store(err)),
+        Err(other) => Err(CopyError::Backup(other.to_string())),
     }
-    Ok(Some(hasher.finish()))
 }
 
 /// Copy one backup: each artifact the manifest lists (kept when the
 /// destination already holds it with the recorded hash), then the manifest.
-async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout) -> Result<CopiedBackup, CopyError> {
+async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout, taken: DateTime<Utc>) -> Result<CopiedBackup, CopyError> {
     let manifest_bytes = read_all(from, &layout.manifest()).await?;
     let manifest = Manifest::parse(&manifest_bytes).map_err(|e| CopyError::Backup(format!("{}/{}: {e}", from.url(), layout.manifest())))?;
     let existing = to.list(&format!("{}/", layout.dir())).await?;
@@ -191,8 +192,8 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout) -> Result<C
     let manifest_there = size_there(&layout.manifest()).is_some();
     let mut done = CopiedBackup {
         backup: format!("{}/{}", to.url(), layout.dir()),
-        taken: Utc::now(),
-        result: String::new(),
+        taken,
+        result: CopyResult::Copied,
         artifacts: manifest.artifacts.len(),
         kept: 0,
         bytes_copied: 0,
@@ -200,13 +201,9 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout) -> Result<C
     };
     for artifact in &manifest.artifacts {
         let key = layout.artifact(&artifact.name);
-        if size_there(&key) == Some(artifact.size) {
-            if let Some(there) = hash_of(to, &key).await? {
-                if there.sha256 == artifact.sha256 {
-                    done.kept += 1;
-                    continue;
-                }
-            }
+        if size_there(&key) == Some(artifact.size) && holds(to, &key, artifact).await? {
+            done.kept += 1;
+            continue;
         }
         let body = from.get(&key).await?;
         let put = to.put(&key, body).await?;
@@ -231,11 +228,10 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout) -> Result<C
         done.bytes_copied += manifest_bytes.len() as u64;
     }
     done.result = match (same_manifest, done.kept) {
-        (true, kept) if kept == done.artifacts => "already there",
-        (_, 0) => "copied",
-        _ => "completed",
-    }
-    .into();
+        (true, kept) if kept == done.artifacts => CopyResult::AlreadyThere,
+        (_, 0) => CopyResult::Copied,
+        _ => CopyResult::Completed,
+    };
     Ok(done)
 }
 
@@ -266,8 +262,8 @@ pub fn render(report: &CopyReport) -> String {
         crate::cli::report::human_bytes(report.bytes_copied)
     );
     for b in &report.backups {
-        out.push_str(&format!("  {:<13} {}", b.result, b.backup));
-        if b.kept > 0 && b.result != "already there" {
+        out.push_str(&format!("  {:<13} {}", b.result.as_str(), b.backup));
+        if b.kept > 0 && b.result != CopyResult::AlreadyThere {
             out.push_str(&format!(" ({} of {} artifacts were there already)", b.kept, b.artifacts));
         }
         if let Some(e) = &b.error {

@@ -194,7 +194,7 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
     }
     for copy in &o.copy_to {
         let url = crate::store::StoreUrl::parse(copy).map_err(|e| OpsError::Input(format!("--copy-to: {e}")))?;
-        if super::copy::same_store(&url, &crate::store::StoreUrl::parse(&o.store)?) {
+        if url.same_store(&crate::store::StoreUrl::parse(&o.store)?) {
             return Err(OpsError::Input(format!("--copy-to {copy} is the store the backups are written to (--to): a copy goes to another store")));
         }
         if matches!(url, crate::store::StoreUrl::Local(_)) {

@@ -117,6 +117,34 @@ impl StoreUrl {
     }
 }
 
+impl StoreUrl {
+    /// Whether two URLs name the same store (local paths resolved).
+    pub fn same_store(&self, other: &StoreUrl) -> bool {
+        match (self, other) {
+            (StoreUrl::Local(a), StoreUrl::Local(b)) => {
+                let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+                canonical(a) == canonical(b)
+            }
+            (StoreUrl::S3 { bucket: a, prefix: pa }, StoreUrl::S3 { bucket: b, prefix: pb }) => a == b && pa == pb,
+            _ => false,
+        }
+    }
+}
+
+/// The whole of a small object (a manifest, a record, a document), `None`
+/// when it is not there.
+pub async fn get_bytes(store: &dyn Store, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    use tokio::io::AsyncReadExt;
+    let mut body = match store.get(key).await {
+        Ok(body) => body,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut bytes = Vec::new();
+    body.read_to_end(&mut bytes).await.map_err(|source| StoreError::Body { key: key.to_string(), source })?;
+    Ok(Some(bytes))
+}
+
 /// One stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInfo {
