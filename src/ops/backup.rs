@@ -185,7 +185,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
         None => {
             if options.run.journal_given().is_none() {
-                check_local_store(&inputs.store, options.run.dry_run).await?;
+                check_local_store("--to", &inputs.store, options.run.dry_run).await?;
             }
             let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), options.run.journal_given()).await?;
             let store = store::open(&inputs.store, s3_options(&options, &inputs)).await?;
@@ -199,7 +199,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         let mut copies = Vec::new();
         for url in &inputs.copy_to {
             if options.run.journal_given().is_none() {
-                check_local_store(url, options.run.dry_run).await.map_err(|e| OpsError::Input(e.to_string().replacen("--to", "--copy-to", 1)))?;
+                check_local_store("--copy-to", url, options.run.dry_run).await?;
             }
             copies.push(store::open(url, s3_options(&options, &inputs)).await?);
         }
@@ -274,15 +274,13 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     Ok(result)
 }
 
-/// Event, status ConfigMap and metrics for one outcome; what could not be
-/// written comes back as warnings.
 /// A listed HostedCluster's namespace and name.
-fn namespace_and_name(hc: &serde_json::Value) -> Option<(String, String)> {
+pub(crate) fn namespace_and_name(hc: &serde_json::Value) -> Option<(String, String)> {
     Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string()))
 }
 
 /// The HostedClusters of `namespace`, or of every namespace.
-fn hosted_clusters_api(client: &kube::Client, namespace: Option<&str>) -> kube::Api<kube::api::DynamicObject> {
+pub(crate) fn hosted_clusters_api(client: &kube::Client, namespace: Option<&str>) -> kube::Api<kube::api::DynamicObject> {
     match namespace {
         Some(ns) => crate::kube::api(client, &crate::hosted::HOSTED_CLUSTER, ns),
         None => kube::Api::all_with(client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource()),
@@ -295,10 +293,10 @@ fn check_copies(primary: &str, copies: &[String]) -> Result<Vec<String>, OpsErro
     let mut seen: Vec<store::StoreUrl> = Vec::new();
     for copy in copies {
         let url = store::StoreUrl::parse(copy).map_err(|e| OpsError::Input(format!("--copy-to: {e}")))?;
-        if super::copy::same_store(&url, &primary_url) {
+        if url.same_store(&primary_url) {
             return Err(OpsError::Input(format!("--copy-to {copy} is the store the backup is written to (--to {primary}): a copy goes to another store")));
         }
-        if seen.iter().any(|s| super::copy::same_store(s, &url)) {
+        if seen.iter().any(|s| s.same_store(&url)) {
             return Err(OpsError::Input(format!("--copy-to {copy} is given twice")));
         }
         seen.push(url);
@@ -309,10 +307,10 @@ fn check_copies(primary: &str, copies: &[String]) -> Result<Vec<String>, OpsErro
 /// A local store (`--to DIR`) hcp-dr cannot create or write is bad input,
 /// refused before anything is contacted, locked or written: the OS error
 /// says why (a dry run removes the folders the check created).
-async fn check_local_store(url: &str, dry_run: bool) -> Result<(), OpsError> {
+async fn check_local_store(flag: &str, url: &str, dry_run: bool) -> Result<(), OpsError> {
     let store::StoreUrl::Local(path) = store::StoreUrl::parse(url)? else { return Ok(()) };
     let local = store::LocalStore::new(path);
-    local.check_writable(dry_run).await.map_err(|err| OpsError::Input(format!("--to {url}: backups cannot be written there ({err}); give a directory hcp-dr can create and write")))
+    local.check_writable(dry_run).await.map_err(|err| OpsError::Input(format!("{flag} {url}: backups cannot be written there ({err}); give a directory hcp-dr can create and write")))
 }
 
 /// Record every HostedCluster of the fleet's namespace scope, selected by
@@ -360,6 +358,8 @@ async fn discovered(options: &BackupOptions, fleet: &FleetSelection, shared: &Fl
     }
 }
 
+/// Event, status ConfigMap and metrics for one outcome; what could not be
+/// written comes back as warnings.
 async fn signal(ctx: &BackupContext, options: &BackupOptions, outcome: &signals::Outcome) -> Vec<String> {
     let metrics = options.metrics_file.as_deref();
     let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
@@ -453,7 +453,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     if fleet.concurrency == 0 {
         return Err(OpsError::Input("--concurrency must be at least 1".into()));
     }
-    check_local_store(&options.store, options.run.dry_run).await?;
+    check_local_store("--to", &options.store, options.run.dry_run).await?;
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), None).await?;
     let client = target.client.clone();
     let mut params = kube::api::ListParams::default();

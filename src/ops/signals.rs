@@ -217,7 +217,7 @@ fn write_series(path: &Path, series: &BTreeMap<String, f64>) -> Result<(), Strin
 pub fn discovered_file(path: &Path, clusters: &[Discovered], store: &StoreProbe) -> Result<(), String> {
     let _one = METRICS_FILE.lock().unwrap_or_else(|e| e.into_inner());
     let mut series = std::fs::read_to_string(path).map(|t| read_series(&t)).unwrap_or_default();
-    series.retain(|s, _| s.split('{').next() != Some(DISCOVERED.0) && s.split('{').next() != Some(STORE_REACHABLE.0));
+    series.retain(|s, _| !matches!(s.split('{').next(), Some(metric) if metric == DISCOVERED.0 || metric == STORE_REACHABLE.0));
     series.extend(discovered_lines(clusters));
     series.insert(store.series(), store.value());
     write_series(path, &series)
@@ -538,11 +538,7 @@ fn http_client(ca_bundle: Option<&Path>) -> Result<HttpClient, String> {
 
 /// The Prometheus text format of one group's values (no labels: the
 /// Pushgateway adds the grouping labels).
-pub fn exposition(values: &BTreeMap<String, f64>) -> String {
-    exposition_of(METRICS, values)
-}
-
-fn exposition_of(table: &[(&str, &str, &str)], values: &BTreeMap<String, f64>) -> String {
+fn exposition(table: &[(&str, &str, &str)], values: &BTreeMap<String, f64>) -> String {
     let mut out = String::new();
     for (metric, kind, help) in table {
         if let Some(value) = values.get(*metric) {
@@ -611,12 +607,7 @@ pub async fn push(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &
         return Ok(Vec::new());
     }
     let grouping = gateway.grouping(namespace, name);
-    let (previous, notes) = gateway.read_back(&grouping, METRICS, "hcp_dr_backup_failures_total restarts from this run").await;
-    let Some(values) = next_values(&previous, outcome, at) else { return Ok(notes) };
-    let group = gateway.url_of(&grouping);
-    gateway.put(&group, exposition(&values)).await?;
-    tracing::info!(group = %group, "metrics pushed to the Pushgateway");
-    Ok(notes)
+    push_group(gateway, &grouping, METRICS, "hcp_dr_backup_failures_total restarts from this run", |previous| next_values(previous, outcome, at)).await
 }
 
 /// Push a drill's outcome as the cluster's `operation="drill"` group (its
@@ -624,11 +615,24 @@ pub async fn push(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &
 /// one's time). Returns notes worth a warning; `Err` when the push failed.
 pub async fn push_drill(gateway: &Pushgateway, namespace: &str, name: &str, outcome: &DrillOutcome, at: DateTime<Utc>) -> Result<Vec<String>, String> {
     let grouping = gateway.grouping_of(&[("namespace", namespace), ("hosted_cluster", name), ("operation", "drill")]);
-    let (previous, notes) = gateway.read_back(&grouping, DRILL_METRICS, "the last passed drill's time is not known to this push").await;
-    let values = next_drill_values(&previous, outcome, at);
-    let group = gateway.url_of(&grouping);
-    gateway.put(&group, exposition_of(DRILL_METRICS, &values)).await?;
-    tracing::info!(group = %group, "drill metrics pushed to the Pushgateway");
+    push_group(gateway, &grouping, DRILL_METRICS, "the last passed drill's time is not known to this push", |previous| Some(next_drill_values(previous, outcome, at))).await
+}
+
+/// Read the group's `table` values back, compute the next ones (`None`:
+/// nothing to push) and replace the group with them; the notes say what
+/// could not be read back.
+async fn push_group(
+    gateway: &Pushgateway,
+    grouping: &[(String, String)],
+    table: &[(&str, &str, &str)],
+    if_unread: &str,
+    next: impl FnOnce(&BTreeMap<String, f64>) -> Option<BTreeMap<String, f64>>,
+) -> Result<Vec<String>, String> {
+    let (previous, notes) = gateway.read_back(grouping, table, if_unread).await;
+    let Some(values) = next(&previous) else { return Ok(notes) };
+    let group = gateway.url_of(grouping);
+    gateway.put(&group, exposition(table, &values)).await?;
+    tracing::info!(group = %group, "metrics pushed to the Pushgateway");
     Ok(notes)
 }
 

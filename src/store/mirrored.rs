@@ -11,6 +11,7 @@
 //! listed complete.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,10 +24,11 @@ use crate::archive::{MANIFEST, Manifest};
 
 const CHUNK: usize = 1 << 20;
 
-/// One copy store and, once it failed, why.
+/// One copy store, once it failed why, and whether its manifest was written.
 struct Copy {
     store: Box<dyn Store>,
     failed: Mutex<Option<String>>,
+    completed: AtomicBool,
 }
 
 /// What became of a copy, for the backup's report.
@@ -43,30 +45,24 @@ pub struct Mirrored {
     primary: std::sync::Arc<dyn Store>,
     copies: Vec<Copy>,
     optional: bool,
-    /// Manifests written to each copy (by index), for the report.
-    completed: Mutex<Vec<bool>>,
 }
 
 impl Mirrored {
     pub fn new(primary: std::sync::Arc<dyn Store>, copies: Vec<Box<dyn Store>>, optional: bool) -> Mirrored {
-        let n = copies.len();
         Mirrored {
             primary,
-            copies: copies.into_iter().map(|store| Copy { store, failed: Mutex::new(None) }).collect(),
+            copies: copies.into_iter().map(|store| Copy { store, failed: Mutex::new(None), completed: AtomicBool::new(false) }).collect(),
             optional,
-            completed: Mutex::new(vec![false; n]),
         }
     }
 
     /// Each copy: complete, or why not.
     pub fn states(&self) -> Vec<CopyState> {
-        let completed = self.completed.lock().unwrap_or_else(|e| e.into_inner()).clone();
         self.copies
             .iter()
-            .zip(completed)
-            .map(|(c, complete)| {
+            .map(|c| {
                 let error = c.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                CopyState { store: c.store.url(), complete: complete && error.is_none(), error }
+                CopyState { store: c.store.url(), complete: c.completed.load(Ordering::SeqCst) && error.is_none(), error }
             })
             .collect()
     }
@@ -233,9 +229,8 @@ impl Store for Mirrored {
             let alive = self.alive();
             let report = self.tee(key, Box::new(&bytes[..]), |b| self.primary.put(key, b)).await?;
             let still = self.alive();
-            let mut completed = self.completed.lock().unwrap_or_else(|e| e.into_inner());
             for i in alive.into_iter().filter(|i| still.contains(i)) {
-                completed[i] = true;
+                self.copies[i].completed.store(true, Ordering::SeqCst);
             }
             return Ok(report);
         }

@@ -306,12 +306,9 @@ pub async fn report(options: &PostureOptions) -> Result<PostureReport, OpsError>
 /// Every HostedCluster on the management cluster, and its API server.
 async fn hosted_clusters_on(kubeconfig: &std::path::Path, context: Option<&str>) -> Result<(String, std::collections::BTreeSet<(String, String)>), String> {
     let connected = crate::kube::connect(Some(&kubeconfig.to_string_lossy()), context).await.map_err(|e| e.to_string())?;
-    let api = kube::Api::<kube::api::DynamicObject>::all_with(connected.client.clone(), &crate::hosted::HOSTED_CLUSTER.api_resource());
+    let api = super::backup::hosted_clusters_api(&connected.client, None);
     let all = crate::kube::list_json(&api, &kube::api::ListParams::default(), "HostedClusters").await.map_err(|e| e.to_string())?;
-    let found = all
-        .iter()
-        .filter_map(|hc| Some((hc["metadata"]["namespace"].as_str()?.to_string(), hc["metadata"]["name"].as_str()?.to_string())))
-        .collect();
+    let found = all.iter().filter_map(super::backup::namespace_and_name).collect();
     Ok((connected.server.trim_end_matches('/').to_string(), found))
 }
 
