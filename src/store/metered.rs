@@ -46,6 +46,9 @@ impl Store for MeteredStore<'_> {
     fn local_dir(&self) -> Option<&std::path::Path> {
         self.inner.local_dir()
     }
+    fn s3(&self) -> Option<&super::S3Store> {
+        self.inner.s3()
+    }
 }
 
 #[cfg(test)]

@@ -270,6 +270,9 @@ impl Store for Mirrored {
     fn local_dir(&self) -> Option<&std::path::Path> {
         self.primary.local_dir()
     }
+    fn s3(&self) -> Option<&super::S3Store> {
+        self.primary.s3()
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 pub mod local;
 pub mod metered;
 pub mod mirrored;
+pub mod object_lock;
 pub mod s3;
 
 use std::path::PathBuf;
@@ -192,6 +193,11 @@ pub trait Store: Send + Sync {
     /// The directory a local store writes into (whose disk can fill up);
     /// `None` for remote stores.
     fn local_dir(&self) -> Option<&std::path::Path> {
+        None
+    }
+    /// The S3 store underneath, for what only S3 has (Object Lock, object
+    /// versions); `None` for other stores.
+    fn s3(&self) -> Option<&S3Store> {
         None
     }
 }

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use super::object_lock::{BucketLock, LockMode, ObjectHold, ObjectLock};
 use super::{Body, Hasher, ObjectInfo, PutReport, Store, StoreError, check_key, read_full};
 use crate::error::error_chain;
 
@@ -85,6 +86,10 @@ pub struct S3Options {
     /// Access key and secret to use instead of the SDK's credential chain
     /// (environment, profile, web identity). For embedding and tests.
     pub static_credentials: Option<(String, String)>,
+    /// `backup --lock-for`: every object this store writes gets this S3
+    /// Object Lock retention, and one still under it is kept, not deleted.
+    /// Only the store a backup writes its own folder through has it.
+    pub object_lock: Option<ObjectLock>,
 }
 
 impl Default for S3Options {
@@ -102,6 +107,7 @@ impl Default for S3Options {
             download_attempts: 8,
             stall_timeout: Duration::from_secs(60),
             static_credentials: None,
+            object_lock: None,
         }
     }
 }
@@ -295,6 +301,7 @@ impl S3Store {
     }
 
     async fn put_single(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        let lock = self.options.object_lock.map(|lock| (lock.mode, lock.until(Utc::now())));
         retried(self.options.part_attempts, "PutObject", key, || {
             let mut request = self
                 .client
@@ -302,6 +309,11 @@ impl S3Store {
                 .bucket(&self.bucket)
                 .key(key)
                 .body(ByteStream::from(bytes.clone()));
+            // the SDK sends a CRC32 checksum of the body (x-amz-sdk-checksum-algorithm),
+            // which S3 asks of every write with a retention
+            if let Some((mode, until)) = lock {
+                request = request.object_lock_mode(mode.to_sdk()).object_lock_retain_until_date(sdk_time(until));
+            }
             request = match &self.options.sse {
                 ServerSideEncryption::None => request,
                 ServerSideEncryption::S3 => request.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
@@ -345,8 +357,12 @@ impl S3Store {
     ) -> Result<(), StoreError> {
         // another try makes another upload id; one whose answer was lost is
         // left unfinished, and aborted by `delete` of the key like any other
+        let lock = self.options.object_lock.map(|lock| (lock.mode, lock.until(Utc::now())));
         let upload = retried(self.options.part_attempts, "CreateMultipartUpload", key, || {
             let mut create = self.client.create_multipart_upload().bucket(&self.bucket).key(key);
+            if let Some((mode, until)) = lock {
+                create = create.object_lock_mode(mode.to_sdk()).object_lock_retain_until_date(sdk_time(until));
+            }
             create = match &self.options.sse {
                 ServerSideEncryption::None => create,
                 ServerSideEncryption::S3 => create.server_side_encryption(aws_sdk_s3::types::ServerSideEncryption::Aes256),
@@ -388,6 +404,10 @@ impl S3Store {
             }
             Err(err) => Err(err),
         };
+        let result = match (result, lock) {
+            (Ok(()), Some((mode, until))) => self.ensure_retention(key, mode, until).await,
+            (result, _) => result,
+        };
         if result.is_err() {
             let _ = self
                 .client
@@ -399,6 +419,190 @@ impl S3Store {
                 .await;
         }
         result
+    }
+
+    /// After a multipart upload with a retention: the object holds it (a
+    /// service that dropped the headers of CreateMultipartUpload gets it
+    /// set with PutObjectRetention), else the upload fails.
+    async fn ensure_retention(&self, key: &str, mode: LockMode, until: DateTime<Utc>) -> Result<(), StoreError> {
+        let hold = self.hold_of(key, None).await?;
+        if hold.as_ref().is_some_and(|h| h.mode == Some(mode) && h.retain_until.is_some_and(|u| u >= until)) {
+            return Ok(());
+        }
+        let version = hold.and_then(|h| h.version_id);
+        let retention = aws_sdk_s3::types::ObjectLockRetention::builder()
+            .mode(match mode {
+                LockMode::Compliance => aws_sdk_s3::types::ObjectLockRetentionMode::Compliance,
+                LockMode::Governance => aws_sdk_s3::types::ObjectLockRetentionMode::Governance,
+            })
+            .retain_until_date(sdk_time(until))
+            .build();
+        self.client
+            .put_object_retention()
+            .bucket(&self.bucket)
+            .key(key)
+            .set_version_id(version)
+            .retention(retention)
+            .send()
+            .await
+            .map_err(|e| self.err("PutObjectRetention", key, sdk_message(&e)))?;
+        match self.hold_of(key, None).await? {
+            Some(h) if h.mode == Some(mode) && h.retain_until.is_some_and(|u| u >= until) => Ok(()),
+            _ => Err(self.err("PutObjectRetention", key, format!("the object does not hold the {mode} retention until {until} it was given"))),
+        }
+    }
+
+    /// The bucket's name.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// Whether the bucket has Object Lock (GetObjectLockConfiguration). A
+    /// bucket without, or a service that does not implement it, is
+    /// [`BucketLock::Disabled`]; a refused or failed request is an error.
+    pub async fn bucket_lock(&self) -> Result<BucketLock, StoreError> {
+        match self.client.get_object_lock_configuration().bucket(&self.bucket).send().await {
+            Ok(answer) => {
+                let config = answer.object_lock_configuration();
+                let enabled = config.and_then(|c| c.object_lock_enabled()) == Some(&aws_sdk_s3::types::ObjectLockEnabled::Enabled);
+                if !enabled {
+                    return Ok(BucketLock::Disabled { why: "its Object Lock configuration does not say ObjectLockEnabled=Enabled".into() });
+                }
+                let default_retention = config.and_then(|c| c.rule()).and_then(|r| r.default_retention()).map(|d| {
+                    let mode = d.mode().map(|m| m.as_str().to_string()).unwrap_or_else(|| "retention".into());
+                    match (d.days(), d.years()) {
+                        (Some(days), _) => format!("{mode} {days} day(s)"),
+                        (_, Some(years)) => format!("{mode} {years} year(s)"),
+                        _ => mode,
+                    }
+                });
+                Ok(BucketLock::Enabled { default_retention })
+            }
+            Err(err) => {
+                let status = err.raw_response().map(|r| r.status().as_u16());
+                let code = err.as_service_error().and_then(|e| e.code()).unwrap_or_default().to_string();
+                if code == "ObjectLockConfigurationNotFoundError" || code == "NotImplemented" || matches!(status, Some(404 | 501)) && code != "NoSuchBucket" {
+                    Ok(BucketLock::Disabled { why: format!("GetObjectLockConfiguration answered {}", sdk_message(&err)) })
+                } else {
+                    Err(self.err("GetObjectLockConfiguration", "", sdk_message(&err)))
+                }
+            }
+        }
+    }
+
+    /// The retention and holds of `key` (its current version, or
+    /// `version`); `None` when there is no such object.
+    async fn hold_of(&self, full_key: &str, version: Option<&str>) -> Result<Option<ObjectHold>, StoreError> {
+        let answer = self.client.head_object().bucket(&self.bucket).key(full_key).set_version_id(version.map(str::to_string)).send().await;
+        let head = match answer {
+            Ok(head) => head,
+            Err(err) if err.raw_response().is_some_and(|r| r.status().as_u16() == 404) => return Ok(None),
+            Err(err) => return Err(self.err("HeadObject", full_key, sdk_message(&err))),
+        };
+        Ok(Some(ObjectHold {
+            key: self.relative(full_key),
+            version_id: head.version_id().map(str::to_string).or_else(|| version.map(str::to_string)),
+            mode: head.object_lock_mode().and_then(|m| LockMode::from_s3(m.as_str())),
+            retain_until: head.object_lock_retain_until_date().and_then(chrono_time),
+            legal_hold: head.object_lock_legal_hold_status() == Some(&aws_sdk_s3::types::ObjectLockLegalHoldStatus::On)
+                || head.object_lock_event_hold() == Some(&aws_sdk_s3::types::ObjectLockEventHold::On),
+        }))
+    }
+
+    /// The retention and holds of `key`'s current version (relative to the
+    /// store); `None` when there is no such object.
+    pub async fn retention(&self, key: &str) -> Result<Option<ObjectHold>, StoreError> {
+        let full = self.full_key(key)?;
+        self.hold_of(&full, None).await
+    }
+
+    /// Every version under `prefix` (relative): `(full key, version id,
+    /// delete marker)`, delete markers too.
+    async fn versions(&self, prefix: &str) -> Result<Vec<(String, String, bool)>, StoreError> {
+        let full = format!("{}{prefix}", self.base());
+        let mut out = Vec::new();
+        let (mut key_marker, mut version_marker) = (None::<String>, None::<String>);
+        loop {
+            let page = self
+                .client
+                .list_object_versions()
+                .bucket(&self.bucket)
+                .prefix(&full)
+                .set_key_marker(key_marker.clone())
+                .set_version_id_marker(version_marker.clone())
+                .send()
+                .await
+                .map_err(|e| self.err("ListObjectVersions", &full, sdk_message(&e)))?;
+            for v in page.versions() {
+                if let (Some(key), Some(id)) = (v.key(), v.version_id()) {
+                    out.push((key.to_string(), id.to_string(), false));
+                }
+            }
+            for m in page.delete_markers() {
+                if let (Some(key), Some(id)) = (m.key(), m.version_id()) {
+                    out.push((key.to_string(), id.to_string(), true));
+                }
+            }
+            if page.is_truncated() != Some(true) {
+                break;
+            }
+            key_marker = page.next_key_marker().map(str::to_string);
+            version_marker = page.next_version_id_marker().map(str::to_string);
+            if key_marker.is_none() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many versions and delete markers there are under `prefix` (relative).
+    pub async fn count_versions(&self, prefix: &str) -> Result<usize, StoreError> {
+        Ok(self.versions(prefix).await?.len())
+    }
+
+    /// The retention and holds of every object version under `prefix`
+    /// (relative; delete markers have none).
+    pub async fn holds(&self, prefix: &str) -> Result<Vec<ObjectHold>, StoreError> {
+        let mut out = Vec::new();
+        for (key, version, marker) in self.versions(prefix).await? {
+            if marker {
+                continue;
+            }
+            if let Some(hold) = self.hold_of(&key, Some(&version)).await? {
+                out.push(hold);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Delete every version and delete marker under `prefix` (relative),
+    /// those of `first` (a relative key: the manifest) before the others:
+    /// in a versioned bucket this, not a DELETE without a version, frees
+    /// the space. S3 refuses a version still under retention; that is the
+    /// error. How many versions were deleted.
+    pub async fn delete_versions(&self, prefix: &str, first: &str) -> Result<usize, StoreError> {
+        let mut versions = self.versions(prefix).await?;
+        let first = format!("{}{first}", self.base());
+        versions.sort_by_key(|(key, _, _)| *key != first);
+        for (key, version, _) in &versions {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .version_id(version)
+                .send()
+                .await
+                .map_err(|e| self.err("DeleteObject", &format!("{key} (version {version})"), sdk_message(&e)))?;
+        }
+        Ok(versions.len())
+    }
+
+    fn base(&self) -> String {
+        if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) }
+    }
+
+    fn relative(&self, full_key: &str) -> String {
+        full_key.strip_prefix(&self.base()).unwrap_or(full_key).to_string()
     }
 
     /// `key` exists with `size` bytes from a multipart upload of `parts`
@@ -527,6 +731,16 @@ fn transient<E: ProvideErrorMetadata>(err: &aws_sdk_s3::error::SdkError<E>) -> b
         }
         _ => false,
     }
+}
+
+/// A time as the SDK takes it.
+fn sdk_time(t: DateTime<Utc>) -> aws_sdk_s3::primitives::DateTime {
+    aws_sdk_s3::primitives::DateTime::from_secs(t.timestamp())
+}
+
+/// A time as the SDK gives it.
+fn chrono_time(t: &aws_sdk_s3::primitives::DateTime) -> Option<DateTime<Utc>> {
+    DateTime::<Utc>::from_timestamp(t.secs(), t.subsec_nanos())
 }
 
 /// The wait before try `n + 1` (n >= 1): 1-2 s, 2-4 s, 4-8 s, ... up to
@@ -755,12 +969,31 @@ impl Store for S3Store {
 
     /// Also aborts unfinished multipart uploads of `key` (a writer that was
     /// cancelled or killed leaves its parts behind, billed, until aborted).
+    ///
+    /// A store that writes with a retention (`backup --lock-for`) deletes
+    /// the current version itself (in a versioned bucket a DELETE without
+    /// one only hides it), and keeps an object still under retention, with
+    /// a warning: S3 refuses to delete it, and hiding it behind a delete
+    /// marker would claim a deletion that did not happen. The backup's
+    /// report says what stayed.
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let full = self.full_key(key)?;
+        let mut version = None;
+        if self.options.object_lock.is_some() {
+            match self.hold_of(&full, None).await? {
+                Some(hold) if hold.holds_at(Utc::now()) => {
+                    tracing::warn!(key = %full, "s3://{}/{full} is kept: it is {}", self.bucket, super::object_lock::FolderHold::of(&[hold], Utc::now()).map(|h| h.describe()).unwrap_or_default());
+                    return Ok(());
+                }
+                Some(hold) => version = hold.version_id,
+                None => {}
+            }
+        }
         self.client
             .delete_object()
             .bucket(&self.bucket)
             .key(&full)
+            .set_version_id(version)
             .send()
             .await
             .map_err(|e| self.err("DeleteObject", &full, sdk_message(&e)))?;
@@ -793,6 +1026,10 @@ impl Store for S3Store {
             }
         }
         Ok(())
+    }
+
+    fn s3(&self) -> Option<&S3Store> {
+        Some(self)
     }
 
     async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, StoreError> {
