@@ -72,6 +72,8 @@ pub const RETENTION_AGE: DurationIn = secs(HOUR, 36_500 * DAY, "no backup is old
 pub const DRILL_EVERY: DurationIn = secs(HOUR, 366 * DAY, "a drill a year is the least an audit accepts");
 /// `report --rto-target`: the longest a restore may take.
 pub const RTO_TARGET: DurationIn = secs(10, 7 * DAY, "a recovery that may take more than a week is not a target");
+/// `backup --lock-for`: how long S3 Object Lock keeps each object of a backup.
+pub const LOCK_FOR: DurationIn = secs(1, 36_500 * DAY, "no backup is kept for more than a century");
 /// How old an incomplete backup must be before prune treats it as abandoned.
 pub const INCOMPLETE_AFTER: DurationIn = secs(HOUR, 36_500 * DAY, "no backup is older than a century");
 

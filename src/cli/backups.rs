@@ -419,6 +419,15 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
         if dry_run { "would be deleted" } else { "deleted" },
         size(bytes)
     ));
+    let locked: Vec<&PruneEntry> = entries.iter().filter(|e| e.locked.is_some()).collect();
+    if !locked.is_empty() {
+        let next = locked.iter().filter_map(|e| e.locked.as_ref().and_then(|l| l.until)).min();
+        out.push_str(&format!(
+            "{} backup(s) the policy removes are kept under S3 Object Lock{}\n",
+            locked.len(),
+            next.map(|t| format!(" (the first retention ends {})", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))).unwrap_or_default()
+        ));
+    }
     out
 }
 

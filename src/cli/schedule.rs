@@ -70,6 +70,14 @@ pub enum Command {
         /// Passed to each backup: a failing copy is a warning.
         #[arg(long, requires = "copy_to")]
         copy_optional: bool,
+        /// Passed to each backup: lock its objects with S3 Object Lock for
+        /// this long (--to must be a bucket with Object Lock enabled)
+        /// [range: 1s to 36500d].
+        #[arg(long, value_name = "DURATION", value_parser = duration::LOCK_FOR)]
+        lock_for: Option<std::time::Duration>,
+        /// Passed to each backup with --lock-for: compliance or governance.
+        #[arg(long, value_enum, default_value_t, requires = "lock_for")]
+        lock_mode: crate::store::object_lock::LockMode,
         /// Also render a PrometheusRule (alerts: a backup failing, stale, a
         /// cluster never backed up or unprotected, no reports at all, a
         /// drill failed or overdue, the store unreachable) and a Grafana
@@ -117,6 +125,8 @@ pub fn exec(command: Command, output: Output) -> Exit {
         pushgateway,
         copy_to,
         copy_optional,
+        lock_for,
+        lock_mode,
         monitoring,
         stale_after,
         drill_every,
@@ -142,6 +152,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         pushgateway,
         copy_to,
         copy_optional,
+        object_lock: lock_for.map(|retain_for| crate::store::object_lock::ObjectLock { mode: lock_mode, retain_for }),
         monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, drill_every, runbook_base: runbook_base.unwrap_or_default() }),
     };
     let rendered = match output {

@@ -15,7 +15,8 @@ use crate::archive::results::{self, Kind, ResultRecord};
 use crate::archive::retention::{self, Candidate, Decision, Policy};
 use crate::archive::fence::{self, Fence, FenceError};
 use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
-use crate::store::Store;
+use crate::store::object_lock::{BucketLock, FolderHold};
+use crate::store::{S3Store, Store};
 
 /// One backup folder in a store.
 #[derive(Debug, Clone, Serialize)]
@@ -388,6 +389,10 @@ pub struct PruneEntry {
     pub size_bytes: u64,
     /// Whether its bytes were deleted (false in a dry run).
     pub deleted: bool,
+    /// Kept although the policy removes it: S3 Object Lock holds some of
+    /// its objects (until when, or a legal hold).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locked: Option<FolderHold>,
 }
 
 /// Apply `policy` to every cluster's backups in the store (or one cluster's).
@@ -404,6 +409,7 @@ pub async fn prune(
         ));
     }
     let entries = list(store, cluster).await?;
+    let locking = object_lock_of(store).await?;
     let mut by_cluster: BTreeMap<String, Vec<&BackupEntry>> = BTreeMap::new();
     for e in &entries {
         by_cluster.entry(format!("{}/{}", e.namespace, e.hosted_cluster)).or_default().push(e);
@@ -422,14 +428,28 @@ pub async fn prune(
                 complete: b.complete,
             })
             .collect();
-        for Decision { id, keep, reasons } in retention::decide(&candidates, policy, now) {
+        for Decision { id, mut keep, mut reasons } in retention::decide(&candidates, policy, now) {
             let Some(entry) = backups.iter().find(|b| b.backup_id == id) else { continue };
+            let layout = Layout::new(&entry.namespace, &entry.hosted_cluster, &id);
             let mut deleted = false;
+            let mut locked = None;
+            if !keep && let Some(s3) = locking {
+                // S3 refuses to delete a version under retention: never tried
+                locked = FolderHold::of(&s3.holds(&format!("{}/", layout.dir())).await?, Utc::now());
+                if let Some(hold) = &locked {
+                    keep = true;
+                    reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+                }
+            }
             if !keep && !dry_run {
-                delete_backup(store, &Layout::new(&entry.namespace, &entry.hosted_cluster, &id)).await?;
+                match locking {
+                    Some(s3) => delete_versions(s3, &layout).await?,
+                    None => delete_backup(store, &layout).await?,
+                }
                 deleted = true;
             }
             out.push(PruneEntry {
+                locked,
                 cluster: name.clone(),
                 backup_id: id,
                 complete: entry.complete,
@@ -441,6 +461,39 @@ pub async fn prune(
         }
     }
     Ok(out)
+}
+
+/// The S3 store of `store` when its bucket has Object Lock (and so is
+/// versioned); `None` for a bucket without, or a local store.
+async fn object_lock_of(store: &dyn Store) -> Result<Option<&S3Store>, OpsError> {
+    let Some(s3) = store.s3() else { return Ok(None) };
+    match s3.bucket_lock().await {
+        Ok(BucketLock::Enabled { .. }) => Ok(Some(s3)),
+        Ok(BucketLock::Disabled { .. }) => Ok(None),
+        Err(err) => Err(OpsError::Input(format!(
+            "{}: could not read whether the bucket has S3 Object Lock ({err}); prune must know, to skip the backups still under retention and to delete the others version by version: grant s3:GetBucketObjectLockConfiguration on the bucket",
+            store.url()
+        ))),
+    }
+}
+
+/// Delete every version of every object of a backup in a bucket with
+/// Object Lock (a DELETE without a version would only hide them behind
+/// delete markers, and free nothing): the manifest's first, so a backup
+/// cut short here shows as incomplete, never as good.
+async fn delete_versions(s3: &S3Store, layout: &Layout) -> Result<(), OpsError> {
+    let folder = format!("{}/", layout.dir());
+    let deleted = s3.delete_versions(&folder, &layout.manifest()).await?;
+    let left = s3.count_versions(&folder).await?;
+    if left > 0 {
+        return Err(OpsError::Input(format!(
+            "{}/{}: {left} object version(s) remain after deleting them; check the store's permissions (s3:DeleteObjectVersion)",
+            s3.url(),
+            layout.dir()
+        )));
+    }
+    tracing::info!(backup = %layout.dir(), store = %s3.url(), versions = deleted, "deleted, every version");
+    Ok(())
 }
 
 /// Delete every object of a backup: the manifest first, so a backup cut

@@ -11,6 +11,7 @@ pub mod etcd_restore;
 pub mod fence;
 pub mod migrate;
 pub mod monitoring;
+pub mod object_lock;
 pub mod posture;
 pub mod reconcile;
 pub mod registry;

@@ -42,6 +42,8 @@ pub struct ScheduleOptions {
     /// Passed to each backup: `--copy-to` stores (and `--copy-optional`).
     pub copy_to: Vec<String>,
     pub copy_optional: bool,
+    /// Passed to each backup: `--lock-for` and `--lock-mode`.
+    pub object_lock: Option<crate::store::object_lock::ObjectLock>,
     /// Render the PrometheusRule and the dashboard too (for the CronJob's
     /// schedule, in its namespace).
     pub monitoring: Option<super::monitoring::Monitoring>,
@@ -205,6 +207,12 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
     if o.copy_optional {
         backup_args.push("--copy-optional".into());
     }
+    if let Some(lock) = &o.object_lock {
+        if matches!(crate::store::StoreUrl::parse(&o.store)?, crate::store::StoreUrl::Local(_)) {
+            return Err(OpsError::Input(format!("--lock-for: --to {} is a local directory; S3 Object Lock needs an S3 store (s3://bucket/prefix) whose bucket has Object Lock enabled", o.store)));
+        }
+        backup_args.extend(["--lock-for".into(), crate::duration::show(lock.retain_for), "--lock-mode".into(), lock.mode.to_string().to_lowercase()]);
+    }
     backup_args.extend(platform_args(&o.platform, &o.image));
     let mut env = vec![json!({"name": "HCP_DR_STATE_DIR", "value": "/var/lib/hcp-dr"})];
     if let Some(endpoint) = &o.s3_endpoint {
@@ -364,6 +372,7 @@ mod tests {
             pushgateway: None,
             copy_to: Vec::new(),
             copy_optional: false,
+            object_lock: None,
             monitoring: None,
         }
     }
@@ -453,6 +462,19 @@ mod tests {
         let objects = render(&o).unwrap();
         let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];
         assert_eq!(args.as_array().unwrap()[8..], [json!("--mover-image"), json!(o.image), json!("--skip-guest-volumes")]);
+    }
+
+    #[test]
+    fn the_lock_reaches_each_backup_and_needs_an_s3_store() {
+        let mut o = options();
+        o.object_lock = Some(crate::store::object_lock::ObjectLock { mode: crate::store::object_lock::LockMode::Governance, retain_for: std::time::Duration::from_secs(30 * 86400) });
+        let objects = render(&o).unwrap();
+        let args = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"];
+        let args: Vec<&str> = args.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert!(args.windows(4).any(|w| w == ["--lock-for", "30d", "--lock-mode", "governance"]), "{args:?}");
+        o.store = "/var/backups".into();
+        let err = render(&o).unwrap_err().to_string();
+        assert!(err.contains("--lock-for") && err.contains("local directory"), "{err}");
     }
 
     #[test]
