@@ -102,8 +102,13 @@ pub async fn after_run(store: &dyn Store, layout: &Layout, completed: bool, warn
             None
         }
     };
+    let listed_as = if left.iter().any(|o| o.key == layout.manifest()) {
+        "its manifest stayed with them, so `backups list` shows it as a complete backup (it is whole: the run failed after writing it); `backups prune` treats it as any other"
+    } else {
+        "`backups list` shows them as an incomplete backup, which `backups prune` removes once the retention has ended and it is older than --incomplete-after"
+    };
     warnings.push(format!(
-        "{} object(s) of the failed backup stay in {where_}{}: S3 refuses to delete them before, so the undo kept them (nothing is hidden behind delete markers). `backups list` shows them as an incomplete backup; `backups prune` removes it once the retention has ended and it is older than --incomplete-after",
+        "{} object(s) of the failed backup stay in {where_}{}: S3 refuses to delete them before, so the undo kept them (nothing is hidden behind delete markers); {listed_as}",
         left.len(),
         hold.map(|h| format!(", {}", h.describe())).unwrap_or_default()
     ));
