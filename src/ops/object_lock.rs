@@ -28,13 +28,19 @@ pub struct LockReport {
 pub async fn check_stores(lock: Option<ObjectLock>, to: &str, copy_to: &[String], s3: &S3Options) -> Result<Vec<String>, OpsError> {
     let Some(lock) = lock else { return Ok(Vec::new()) };
     let mut warnings = Vec::new();
-    let stores = std::iter::once(("--to", to)).chain(copy_to.iter().map(|c| ("--copy-to", c.as_str())));
-    for (flag, url) in stores {
-        let StoreUrl::S3 { bucket, .. } = StoreUrl::parse(url)? else {
-            return Err(OpsError::Input(format!(
-                "--lock-for: {flag} {url} is a local directory; S3 Object Lock needs an S3 store (s3://bucket/prefix) whose bucket has Object Lock enabled. Drop --lock-for, or back up to such a bucket"
-            )));
-        };
+    // every store an S3 one before any bucket is asked
+    let mut buckets = Vec::new();
+    for (flag, url) in std::iter::once(("--to", to)).chain(copy_to.iter().map(|c| ("--copy-to", c.as_str()))) {
+        match StoreUrl::parse(url)? {
+            StoreUrl::S3 { bucket, .. } => buckets.push((flag, url, bucket)),
+            StoreUrl::Local(_) => {
+                return Err(OpsError::Input(format!(
+                    "--lock-for: {flag} {url} is a local directory; S3 Object Lock needs an S3 store (s3://bucket/prefix) whose bucket has Object Lock enabled. Drop --lock-for, or back up to such a bucket"
+                )));
+            }
+        }
+    }
+    for (flag, url, bucket) in buckets {
         let mut plain = s3.clone();
         plain.object_lock = None;
         let opened = store::open(url, plain).await?;
