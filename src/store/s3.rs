@@ -271,6 +271,12 @@ impl S3Store {
         if let Some(endpoint) = &options.endpoint {
             config = config.endpoint_url(endpoint);
         }
+        if options.object_lock.is_some() {
+            // S3 refuses a write with a retention unless it carries Content-MD5
+            // or a checksum: whatever AWS_REQUEST_CHECKSUM_CALCULATION says,
+            // every PutObject and UploadPart sends its CRC32
+            config = config.request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenSupported);
+        }
         let has_endpoint = options.endpoint.is_some() || shared.endpoint_url().is_some();
         config = config.force_path_style(options.path_style.unwrap_or(has_endpoint));
         Ok(S3Store {
@@ -309,8 +315,7 @@ impl S3Store {
                 .bucket(&self.bucket)
                 .key(key)
                 .body(ByteStream::from(bytes.clone()));
-            // the SDK sends a CRC32 checksum of the body (x-amz-sdk-checksum-algorithm),
-            // which S3 asks of every write with a retention
+            // with a lock the client sends a CRC32 of the body (see `connect`)
             if let Some((mode, until)) = lock {
                 request = request.object_lock_mode(mode.to_sdk()).object_lock_retain_until_date(sdk_time(until));
             }
