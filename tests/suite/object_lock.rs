@@ -180,6 +180,26 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
     assert!(read.runs_on.same_cluster(&here), "{read:?}");
     assert_eq!(retention_of(&client, LOCKED, "hcp/clusters/demo/fence.json").await, (None, None), "the fence must not be locked");
 
+    // the up-front check: a bucket without Object Lock is refused saying how
+    // to enable it; one with a default retention passes with a warning
+    let options = S3Options { endpoint: Some(url.clone()), region: Some(REGION.into()), static_credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())), ..S3Options::default() };
+    let err = hcp_dr::ops::object_lock::check_stores(Some(lock), &format!("s3://{PLAIN}/hcp"), &[], &options).await.unwrap_err();
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert!(err.to_string().contains(&format!("put-bucket-versioning --bucket {PLAIN}")), "{err}");
+    client.create_bucket().bucket("defaulted").object_lock_enabled_for_bucket(true).send().await.unwrap();
+    let rule = aws_sdk_s3::types::ObjectLockConfiguration::builder()
+        .object_lock_enabled(aws_sdk_s3::types::ObjectLockEnabled::Enabled)
+        .rule(
+            aws_sdk_s3::types::ObjectLockRule::builder()
+                .default_retention(aws_sdk_s3::types::DefaultRetention::builder().mode(aws_sdk_s3::types::ObjectLockRetentionMode::Governance).days(1).build())
+                .build(),
+        )
+        .build();
+    client.put_object_lock_configuration().bucket("defaulted").object_lock_configuration(rule).send().await.expect("a default retention");
+    let warnings = hcp_dr::ops::object_lock::check_stores(Some(lock), "s3://defaulted/hcp", &[], &options).await.expect("a bucket with Object Lock");
+    assert!(warnings.len() == 1 && warnings[0].contains("default retention (GOVERNANCE 1 day(s))") && warnings[0].contains("store fence"), "{warnings:?}");
+    assert!(hcp_dr::ops::object_lock::check_stores(Some(lock), &format!("s3://{LOCKED}/hcp"), &[], &options).await.expect("locked bucket").is_empty());
+
     let store_url = format!("s3://{LOCKED}/hcp");
     let prune = |extra: &[&str]| {
         let mut args = vec!["backups", "prune", "--store", &store_url, "--keep-last", "1", "-o", "json"];
