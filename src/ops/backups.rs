@@ -471,7 +471,7 @@ async fn object_lock_of(store: &dyn Store) -> Result<Option<&S3Store>, OpsError>
         Ok(BucketLock::Enabled { .. }) => Ok(Some(s3)),
         Ok(BucketLock::Disabled { .. }) => Ok(None),
         Err(err) => Err(OpsError::Input(format!(
-            "{}: could not read whether the bucket has S3 Object Lock ({err}); prune must know, to skip the backups still under retention and to delete the others version by version: grant s3:GetBucketObjectLockConfiguration on the bucket",
+            "{}: could not read whether the bucket has S3 Object Lock ({err}); prune must know, to skip the backups still under retention and to delete the others version by version: check the bucket and the credentials, which need s3:GetBucketObjectLockConfiguration on it",
             store.url()
         ))),
     }

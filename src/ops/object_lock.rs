@@ -62,7 +62,7 @@ pub async fn check_stores(lock: Option<ObjectLock>, to: &str, copy_to: &[String]
             }
             Err(err) => {
                 return Err(OpsError::Input(format!(
-                    "--lock-for: could not read the Object Lock configuration of the bucket {bucket} of {flag} {url} ({err}); it is checked before anything is locked or written: grant s3:GetBucketObjectLockConfiguration on it"
+                    "--lock-for: could not read the Object Lock configuration of the bucket {bucket} of {flag} {url} ({err}); it is checked before anything is locked or written: check the bucket's name and the credentials, which need s3:GetBucketObjectLockConfiguration on it"
                 )));
             }
         }
