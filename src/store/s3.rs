@@ -983,25 +983,29 @@ impl Store for S3Store {
     /// report says what stayed.
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let full = self.full_key(key)?;
-        let mut version = None;
-        if self.options.object_lock.is_some() {
-            match self.hold_of(&full, None).await? {
+        // (the version to delete, whether there is an object at all)
+        let (version, present) = match self.options.object_lock {
+            None => (None, true),
+            Some(_) => match self.hold_of(&full, None).await? {
                 Some(hold) if hold.holds_at(Utc::now()) => {
                     tracing::warn!(key = %full, "s3://{}/{full} is kept: it is {}", self.bucket, super::object_lock::FolderHold::of(&[hold], Utc::now()).map(|h| h.describe()).unwrap_or_default());
                     return Ok(());
                 }
-                Some(hold) => version = hold.version_id,
-                None => {}
-            }
+                Some(hold) => (hold.version_id, true),
+                // a DELETE of a missing key would add a delete marker
+                None => (None, false),
+            },
+        };
+        if present {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(&full)
+                .set_version_id(version)
+                .send()
+                .await
+                .map_err(|e| self.err("DeleteObject", &full, sdk_message(&e)))?;
         }
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(&full)
-            .set_version_id(version)
-            .send()
-            .await
-            .map_err(|e| self.err("DeleteObject", &full, sdk_message(&e)))?;
         match self.client.list_multipart_uploads().bucket(&self.bucket).prefix(&full).send().await {
             Ok(list) => {
                 for upload in list.uploads() {

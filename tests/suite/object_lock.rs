@@ -160,6 +160,7 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
     }
     // hcp-dr's own delete (a failed backup's undo) keeps it rather than hide it behind a delete marker
     locking.delete("scratch/small.bin").await.unwrap();
+    locking.delete("scratch/never-written.bin").await.unwrap();
     assert_eq!(locking.list("scratch/").await.unwrap().len(), 2, "a locked object was hidden or deleted");
     assert_eq!(versions(&client, LOCKED, "hcp/scratch/").await.len(), 2, "no delete marker added");
 
