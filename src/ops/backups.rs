@@ -460,6 +460,56 @@ pub async fn prune(
             });
         }
     }
+    if let Some(s3) = locking {
+        out.extend(prune_hidden(s3, &entries, cluster, shard, policy, dry_run).await?);
+    }
+    Ok(out)
+}
+
+/// In a bucket with Object Lock (versioned): the backup folders whose every
+/// object was deleted without its versions (by hand, or by a tool that
+/// only added delete markers), which no listing shows but which take
+/// space. Once nothing holds them and they are older than
+/// `incomplete_after` (a folder being written has current objects anyway),
+/// their versions are deleted.
+async fn prune_hidden(
+    s3: &S3Store,
+    visible: &[BackupEntry],
+    cluster: Option<(&str, &str)>,
+    shard: Option<super::shard::Shard>,
+    policy: &Policy,
+    dry_run: bool,
+) -> Result<Vec<PruneEntry>, OpsError> {
+    let prefix = cluster.map(|(ns, hc)| Layout::cluster_prefix(ns, hc)).unwrap_or_default();
+    let mut hidden = std::collections::BTreeSet::new();
+    for key in s3.hidden_keys(&prefix).await? {
+        let mut parts = key.splitn(4, '/');
+        let (Some(ns), Some(hc), Some(id), Some(_)) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
+        let Ok(taken) = parse_backup_id(id) else { continue };
+        if visible.iter().any(|e| e.namespace == ns && e.hosted_cluster == hc && e.backup_id == id) {
+            continue;
+        }
+        hidden.insert((ns.to_string(), hc.to_string(), id.to_string(), taken));
+    }
+    let now = Utc::now();
+    let mut out = Vec::new();
+    for (ns, hc, id, taken) in hidden {
+        let name = format!("{ns}/{hc}");
+        if shard.is_some_and(|shard| !shard.owns(&name)) || now - taken <= policy.incomplete_after {
+            continue;
+        }
+        let layout = Layout::new(&ns, &hc, &id);
+        let locked = FolderHold::of(&s3.holds(&format!("{}/", layout.dir())).await?, now);
+        let mut reasons = vec!["hidden: deleted without its object versions (only delete markers are current), which still take space".to_string()];
+        if let Some(hold) = &locked {
+            reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+        }
+        let keep = locked.is_some();
+        if !keep && !dry_run {
+            delete_versions(s3, &layout).await?;
+        }
+        out.push(PruneEntry { cluster: name, backup_id: id, complete: false, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked });
+    }
     Ok(out)
 }
 

@@ -521,9 +521,8 @@ impl S3Store {
         self.hold_of(&full, None).await
     }
 
-    /// Every version under `prefix` (relative): `(full key, version id,
-    /// delete marker)`, delete markers too.
-    async fn versions(&self, prefix: &str) -> Result<Vec<(String, String, bool)>, StoreError> {
+    /// Every version under `prefix` (relative), delete markers too.
+    async fn versions(&self, prefix: &str) -> Result<Vec<Version>, StoreError> {
         let full = format!("{}{prefix}", self.base());
         let mut out = Vec::new();
         let (mut key_marker, mut version_marker) = (None::<String>, None::<String>);
@@ -540,12 +539,12 @@ impl S3Store {
                 .map_err(|e| self.err("ListObjectVersions", &full, sdk_message(&e)))?;
             for v in page.versions() {
                 if let (Some(key), Some(id)) = (v.key(), v.version_id()) {
-                    out.push((key.to_string(), id.to_string(), false));
+                    out.push(Version { key: key.to_string(), id: id.to_string(), marker: false, latest: v.is_latest() == Some(true) });
                 }
             }
             for m in page.delete_markers() {
                 if let (Some(key), Some(id)) = (m.key(), m.version_id()) {
-                    out.push((key.to_string(), id.to_string(), true));
+                    out.push(Version { key: key.to_string(), id: id.to_string(), marker: true, latest: m.is_latest() == Some(true) });
                 }
             }
             if page.is_truncated() != Some(true) {
@@ -560,6 +559,18 @@ impl S3Store {
         Ok(out)
     }
 
+    /// The keys under `prefix` (relative) that have versions but no current
+    /// object: deleted without their versions (a delete marker is the
+    /// latest), so a listing does not show them, though they take space.
+    pub async fn hidden_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let versions = self.versions(prefix).await?;
+        let current: std::collections::HashSet<&str> = versions.iter().filter(|v| v.latest && !v.marker).map(|v| v.key.as_str()).collect();
+        let mut keys: Vec<String> = versions.iter().filter(|v| !current.contains(v.key.as_str())).map(|v| self.relative(&v.key)).collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
     /// How many versions and delete markers there are under `prefix` (relative).
     pub async fn count_versions(&self, prefix: &str) -> Result<usize, StoreError> {
         Ok(self.versions(prefix).await?.len())
@@ -569,11 +580,11 @@ impl S3Store {
     /// (relative; delete markers have none).
     pub async fn holds(&self, prefix: &str) -> Result<Vec<ObjectHold>, StoreError> {
         let mut out = Vec::new();
-        for (key, version, marker) in self.versions(prefix).await? {
-            if marker {
+        for version in self.versions(prefix).await? {
+            if version.marker {
                 continue;
             }
-            if let Some(hold) = self.hold_of(&key, Some(&version)).await? {
+            if let Some(hold) = self.hold_of(&version.key, Some(&version.id)).await? {
                 out.push(hold);
             }
         }
@@ -588,16 +599,16 @@ impl S3Store {
     pub async fn delete_versions(&self, prefix: &str, first: &str) -> Result<usize, StoreError> {
         let mut versions = self.versions(prefix).await?;
         let first = format!("{}{first}", self.base());
-        versions.sort_by_key(|(key, _, _)| *key != first);
-        for (key, version, _) in &versions {
+        versions.sort_by_key(|v| v.key != first);
+        for Version { key, id, .. } in &versions {
             self.client
                 .delete_object()
                 .bucket(&self.bucket)
                 .key(key)
-                .version_id(version)
+                .version_id(id)
                 .send()
                 .await
-                .map_err(|e| self.err("DeleteObject", &format!("{key} (version {version})"), sdk_message(&e)))?;
+                .map_err(|e| self.err("DeleteObject", &format!("{key} (version {id})"), sdk_message(&e)))?;
         }
         Ok(versions.len())
     }
@@ -693,6 +704,16 @@ impl S3Store {
         parts.sort_by_key(|p| p.part_number());
         Ok(parts)
     }
+}
+
+/// One version of an object, or a delete marker, as ListObjectVersions gives it.
+struct Version {
+    /// The full key.
+    key: String,
+    id: String,
+    marker: bool,
+    /// The current version of its key.
+    latest: bool,
 }
 
 /// Why one try of a request failed, and whether another try may succeed.

@@ -201,6 +201,15 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
     assert!(warnings.len() == 1 && warnings[0].contains("default retention (GOVERNANCE 1 day(s))") && warnings[0].contains("store fence"), "{warnings:?}");
     assert!(hcp_dr::ops::object_lock::check_stores(Some(lock), &format!("s3://{LOCKED}/hcp"), &[], &options).await.expect("locked bucket").is_empty());
 
+    // a backup folder deleted without its versions (delete markers hide
+    // them; they still take space): no listing shows it, prune removes it
+    let hidden = hcp_dr::archive::new_backup_id(Utc::now() - chrono::Duration::hours(30));
+    let hidden_dir = format!("hcp/{}/", Layout::new("clusters", "demo", &hidden).dir());
+    let hidden_layout = Layout::new("clusters", "demo", &hidden);
+    plain_view.put(&hidden_layout.objects(), Box::new(&b"objects"[..])).await.unwrap();
+    plain_view.delete(&hidden_layout.objects()).await.unwrap();
+    assert_eq!(versions(&client, LOCKED, &hidden_dir).await.len(), 2, "the object and its delete marker");
+
     let store_url = format!("s3://{LOCKED}/hcp");
     let prune = |extra: &[&str]| {
         let mut args = vec!["backups", "prune", "--store", &store_url, "--keep-last", "1", "-o", "json"];
@@ -217,7 +226,11 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
         let said = old_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         assert!(entry["reasons"].to_string().contains(&format!("under S3 Object Lock (COMPLIANCE) until {said}")), "{entry:#}");
         assert_eq!(entry["locked"]["until"], said.as_str(), "{entry:#}");
+        let gone = entries.iter().find(|e| e["backup_id"] == hidden.as_str()).expect("the hidden folder");
+        assert!(gone["reasons"].to_string().contains("hidden: deleted without its object versions"), "{gone:#}");
+        assert_eq!((gone["keep"].as_bool(), gone["deleted"].as_bool()), (Some(false), Some(extra.is_empty())), "{gone:#}");
     }
+    assert_eq!(versions(&client, LOCKED, &hidden_dir).await, Vec::<(String, String)>::new(), "the hidden folder's versions are left");
     let out = hcp_dr(&url, &["backups", "prune", "--store", &store_url, "--keep-last", "1"]);
     assert!(text(&out).contains("kept under S3 Object Lock"), "{}", text(&out));
     assert!(!versions(&client, LOCKED, &old_dir).await.is_empty(), "nothing of the locked backup may go");
