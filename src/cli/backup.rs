@@ -95,6 +95,17 @@ pub struct Args {
     /// `copies` says which): the backup is complete in --to.
     #[arg(long, requires = "copy_to")]
     pub copy_optional: bool,
+    /// Lock every object of the backup with S3 Object Lock for this long
+    /// from when it is written: nobody can delete or overwrite it before
+    /// (`backups prune` skips it until then). --to (and every --copy-to)
+    /// must be an S3 bucket with Object Lock enabled [range: 1s to 36500d].
+    #[arg(long, value_name = "DURATION", env = "HCP_DR_LOCK_FOR", value_parser = duration::LOCK_FOR, conflicts_with_all = ["resume", "abort"])]
+    pub lock_for: Option<Duration>,
+    /// With --lock-for: compliance (nobody, not even the account's root,
+    /// can delete it early) or governance (principals with
+    /// s3:BypassGovernanceRetention can).
+    #[arg(long, value_enum, default_value_t, env = "HCP_DR_LOCK_MODE", requires = "lock_for")]
+    pub lock_mode: crate::store::object_lock::LockMode,
     #[command(flatten)]
     pub metrics: super::MetricsArgs,
     /// Encrypt the etcd snapshots and the objects archive client-side to
@@ -184,6 +195,7 @@ pub async fn exec(args: Args, output: Output) -> Exit {
     let fleet = args.all.then(|| FleetSelection {
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
+        object_lock: args.lock_for.map(|retain_for| crate::store::object_lock::ObjectLock { mode: args.lock_mode, retain_for }),
         concurrency: args.concurrency,
         shard: args.shard,
     });
@@ -274,6 +286,9 @@ pub fn render(result: &BackupResult) -> String {
     }
     out
 }
+    if let Some(lock) = &result.object_lock {
+        out.push_str(&format!("locked: S3 Object Lock {} until {}\n", lock.mode, lock.retain_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+    }
 
 #[cfg(test)]
 mod tests {

@@ -57,6 +57,8 @@ pub struct BackupOptions {
     pub copy_to: Vec<String>,
     /// `--copy-optional`: a copy that fails is a warning, not a failed backup.
     pub copy_optional: bool,
+    /// `--lock-for`/`--lock-mode`: S3 Object Lock retention on every object of the backup.
+    pub object_lock: Option<store::object_lock::ObjectLock>,
 }
 
 /// What the backups of one fleet run share instead of each building its
@@ -85,6 +87,7 @@ fn s3_options(options: &BackupOptions, inputs: &BackupInputs) -> S3Options {
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
     s3
 }
+    s3.object_lock = inputs.object_lock;
 
 /// What a backup run reports.
 #[derive(Debug, Clone, Serialize)]
@@ -101,6 +104,9 @@ pub struct BackupResult {
     pub copies: Vec<crate::store::mirrored::CopyState>,
 }
 
+    /// `--lock-for`: the backup's S3 Object Lock, as S3 reports it on its manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object_lock: Option<super::object_lock::LockReport>,
 pub(crate) fn holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -166,6 +172,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 copy_optional: options.copy_optional,
             }
         }
+                object_lock: options.object_lock,
     };
     let recipients = Recipients::parse(&inputs.encrypt_to).map_err(|e| OpsError::Input(format!("journal inputs: {e}")))?;
     if inputs.pause_ttl_seconds < 60 {
@@ -184,6 +191,11 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     let (client, binding, store, api_groups) = match &options.fleet {
         Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
         None => {
+    // --lock-for: every store an S3 bucket with Object Lock, before anything is contacted
+    let lock_warnings = match (options.run.journal_given(), &options.fleet) {
+        (None, None) => super::object_lock::check_stores(inputs.object_lock, &inputs.store, &inputs.copy_to, &s3_options(&options, &inputs)).await?,
+        _ => Vec::new(),
+    };
             if options.run.journal_given().is_none() {
                 check_local_store("--to", &inputs.store, options.run.dry_run).await?;
             }
@@ -214,6 +226,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     if let Some(zone) = &inputs.route53_zone {
         match super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
             Ok(zone) => ctx.dns = Some(zone),
+    ctx.warnings.extend(lock_warnings);
             Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames will not be recorded: {err}")),
         }
     }
@@ -238,6 +251,10 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
             copy.store,
             copy.error.as_deref().unwrap_or_default(),
             ctx.store.url(),
+    let object_lock = match inputs.object_lock {
+        Some(_) if !options.run.dry_run => super::object_lock::after_run(ctx.store.as_ref(), &inputs.layout(), package.is_some(), &mut warnings).await,
+        _ => None,
+    };
             ctx.store.url(),
             copy.store
         ));
@@ -250,6 +267,7 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         warnings,
         run,
     };
+        object_lock,
     if signalling {
         let seconds = started.elapsed().as_secs_f64();
         let outcome = match (&result.run.outcome, &result.backup) {
@@ -460,6 +478,11 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     if let Some(selector) = &fleet.selector {
         params = params.labels(selector);
     }
+    let mut s3 = options.s3.clone();
+    s3.object_lock = options.object_lock;
+    for warning in super::object_lock::check_stores(options.object_lock, &options.store, &options.copy_to, &s3).await? {
+        tracing::warn!("{warning}");
+    }
     let api = hosted_clusters_api(&client, fleet.namespace.as_deref());
     let matching = crate::kube::list_json(&api, &params, "HostedClusters").await?;
     if matching.is_empty() {
@@ -500,7 +523,7 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
     let shared = FleetShared {
         client: target.client,
         binding: target.binding,
-        store: store::open(&options.store, options.s3.clone()).await?.into(),
+        store: store::open(&options.store, s3).await?.into(),
         api_groups: crate::stages::context::ApiGroups::default(),
     };
     let runs = futures::stream::iter(targets.into_iter().zip(interrupts).map(|((ns, name), mut own)| {

@@ -209,6 +209,7 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
         bump_revision: options.bump_revision,
         presign_ttl_seconds: presign_ttl.as_secs(),
         image: options.image.clone(),
+            object_lock: None,
         identity: options.identity.clone(),
     })
 }

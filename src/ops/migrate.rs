@@ -141,6 +141,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             route53_endpoint: None,
             copy_to: Vec::new(),
             copy_optional: false,
+            object_lock: None,
         },
         destination: RestoreInputs {
             store: via,

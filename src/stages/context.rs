@@ -92,6 +92,10 @@ pub struct BackupInputs {
 /// What a backup (or migrate) takes of a platform's own data: a KubeVirt
 /// cluster's guest volumes, an Agent cluster's free hosts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+    /// `--lock-for`/`--lock-mode`: the S3 Object Lock retention every object
+    /// of the backup is written with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_lock: Option<crate::store::object_lock::ObjectLock>,
 pub struct PlatformSettings {
     /// KubeVirt: the VolumeSnapshotClass for the guest volumes' snapshots
     /// (default: the one default class of each volume's CSI driver).

@@ -51,7 +51,7 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 /// A backup of `ns/hc` taken `hours_ago`, complete (manifest last) or not.
-async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, complete: bool) -> String {
+pub(crate) async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, complete: bool) -> String {
     let taken = Utc::now() - Duration::hours(hours_ago);
     let id = archive::new_backup_id(taken);
     let layout = Layout::new(ns, hc, &id);

@@ -78,6 +78,9 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
     let not_pem = file("not.pem", "not a certificate\n");
     let pull_secret = file("pull-secret.json", r#"{"auths":{"quay.io":{"auth":"eDp5"}}}"#);
     let not_identity = file("identity.txt", "AGE-SECRET-KEY-NOTREALLY\n");
+    // S3 Object Lock (issue 39): the sandbox's s3s-fs has none
+    let s3_endpoint = env.sandbox.s3.https_url().to_string();
+    let unlocked = format!("s3://{}/locked", hcp_dr_e2e::sandbox::BUCKET);
     let junk_snapshot = file("junk.db", "junk");
     let kc_a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
     let latest = format!("{s}/clusters/demo/latest");
@@ -193,6 +196,14 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backups", "list", "--store", &s, "-o", "html"], 2, &["-o html is for `hcp-dr report` only"]),
         // cluster
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "9999"], 2, &["--replicas", "9999"]),
+        // S3 Object Lock (issue 39)
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-for", "30d"], 2, &["--lock-for", "--to", "is a local directory", "s3://bucket/prefix"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &unlocked, "--s3-endpoint", &s3_endpoint, "--lock-for", "30d"], 2, &["--lock-for 30d", "does not have S3 Object Lock enabled", "put-object-lock-configuration", "--object-lock-enabled-for-bucket"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &unlocked, "--s3-endpoint", &s3_endpoint, "--lock-for", "30d", "--copy-to", "/var/tmp/hcp-dr-copy"], 2, &["--lock-for", "--copy-to /var/tmp/hcp-dr-copy", "is a local directory"]),
+        case(&["backup", "--all", "--to", &s, "--lock-for", "30d"], 2, &["--lock-for", "is a local directory"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-mode", "governance"], 2, &["--lock-for"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-for", "0s"], 2, &["--lock-for", "too short"]),
+        case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "/var/backups", "--lock-for", "30d"], 2, &["--lock-for", "local directory"]),
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "-1"], 2, &["-1"]),
         case(&["cluster", "pause", "Bad_Name"], 2, &["Bad_Name", "not a valid Kubernetes name"]),
         case(&["cluster", "pause", "demo", "--for", "400d"], 2, &["--for", "at most 366d"]),

@@ -30,6 +30,7 @@ mod monitoring;
 mod next_steps;
 mod no_panic;
 mod operator_down;
+mod object_lock;
 mod platform_agent;
 mod platform_aws;
 mod platform_kubevirt;
