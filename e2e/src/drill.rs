@@ -697,8 +697,10 @@ pub async fn run_migrate(sandbox: &Sandbox, bin: &Path, spec: &HostedClusterSpec
 }
 
 /// Check the backup independently of hcp-dr: the manifest's hashes against
-/// the bytes s3s-fs stored, then every member snapshot restored with
-/// `etcdctl snapshot restore` into a scratch etcd holding all the workload keys.
+/// the bytes s3s-fs stored, then every member snapshot (decompressed by the
+/// reference `zstd -d` when the backup is compressed, and checked against
+/// its raw digest) restored with `etcdctl snapshot restore` into a scratch
+/// etcd holding all the workload keys.
 pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Result<String, SandboxError> {
     use sha2::{Digest, Sha256};
     let url = report["backup"].as_str().unwrap_or_default();
@@ -723,8 +725,12 @@ pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Res
     let mut restored = Vec::new();
     for snapshot in &snapshots {
         let member = snapshot["member"].as_str().unwrap_or_default().to_string();
-        let path = folder.join(snapshot["artifact"].as_str().unwrap_or_default());
+        let artifact = snapshot["artifact"].as_str().unwrap_or_default();
         let scratch = sandbox.dir.join("verify").join(&member);
+        let path = match manifest["compression"]["artifacts"].as_array().and_then(|raw| raw.iter().find(|a| a["name"] == artifact)) {
+            None => folder.join(artifact),
+            Some(raw) => unzstd(&folder.join(artifact), &sandbox.dir.join("verify").join(format!("{member}-raw")), raw).await?,
+        };
         let keys = count_keys_in_snapshot(&path, &scratch, &[
             &format!("/kubernetes.io/configmaps/{WORKLOAD_NS}/"),
             &format!("/kubernetes.io/secrets/{WORKLOAD_NS}/"),
@@ -744,6 +750,30 @@ pub async fn verify_backup(sandbox: &Sandbox, report: &serde_json::Value) -> Res
         restored.join(", "),
         WORKLOAD_OBJECTS * 2
     ))
+}
+
+/// Decompress `compressed` with the `zstd` command into `dir`, and check the
+/// result against the manifest's raw size and SHA-256 (`raw`).
+async fn unzstd(compressed: &Path, dir: &Path, raw: &serde_json::Value) -> Result<std::path::PathBuf, SandboxError> {
+    use sha2::{Digest, Sha256};
+    std::fs::create_dir_all(dir).map_err(|source| SandboxError::Io { path: dir.to_path_buf(), source })?;
+    let out = dir.join("raw.db");
+    let status = tokio::process::Command::new("zstd")
+        .args(["-d", "-q", "-f", "-o"])
+        .arg(&out)
+        .arg(compressed)
+        .status()
+        .await
+        .map_err(|source| SandboxError::Io { path: "zstd".into(), source })?;
+    if !status.success() {
+        return Err(SandboxError::Check(format!("zstd -d {} failed: {status}", compressed.display())));
+    }
+    let bytes = std::fs::read(&out).map_err(|source| SandboxError::Io { path: out.clone(), source })?;
+    let sha = format!("{:x}", Sha256::digest(&bytes));
+    if Some(sha.as_str()) != raw["sha256"].as_str() || Some(bytes.len() as u64) != raw["size"].as_u64() {
+        return Err(SandboxError::Check(format!("{} does not decompress to the raw snapshot the manifest records", compressed.display())));
+    }
+    Ok(out)
 }
 
 /// Restore `snapshot` with `etcdctl snapshot restore` into a scratch member in

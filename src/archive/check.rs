@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
-use super::encryption::{self, EncryptionError, HashingReader, Identities};
+use super::compression;
+use super::encryption::{EncryptionError, HashingReader, Identities};
 use super::{ArchiveError, Layout, Manifest, MemberSnapshot, OBJECTS, SHA256SUMS, objects, sha256sums};
 use crate::store::{Hasher, PutReport, Store, StoreError};
 
@@ -186,21 +187,23 @@ async fn rehash(store: &dyn Store, key: &str, mut keep: Option<Keep<'_>>) -> Res
     Ok(hasher.finish())
 }
 
-/// Stream an encrypted artifact back: hash the ciphertext (what is stored)
-/// and, decrypting on the way, the plaintext; `keep` collects the plaintext.
-async fn rehash_decrypted(
+/// Stream an encrypted or compressed artifact back: hash what is stored
+/// and, decrypting and decompressing on the way, what it decodes to;
+/// `keep` collects the decoded bytes.
+async fn rehash_decoded(
     store: &dyn Store,
     key: &str,
-    identities: &Identities,
-    recipients: &[String],
+    manifest: &Manifest,
+    name: &str,
+    identities: Option<&Identities>,
     mut keep: Option<Keep<'_>>,
 ) -> Result<(PutReport, Result<PutReport, String>), CheckError> {
     let body = store.get(key).await?;
     let (hashing, stored) = HashingReader::new(body);
-    let mut plain = encryption::decrypting_reader(Box::new(hashing), identities, key, recipients).await?;
+    let mut plain = compression::decoded(manifest, name, key, Box::new(hashing), identities).await?;
     let mut hasher = Hasher::default();
     let mut buf = vec![0u8; 1 << 20];
-    // a read that fails is the backup's (it does not decrypt); a copy that
+    // a read that fails is the backup's (it does not decode); a copy that
     // cannot be written is this machine's, and said as such
     let mut kept: Result<(), CheckError> = Ok(());
     let read: Result<(), String> = async {
@@ -314,7 +317,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         let largest = manifest
             .etcd
             .iter()
-            .filter(|m| (manifest.plaintext(&m.artifact).is_none() || decrypting.is_some()) && inspect.wants(&manifest, m))
+            .filter(|m| (!manifest.encrypted() || decrypting.is_some()) && inspect.wants(&manifest, m))
             .map(|m| (manifest.plaintext(&m.artifact).map_or(m.size, |p| p.size), &m.artifact))
             .max_by_key(|(size, _)| *size);
         if let Some((size, artifact)) = largest {
@@ -358,7 +361,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
             };
             return Err(CheckError::Mismatch { url: store.url(), key, what });
         }
-        let readable = manifest.plaintext(&artifact.name).is_none() || decrypting.is_some();
+        let readable = manifest.plaintext(&artifact.name).is_none() || !manifest.encrypted() || decrypting.is_some();
         let copy = match (member, inspect.as_deref()) {
             (Some(member), Some(inspect)) if readable && inspect.wants(&manifest, member) => Some(
                 tempfile::Builder::new()
@@ -382,13 +385,18 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         };
         let plaintext = manifest.plaintext(&artifact.name);
         let (keep, plain_keep) = if plaintext.is_some() { (None, keep) } else { (keep, None) };
-        let rehashed = match (plaintext, decrypting) {
-            (Some(want), Some(ids)) => match rehash_decrypted(store, &key, ids, &recipients, plain_keep).await {
+        let rehashed = match plaintext {
+            Some(want) if readable => match rehash_decoded(store, &key, &manifest, &artifact.name, decrypting, plain_keep).await {
                 Ok((_, Err(e))) => {
+                    let verb = match (manifest.encrypted(), manifest.raw(&artifact.name).is_some()) {
+                        (true, true) => "decrypt and decompress",
+                        (true, false) => "decrypt",
+                        _ => "decompress",
+                    };
                     return Err(CheckError::Mismatch {
                         url: store.url(),
                         key,
-                        what: format!("does not decrypt ({e})"),
+                        what: format!("does not {verb} ({e})"),
                     });
                 }
                 Ok((stored, Ok(got))) => {
@@ -399,7 +407,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
                             url: store.url(),
                             key,
                             what: format!(
-                                "decrypts to {} bytes with SHA-256 {}, but the manifest records {} bytes with SHA-256 {}",
+                                "decodes to {} bytes with SHA-256 {}, but the manifest records {} bytes with SHA-256 {}",
                                 got.size, got.sha256, want.size, want.sha256
                             ),
                         });
@@ -486,7 +494,7 @@ mod tests {
 
     use super::*;
     use crate::archive::encryption::Recipients;
-    use crate::archive::{Artifact, ClusterIdentity, ENCRYPTED_FORMAT_VERSION, Encryption, MemberSnapshot, Timings};
+    use crate::archive::{Artifact, ClusterIdentity, Encryption, MemberSnapshot, Timings};
     use crate::store::LocalStore;
     use crate::archive::sealed::SealingStore;
 
@@ -498,8 +506,19 @@ mod tests {
 
     /// An encrypted backup in a local store, written as `package` writes it.
     async fn encrypted_backup(dir: &Path, recipient: &str) -> (Arc<dyn Store>, Layout) {
+        backup_in(dir, Some(recipient), false).await
+    }
+
+    /// A backup in a local store, encrypted to `recipient` and its snapshot
+    /// compressed as asked, written as `package` writes it.
+    async fn backup_in(dir: &Path, recipient: Option<&str>, compressed: bool) -> (Arc<dyn Store>, Layout) {
         let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir));
-        let sealed = SealingStore::new(store.clone(), Recipients::parse(&[recipient.to_string()]).unwrap().unwrap());
+        let sealed: Option<Arc<SealingStore>> = recipient.map(|r| Arc::new(SealingStore::new(store.clone(), Recipients::parse(&[r.to_string()]).unwrap().unwrap())));
+        let artifact_store: Arc<dyn Store> = match &sealed {
+            Some(sealed) => sealed.clone(),
+            None => store.clone(),
+        };
+        let compressing = compression::CompressingStore::new(artifact_store.clone(), compression::DEFAULT_LEVEL);
         let layout = Layout::new("clusters", "demo", "20261121T180000Z-0a1b2c");
         let mut tarball = Vec::new();
         let objects = vec![json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "demo-pull-secret", "namespace": "clusters"}, "data": {"k": "c2VjcmV0"}})];
@@ -507,18 +526,28 @@ mod tests {
         let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
         let mut artifacts = Vec::new();
         let mut plain = Vec::new();
+        let mut raw = Vec::new();
         for (name, bytes) in [("etcd/etcd-0.db", &snapshot), (OBJECTS, &tarball)] {
             let key = layout.artifact(name);
-            let stored = sealed.put(&key, Box::new(&bytes[..])).await.unwrap();
+            let stored = match (name, compressed) {
+                (OBJECTS, _) | (_, false) => artifact_store.put(&key, Box::new(&bytes[..])).await.unwrap(),
+                _ => {
+                    let stored = compressing.put(&key, Box::new(&bytes[..])).await.unwrap();
+                    let r = compressing.raw(&key).unwrap();
+                    raw.push(Artifact { name: name.into(), size: r.size, sha256: r.sha256 });
+                    stored
+                }
+            };
             artifacts.push(Artifact { name: name.into(), size: stored.size, sha256: stored.sha256 });
-            let p = sealed.plaintext(&key).unwrap();
-            plain.push(Artifact { name: name.into(), size: p.size, sha256: p.sha256 });
+            if let Some(p) = sealed.as_ref().and_then(|s| s.plaintext(&key)) {
+                plain.push(Artifact { name: name.into(), size: p.size, sha256: p.sha256 });
+            }
         }
         let sums = sha256sums(&artifacts);
         let put = store.put(&layout.sums(), Box::new(sums.as_bytes())).await.unwrap();
         artifacts.push(Artifact { name: SHA256SUMS.into(), size: put.size, sha256: put.sha256 });
         let manifest = Manifest {
-            format_version: ENCRYPTED_FORMAT_VERSION,
+            format_version: Manifest::version_for(recipient.is_some(), compressed),
             tool_version: "test".into(),
             backup_id: layout.backup_id.clone(),
             cluster: ClusterIdentity {
@@ -545,11 +574,12 @@ mod tests {
             artifacts,
             object_counts: Default::default(),
             timings: Timings::default(),
-            encryption: Some(Encryption { scheme: "age".into(), recipients: vec![recipient.to_string()], artifacts: plain }),
+            encryption: recipient.map(|r| Encryption { scheme: "age".into(), recipients: vec![r.to_string()], artifacts: plain }),
             origin: None,
             etcd_health: Default::default(),
             agent_inventory: None,
             guest_volumes: None,
+            compression: compressed.then(|| crate::archive::Compression { algorithm: "zstd".into(), level: compression::DEFAULT_LEVEL, artifacts: raw }),
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)
@@ -678,7 +708,8 @@ mod tests {
         // opened for reading only: every write fails
         let file = tokio::fs::File::open(&path).await.unwrap();
         let keep = Keep::File { file, path: &path, written: 0 };
-        let err = rehash_decrypted(store.as_ref(), &layout.artifact("etcd/etcd-0.db"), &ids, &[recipient], Some(keep)).await.unwrap_err();
+        let manifest = read_manifest(store.as_ref(), &layout).await.unwrap();
+        let err = rehash_decoded(store.as_ref(), &layout.artifact("etcd/etcd-0.db"), &manifest, "etcd/etcd-0.db", Some(&ids), Some(keep)).await.unwrap_err();
         assert!(matches!(err, CheckError::Scratch { .. }), "{err}");
         assert!(err.to_string().contains("read-only.db") && err.to_string().contains("set TMPDIR"), "{err}");
     }
@@ -710,6 +741,77 @@ mod tests {
         store.put(&layout.manifest(), Box::new(&forged.to_json()[..])).await.unwrap();
         check_backup_with(store.as_ref(), &layout, None).await.unwrap();
         let err = check_backup_with(store.as_ref(), &layout, Some(&ids)).await.unwrap_err().to_string();
-        assert!(err.contains("decrypts to 200000 bytes"), "{err}");
+        assert!(err.contains("decodes to 200000 bytes"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn compressed_backups_check_what_is_stored_and_what_it_decompresses_to() {
+        let (ids, recipient) = key();
+        for recipient in [None, Some(recipient.as_str())] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, layout) = backup_in(dir.path(), recipient, true).await;
+            let manifest = read_manifest(store.as_ref(), &layout).await.unwrap();
+            assert_eq!(manifest.format_version, crate::archive::COMPRESSED_FORMAT_VERSION);
+            let stored = manifest.artifact("etcd/etcd-0.db").unwrap().size;
+            assert!(stored < 200_000 / 4, "{stored} bytes stored of 200000");
+            let checked = check_backup_with(store.as_ref(), &layout, Some(&ids)).await.unwrap();
+            assert!(checked.report.plaintext_checked);
+            assert_eq!(checked.objects.unwrap().len(), 1);
+
+            // the snapshot kept for an offline look is the raw one
+            struct Keeper(Option<Vec<u8>>);
+            #[async_trait::async_trait]
+            impl Inspect for Keeper {
+                fn wants(&self, _: &Manifest, _: &MemberSnapshot) -> bool {
+                    true
+                }
+                async fn inspect(&mut self, _: &MemberSnapshot, copy: &Path) -> Result<(), CheckError> {
+                    self.0 = Some(std::fs::read(copy).unwrap());
+                    Ok(())
+                }
+            }
+            let mut keeper = Keeper(None);
+            check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut keeper).await.unwrap();
+            let want: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+            assert!(keeper.0.unwrap() == want, "the copy is not the raw snapshot");
+        }
+    }
+
+    #[tokio::test]
+    async fn damaged_compressed_snapshots_are_refused_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, layout) = backup_in(dir.path(), None, true).await;
+        let path = dir.path().join(layout.artifact("etcd/etcd-0.db"));
+        let original = std::fs::read(&path).unwrap();
+        let manifest = read_manifest(store.as_ref(), &layout).await.unwrap();
+
+        // truncated, then a flipped byte, with the stored digests forged to
+        // match: decompression itself refuses them, naming the artifact
+        for damaged in [original[..original.len() / 2].to_vec(), { let mut b = original.clone(); let at = b.len() / 2; b[at] ^= 0x10; b }] {
+            std::fs::write(&path, &damaged).unwrap();
+            let mut forged = manifest.clone();
+            let digest = crate::store::hex(&<sha2::Sha256 as sha2::Digest>::digest(&damaged));
+            for a in forged.artifacts.iter_mut().filter(|a| a.name == "etcd/etcd-0.db") {
+                (a.size, a.sha256) = (damaged.len() as u64, digest.clone());
+            }
+            forged.etcd[0].size = damaged.len() as u64;
+            forged.etcd[0].sha256 = digest.clone();
+            let sums = sha256sums(&forged.artifacts);
+            let put = store.put(&layout.sums(), Box::new(sums.as_bytes())).await.unwrap();
+            for a in forged.artifacts.iter_mut().filter(|a| a.name == SHA256SUMS) {
+                (a.size, a.sha256) = (put.size, put.sha256.clone());
+            }
+            store.put(&layout.manifest(), Box::new(&forged.to_json()[..])).await.unwrap();
+            let err = check_backup_with(store.as_ref(), &layout, None).await.unwrap_err().to_string();
+            assert!(err.contains("etcd/etcd-0.db") && err.contains("does not decompress"), "{err}");
+        }
+
+        // a bomb: the manifest records a smaller raw size than the stream expands to
+        std::fs::write(&path, &original).unwrap();
+        let mut bomb = manifest.clone();
+        bomb.compression.as_mut().unwrap().artifacts[0].size = 1000;
+        store.put(&layout.manifest(), Box::new(&bomb.to_json()[..])).await.unwrap();
+        let err = check_backup_with(store.as_ref(), &layout, None).await.unwrap_err().to_string();
+        assert!(err.contains("etcd/etcd-0.db") && err.contains("decompresses past the 1000 bytes the manifest records"), "{err}");
     }
 }

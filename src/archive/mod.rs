@@ -5,6 +5,7 @@
 //! ```text
 //! <namespace>/<hosted-cluster>/<backup-id>/
 //!     etcd/<member>.db         one snapshot per etcd member, as etcd streamed it
+//!                              (zstd-compressed since format version 3)
 //!     objects.tar.gz           the exported objects, one JSON document per object
 //!     SHA256SUMS               `sha256sum -c` compatible list of every artifact
 //!     manifest.json            written LAST: a backup without it is incomplete
@@ -12,9 +13,12 @@
 //!
 //! `backup-id` is `YYYYMMDDTHHMMSSZ-xxxxxx` (UTC start time and a random
 //! suffix), so ids sort by time. The manifest names every artifact with its
-//! size and SHA-256; readers check `format_version` before anything else.
+//! size and SHA-256 as stored, and for a compressed or encrypted artifact
+//! the size and SHA-256 of what it decodes to; readers check
+//! `format_version` before anything else.
 
 pub mod check;
+pub mod compression;
 pub mod encryption;
 pub mod fence;
 pub mod objects;
@@ -34,6 +38,11 @@ pub const FORMAT_VERSION: u32 = 1;
 /// 1 plus `encryption`): a reader that knows only version 1 refuses it
 /// instead of taking ciphertext for a snapshot.
 pub const ENCRYPTED_FORMAT_VERSION: u32 = 2;
+/// The format of a backup whose etcd snapshots are compressed (version 1
+/// or 2 plus `compression`; `encryption` as in version 2 when set): a
+/// reader that knows only versions 1 and 2 refuses it instead of taking a
+/// zstd stream for a snapshot.
+pub const COMPRESSED_FORMAT_VERSION: u32 = 3;
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
 /// The checksum list's file name.
@@ -48,7 +57,7 @@ pub enum ArchiveError {
     #[error("manifest: {0}")]
     ManifestParse(#[source] serde_json::Error),
     /// The manifest was written by a format this version cannot read.
-    #[error("manifest: format version {found} is not supported (this hcp-dr reads versions {FORMAT_VERSION} and {ENCRYPTED_FORMAT_VERSION}); use the hcp-dr release that wrote it")]
+    #[error("manifest: format version {found} is not supported (this hcp-dr reads versions {FORMAT_VERSION} to {COMPRESSED_FORMAT_VERSION}); use the hcp-dr release that wrote it")]
     UnknownFormat { found: u32 },
     /// The manifest does not name an artifact it must have.
     #[error("manifest: {0}")]
@@ -310,6 +319,23 @@ pub struct Manifest {
     /// `volumes/<pvc>.tar`) and the root disks left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_volumes: Option<GuestVolumes>,
+    /// How the etcd snapshots are compressed, with their raw digests
+    /// (format version 3). Older backups lack it: stored as etcd streamed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+}
+
+/// The etcd snapshots of a backup, compressed before they are stored (and
+/// before they are encrypted, when the backup is).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compression {
+    /// `zstd` ([`compression::ALGORITHM`]).
+    pub algorithm: String,
+    pub level: i32,
+    /// The compressed artifacts with the size and SHA-256 of their raw
+    /// bytes (what etcd streamed, checked after decompression); `artifacts`
+    /// above holds what is stored.
+    pub artifacts: Vec<Artifact>,
 }
 
 /// A KubeVirt cluster's guest volumes in a backup.
@@ -426,7 +452,7 @@ impl Manifest {
             format_version: u32,
         }
         let version: Version = serde_json::from_slice(bytes).map_err(ArchiveError::ManifestParse)?;
-        if version.format_version != FORMAT_VERSION && version.format_version != ENCRYPTED_FORMAT_VERSION {
+        if !(FORMAT_VERSION..=COMPRESSED_FORMAT_VERSION).contains(&version.format_version) {
             return Err(ArchiveError::UnknownFormat {
                 found: version.format_version,
             });
@@ -453,18 +479,49 @@ impl Manifest {
                 return Err(ArchiveError::Incomplete(format!("artifact `{name}` is not listed")));
             }
         }
-        match (&self.encryption, self.format_version) {
-            (None, FORMAT_VERSION) => Ok(()),
-            (Some(encryption), ENCRYPTED_FORMAT_VERSION) => self.check_encryption(encryption),
-            (None, _) => Err(ArchiveError::Incomplete(format!(
-                "format version {} is for encrypted backups, but `encryption` is missing",
-                self.format_version
+        let version = self.format_version;
+        match (version, &self.compression, &self.encryption) {
+            (FORMAT_VERSION, None, None) => Ok(()),
+            (ENCRYPTED_FORMAT_VERSION, None, Some(encryption)) => self.check_encryption(encryption),
+            (COMPRESSED_FORMAT_VERSION, Some(compression), encryption) => {
+                self.check_compression(compression)?;
+                encryption.as_ref().map_or(Ok(()), |e| self.check_encryption(e))
+            }
+            (COMPRESSED_FORMAT_VERSION, None, _) => Err(ArchiveError::Incomplete(format!(
+                "format version {version} is for compressed backups, but `compression` is missing"
             ))),
-            (Some(_), _) => Err(ArchiveError::Incomplete(format!(
-                "`encryption` is set in a format version {} manifest (encrypted backups are version {ENCRYPTED_FORMAT_VERSION})",
-                self.format_version
+            (_, Some(_), _) => Err(ArchiveError::Incomplete(format!(
+                "`compression` is set in a format version {version} manifest (compressed backups are version {COMPRESSED_FORMAT_VERSION})"
+            ))),
+            (_, None, None) => Err(ArchiveError::Incomplete(format!(
+                "format version {version} is for encrypted backups, but `encryption` is missing"
+            ))),
+            (_, None, Some(_)) => Err(ArchiveError::Incomplete(format!(
+                "`encryption` is set in a format version {version} manifest (encrypted backups are version {ENCRYPTED_FORMAT_VERSION}, or {COMPRESSED_FORMAT_VERSION} when compressed)"
             ))),
         }
+    }
+
+    /// The etcd snapshots are compressed with zstd, each with its raw
+    /// digest; nothing else is.
+    fn check_compression(&self, compression: &Compression) -> Result<(), ArchiveError> {
+        if compression.algorithm != compression::ALGORITHM {
+            return Err(ArchiveError::Incomplete(format!(
+                "the snapshots are compressed with `{}`, which this hcp-dr cannot decompress (it knows `{}`)",
+                compression.algorithm,
+                compression::ALGORITHM
+            )));
+        }
+        let mut want: Vec<&str> = self.etcd.iter().map(|m| m.artifact.as_str()).collect();
+        let mut have: Vec<&str> = compression.artifacts.iter().map(|a| a.name.as_str()).collect();
+        want.sort();
+        have.sort();
+        if want != have {
+            return Err(ArchiveError::Incomplete(format!(
+                "`compression.artifacts` lists {have:?}; a compressed backup compresses exactly its snapshots {want:?}"
+            )));
+        }
+        Ok(())
     }
 
     /// The snapshots, the objects archive and the guest volumes are encrypted, each with its
@@ -501,10 +558,32 @@ impl Manifest {
         self.artifacts.iter().find(|a| a.name == name)
     }
 
-    /// The plaintext size and SHA-256 of an encrypted artifact (`None`: it
-    /// is stored as it is).
+    /// The size and SHA-256 of an artifact as a reader uses it, once
+    /// decrypted and decompressed (`None`: it is stored as it is). For a
+    /// compressed snapshot the raw bytes etcd streamed; for an encrypted
+    /// artifact that is not compressed, its plaintext.
     pub fn plaintext(&self, name: &str) -> Option<&Artifact> {
-        self.encryption.as_ref()?.artifacts.iter().find(|a| a.name == name)
+        self.raw(name)
+            .or_else(|| self.encryption.as_ref()?.artifacts.iter().find(|a| a.name == name))
+    }
+
+    /// The raw digest of a compressed artifact (`None`: not compressed).
+    pub fn raw(&self, name: &str) -> Option<&Artifact> {
+        self.compression.as_ref()?.artifacts.iter().find(|a| a.name == name)
+    }
+
+    /// Whether the artifacts are encrypted (reading them needs an identity).
+    pub fn encrypted(&self) -> bool {
+        self.encryption.is_some()
+    }
+
+    /// The format version of a backup so encrypted and compressed.
+    pub fn version_for(encrypted: bool, compressed: bool) -> u32 {
+        match (compressed, encrypted) {
+            (true, _) => COMPRESSED_FORMAT_VERSION,
+            (false, true) => ENCRYPTED_FORMAT_VERSION,
+            (false, false) => FORMAT_VERSION,
+        }
     }
 
     /// The recipients of an encrypted backup (empty: not encrypted).
@@ -585,6 +664,7 @@ pub(crate) mod tests {
             etcd_health: EtcdHealth::default(),
             agent_inventory: None,
             guest_volumes: None,
+            compression: None,
         }
     }
 
@@ -613,10 +693,10 @@ pub(crate) mod tests {
         let m = manifest();
         assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
         let mut future = serde_json::to_value(&m).unwrap();
-        future["format_version"] = 3.into();
+        future["format_version"] = 4.into();
         future["something_new"] = true.into();
         let err = Manifest::parse(&serde_json::to_vec(&future).unwrap()).unwrap_err();
-        assert!(matches!(err, ArchiveError::UnknownFormat { found: 3 }), "{err}");
+        assert!(matches!(err, ArchiveError::UnknownFormat { found: 4 }), "{err}");
         assert!(Manifest::parse(b"{not json").is_err());
     }
 
@@ -675,6 +755,9 @@ pub(crate) mod tests {
         let mut v1 = m.clone();
         v1.format_version = FORMAT_VERSION;
         assert!(Manifest::parse(&v1.to_json()).unwrap_err().to_string().contains("encrypted backups are version 2"));
+        let mut v3 = m.clone();
+        v3.format_version = COMPRESSED_FORMAT_VERSION;
+        assert!(Manifest::parse(&v3.to_json()).unwrap_err().to_string().contains("`compression` is missing"));
         let mut missing = m.clone();
         missing.encryption.as_mut().unwrap().artifacts.pop();
         assert!(Manifest::parse(&missing.to_json()).unwrap_err().to_string().contains("encrypts exactly"));
@@ -684,6 +767,47 @@ pub(crate) mod tests {
         let mut unencrypted = manifest();
         unencrypted.format_version = ENCRYPTED_FORMAT_VERSION;
         assert!(Manifest::parse(&unencrypted.to_json()).unwrap_err().to_string().contains("`encryption` is missing"));
+    }
+
+    #[test]
+    fn compressed_manifests_are_version_3_and_list_every_snapshots_raw_digest() {
+        let raw = |name: &str| Artifact { name: name.into(), size: 100, sha256: "ef".repeat(32) };
+        let mut m = manifest();
+        m.format_version = COMPRESSED_FORMAT_VERSION;
+        m.compression = Some(Compression {
+            algorithm: compression::ALGORITHM.into(),
+            level: 3,
+            artifacts: vec![raw("etcd/etcd-0.db"), raw("etcd/etcd-1.db")],
+        });
+        assert_eq!(Manifest::parse(&m.to_json()).unwrap(), m);
+        assert_eq!(m.plaintext("etcd/etcd-0.db").unwrap().size, 100);
+        assert!(m.plaintext(OBJECTS).is_none(), "the objects archive is gzip already");
+        assert!(!m.encrypted());
+
+        // compressed and encrypted: the raw digest wins, the encryption lists its plaintext (the zstd stream)
+        let plain = |name: &str| Artifact { name: name.into(), size: 2, sha256: "cd".repeat(32) };
+        let mut both = m.clone();
+        both.encryption = Some(Encryption {
+            scheme: encryption::SCHEME.into(),
+            recipients: vec!["age1xyz".into()],
+            artifacts: vec![plain("etcd/etcd-0.db"), plain("etcd/etcd-1.db"), plain(OBJECTS)],
+        });
+        assert_eq!(Manifest::parse(&both.to_json()).unwrap(), both);
+        assert_eq!(both.plaintext("etcd/etcd-0.db").unwrap().size, 100);
+        assert_eq!(both.plaintext(OBJECTS).unwrap().size, 2);
+
+        let mut v1 = m.clone();
+        v1.format_version = FORMAT_VERSION;
+        assert!(Manifest::parse(&v1.to_json()).unwrap_err().to_string().contains("compressed backups are version 3"));
+        let mut missing = m.clone();
+        missing.compression.as_mut().unwrap().artifacts.pop();
+        assert!(Manifest::parse(&missing.to_json()).unwrap_err().to_string().contains("compresses exactly"));
+        let mut other = m.clone();
+        other.compression.as_mut().unwrap().algorithm = "lz4".into();
+        assert!(Manifest::parse(&other.to_json()).unwrap_err().to_string().contains("cannot decompress"));
+        assert_eq!(Manifest::version_for(true, true), COMPRESSED_FORMAT_VERSION);
+        assert_eq!(Manifest::version_for(true, false), ENCRYPTED_FORMAT_VERSION);
+        assert_eq!(Manifest::version_for(false, false), FORMAT_VERSION);
     }
 
     #[test]

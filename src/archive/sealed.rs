@@ -84,6 +84,14 @@ impl Store for SealingStore {
     async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, StoreError> {
         self.inner.presign_get(key, ttl).await
     }
+
+    fn local_dir(&self) -> Option<&std::path::Path> {
+        self.inner.local_dir()
+    }
+
+    fn s3(&self) -> Option<&crate::store::S3Store> {
+        self.inner.s3()
+    }
 }
 
 #[cfg(test)]

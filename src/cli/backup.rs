@@ -114,6 +114,13 @@ pub struct Args {
     /// encrypts to the recipients its journal recorded.
     #[arg(long, value_name = "RECIPIENT", env = "HCP_DR_ENCRYPT_TO", value_delimiter = ',')]
     pub encrypt_to: Vec<String>,
+    /// How the etcd snapshots are stored: zstd (level 1, the default),
+    /// zstd:LEVEL (1-19) or none (as etcd streams them, format version 1).
+    /// Compressed on another thread while they stream, before they are
+    /// encrypted. The objects archive is gzip either way. A resumed run
+    /// compresses as its journal recorded.
+    #[arg(long, value_name = "zstd|zstd:LEVEL|none", default_value = "zstd", env = "HCP_DR_COMPRESSION", value_parser = crate::archive::compression::Compression::parse)]
+    pub compression: crate::archive::compression::Compression,
     /// The Route53 hosted zone of the cluster's hostnames (Z123...): the
     /// manifest records their records and external-dns owner, which a
     /// restore with --take-over-dns needs when this management cluster is
@@ -188,6 +195,8 @@ fn options(args: Args, output: Output) -> Result<BackupOptions, String> {
         platform: args.platform,
         copy_to: args.copy_to,
         copy_optional: args.copy_optional,
+        object_lock: args.lock_for.map(|retain_for| crate::store::object_lock::ObjectLock { mode: args.lock_mode, retain_for }),
+        compression: args.compression,
     })
 }
 
@@ -195,7 +204,6 @@ pub async fn exec(args: Args, output: Output) -> Exit {
     let fleet = args.all.then(|| FleetSelection {
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
-        object_lock: args.lock_for.map(|retain_for| crate::store::object_lock::ObjectLock { mode: args.lock_mode, retain_for }),
         concurrency: args.concurrency,
         shard: args.shard,
     });
@@ -278,6 +286,9 @@ pub fn render(result: &BackupResult) -> String {
     if let Some(downtime) = result.api_downtime_seconds {
         out.push_str(&format!("API downtime: {downtime:.1}s\n"));
     }
+    if let Some(lock) = &result.object_lock {
+        out.push_str(&format!("locked: S3 Object Lock {} until {}\n", lock.mode, lock.retain_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+    }
     if let Some(journal) = &result.run.journal {
         out.push_str(&format!("journal: {journal}\n"));
     }
@@ -286,9 +297,6 @@ pub fn render(result: &BackupResult) -> String {
     }
     out
 }
-    if let Some(lock) = &result.object_lock {
-        out.push_str(&format!("locked: S3 Object Lock {} until {}\n", lock.mode, lock.retain_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
-    }
 
 #[cfg(test)]
 mod tests {

@@ -337,6 +337,14 @@ fn render_manifest(m: &crate::archive::Manifest) -> String {
             out.push_str(&format!("  root disks not copied (re-created from the NodePool's image): {}\n", guest.root_disks.join(", ")));
         }
     }
+    if let Some(c) = &m.compression {
+        out.push_str(&format!("compressed: {} level {} (the etcd snapshots)\n", c.algorithm, c.level));
+        for a in &c.artifacts {
+            let stored = m.artifact(&a.name).map(|s| s.size).unwrap_or_default();
+            let ratio = if stored > 0 { format!("{:.1}x", a.size as f64 / stored as f64) } else { "-".into() };
+            out.push_str(&format!("  {:<20} raw {:>10}  stored {:>10}  {ratio:>6}  raw sha256 {}\n", a.name, size(a.size), size(stored), a.sha256));
+        }
+    }
     if let Some(e) = &m.encryption {
         out.push_str(&format!("encrypted: {} for {}\n", e.scheme, e.recipients.join(", ")));
         for a in &e.artifacts {

@@ -130,6 +130,10 @@ pub struct SnapshotReport {
     pub size: u64,
     /// SHA-256 of the whole stream as stored (database plus etcd's trailing hash).
     pub sha256: String,
+    /// Size and SHA-256 of the stream as etcd sent it: the same as above
+    /// unless the store transforms it (compression). Older journals lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<crate::store::PutReport>,
 }
 
 impl Member {
@@ -400,7 +404,7 @@ impl StartedSnapshot {
             }
         };
         let put = match stored {
-            crate::store::Stored::Verbatim { size } if size == whole.size => whole,
+            crate::store::Stored::Verbatim { size } if size == whole.size => whole.clone(),
             crate::store::Stored::Verbatim { size } => {
                 let _ = store.delete(key).await;
                 return Err(EtcdError::Store {
@@ -415,11 +419,13 @@ impl StartedSnapshot {
         };
         let (expected, actual) = match verdict {
             Verdict::Ok => {
+                let raw = (put != whole).then_some(whole);
                 return Ok(SnapshotReport {
                     member,
                     revision,
                     size: put.size,
                     sha256: put.sha256,
+                    raw,
                 });
             }
             Verdict::TooShort => ("(none)".to_string(), "(stream shorter than a hash)".to_string()),

@@ -234,7 +234,9 @@ pub struct Decryption<'a> {
 /// Verify the snapshot file at `path`, decrypting it with `decryption`
 /// when it is age-encrypted. The plaintext is never written anywhere: the
 /// database is read at random through age's seekable reader over the
-/// encrypted file.
+/// encrypted file. A zstd-compressed snapshot (an hcp-dr backup's, format
+/// version 3), encrypted or not, is decompressed into a private scratch
+/// file first (bbolt's pages are read at random).
 pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Report, VerifyError> {
     let open = |source| VerifyError::Open {
         path: path.to_path_buf(),
@@ -250,6 +252,9 @@ pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Repo
     let source = path.display().to_string();
     let mut head = [0u8; 32];
     let n = read_head(&mut file, &mut head).map_err(open)?;
+    if crate::archive::compression::is_zstd(&head[..n]) {
+        return check_decompressed(file, &source);
+    }
     if !encryption::is_age(&head[..n]) {
         return check(file, metadata.len(), &source);
     }
@@ -268,9 +273,43 @@ pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Repo
         what: source.clone(),
         source: err,
     };
+    let mut head = [0u8; 4];
+    let n = reader.read(&mut head).map_err(read_error)?;
+    reader.seek(SeekFrom::Start(0)).map_err(read_error)?;
+    if crate::archive::compression::is_zstd(&head[..n]) {
+        return check_decompressed(reader, &source);
+    }
     let len = reader.seek(SeekFrom::End(0)).map_err(read_error)?;
     reader.seek(SeekFrom::Start(0)).map_err(read_error)?;
     check(reader, len, &source)
+}
+
+/// Decompress a zstd snapshot into a private scratch file (removed when
+/// done) and verify that.
+fn check_decompressed(compressed: impl Read, source: &str) -> Result<Report, VerifyError> {
+    let scratch_error = |e: std::io::Error| VerifyError::Scratch {
+        url: source.to_string(),
+        path: std::env::temp_dir(),
+        source: e,
+    };
+    let mut scratch = tempfile::Builder::new().prefix("hcp-dr-verify-").suffix(".db").tempfile().map_err(scratch_error)?;
+    let read_error = |e: std::io::Error| VerifyError::Read {
+        what: format!("{source} (zstd)"),
+        source: e,
+    };
+    let mut decoder = zstd::stream::read::Decoder::new(compressed).map_err(read_error)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = decoder.read(&mut buf).map_err(read_error)?;
+        if n == 0 {
+            break;
+        }
+        std::io::Write::write_all(scratch.as_file_mut(), &buf[..n]).map_err(scratch_error)?;
+    }
+    let mut file = scratch.reopen().map_err(scratch_error)?;
+    let len = file.seek(SeekFrom::End(0)).map_err(scratch_error)?;
+    file.seek(SeekFrom::Start(0)).map_err(scratch_error)?;
+    check(file, len, source)
 }
 
 /// Read up to `buf.len()` bytes from the start, then go back to the start.

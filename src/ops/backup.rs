@@ -57,6 +57,8 @@ pub struct BackupOptions {
     pub copy_to: Vec<String>,
     /// `--copy-optional`: a copy that fails is a warning, not a failed backup.
     pub copy_optional: bool,
+    /// `--compression`: how the etcd snapshots are stored.
+    pub compression: crate::archive::compression::Compression,
     /// `--lock-for`/`--lock-mode`: S3 Object Lock retention on every object of the backup.
     pub object_lock: Option<store::object_lock::ObjectLock>,
 }
@@ -85,9 +87,9 @@ fn s3_options(options: &BackupOptions, inputs: &BackupInputs) -> S3Options {
     let mut s3 = options.s3.clone();
     s3.endpoint = s3.endpoint.or_else(|| inputs.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.ca_bundle.clone());
+    s3.object_lock = inputs.object_lock;
     s3
 }
-    s3.object_lock = inputs.object_lock;
 
 /// What a backup run reports.
 #[derive(Debug, Clone, Serialize)]
@@ -102,11 +104,11 @@ pub struct BackupResult {
     /// `--copy-to`: each copy store, complete or why not.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<crate::store::mirrored::CopyState>,
-}
-
     /// `--lock-for`: the backup's S3 Object Lock, as S3 reports it on its manifest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object_lock: Option<super::object_lock::LockReport>,
+}
+
 pub(crate) fn holder() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -170,9 +172,10 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
                 route53_endpoint: options.route53_endpoint.clone(),
                 copy_to: check_copies(&options.store, &options.copy_to)?,
                 copy_optional: options.copy_optional,
+                compress_level: options.compression.level(),
+                object_lock: options.object_lock,
             }
         }
-                object_lock: options.object_lock,
     };
     let recipients = Recipients::parse(&inputs.encrypt_to).map_err(|e| OpsError::Input(format!("journal inputs: {e}")))?;
     if inputs.pause_ttl_seconds < 60 {
@@ -188,14 +191,14 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         )));
     }
 
-    let (client, binding, store, api_groups) = match &options.fleet {
-        Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
-        None => {
     // --lock-for: every store an S3 bucket with Object Lock, before anything is contacted
     let lock_warnings = match (options.run.journal_given(), &options.fleet) {
         (None, None) => super::object_lock::check_stores(inputs.object_lock, &inputs.store, &inputs.copy_to, &s3_options(&options, &inputs)).await?,
         _ => Vec::new(),
     };
+    let (client, binding, store, api_groups) = match &options.fleet {
+        Some(fleet) => (fleet.client.clone(), fleet.binding.clone(), fleet.store.clone(), Some(fleet.api_groups.clone())),
+        None => {
             if options.run.journal_given().is_none() {
                 check_local_store("--to", &inputs.store, options.run.dry_run).await?;
             }
@@ -223,15 +226,18 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
         ctx.api_groups = shared;
     }
     ctx.management = Some(binding.management_cluster());
+    ctx.warnings.extend(lock_warnings);
     if let Some(zone) = &inputs.route53_zone {
         match super::connect_zone(zone, inputs.route53_endpoint.as_deref(), inputs.ca_bundle.as_deref()).await {
             Ok(zone) => ctx.dns = Some(zone),
-    ctx.warnings.extend(lock_warnings);
             Err(err) => ctx.warnings.push(format!("the DNS records of the cluster's hostnames will not be recorded: {err}")),
         }
     }
     if let Some(recipients) = recipients {
         ctx.encrypt_to(recipients);
+    }
+    if let Some(level) = inputs.compress_level {
+        ctx.compress(level);
     }
     let signalling = !options.run.dry_run;
     if signalling {
@@ -245,29 +251,29 @@ pub async fn backup(options: BackupOptions, interrupt: &mut Interrupt) -> Result
     let resumed = run.output_of::<crate::stages::resume::Resume>()?;
     let copies = mirrored.map(|m| m.states()).unwrap_or_default();
     let mut warnings = ctx.warnings.clone();
+    let object_lock = match inputs.object_lock {
+        Some(_) if !options.run.dry_run => super::object_lock::after_run(ctx.store.as_ref(), &inputs.layout(), package.is_some(), &mut warnings).await,
+        _ => None,
+    };
     for copy in copies.iter().filter(|c| c.error.is_some()) {
         warnings.push(format!(
             "the copy to {} is incomplete ({}): the backup is complete in {} only; `hcp-dr backups copy --from {} --to {}` completes it",
             copy.store,
             copy.error.as_deref().unwrap_or_default(),
             ctx.store.url(),
-    let object_lock = match inputs.object_lock {
-        Some(_) if !options.run.dry_run => super::object_lock::after_run(ctx.store.as_ref(), &inputs.layout(), package.is_some(), &mut warnings).await,
-        _ => None,
-    };
             ctx.store.url(),
             copy.store
         ));
     }
     let mut result = BackupResult {
         copies,
+        object_lock,
         backup: package.as_ref().map(|p| p.backup.clone()),
         etcd_revision: package.as_ref().and_then(|p| p.revision),
         api_downtime_seconds: resumed.and_then(|r| r.api_downtime_seconds),
         warnings,
         run,
     };
-        object_lock,
     if signalling {
         let seconds = started.elapsed().as_secs_f64();
         let outcome = match (&result.run.outcome, &result.backup) {
@@ -472,16 +478,16 @@ pub async fn backup_all(options: BackupOptions, fleet: FleetSelection, interrupt
         return Err(OpsError::Input("--concurrency must be at least 1".into()));
     }
     check_local_store("--to", &options.store, options.run.dry_run).await?;
+    let mut s3 = options.s3.clone();
+    s3.object_lock = options.object_lock;
+    for warning in super::object_lock::check_stores(options.object_lock, &options.store, &options.copy_to, &s3).await? {
+        tracing::warn!("{warning}");
+    }
     let target = super::reach_for("management", options.kubeconfig.as_deref(), options.context.as_deref(), None).await?;
     let client = target.client.clone();
     let mut params = kube::api::ListParams::default();
     if let Some(selector) = &fleet.selector {
         params = params.labels(selector);
-    }
-    let mut s3 = options.s3.clone();
-    s3.object_lock = options.object_lock;
-    for warning in super::object_lock::check_stores(options.object_lock, &options.store, &options.copy_to, &s3).await? {
-        tracing::warn!("{warning}");
     }
     let api = hosted_clusters_api(&client, fleet.namespace.as_deref());
     let matching = crate::kube::list_json(&api, &params, "HostedClusters").await?;

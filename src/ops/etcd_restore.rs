@@ -125,7 +125,13 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
     if let Some(backup) = &snapshot.backup {
         let store = store::open(&snapshot.store, options.s3.clone()).await?;
         let layout = crate::archive::Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
-        if let Ok(manifest) = crate::archive::check::read_manifest(store.as_ref(), &layout).await
+        let manifest = crate::archive::check::read_manifest(store.as_ref(), &layout).await.ok();
+        // a compressed snapshot: the pods get a decompressed copy, staged as an encrypted one is
+        let compressed = manifest.as_ref().is_some_and(|m| m.best_snapshot().is_some_and(|best| m.raw(&best.artifact).is_some()));
+        if compressed && stage_snapshot_to.is_none() && !local_source {
+            stage_snapshot_to = Some(snapshot.store.clone());
+        }
+        if let Some(manifest) = &manifest
             && let Some(encryption) = &manifest.encryption
         {
             encrypted = true;
@@ -203,13 +209,14 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
             route53_endpoint: None,
             copy_to: Vec::new(),
             copy_optional: false,
+            object_lock: None,
+            compress_level: None,
         },
         snapshot,
         stage_snapshot_to,
         bump_revision: options.bump_revision,
         presign_ttl_seconds: presign_ttl.as_secs(),
         image: options.image.clone(),
-            object_lock: None,
         identity: options.identity.clone(),
     })
 }

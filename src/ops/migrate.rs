@@ -142,6 +142,10 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             copy_to: Vec::new(),
             copy_optional: false,
             object_lock: None,
+            // The migration's backup is restored minutes later through
+            // etcd's own download, which reads raw snapshots only: stored
+            // raw, it needs no decompressed copy staged while the API is down.
+            compress_level: None,
         },
         destination: RestoreInputs {
             store: via,

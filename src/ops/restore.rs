@@ -266,6 +266,12 @@ pub(crate) async fn prepare_decryption(
         // `verify` says what is wrong with it
         Err(_) => return Ok((None, Vec::new())),
     };
+    // etcd's download reads raw snapshots only: a compressed one is
+    // staged decompressed, in the backup's own S3 store unless told where
+    let compressed = manifest.best_snapshot().is_some_and(|best| manifest.raw(&best.artifact).is_some());
+    if fresh && compressed {
+        stage_in_own_store(inputs)?;
+    }
     let Some(encryption) = &manifest.encryption else {
         let warnings = match &inputs.identity {
             Some(path) => vec![format!("the backup is not encrypted; --identity {} was not used", path.display())],
@@ -283,14 +289,21 @@ pub(crate) async fn prepare_decryption(
     let identities = Identities::from_file(&path).map_err(input)?;
     identities.check(&what, &encryption.recipients).map_err(input)?;
     if fresh {
-        if inputs.stage_snapshot_to.is_none() && matches!(store::StoreUrl::parse(&inputs.store)?, store::StoreUrl::S3 { .. }) {
-            inputs.stage_snapshot_to = Some(inputs.store.clone());
-        }
+        stage_in_own_store(inputs)?;
         if !decrypt.presign_ttl_given {
             inputs.presign_ttl_seconds = DECRYPTED_COPY_TTL.as_secs();
         }
     }
     Ok((Some(identities), Vec::new()))
+}
+
+/// Stage the snapshot copy in the backup's own store when that is S3 and
+/// `--stage-snapshot-to` names no other.
+fn stage_in_own_store(inputs: &mut RestoreInputs) -> Result<(), OpsError> {
+    if inputs.stage_snapshot_to.is_none() && matches!(store::StoreUrl::parse(&inputs.store)?, store::StoreUrl::S3 { .. }) {
+        inputs.stage_snapshot_to = Some(inputs.store.clone());
+    }
+    Ok(())
 }
 
 /// Refuse, before anything is contacted on the destination, a seeding the

@@ -72,6 +72,11 @@ pub struct BackupInputs {
     /// encrypts the same way.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub encrypt_to: Vec<String>,
+    /// The zstd level the snapshots are compressed with (`--compression`);
+    /// `None`: stored as etcd streams them (and in journals older than
+    /// compression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress_level: Option<i32>,
     /// The Route53 zone of the cluster's hostnames (`--route53-zone`): the
     /// manifest records their records and external-dns owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,15 +92,15 @@ pub struct BackupInputs {
     /// `--copy-optional`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub copy_optional: bool,
+    /// `--lock-for`/`--lock-mode`: the S3 Object Lock retention every object
+    /// of the backup is written with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_lock: Option<crate::store::object_lock::ObjectLock>,
 }
 
 /// What a backup (or migrate) takes of a platform's own data: a KubeVirt
 /// cluster's guest volumes, an Agent cluster's free hosts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
-    /// `--lock-for`/`--lock-mode`: the S3 Object Lock retention every object
-    /// of the backup is written with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object_lock: Option<crate::store::object_lock::ObjectLock>,
 pub struct PlatformSettings {
     /// KubeVirt: the VolumeSnapshotClass for the guest volumes' snapshots
     /// (default: the one default class of each volume's CSI driver).
@@ -233,6 +238,9 @@ pub struct BackupContext {
     /// With `--encrypt-to`: the store the encrypted artifacts are written
     /// through (see [`BackupContext::artifact_store`]).
     pub sealing: Option<std::sync::Arc<crate::archive::sealed::SealingStore>>,
+    /// With `--compression zstd`: the store the snapshots are written
+    /// through (see [`BackupContext::snapshot_store`]).
+    pub compressing: Option<std::sync::Arc<crate::archive::compression::CompressingStore>>,
     /// The management cluster the backup runs on (from the client's
     /// binding): checked against the store fence, recorded in the manifest.
     pub management: Option<crate::archive::ManagementCluster>,
@@ -301,6 +309,7 @@ impl BackupContext {
             pending: Vec::new(),
             streamed: crate::pipeline::Meter::new(),
             sealing: None,
+            compressing: None,
             management: None,
             dns: None,
             origin: None,
@@ -312,6 +321,21 @@ impl BackupContext {
     /// manifest and SHA256SUMS stay readable).
     pub fn encrypt_to(&mut self, recipients: crate::archive::encryption::Recipients) {
         self.sealing = Some(std::sync::Arc::new(crate::archive::sealed::SealingStore::new(self.store.clone(), recipients)));
+    }
+
+    /// Compress the snapshots with zstd at `level` (before they are
+    /// encrypted: call after [`BackupContext::encrypt_to`]).
+    pub fn compress(&mut self, level: i32) {
+        self.compressing = Some(std::sync::Arc::new(crate::archive::compression::CompressingStore::new(self.artifact_store(), level)));
+    }
+
+    /// Where the etcd snapshots are put: compressed, then encrypted, as the
+    /// backup says.
+    pub fn snapshot_store(&self) -> std::sync::Arc<dyn Store> {
+        match &self.compressing {
+            Some(compressing) => compressing.clone(),
+            None => self.artifact_store(),
+        }
     }
 
     /// Where snapshots and the objects archive are put: through the

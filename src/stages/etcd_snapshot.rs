@@ -162,8 +162,8 @@ async fn start_group(ctx: &mut BackupContext, group: &[MemberTarget], revision: 
     let layout = ctx.inputs.layout();
     for ((pod, snapshot, forward), permit) in started.into_iter().zip(permits) {
         let key = layout.artifact(&Layout::snapshot_name(&pod));
-        // encrypted on the way when the backup is (`--encrypt-to`)
-        let store = ctx.artifact_store();
+        // compressed and encrypted on the way as the backup is (`--compression`, `--encrypt-to`)
+        let store = ctx.snapshot_store();
         let task_key = key.clone();
         let meter = ctx.streamed.clone();
         let task = tokio::spawn(async move {
@@ -211,6 +211,22 @@ pub struct Snapshots {
     pub skipped: Vec<SkippedMember>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plaintext: Option<Vec<crate::archive::Artifact>>,
+    /// For a compressed backup: each snapshot's raw size and SHA-256, as
+    /// etcd streamed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<Vec<crate::archive::Artifact>>,
+}
+
+/// For a compressed backup: each snapshot's raw size and SHA-256 (the
+/// reports hold what is stored).
+fn raw_digests(reports: &[SnapshotReport]) -> Result<Vec<crate::archive::Artifact>, StageFailure> {
+    reports
+        .iter()
+        .map(|r| {
+            let raw = r.raw.as_ref().ok_or(StageError::Missing("the raw digest of a compressed snapshot"))?;
+            Ok(crate::archive::Artifact { name: Layout::snapshot_name(&r.member), size: raw.size, sha256: raw.sha256.clone() })
+        })
+        .collect()
 }
 
 /// For an encrypted backup: each snapshot's plaintext size and SHA-256 (the
@@ -359,11 +375,16 @@ impl Stage<BackupContext> for SnapshotFinish {
         }
         reports.sort_by(|a, b| a.member.cmp(&b.member));
         let plaintext = plaintext_digests(ctx, &reports)?;
+        let raw = match ctx.compressing {
+            Some(_) => Some(raw_digests(&reports)?),
+            None => None,
+        };
         Ok(Snapshots {
             revision,
             snapshots: reports,
             skipped: ctx.etcd_health.skipped.clone(),
             plaintext: ctx.sealing.is_some().then_some(plaintext),
+            raw,
         })
     }
     fn restore(&self, ctx: &mut BackupContext, output: Snapshots) -> Result<(), StageFailure> {

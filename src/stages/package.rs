@@ -13,7 +13,7 @@ use super::resume::Resume;
 use super::volumes::{VolumeCopy, VolumesCopied};
 use crate::archive::{GuestVolumeRecord, GuestVolumes};
 use crate::hosted::kubevirt::GuestData;
-use crate::archive::{self, Artifact, ENCRYPTED_FORMAT_VERSION, Encryption, FORMAT_VERSION, Manifest, MemberSnapshot, SHA256SUMS, Timings};
+use crate::archive::{self, Artifact, Encryption, Manifest, MemberSnapshot, SHA256SUMS, Timings};
 use crate::pipeline::{Stage, StageId, StageFailure, StageState, Step, UndoInput};
 
 pub struct Package;
@@ -69,6 +69,21 @@ fn encryption(ctx: &BackupContext, snapshots: &Snapshots, export: &Exported, vol
     Ok(Some(Encryption {
         scheme: archive::encryption::SCHEME.into(),
         recipients: ctx.inputs.encrypt_to.clone(),
+        artifacts,
+    }))
+}
+
+/// The manifest's `compression` for a compressed backup: the level and the
+/// raw digests `snapshot-finish` journaled.
+fn compression(ctx: &BackupContext, snapshots: &Snapshots) -> Result<Option<archive::Compression>, StageFailure> {
+    let Some(level) = ctx.inputs.compress_level else { return Ok(None) };
+    let artifacts = snapshots.raw.clone().unwrap_or_default();
+    if artifacts.len() != snapshots.snapshots.len() {
+        return Err(StageError::Missing("the raw digests of the compressed snapshots").into());
+    }
+    Ok(Some(archive::Compression {
+        algorithm: archive::compression::ALGORITHM.into(),
+        level,
         artifacts,
     }))
 }
@@ -132,8 +147,9 @@ impl Stage<BackupContext> for Package {
             sha256: put.sha256,
         });
         let encryption = encryption(ctx, &snapshots, &export, &volumes)?;
+        let compression = compression(ctx, &snapshots)?;
         let manifest = Manifest {
-            format_version: if encryption.is_some() { ENCRYPTED_FORMAT_VERSION } else { FORMAT_VERSION },
+            format_version: Manifest::version_for(encryption.is_some(), compression.is_some()),
             tool_version: env!("CARGO_PKG_VERSION").into(),
             backup_id: ctx.inputs.backup_id.clone(),
             cluster: identity,
@@ -161,6 +177,7 @@ impl Stage<BackupContext> for Package {
             agent_inventory: export.agent_inventory.clone(),
             guest_volumes,
             etcd_health: ctx.etcd_health.clone(),
+            compression,
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;

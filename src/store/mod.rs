@@ -156,7 +156,7 @@ pub struct ObjectInfo {
 }
 
 /// What a `put` wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PutReport {
     pub size: u64,
     /// Lowercase hex SHA-256 of the bytes written.

@@ -100,6 +100,7 @@ pub(crate) async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, 
             etcd_health: Default::default(),
             agent_inventory: None,
             guest_volumes: None,
+            compression: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
     }

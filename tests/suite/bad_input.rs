@@ -186,6 +186,8 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--copy-to", "s3://bucket/p", "--copy-to", "s3://bucket/p"], 2, &["--copy-to s3://bucket/p is given twice"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--copy-to", "/proc/nope"], 2, &["--copy-to /proc/nope: backups cannot be written there"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--copy-to", "gs://b/p"], 2, &["--copy-to", "unsupported scheme `gs`"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--compression", "gzip"], 2, &["--compression `gzip`", "`zstd:LEVEL` with LEVEL from 1 to 19", "`none`"]),
+        case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--compression", "zstd:22"], 2, &["--compression `zstd:22`"]),
         case(&["backups", "copy", "--from", &s, "--to", &s], 2, &["--from and --to are the same store"]),
         case(&["backups", "copy", "--from", &s, "--to", &empty_store, "--hosted-cluster", "Demo"], 2, &["hosted cluster `Demo`"]),
         case(&["backups", "copy", "--from", &s, "--to", &empty_store, "--since", "5m"], 2, &["--since", "too short"]),
@@ -194,8 +196,6 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["report", "--store", &s, "--kubeconfig", "/nonexistent/kubeconfig"], 2, &["--kubeconfig /nonexistent/kubeconfig: no such file"]),
         case(&["drill", "--from", &latest, "--kubeconfig", &kc_a, "--pushgateway", "ftp://pg:9091"], 2, &["--pushgateway"]),
         case(&["backups", "list", "--store", &s, "-o", "html"], 2, &["-o html is for `hcp-dr report` only"]),
-        // cluster
-        case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "9999"], 2, &["--replicas", "9999"]),
         // S3 Object Lock (issue 39)
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-for", "30d"], 2, &["--lock-for", "--to", "is a local directory", "s3://bucket/prefix"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &unlocked, "--s3-endpoint", &s3_endpoint, "--lock-for", "30d"], 2, &["--lock-for 30d", "does not have S3 Object Lock enabled", "put-object-lock-configuration", "--object-lock-enabled-for-bucket"]),
@@ -204,6 +204,8 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-mode", "governance"], 2, &["--lock-for"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-for", "0s"], 2, &["--lock-for", "too short"]),
         case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "/var/backups", "--lock-for", "30d"], 2, &["--lock-for", "local directory"]),
+        // cluster
+        case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "9999"], 2, &["--replicas", "9999"]),
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "-1"], 2, &["-1"]),
         case(&["cluster", "pause", "Bad_Name"], 2, &["Bad_Name", "not a valid Kubernetes name"]),
         case(&["cluster", "pause", "demo", "--for", "400d"], 2, &["--for", "at most 366d"]),

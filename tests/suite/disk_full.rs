@@ -94,7 +94,8 @@ async fn a_local_store_that_fills_up_mid_snapshot_leaves_no_partial_file_and_the
     let Some(disk) = SmallDisk::mount(&env.dir.path().join("small"), 64 << 20) else { return };
     let store = disk.path.join("backups");
     let journal = env.dir.path().join("backup.jsonl");
-    let args = ["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--journal", journal.to_str().unwrap()];
+    // stored as etcd streams it: compressed, demo's snapshot would fit in what is left
+    let args = ["backup", "--hosted-cluster", "demo", "--to", store.to_str().unwrap(), "--journal", journal.to_str().unwrap(), "--compression", "none"];
     // the preflight found room; the disk fills up (another writer) before the snapshot
     kill_in(&env, &args, &journal, "pause");
     // less room than the snapshot alone (80-90 KiB for demo): with 96 KiB a
@@ -214,7 +215,8 @@ async fn a_copy_store_that_fills_up_mid_backup_fails_the_backup_or_is_left_incom
     let Some(disk) = SmallDisk::mount(&env.dir.path().join("small"), 64 << 10) else { return };
     let full = disk.path.join("copies");
     let before = files(&primary).len();
-    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "-o", "json"], &[]);
+    // stored as etcd streams it: compressed, demo's snapshot would fit on the small disk
+    let out = env.hcp_dr(&["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--compression", "none", "-o", "json"], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let failed = json_report(&out);
     assert!(failed["error"].as_str().unwrap().contains(&format!("copy to file://{}", full.display())), "{failed:#}");
@@ -225,7 +227,7 @@ async fn a_copy_store_that_fills_up_mid_backup_fails_the_backup_or_is_left_incom
     // --copy-optional: the backup is complete in the primary, the copy is not
     let metrics = env.dir.path().join("copies.prom");
     let out = env.hcp_dr(
-        &["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--copy-optional", "--metrics-file", metrics.to_str().unwrap(), "-o", "json"],
+        &["backup", "--hosted-cluster", "demo", "--to", primary.to_str().unwrap(), "--copy-to", full.to_str().unwrap(), "--copy-optional", "--compression", "none", "--metrics-file", metrics.to_str().unwrap(), "-o", "json"],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out));

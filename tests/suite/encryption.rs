@@ -106,6 +106,13 @@ async fn decrypt_file(path: &Path, identities: &Identities) -> Vec<u8> {
     out
 }
 
+/// What the zstd stream `compressed` decompresses to.
+async fn unzstd(compressed: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    hcp_dr::archive::compression::decompressing_unbounded(compressed, "test").unwrap().read_to_end(&mut out).await.unwrap();
+    out
+}
+
 /// Delete `demo` from a management cluster and wait for its control plane
 /// to go; with `all`, its namespace (secrets and all) too.
 async fn retire(client: &kube::Client, all: bool) {
@@ -182,7 +189,9 @@ async fn encrypted_backups_restore_with_the_key_only_and_never_leak_a_secret() {
 
     // the manifest says what is encrypted and to whom; SHA256SUMS checks the stored bytes
     let manifest: Value = serde_json::from_slice(&std::fs::read(local.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["format_version"], 2, "{manifest:#}");
+    // compressed (the default) before it is encrypted: format version 3
+    assert_eq!(manifest["format_version"], 3, "{manifest:#}");
+    assert_eq!(manifest["compression"]["algorithm"], "zstd", "{manifest:#}");
     assert_eq!(manifest["encryption"]["scheme"], "age");
     assert_eq!(manifest["encryption"]["recipients"], json!([recipient, second_recipient]));
     let encrypted: Vec<&str> = manifest["encryption"]["artifacts"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
@@ -199,6 +208,8 @@ async fn encrypted_backups_restore_with_the_key_only_and_never_leak_a_secret() {
     let objects = decrypt_file(&local.join("objects.tar.gz"), &ids).await;
     assert_eq!(leaks(&objects, &canaries[..2]), canaries[..2].to_vec(), "the canaries are not in the objects archive");
     let snapshot = decrypt_file(&local.join("etcd/etcd-0.db"), &ids).await;
+    assert!(snapshot.starts_with(&hcp_dr::archive::compression::MAGIC), "the snapshot is compressed before it is encrypted");
+    let snapshot = unzstd(&snapshot).await;
     assert!(!leaks(&snapshot, &canaries[2..]).is_empty(), "the workload secret is not in the snapshot");
 
     // verify without the key: the stored bytes only, and it says what the plaintext needs
@@ -284,7 +295,7 @@ async fn encrypted_backups_restore_with_the_key_only_and_never_leak_a_secret() {
     // the plan names the decrypted copy, staged in the backup's own S3 store
     let out = runs.run(&["restore", "--from", &s3_backup, "--s3-endpoint", &endpoint, "--kubeconfig", &kubeconfig_b, "--identity", &identity_arg, "--dry-run"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("decrypt the snapshot (--identity) into a temporary copy at s3://{BUCKET}/backups/hcp-dr-staging/")), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("decrypt (--identity) and decompress the snapshot into a temporary copy at s3://{BUCKET}/backups/hcp-dr-staging/")), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("presign it for 900s"), "{}", text(&out));
 
     // with the key: restored on mgmt-b from the decrypted copy, which is then deleted

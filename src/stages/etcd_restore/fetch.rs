@@ -43,15 +43,36 @@ pub struct CheckedSnapshot {
     /// plaintext's, and the restore pods get a decrypted copy, never the key.
     #[serde(default)]
     pub decrypted: bool,
+    /// The stored snapshot is zstd-compressed: `size` and `sha256` are the
+    /// raw snapshot's, and the restore pods get a decompressed copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub decompressed: bool,
 }
 
-/// What the stored object must be, and for an encrypted one its plaintext.
+impl CheckedSnapshot {
+    /// Whether what is stored is not the raw snapshot (encrypted or compressed).
+    pub fn decoded(&self) -> bool {
+        self.decrypted || self.decompressed
+    }
+}
+
+/// What the stored object must be, and for an encrypted or compressed one
+/// what it decodes to.
 struct Expected {
     size: u64,
     sha256: String,
     member: String,
-    /// `(plaintext size, plaintext SHA-256, recipients)` when encrypted.
-    plain: Option<(u64, String, Vec<String>)>,
+    /// `(size, SHA-256)` of the decoded snapshot, and how to decode it.
+    plain: Option<(u64, String, Decoding)>,
+}
+
+/// How a stored snapshot is decoded into the raw one.
+#[derive(Debug, Clone, Default)]
+struct Decoding {
+    /// The recipients, when encrypted.
+    recipients: Option<Vec<String>>,
+    /// The raw size, when compressed.
+    raw_size: Option<u64>,
 }
 
 /// The key to fetch and, for a backup, the size and SHA-256 it must have.
@@ -109,34 +130,39 @@ async fn locate(ctx: &mut EtcdRestoreContext) -> Result<(String, Option<Expected
         .best_snapshot()
         .ok_or_else(|| StageError::Precondition(format!("backup {} has no etcd snapshot", layout.dir())))?
         .clone();
-    let plain = match &manifest.encryption {
-        None => None,
-        Some(encryption) => {
-            let artifact = encryption.artifacts.iter().find(|a| a.name == best.artifact).ok_or_else(|| {
-                StageError::Precondition(format!(
-                    "backup {} is encrypted but its manifest has no plaintext hash for {}: the manifest is damaged",
-                    layout.dir(),
-                    best.artifact
-                ))
-            })?;
-            Some((artifact.size, artifact.sha256.clone(), encryption.recipients.clone()))
-        }
-    };
+    // Manifest::check made sure an encrypted or compressed snapshot has its digest
+    let plain = manifest.plaintext(&best.artifact).map(|plain| {
+        let decoding = Decoding {
+            recipients: manifest.encryption.as_ref().map(|e| e.recipients.clone()),
+            raw_size: manifest.raw(&best.artifact).map(|raw| raw.size),
+        };
+        (plain.size, plain.sha256.clone(), decoding)
+    });
     Ok((
         layout.artifact(&best.artifact),
         Some(Expected { size: best.size, sha256: best.sha256, member: best.member, plain }),
     ))
 }
 
-/// Decrypt the age file at `cipher` into a new scratch file (0600, removed
-/// on drop), hashing the plaintext: `(path, size, SHA-256)`.
-async fn decrypt(ctx: &EtcdRestoreContext, cipher: &std::path::Path, what: &str, recipients: &[String]) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
-    let identities = ctx.identities.as_ref().ok_or(StageError::Missing("the identities (--identity)"))?;
-    let file = tokio::fs::File::open(cipher)
+/// Decode the stored snapshot at `stored` (decrypt the age file, then
+/// decompress the zstd stream, as `decoding` says) into a new scratch file
+/// (0600, removed on drop), hashing the raw snapshot: `(path, size, SHA-256)`.
+async fn decode(ctx: &EtcdRestoreContext, stored: &std::path::Path, what: &str, decoding: &Decoding) -> Result<(tempfile::TempPath, u64, String), StageFailure> {
+    let file = tokio::fs::File::open(stored)
         .await
-        .map_err(|e| StageError::Precondition(format!("reading {}: {e}", cipher.display())))?;
-    let mut plain = crate::archive::encryption::decrypting_reader(Box::new(file), identities, what, recipients).await?;
-    copy_hashing(&mut plain, what).await
+        .map_err(|e| StageError::Precondition(format!("reading {}: {e}", stored.display())))?;
+    let mut body: crate::store::Body<'static> = Box::new(file);
+    if let Some(recipients) = &decoding.recipients {
+        let identities = ctx.identities.as_ref().ok_or(StageError::Missing("the identities (--identity)"))?;
+        body = crate::archive::encryption::decrypting_reader(body, identities, what, recipients).await?;
+    }
+    if let Some(raw_size) = decoding.raw_size {
+        body = Box::new(
+            crate::archive::compression::decompressing(body, raw_size, what)
+                .map_err(|e| StageError::Precondition(format!("decompressing {what}: {e}")))?,
+        );
+    }
+    copy_hashing(&mut body, what).await
 }
 
 /// Copy `key` into a scratch file, hashing on the way.
@@ -190,10 +216,15 @@ async fn copy_hashing(body: &mut (impl tokio::io::AsyncRead + Unpin), what: &str
 /// The snapshot's plaintext in a local scratch file, fetched (and decrypted)
 /// again: for a resumed run that must stage it.
 pub(super) async fn local_plaintext(ctx: &EtcdRestoreContext, snapshot: &CheckedSnapshot) -> Result<tempfile::TempPath, StageFailure> {
-    scratch_room(if snapshot.decrypted { 2 * snapshot.size } else { snapshot.size }, &snapshot.source)?;
+    let decoding = Decoding {
+        recipients: snapshot.decrypted.then(Vec::new),
+        raw_size: snapshot.decompressed.then_some(snapshot.size),
+    };
+    let decoded = snapshot.decrypted || snapshot.decompressed;
+    scratch_room(if decoded { 2 * snapshot.size } else { snapshot.size }, &snapshot.source)?;
     let (path, size, sha256) = download(ctx, &snapshot.key, &crate::pipeline::Meter::new()).await?;
-    let (path, size, sha256) = if snapshot.decrypted {
-        decrypt(ctx, &path, &snapshot.source, &[]).await?
+    let (path, size, sha256) = if decoded {
+        decode(ctx, &path, &snapshot.source, &decoding).await?
     } else {
         (path, size, sha256)
     };
@@ -232,7 +263,7 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
         step.show(&meter);
         let source = format!("{}/{key}", ctx.snapshot_store().url().trim_end_matches('/'));
         if let Some(expected) = &expected {
-            // the stored object, and for an encrypted one its plaintext beside it
+            // the stored object, and for an encrypted or compressed one what it decodes to beside it
             let needed = expected.size + expected.plain.as_ref().map_or(0, |p| p.0);
             scratch_room(needed, &source)?;
         }
@@ -245,18 +276,18 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             ))
             .into());
         }
-        // An encrypted snapshot: decrypt it and check the plaintext too.
-        let (path, size, sha256, decrypted) = match expected.as_ref().and_then(|e| e.plain.clone()) {
-            None => (path, size, sha256, false),
-            Some((want_size, want_sha, recipients)) => {
-                let (plain, size, sha256) = decrypt(ctx, &path, &source, &recipients).await?;
+        // An encrypted or compressed snapshot: decode it and check the raw one too.
+        let (path, size, sha256, decoding) = match expected.as_ref().and_then(|e| e.plain.clone()) {
+            None => (path, size, sha256, Decoding::default()),
+            Some((want_size, want_sha, decoding)) => {
+                let (plain, size, sha256) = decode(ctx, &path, &source, &decoding).await?;
                 if size != want_size || sha256 != want_sha {
                     return Err(StageError::Precondition(format!(
-                        "{source} decrypts to {size} bytes with SHA-256 {sha256}, but the manifest says {want_size} bytes with {want_sha}: the backup was damaged or tampered with; nothing was changed"
+                        "{source} decodes to {size} bytes with SHA-256 {sha256}, but the manifest says {want_size} bytes with {want_sha}: the backup was damaged or tampered with; nothing was changed"
                     ))
                     .into());
                 }
-                (plain, size, sha256, true)
+                (plain, size, sha256, decoding)
             }
         };
         let file = path.to_path_buf();
@@ -282,7 +313,8 @@ impl Stage<EtcdRestoreContext> for FetchSnapshot {
             revision: summary.store_revision(),
             live_keys: summary.live_keys,
             live_keys_by_prefix: summary.live_keys_by_prefix,
-            decrypted,
+            decrypted: decoding.recipients.is_some(),
+            decompressed: decoding.raw_size.is_some(),
         };
         tracing::info!(source = %checked.source, revision = checked.revision, keys = checked.live_keys, "snapshot verified");
         ctx.local_copy = Some(path);

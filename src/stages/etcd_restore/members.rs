@@ -213,8 +213,8 @@ async fn run_pod(ctx: &EtcdRestoreContext, plan: &RestorePlan, member: &PlannedM
 /// store cannot presign). Returns the staging key when a copy was made.
 async fn presign(ctx: &mut EtcdRestoreContext, snapshot: &CheckedSnapshot, done: &mut Restored, step: &mut Step<'_>) -> Result<(), StageFailure> {
     let ttl = Duration::from_secs(ctx.inputs.presign_ttl_seconds);
-    // An encrypted snapshot is never presigned: the pods get a decrypted copy.
-    if !snapshot.decrypted
+    // An encrypted or compressed snapshot is never presigned: the pods get a decoded copy.
+    if !snapshot.decoded()
         && let Some(url) = ctx.snapshot_store().presign_get(&snapshot.key, ttl).await?
     {
         ctx.url = Some(url);
@@ -323,13 +323,18 @@ impl Stage<EtcdRestoreContext> for RestoreMembers {
         let ns = ctx.hcp_namespace();
         let Some(plan) = step.output_of::<Assess>().ok().flatten() else { return vec!["(cannot plan: assess did not run)".into()] };
         let mut lines = Vec::new();
-        let decrypted = step.output_of::<FetchSnapshot>().ok().flatten().is_some_and(|s| s.decrypted);
-        if ctx.snapshot_store().url().starts_with("s3://") && !decrypted {
+        let fetched = step.output_of::<FetchSnapshot>().ok().flatten();
+        let decrypted = fetched.as_ref().is_some_and(|s| s.decrypted);
+        if ctx.snapshot_store().url().starts_with("s3://") && !fetched.as_ref().is_some_and(|s| s.decoded()) {
             lines.push(format!("presign the snapshot for {}s", ctx.inputs.presign_ttl_seconds));
         } else {
             lines.push(format!(
                 "copy the snapshot{} to {} and presign it for {}s (deleted when done)",
-                if decrypted { " (decrypted)" } else { "" },
+                match (decrypted, fetched.as_ref().is_some_and(|s| s.decompressed)) {
+                    (true, _) => " (decrypted)",
+                    (false, true) => " (decompressed)",
+                    _ => "",
+                },
                 ctx.inputs.stage_snapshot_to.as_deref().unwrap_or("(--stage-snapshot-to, required)"),
                 ctx.inputs.presign_ttl_seconds
             ));

@@ -5,11 +5,11 @@
 //! against the manifest on the way) and that copy is presigned; `wait`
 //! deletes the copy once etcd has restored it, and `--abort` does too.
 //!
-//! An encrypted backup's snapshot is always staged: etcd's download cannot
-//! decrypt, so a decrypted copy is streamed (never written locally) to the
-//! staging store (the backup's own S3 store unless `--stage-snapshot-to`
-//! names another), presigned for a short time, and deleted like any staged
-//! copy.
+//! An encrypted or compressed backup's snapshot is always staged: etcd's
+//! download can neither decrypt nor decompress, so a decoded copy is
+//! streamed (never written locally) to the staging store (the backup's own
+//! S3 store unless `--stage-snapshot-to` names another), presigned for a
+//! short time, and deleted like any staged copy.
 //!
 //! The URL is never journaled or printed: it grants read access to the
 //! snapshot until it expires. A resumed run presigns again.
@@ -49,9 +49,16 @@ fn source_key(ctx: &RestoreContext, manifest: &Manifest) -> Result<(String, Stri
     Ok(match &ctx.staging {
         Some(staging) => (staging.url(), staged_key(&layout, &best.member), true),
         // etcd cannot decrypt: an encrypted snapshot is never presigned as it is
-        None if manifest.encryption.is_some() => {
+        None if manifest.encrypted() => {
             return Err(StageError::Precondition(
                 "the backup is encrypted and etcd's download cannot decrypt it: a decrypted copy must be staged in S3 (--stage-snapshot-to s3://BUCKET/PREFIX; for a backup in S3 that is its own store by default)".into(),
+            )
+            .into());
+        }
+        // nor decompress
+        None if manifest.raw(&best.artifact).is_some() => {
+            return Err(StageError::Precondition(
+                "the backup's snapshots are compressed (zstd) and etcd's download reads raw snapshots only: a decompressed copy must be staged in S3 (--stage-snapshot-to s3://BUCKET/PREFIX; for a backup in S3 that is its own store by default)".into(),
             )
             .into());
         }
@@ -59,9 +66,9 @@ fn source_key(ctx: &RestoreContext, manifest: &Manifest) -> Result<(String, Stri
     })
 }
 
-/// Whether the staged copy is the decrypted snapshot of an encrypted backup.
-fn decrypting(manifest: &Manifest) -> bool {
-    manifest.encryption.is_some()
+/// Whether the staged copy is decoded (decrypted, decompressed) from what is stored.
+fn decoding(manifest: &Manifest) -> bool {
+    manifest.best_snapshot().is_some_and(|best| manifest.plaintext(&best.artifact).is_some())
 }
 
 /// Presign the snapshot (again, on a resumed run) into `ctx.snapshot_url`.
@@ -103,8 +110,15 @@ impl Stage<RestoreContext> for SnapshotUrl {
             )];
         };
         match source_key(ctx, &manifest) {
-            Ok((url, key, true)) if decrypting(&manifest) => vec![
-                format!("decrypt the snapshot (--identity) into a temporary copy at {url}/{key} (deleted once etcd has restored it, or by --abort)"),
+            Ok((url, key, true)) if decoding(&manifest) => vec![
+                format!(
+                    "{} the snapshot into a temporary copy at {url}/{key} (deleted once etcd has restored it, or by --abort)",
+                    match (manifest.encrypted(), manifest.compression.is_some()) {
+                        (true, true) => "decrypt (--identity) and decompress",
+                        (true, false) => "decrypt (--identity)",
+                        _ => "decompress",
+                    }
+                ),
                 format!("presign it for {}s", ctx.inputs.presign_ttl_seconds),
             ],
             Ok((url, key, true)) => vec![
@@ -132,14 +146,14 @@ impl Stage<RestoreContext> for SnapshotUrl {
             meter.expect(best.size);
             step.show(&meter);
             let body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
-            // the manifest's digest of what the copy must hold: the
-            // plaintext, for a snapshot decrypted on the way
+            // the manifest's digest of what the copy must hold: the raw
+            // snapshot, for one decrypted or decompressed on the way
             let (body, want_size, want_sha) = super::verify::plaintext_of(ctx, &manifest, &best.artifact, &source, body).await?;
             let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
             let put = match staging.put(&key, body).await {
                 Ok(put) => put,
                 Err(err) => {
-                    // a decryption that failed part-way leaves no partial copy
+                    // a decoding that failed part-way leaves no partial copy
                     let _ = staging.delete(&key).await;
                     return Err(err.into());
                 }
@@ -155,7 +169,7 @@ impl Stage<RestoreContext> for SnapshotUrl {
         }
         ctx.snapshot_url = None;
         ensure_url(ctx, step).await?;
-        if staged && decrypting(&manifest) {
+        if staged && manifest.encrypted() {
             tracing::warn!(store = %url, key = %key, ttl_seconds = ctx.inputs.presign_ttl_seconds,
                 "a decrypted copy of the snapshot is staged for etcd's download; it is deleted once etcd has restored it (or by --abort)");
         }

@@ -61,8 +61,9 @@ pub async fn manifest(ctx: &RestoreContext, step: &Step<'_>) -> Result<Manifest,
 
 /// An artifact's bytes as the restore uses them: `body` (the stored bytes
 /// of artifact `name` at `key`) decrypted with `--identity` when the backup
-/// is encrypted, and the size and SHA-256 the manifest says they must have
-/// (the plaintext's, for an encrypted artifact).
+/// is encrypted and decompressed when the artifact is compressed, and the
+/// size and SHA-256 the manifest says they must have (the raw or plaintext
+/// ones, for such an artifact).
 pub async fn plaintext_of(
     ctx: &RestoreContext,
     manifest: &Manifest,
@@ -74,11 +75,14 @@ pub async fn plaintext_of(
         return Err(StageError::Precondition(format!("the manifest does not list the artifact {name}")).into());
     };
     let Some(plain) = manifest.plaintext(name) else { return Ok((body, stored.size, stored.sha256.clone())) };
-    let keys = ctx.keys.as_ref().ok_or_else(|| EncryptionError::IdentityNeeded {
-        what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
-        recipients: manifest.recipients().to_vec(),
-    })?;
-    let body = crate::archive::encryption::decrypting_reader(body, keys, key, manifest.recipients()).await?;
+    if manifest.encrypted() && ctx.keys.is_none() {
+        return Err(EncryptionError::IdentityNeeded {
+            what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
+            recipients: manifest.recipients().to_vec(),
+        }
+        .into());
+    }
+    let body = crate::archive::compression::decoded(manifest, name, key, body, ctx.keys.as_ref()).await?;
     Ok((body, plain.size, plain.sha256.clone()))
 }
 
