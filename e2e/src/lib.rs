@@ -9,5 +9,6 @@ pub mod sandbox;
 pub mod external;
 pub mod conversion_webhook;
 pub mod drill;
+pub mod fill;
 pub mod disaster;
 pub mod faults_file;
