@@ -45,11 +45,29 @@ async fn restored_keys(snapshot: &Path, dir: &Path) -> KeyValues {
     keys
 }
 
+/// The raw snapshot of `artifact`: the stored file, or for a compressed
+/// backup that decompressed into `scratch`, checked against the manifest's
+/// raw size and SHA-256.
+async fn raw_snapshot(folder: &Path, manifest: &Value, artifact: &str, scratch: &Path) -> PathBuf {
+    let stored = folder.join(artifact);
+    let Some(raw) = manifest["compression"]["artifacts"].as_array().and_then(|a| a.iter().find(|r| r["name"] == artifact)) else { return stored };
+    let compressed = std::fs::read(&stored).unwrap();
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut hcp_dr::archive::compression::decompressing(&compressed[..], raw["size"].as_u64().unwrap(), artifact).unwrap(), &mut bytes)
+        .await
+        .unwrap();
+    assert_eq!(format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes)), raw["sha256"].as_str().unwrap(), "{artifact}: not the raw snapshot");
+    std::fs::write(scratch, &bytes).unwrap();
+    scratch.to_path_buf()
+}
+
 /// Check a finished backup folder: every snapshot restores to exactly the
 /// live keys at the recorded revision; the manifest lists every artifact.
 async fn check_backup(env: &Env, folder: &Path, expected_members: usize) -> Value {
     let manifest: Value = serde_json::from_slice(&std::fs::read(folder.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["format_version"], 1);
+    // compressed, the default
+    assert_eq!(manifest["format_version"], 3);
+    assert_eq!(manifest["compression"]["algorithm"], "zstd");
     let snapshots = manifest["etcd"].as_array().unwrap();
     assert_eq!(snapshots.len(), expected_members, "{manifest:#}");
     let revision = snapshots[0]["revision"].as_i64().unwrap();
@@ -57,8 +75,8 @@ async fn check_backup(env: &Env, folder: &Path, expected_members: usize) -> Valu
     assert!(live.iter().any(|(k, _)| k.starts_with(b"/kubernetes.io/configmaps/drill-app/")), "workloads are in etcd");
     for (i, snapshot) in snapshots.iter().enumerate() {
         assert_eq!(snapshot["revision"].as_i64().unwrap(), revision, "members agree");
-        let path = folder.join(snapshot["artifact"].as_str().unwrap());
         let id = folder.file_name().unwrap().to_string_lossy();
+        let path = raw_snapshot(folder, &manifest, snapshot["artifact"].as_str().unwrap(), &env.dir.path().join(format!("raw-{id}-{i}.db"))).await;
         let restored = restored_keys(&path, &env.dir.path().join(format!("scratch-{id}-{i}"))).await;
         assert!(restored == live, "snapshot {} does not restore the live keys at revision {revision}", snapshot["member"]);
     }
