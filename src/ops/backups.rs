@@ -469,9 +469,13 @@ pub async fn prune(
 /// In a bucket with Object Lock (versioned): the backup folders whose every
 /// object was deleted without its versions (by hand, or by a tool that
 /// only added delete markers), which no listing shows but which take
-/// space. Once nothing holds them and they are older than
-/// `incomplete_after` (a folder being written has current objects anyway),
-/// their versions are deleted.
+/// space. An incomplete one (no manifest among its versions) is deleted,
+/// version by version, once nothing holds it and it is older than
+/// `incomplete_after` (a folder being written has current objects anyway).
+/// A complete one is never deleted here: hiding backups behind delete
+/// markers is what an attacker with only `s3:DeleteObject` can do, and
+/// prune finishing the deletion once the retention ends would complete
+/// the attack; it is kept and reported, with how to bring it back.
 async fn prune_hidden(
     s3: &S3Store,
     visible: &[BackupEntry],
@@ -481,34 +485,41 @@ async fn prune_hidden(
     dry_run: bool,
 ) -> Result<Vec<PruneEntry>, OpsError> {
     let prefix = cluster.map(|(ns, hc)| Layout::cluster_prefix(ns, hc)).unwrap_or_default();
-    let mut hidden = std::collections::BTreeSet::new();
+    // (namespace, cluster, id, taken) -> whether a manifest is among its versions
+    let mut hidden = std::collections::BTreeMap::new();
     for key in s3.hidden_keys(&prefix).await? {
         let mut parts = key.splitn(4, '/');
-        let (Some(ns), Some(hc), Some(id), Some(_)) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(ns), Some(hc), Some(id), Some(file)) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
         let Ok(taken) = parse_backup_id(id) else { continue };
         if visible.iter().any(|e| e.namespace == ns && e.hosted_cluster == hc && e.backup_id == id) {
             continue;
         }
-        hidden.insert((ns.to_string(), hc.to_string(), id.to_string(), taken));
+        *hidden.entry((ns.to_string(), hc.to_string(), id.to_string(), taken)).or_insert(false) |= file == crate::archive::MANIFEST;
     }
     let now = Utc::now();
     let mut out = Vec::new();
-    for (ns, hc, id, taken) in hidden {
+    for ((ns, hc, id, taken), complete) in hidden {
         let name = format!("{ns}/{hc}");
-        if shard.is_some_and(|shard| !shard.owns(&name)) || now - taken <= policy.incomplete_after {
+        if shard.is_some_and(|shard| !shard.owns(&name)) || (!complete && now - taken <= policy.incomplete_after) {
             continue;
         }
         let layout = Layout::new(&ns, &hc, &id);
         let locked = FolderHold::of(&s3.holds(&format!("{}/", layout.dir())).await?, now);
-        let mut reasons = vec!["hidden: deleted without its object versions (only delete markers are current), which still take space".to_string()];
+        let mut reasons = vec![match complete {
+            false => "hidden: deleted without its object versions (only delete markers are current), which still take space".to_string(),
+            true => format!(
+                "hidden: a COMPLETE backup deleted without its object versions (only delete markers are current); prune never finishes that deletion (it is what an attacker who may only delete objects can do); if nobody meant to, bring it back by deleting its delete markers (aws s3api list-object-versions --prefix {}/, then aws s3api delete-object --version-id MARKER for each), else delete its versions by hand",
+                layout.dir()
+            ),
+        }];
         if let Some(hold) = &locked {
-            reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+            reasons.push(format!("{}: S3 refuses to delete it before", hold.describe()));
         }
-        let keep = locked.is_some();
+        let keep = complete || locked.is_some();
         if !keep && !dry_run {
             delete_versions(s3, &layout).await?;
         }
-        out.push(PruneEntry { cluster: name, backup_id: id, complete: false, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked });
+        out.push(PruneEntry { cluster: name, backup_id: id, complete, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked });
     }
     Ok(out)
 }

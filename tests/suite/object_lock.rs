@@ -209,6 +209,16 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
     plain_view.put(&hidden_layout.objects(), Box::new(&b"objects"[..])).await.unwrap();
     plain_view.delete(&hidden_layout.objects()).await.unwrap();
     assert_eq!(versions(&client, LOCKED, &hidden_dir).await.len(), 2, "the object and its delete marker");
+    // a complete backup hidden so (what an attacker who may only delete
+    // objects can do): prune never finishes that deletion
+    let hidden_whole = hcp_dr::archive::new_backup_id(Utc::now() - chrono::Duration::hours(31));
+    let whole_layout = Layout::new("clusters", "demo", &hidden_whole);
+    let whole_dir = format!("hcp/{}/", whole_layout.dir());
+    for key in [whole_layout.objects(), whole_layout.manifest()] {
+        plain_view.put(&key, Box::new(&b"{}"[..])).await.unwrap();
+        plain_view.delete(&key).await.unwrap();
+    }
+    assert_eq!(versions(&client, LOCKED, &whole_dir).await.len(), 4, "two objects and their delete markers");
 
     let store_url = format!("s3://{LOCKED}/hcp");
     let prune = |extra: &[&str]| {
@@ -229,7 +239,11 @@ async fn locked_objects_outlive_prune_until_their_retention_ends() {
         let gone = entries.iter().find(|e| e["backup_id"] == hidden.as_str()).expect("the hidden folder");
         assert!(gone["reasons"].to_string().contains("hidden: deleted without its object versions"), "{gone:#}");
         assert_eq!((gone["keep"].as_bool(), gone["deleted"].as_bool()), (Some(false), Some(extra.is_empty())), "{gone:#}");
+        let whole = entries.iter().find(|e| e["backup_id"] == hidden_whole.as_str()).expect("the hidden complete backup");
+        assert!(whole["reasons"].to_string().contains("hidden: a COMPLETE backup") && whole["reasons"].to_string().contains("delete-object --version-id"), "{whole:#}");
+        assert_eq!((whole["keep"].as_bool(), whole["deleted"].as_bool()), (Some(true), Some(false)), "{whole:#}");
     }
+    assert_eq!(versions(&client, LOCKED, &whole_dir).await.len(), 4, "a hidden complete backup lost a version");
     assert_eq!(versions(&client, LOCKED, &hidden_dir).await, Vec::<(String, String)>::new(), "the hidden folder's versions are left");
     let out = hcp_dr(&url, &["backups", "prune", "--store", &store_url, "--keep-last", "1"]);
     assert!(text(&out).contains("kept under S3 Object Lock"), "{}", text(&out));
