@@ -77,13 +77,6 @@ impl Compression {
             Compression::Zstd { level } => Some(*level),
         }
     }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Compression::None => "none".into(),
-            Compression::Zstd { level } => format!("zstd level {level}"),
-        }
-    }
 }
 
 /// The size and SHA-256 of the raw bytes a compressing reader was given,
@@ -341,15 +334,31 @@ pub async fn decoded<'a>(
     identities: Option<&Identities>,
 ) -> Result<Body<'a>, EncryptionError> {
     let encrypted = manifest.encryption.as_ref().is_some_and(|e| e.artifacts.iter().any(|a| a.name == name));
-    let body = match (encrypted, identities) {
-        (false, _) => body,
-        (true, Some(ids)) => encryption::decrypting_reader(body, ids, what, manifest.recipients()).await?,
-        (true, None) => {
-            return Err(EncryptionError::IdentityNeeded { what: what.to_string(), recipients: manifest.recipients().to_vec() });
+    let recipients = encrypted.then(|| manifest.recipients());
+    decode(body, what, recipients, identities, manifest.raw(name).map(|raw| raw.size)).await
+}
+
+/// Stored bytes decoded: decrypted when `recipients` says they are
+/// encrypted (to those keys, named in messages), then decompressed when
+/// `raw_size` says they are compressed (bounded by it). What
+/// [`decoded`] does from a manifest, for a caller that kept only this
+/// much of it (`etcd restore`'s resumed fetch).
+pub async fn decode<'a>(
+    body: Body<'a>,
+    what: &str,
+    recipients: Option<&[String]>,
+    identities: Option<&Identities>,
+    raw_size: Option<u64>,
+) -> Result<Body<'a>, EncryptionError> {
+    let body = match (recipients, identities) {
+        (None, _) => body,
+        (Some(recipients), Some(ids)) => encryption::decrypting_reader(body, ids, what, recipients).await?,
+        (Some(recipients), None) => {
+            return Err(EncryptionError::IdentityNeeded { what: what.to_string(), recipients: recipients.to_vec() });
         }
     };
-    let Some(raw) = manifest.raw(name) else { return Ok(body) };
-    Ok(match decompressing(body, raw.size, what) {
+    let Some(raw_size) = raw_size else { return Ok(body) };
+    Ok(match decompressing(body, raw_size, what) {
         Ok(reader) => Box::new(reader),
         Err(err) => Box::new(Failed(Some(err))),
     })
@@ -378,10 +387,6 @@ pub struct CompressingStore {
 impl CompressingStore {
     pub fn new(inner: Arc<dyn Store>, level: i32) -> CompressingStore {
         CompressingStore { inner, level, raw: Mutex::new(BTreeMap::new()) }
-    }
-
-    pub fn level(&self) -> i32 {
-        self.level
     }
 
     /// The raw digest of what was put at `key` (`put` returns what is stored).

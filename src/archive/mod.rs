@@ -572,6 +572,12 @@ impl Manifest {
         self.compression.as_ref()?.artifacts.iter().find(|a| a.name == name)
     }
 
+    /// Whether the snapshot a restore uses is compressed (etcd's own
+    /// download then needs a decompressed copy staged).
+    pub fn best_is_compressed(&self) -> bool {
+        self.best_snapshot().is_some_and(|best| self.raw(&best.artifact).is_some())
+    }
+
     /// Whether the artifacts are encrypted (reading them needs an identity).
     pub fn encrypted(&self) -> bool {
         self.encryption.is_some()

@@ -127,7 +127,7 @@ async fn resolve_inputs(options: &EtcdRestoreOptions) -> Result<EtcdRestoreInput
         let layout = crate::archive::Layout::new(&backup.namespace, &backup.hosted_cluster, &backup.backup_id);
         let manifest = crate::archive::check::read_manifest(store.as_ref(), &layout).await.ok();
         // a compressed snapshot: the pods get a decompressed copy, staged as an encrypted one is
-        let compressed = manifest.as_ref().is_some_and(|m| m.best_snapshot().is_some_and(|best| m.raw(&best.artifact).is_some()));
+        let compressed = manifest.as_ref().is_some_and(crate::archive::Manifest::best_is_compressed);
         if compressed && stage_snapshot_to.is_none() && !local_source {
             stage_snapshot_to = Some(snapshot.store.clone());
         }

@@ -268,8 +268,7 @@ pub(crate) async fn prepare_decryption(
     };
     // etcd's download reads raw snapshots only: a compressed one is
     // staged decompressed, in the backup's own S3 store unless told where
-    let compressed = manifest.best_snapshot().is_some_and(|best| manifest.raw(&best.artifact).is_some());
-    if fresh && compressed {
+    if fresh && manifest.best_is_compressed() {
         stage_in_own_store(inputs)?;
     }
     let Some(encryption) = &manifest.encryption else {

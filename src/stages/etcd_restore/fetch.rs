@@ -151,17 +151,10 @@ async fn decode(ctx: &EtcdRestoreContext, stored: &std::path::Path, what: &str, 
     let file = tokio::fs::File::open(stored)
         .await
         .map_err(|e| StageError::Precondition(format!("reading {}: {e}", stored.display())))?;
-    let mut body: crate::store::Body<'static> = Box::new(file);
-    if let Some(recipients) = &decoding.recipients {
-        let identities = ctx.identities.as_ref().ok_or(StageError::Missing("the identities (--identity)"))?;
-        body = crate::archive::encryption::decrypting_reader(body, identities, what, recipients).await?;
+    if decoding.recipients.is_some() && ctx.identities.is_none() {
+        return Err(StageError::Missing("the identities (--identity)").into());
     }
-    if let Some(raw_size) = decoding.raw_size {
-        body = Box::new(
-            crate::archive::compression::decompressing(body, raw_size, what)
-                .map_err(|e| StageError::Precondition(format!("decompressing {what}: {e}")))?,
-        );
-    }
+    let mut body = crate::archive::compression::decode(Box::new(file), what, decoding.recipients.as_deref(), ctx.identities.as_ref(), decoding.raw_size).await?;
     copy_hashing(&mut body, what).await
 }
 
