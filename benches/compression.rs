@@ -124,7 +124,7 @@ async fn main() {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_path_buf();
-    common::ensure_room(&dir, (size + random) * 12 << 20, "the benchmark's etcd member and backups", "lower --size-mib/--random-mib or set TMPDIR");
+    common::ensure_room(&dir, ((size + random) * 12) << 20, "the benchmark's etcd member and backups", "lower --size-mib/--random-mib or set TMPDIR");
     println!("# hcp-dr compression benchmark: SingleReplica cluster, {size} MiB of Kubernetes objects then {random} MiB of random values, in {}", dir.display());
     let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
     let mgmt = sandbox.clusters[0].api.client().await.expect("client");

@@ -20,7 +20,7 @@
 //!    destination) against the sum of the raw data steps (one `etcdctl
 //!    snapshot save`, its upload, then the restore's raw steps).
 //!
-//! `cargo bench --bench dr -- [--size-mib N]`
+//! `cargo bench --bench dr -- [--size-mib N] [--fill kubernetes|patterned]`
 //! Needs the `aws` CLI (`pip install awscli`), `etcdctl` and `kubectl`.
 //! Prints ratios; it asserts nothing about time.
 //!
@@ -31,88 +31,32 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Ran, arg};
+use common::arg;
+use common::tools::{HCP_NS, NS, Tools, member_endpoints, mib, raw_restore, report, run_ok};
 
 use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::Api;
-use serde_json::Value;
 
-const NS: &str = "clusters";
-const HCP_NS: &str = "clusters-demo";
 const WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
 
-/// Run `cmd`; panic with its stderr when it fails.
-fn run_ok(cmd: Command) -> Ran {
-    common::run(cmd).ok()
-}
-
-/// What the manual procedure and hcp-dr need to reach the sandbox.
-struct Tools {
-    sandbox_dir: PathBuf,
-    kubeconfig_a: PathBuf,
-    kubeconfig_b: PathBuf,
-    s3_url: String,
-    s3_env: Vec<(String, String)>,
-    /// CA, client certificate and key of the members (from the HCP namespace).
-    etcd_tls: [PathBuf; 3],
-    state: PathBuf,
-}
-
-impl Tools {
-    fn kubectl(&self, kubeconfig: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
-        cmd
-    }
-
-    fn etcdctl(&self, endpoint: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new("etcdctl");
-        cmd.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={endpoint}"))
-            .arg(format!("--cacert={}", self.etcd_tls[0].display()))
-            .arg(format!("--cert={}", self.etcd_tls[1].display()))
-            .arg(format!("--key={}", self.etcd_tls[2].display()))
-            .arg("--insecure-skip-tls-verify")
-            .args(args);
-        cmd
-    }
-
-    fn aws(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("aws");
-        cmd.args(["--endpoint-url", &self.s3_url, "--ca-bundle"])
-            .arg(self.sandbox_dir.join("ca.crt"))
-            .args(["--only-show-errors"])
-            .args(args);
-        for (k, v) in &self.s3_env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    fn hcp_dr(&self, kubeconfig: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-dr"));
-        cmd.args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("HCP_DR_CA_BUNDLE", self.sandbox_dir.join("ca.crt"))
-            .env("HCP_DR_STATE_DIR", &self.state)
-            .env_remove("HCP_DR_STORE");
-        for (k, v) in &self.s3_env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-}
-
-/// Fill the cluster's etcd with `mib` MiB of 1 MiB values (varied bytes)
-/// through its first member; raft copies them to the others.
-async fn fill(mgmt: &kube::Client, mib: u64) {
+/// Fill the cluster's etcd through its first member (raft copies it to the
+/// others): `kubernetes` (the default), Kubernetes-shaped objects as the
+/// hosted API server stores them (`hcp_dr_e2e::fill`, about 4.5x
+/// compressible, with random key material) until the database holds `mib`
+/// MiB; `patterned`, `mib` values of 1 MiB of patterned bytes (the fill of
+/// the runs before compression; it compresses about 100x, so it flatters a
+/// compressed backup).
+async fn fill(mgmt: &kube::Client, mib: u64, kind: &str) {
     let mut members = hcp_dr_e2e::drill::member_clients(mgmt, HCP_NS).await.expect("member clients");
     let (_, _, client) = &mut members[0];
+    if kind == "kubernetes" {
+        let (filled, db) = hcp_dr_e2e::fill::kubernetes_objects_in_etcd(client, "shop", 0, mib << 20, 16).await.expect("fill");
+        println!("fill: {} apps, {} objects, {} MiB of JSON; database {} MiB", filled.apps, filled.objects, filled.bytes >> 20, db >> 20);
+        return;
+    }
     let mut value = vec![0u8; 1 << 20];
     for i in 0..mib {
         for (j, b) in value.iter_mut().enumerate() {
@@ -120,28 +64,6 @@ async fn fill(mgmt: &kube::Client, mib: u64) {
         }
         client.put(format!("/hcp-dr-bench/{i:06}"), value.clone(), None).await.expect("put");
     }
-}
-
-/// The members' `(pod, https://ip:2379)`, sorted.
-async fn member_endpoints(mgmt: &kube::Client) -> Vec<(String, String)> {
-    hcp_dr_e2e::drill::member_clients(mgmt, HCP_NS)
-        .await
-        .expect("member clients")
-        .into_iter()
-        .map(|(pod, ip, _)| (pod, format!("https://{ip}:2379")))
-        .collect()
-}
-
-/// The members' client TLS as files, as an admin copies them out of the namespace.
-async fn write_etcd_tls(mgmt: &kube::Client, dir: &Path) -> [PathBuf; 3] {
-    let secret = Api::<Secret>::namespaced(mgmt.clone(), HCP_NS).get("etcd-client-tls").await.expect("etcd-client-tls");
-    let ca = Api::<ConfigMap>::namespaced(mgmt.clone(), HCP_NS).get("etcd-ca").await.expect("etcd-ca");
-    let data = secret.data.unwrap_or_default();
-    let files = [dir.join("etcd-ca.crt"), dir.join("etcd-client.crt"), dir.join("etcd-client.key")];
-    std::fs::write(&files[0], ca.data.unwrap_or_default().get("ca.crt").cloned().unwrap_or_default()).expect("ca");
-    std::fs::write(&files[1], &data.get("etcd-client.crt").expect("client cert").0).expect("cert");
-    std::fs::write(&files[2], &data.get("etcd-client.key").expect("client key").0).expect("key");
-    files
 }
 
 /// 1. The documented procedure, step by step; (wall, downtime, largest RSS).
@@ -203,34 +125,14 @@ async fn manual_backup(tools: &Tools, mgmt: &kube::Client, dir: &Path) -> (Durat
     (start.elapsed(), downtime, rss)
 }
 
-/// The raw data movement of a restore: per member, download the snapshot
-/// and `etcdctl snapshot restore` it into a fresh data directory.
-fn raw_restore(tools: &Tools, dir: &Path, key: &str, members: usize) -> Duration {
-    let mut total = Duration::ZERO;
-    for i in 0..members {
-        let file = dir.join(format!("raw-{i}.db"));
-        total += run_ok(tools.aws(&["s3", "cp", &format!("s3://{BUCKET}/{key}"), file.to_str().unwrap()])).wall;
-        let data = dir.join(format!("raw-{i}.etcd"));
-        let mut restore = Command::new("etcdctl");
-        restore.env("ETCDCTL_API", "3").args(["snapshot", "restore"]).arg(&file).arg("--data-dir").arg(&data);
-        total += run_ok(restore).wall;
-        std::fs::remove_file(&file).ok();
-        std::fs::remove_dir_all(&data).ok();
-    }
-    total
-}
-
-fn report(out: &Ran) -> Value {
-    serde_json::from_slice(&out.stdout).expect("JSON report")
-}
-
-fn mib(kib: i64) -> f64 {
-    kib as f64 / 1024.0
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let size: u64 = arg("--size-mib", 1100);
+    let kind: String = arg("--fill", "kubernetes".to_string());
+    if kind != "kubernetes" && kind != "patterned" {
+        eprintln!("error: --fill {kind}: use kubernetes (objects as a hosted cluster holds them) or patterned (1 MiB values)");
+        std::process::exit(2);
+    }
     for tool in ["aws", "etcdctl", "kubectl"] {
         if Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
             eprintln!("error: `{tool}` is not on PATH; the manual procedure needs it (aws: pip install awscli; etcdctl: apt-get install etcd-client)");
@@ -242,7 +144,7 @@ async fn main() {
     // three members on mgmt-a, the manual and hcp-dr backups in S3, three
     // restored members on mgmt-b, three migrated ones, a raw restore, each
     // about 1.15x the values
-    let needed = size * 14 << 20;
+    let needed = (size * 14) << 20;
     common::ensure_room(&dir, needed, "the benchmark's etcd members, snapshots and backups", "lower --size-mib or set TMPDIR to a file system with more room");
     println!("# hcp-dr DR benchmark: HighlyAvailable cluster, 3 etcd members filled with {size} MiB, in {}", dir.display());
     let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
@@ -251,24 +153,11 @@ async fn main() {
     create_all(&mgmt, &spec.objects()).await.expect("create demo");
     wait_available(&mgmt, NS, "demo", Duration::from_secs(300)).await.expect("demo Available");
     let t = Instant::now();
-    fill(&mgmt, size).await;
-    println!("filled {size} MiB in {:.1}s", t.elapsed().as_secs_f64());
+    fill(&mgmt, size, &kind).await;
+    println!("filled {size} MiB ({kind}) in {:.1}s", t.elapsed().as_secs_f64());
     let work = dir.join("work");
     std::fs::create_dir_all(&work).expect("work dir");
-    let tools = Tools {
-        sandbox_dir: sandbox.dir.clone(),
-        kubeconfig_a: sandbox.clusters[0].kubeconfig.clone(),
-        kubeconfig_b: sandbox.clusters[1].kubeconfig.clone(),
-        s3_url: sandbox.s3.https_url().to_string(),
-        s3_env: vec![
-            ("AWS_ACCESS_KEY_ID".into(), sandbox.s3.access_key().into()),
-            ("AWS_SECRET_ACCESS_KEY".into(), sandbox.s3.secret_key().into()),
-            ("AWS_REGION".into(), sandbox.s3.region().into()),
-            ("AWS_DEFAULT_REGION".into(), sandbox.s3.region().into()),
-        ],
-        etcd_tls: write_etcd_tls(&mgmt, &work).await,
-        state: dir.join("state"),
-    };
+    let tools = Tools::new(&sandbox, &mgmt, &work, dir.join("state")).await;
     let s3 = ["--s3-endpoint", &tools.s3_url];
 
     // 1. backup: the manual procedure, then hcp-dr

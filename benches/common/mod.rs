@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod tools;
+
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
