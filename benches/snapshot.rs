@@ -4,6 +4,8 @@
 //!    writing to the local store) vs `etcdctl snapshot save` on the same
 //!    member, and vs the limit: the raw stream drained to nothing; and the
 //!    same through the compressing store (`--compression zstd`, the default);
+//!    with the CPU seconds etcd and this process spent on each, and the
+//!    bound that two cores set on the ratio to the raw stream;
 //! 2. API downtime: hcp-dr starting three members' snapshots (writers may
 //!    resume once every stream has started) vs one
 //!    `etcdctl snapshot save` of one member;
@@ -13,7 +15,7 @@
 //!    `etcdctl snapshot status` (the same walk and CRC-32C) and `sha256sum`;
 //!    and the CRC-32C alone vs SHA-256 over one buffer in memory.
 //!
-//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N] [--rounds N] [--dir PATH] [--ha-only]`
+//! `cargo bench --bench snapshot -- [--size-mib N] [--ha-size-mib N] [--rounds N] [--dir PATH] [--ha-only] [--fill kubernetes|patterned]`
 //! (`--dir` puts the members and the store there, e.g. `/dev/shm` to take the
 //! disk out of the comparison)
 //! Prints ratios; it asserts nothing about time.
@@ -41,9 +43,61 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Fill a member with `mib` MiB of 1 MiB values (incompressible-ish bytes).
+/// CPU seconds (user + system) used so far by process `pid` (`None`: this one).
+fn cpu_seconds(pid: Option<u32>) -> f64 {
+    let stat = std::fs::read_to_string(match pid {
+        Some(pid) => format!("/proc/{pid}/stat"),
+        None => "/proc/self/stat".into(),
+    })
+    .unwrap_or_default();
+    // after the command's parenthesised name: utime and stime are fields 14 and 15
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks: f64 = fields.get(11..13).map(|f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()).unwrap_or_default();
+    // SAFETY: sysconf reads a constant
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Where the CPU of one snapshot went: etcd's (serving the stream) and
+/// this process's (receiving, hashing, compressing, writing), in seconds,
+/// against the wall time on this machine's cores.
+struct Cpu {
+    etcd: f64,
+    ours: f64,
+}
+
+impl Cpu {
+    /// Run `f`, measuring both processes' CPU around it.
+    async fn around<T>(etcd_pid: u32, f: impl std::future::Future<Output = T>) -> (T, Cpu) {
+        let (e0, o0) = (cpu_seconds(Some(etcd_pid)), cpu_seconds(None));
+        let out = f.await;
+        (out, Cpu { etcd: cpu_seconds(Some(etcd_pid)) - e0, ours: cpu_seconds(None) - o0 })
+    }
+
+    fn describe(&self, wall: Duration) -> String {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        format!(
+            "CPU etcd {:.2}s + receiver {:.2}s = {:.2} of {cores} cores busy over {:.2}s",
+            self.etcd,
+            self.ours,
+            (self.etcd + self.ours) / wall.as_secs_f64(),
+            wall.as_secs_f64()
+        )
+    }
+}
+
+/// Fill a member until its database holds `mib` MiB: Kubernetes-shaped
+/// objects (`--fill kubernetes`, the default: what a hosted cluster holds,
+/// about 4.5x compressible) or 1 MiB values of patterned bytes (`--fill
+/// patterned`: the runs before 2026-11-29; about 110x compressible).
 async fn fill(url: &str, mib: u64) {
     let mut client = connect_client(&[url.to_string()], None).await.expect("connect");
+    let kind: String = arg("--fill", "kubernetes".to_string());
+    if kind == "kubernetes" {
+        let (filled, _) = hcp_dr_e2e::fill::kubernetes_objects_in_etcd(&client, "shop", 0, mib << 20, 16).await.expect("fill");
+        println!("fill: {} apps, {} objects, {} MiB of JSON", filled.apps, filled.objects, filled.bytes >> 20);
+        return;
+    }
+    assert_eq!(kind, "patterned", "--fill: kubernetes or patterned");
     let mut value = vec![0u8; 1 << 20];
     for i in 0..mib {
         for (j, b) in value.iter_mut().enumerate() {
@@ -208,15 +262,36 @@ async fn single_member(dir: &Path, size: u64) {
     let mut compressed = Duration::MAX;
     let mut stored = 0;
     let mut streamed = 0;
+    let etcd = single.pid();
+    let mut cpu = Vec::new();
     for round in 0..arg::<u64>("--rounds", 2) {
         peer = peer.min(etcdctl_save(&url, &dir.join("etcdctl.db")));
-        let (t, n) = raw_stream(&url).await;
+        let ((t, n), c) = Cpu::around(etcd, raw_stream(&url)).await;
+        cpu.push(("raw stream", t, c));
         (raw, streamed) = (raw.min(t), n);
-        mine = mine.min(ours(&url, &dir.join(format!("ours-{round}")), "single").await);
+        let (t, c) = Cpu::around(etcd, ours(&url, &dir.join(format!("ours-{round}")), "single")).await;
+        cpu.push(("hcp-dr uncompressed", t, c));
+        mine = mine.min(t);
         let _ = std::fs::remove_dir_all(dir.join(format!("ours-{round}")));
-        let (t, n) = ours_compressed(&url, &dir.join(format!("zstd-{round}")), "single").await;
+        let ((t, n), c) = Cpu::around(etcd, ours_compressed(&url, &dir.join(format!("zstd-{round}")), "single")).await;
+        cpu.push(("hcp-dr zstd:1", t, c));
         (compressed, stored) = (compressed.min(t), n);
         let _ = std::fs::remove_dir_all(dir.join(format!("zstd-{round}")));
+    }
+    for (what, wall, c) in &cpu {
+        println!("cpu: {what}: {}", c.describe(*wall));
+    }
+    // the limit two cores set: hcp-dr cannot finish before the CPU it and
+    // etcd need together is spent on both cores, nor before etcd's raw stream
+    let best = |name: &str| cpu.iter().filter(|(w, _, _)| *w == name).min_by(|a, b| a.1.cmp(&b.1)).map(|(_, t, c)| (*t, c.etcd + c.ours));
+    if let (Some((raw_t, _)), Some((_, plain_cpu)), Some((_, zstd_cpu))) = (best("raw stream"), best("hcp-dr uncompressed"), best("hcp-dr zstd:1")) {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+        let bound = |cpu: f64| raw_t.as_secs_f64() / raw_t.as_secs_f64().max(cpu / cores);
+        println!(
+            "cpu bound: on {cores} cores the CPU both processes need caps hcp-dr/raw at {:.2}x uncompressed and {:.2}x compressed (if every core were busy all along)",
+            bound(plain_cpu),
+            bound(zstd_cpu)
+        );
     }
     let mib = db as f64 / 1048576.0;
     println!(
@@ -227,14 +302,15 @@ async fn single_member(dir: &Path, size: u64) {
         raw.as_secs_f64() / mine.as_secs_f64()
     );
     println!(
-        "compressed (zstd:{}, the default): hcp-dr {:.1} MiB/s ({:.2}s), {:.1} MiB stored ({:.2}x); ratio compressed/raw stream = {:.2}x, compressed/uncompressed = {:.2}x (the fill's values are generated bytes, not Kubernetes objects: benches/compression.rs has those)",
+        "compressed (zstd:{}, the default): hcp-dr {:.1} MiB/s ({:.2}s), {:.1} MiB stored ({:.2}x); ratio compressed/raw stream = {:.2}x, compressed/uncompressed = {:.2}x (--fill {})",
         hcp_dr::archive::compression::DEFAULT_LEVEL,
         mib / compressed.as_secs_f64(),
         compressed.as_secs_f64(),
         stored as f64 / 1048576.0,
         db as f64 / stored.max(1) as f64,
         raw.as_secs_f64() / compressed.as_secs_f64(),
-        mine.as_secs_f64() / compressed.as_secs_f64()
+        mine.as_secs_f64() / compressed.as_secs_f64(),
+        arg("--fill", "kubernetes".to_string())
     );
     println!(
         "throughput: etcdctl snapshot save {:.1} MiB/s ({:.2}s), hcp-dr {:.1} MiB/s ({:.2}s); ratio hcp-dr/etcdctl = {:.2}x (goal >= 1.0x)",
