@@ -1,7 +1,8 @@
-//! S3 Object Lock for backups (`backup --lock-for`): what a lock asks of
-//! S3, what S3 says a bucket and an object hold, and the pure decisions on
-//! them (is a folder still held, and until when). The requests themselves
-//! are the S3 store's ([`super::S3Store`]).
+//! S3 Object Lock for backups (`backup --lock-for`, `backups copy
+//! --lock-for`): what a lock asks of S3, what S3 says a bucket and an
+//! object hold, and the pure decisions on them (is a folder still held,
+//! and until when; what an object a copy finds already there should
+//! hold). The requests themselves are the S3 store's ([`super::S3Store`]).
 //!
 //! Only the backup's own objects are written with a retention (snapshots,
 //! objects archive, volumes, `SHA256SUMS`, `manifest.json`): the store
@@ -75,6 +76,28 @@ impl ObjectLock {
         let until = now + crate::duration::to_chrono(self.retain_for);
         let whole = until.timestamp() + i64::from(until.timestamp_subsec_nanos() > 0);
         DateTime::from_timestamp(whole, 0).unwrap_or(until)
+    }
+
+    /// The retention to give an object `backups copy` found already at
+    /// the destination with the right bytes, if any: `(mode, until)`.
+    ///
+    /// As if this lock had written it, it is held `retain_for` from when it
+    /// was written there (`written`), in its own mode (S3 never turns
+    /// COMPLIANCE into GOVERNANCE, nor GOVERNANCE into COMPLIANCE without
+    /// `s3:BypassGovernanceRetention`). One that holds no retention at all
+    /// (copied without `--lock-for`) is locked from `now`, once: the next
+    /// run finds it held. A retention that ends then or later is left as it
+    /// is, and so is one whose due date has passed: running the copy again
+    /// and again never pushes a backup's lock further, or `backups prune`
+    /// could never remove it.
+    pub fn for_present(&self, hold: &ObjectHold, written: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<(LockMode, DateTime<Utc>)> {
+        match (hold.mode, hold.retain_until) {
+            (Some(mode), Some(until)) => {
+                let due = self.until(written?);
+                (due > until && due > now).then_some((mode, due))
+            }
+            _ => Some((self.mode, self.until(now))),
+        }
     }
 }
 
@@ -179,14 +202,16 @@ pub fn how_to_enable(bucket: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn at(s: &str) -> DateTime<Utc> {
+    /// An RFC 3339 time.
+    pub(crate) fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
-    fn hold(until: Option<&str>, legal: bool) -> ObjectHold {
+    /// A COMPLIANCE retention until `until` (none: no retention), and a legal hold or not.
+    pub(crate) fn hold(until: Option<&str>, legal: bool) -> ObjectHold {
         ObjectHold { key: "k".into(), version_id: None, mode: Some(LockMode::Compliance), retain_until: until.map(at), legal_hold: legal }
     }
 
@@ -207,6 +232,27 @@ mod tests {
         let legal = FolderHold::of(&[hold(Some("2026-11-29T09:00:00Z"), true)], now).unwrap();
         assert_eq!((legal.until, legal.legal_hold), (None, true));
         assert!(legal.describe().contains("legal hold"), "{}", legal.describe());
+    }
+
+    #[test]
+    fn an_object_found_at_a_copys_destination_is_held_from_when_it_was_written_there_and_never_pushed_further() {
+        let lock = ObjectLock { mode: LockMode::Compliance, retain_for: Duration::from_secs(3600) };
+        let now = at("2026-11-29T10:00:00Z");
+        let written = Some(at("2026-11-29T09:30:00Z"));
+        // none at all: locked from now
+        assert_eq!(lock.for_present(&hold(None, false), written, now), Some((LockMode::Compliance, at("2026-11-29T11:00:00Z"))));
+        // as long as asked from when it was written, or longer: left
+        assert_eq!(lock.for_present(&hold(Some("2026-11-29T10:30:00Z"), false), written, now), None);
+        assert_eq!(lock.for_present(&hold(Some("2026-12-29T10:30:00Z"), false), written, now), None);
+        // shorter (an earlier run's shorter --lock-for): lengthened to an hour from when it was written
+        assert_eq!(lock.for_present(&hold(Some("2026-11-29T10:05:00Z"), false), written, now), Some((LockMode::Compliance, at("2026-11-29T10:30:00Z"))));
+        // in its own mode: a GOVERNANCE retention stays GOVERNANCE
+        let governed = ObjectHold { mode: Some(LockMode::Governance), ..hold(Some("2026-11-29T10:05:00Z"), false) };
+        assert_eq!(lock.for_present(&governed, written, now), Some((LockMode::Governance, at("2026-11-29T10:30:00Z"))));
+        // its due date passed: nothing to do, however often the copy runs
+        assert_eq!(lock.for_present(&hold(Some("2026-11-29T08:00:00Z"), false), Some(at("2026-11-29T07:00:00Z")), now), None);
+        // when it was written is unknown: a retention it holds is left
+        assert_eq!(lock.for_present(&hold(Some("2026-11-29T09:00:00Z"), false), None, now), None);
     }
 
     #[test]

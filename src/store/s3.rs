@@ -435,6 +435,15 @@ impl S3Store {
             return Ok(());
         }
         let version = hold.and_then(|h| h.version_id);
+        self.put_retention(key, version, mode, until).await
+    }
+
+    /// PutObjectRetention on `full_key` (its current version, or
+    /// `version`), then checked with HeadObject: the object holds `mode`
+    /// until `until` at least, else an error. S3 lets anyone with
+    /// `s3:PutObjectRetention` set or lengthen a retention, never shorten
+    /// one or turn COMPLIANCE into GOVERNANCE.
+    async fn put_retention(&self, full_key: &str, version: Option<String>, mode: LockMode, until: DateTime<Utc>) -> Result<(), StoreError> {
         let retention = aws_sdk_s3::types::ObjectLockRetention::builder()
             .mode(match mode {
                 LockMode::Compliance => aws_sdk_s3::types::ObjectLockRetentionMode::Compliance,
@@ -445,16 +454,24 @@ impl S3Store {
         self.client
             .put_object_retention()
             .bucket(&self.bucket)
-            .key(key)
-            .set_version_id(version)
+            .key(full_key)
+            .set_version_id(version.clone())
             .retention(retention)
             .send()
             .await
-            .map_err(|e| self.err("PutObjectRetention", key, sdk_message(&e)))?;
-        match self.hold_of(key, None).await? {
+            .map_err(|e| self.err("PutObjectRetention", full_key, sdk_message(&e)))?;
+        match self.hold_of(full_key, version.as_deref()).await? {
             Some(h) if h.mode == Some(mode) && h.retain_until.is_some_and(|u| u >= until) => Ok(()),
-            _ => Err(self.err("PutObjectRetention", key, format!("the object does not hold the {mode} retention until {until} it was given"))),
+            _ => Err(self.err("PutObjectRetention", full_key, format!("the object does not hold the {mode} retention until {until} it was given"))),
         }
+    }
+
+    /// Hold the version `version` of `key` (relative) in `mode` until
+    /// `until`: `backups copy --lock-for` on an object it found already
+    /// at the destination. See [`Self::put_retention`] for what S3 allows.
+    pub async fn set_retention(&self, key: &str, version: Option<String>, mode: LockMode, until: DateTime<Utc>) -> Result<(), StoreError> {
+        let full = self.full_key(key)?;
+        self.put_retention(&full, version, mode, until).await
     }
 
     /// The bucket's name.
