@@ -1,4 +1,4 @@
-//! `hcp-dr backups list|describe|verify|prune`.
+//! `hcp-dr backups list|describe|verify|copy|prune`.
 
 use std::path::PathBuf;
 
@@ -11,6 +11,7 @@ use crate::duration;
 use crate::ops::OpsError;
 use crate::ops::backups::{self, BackupEntry, PruneEntry, VerifyReport};
 use crate::ops::restore::{latest_backup, split_backup_url};
+use crate::store::object_lock::{LockMode, ObjectLock};
 use crate::store::{self, S3Options, Store};
 
 #[derive(Debug, ClapArgs)]
@@ -76,8 +77,9 @@ pub enum Command {
         s3: StoreArgs,
     },
     /// Copy complete backups (and their result records) to another store:
-    /// idempotent and resumable, every hash checked, manifest last.
-    #[command(after_help = "Example:\n  hcp-dr backups copy --from s3://bucket/prefix --to s3://other-region-bucket/prefix --since 7d")]
+    /// idempotent and resumable, every hash checked, manifest last;
+    /// --lock-for locks each copy with S3 Object Lock.
+    #[command(after_help = "Example:\n  hcp-dr backups copy --from s3://bucket/prefix --to s3://other-region-bucket/prefix --since 7d --lock-for 30d")]
     Copy {
         /// The store to copy from.
         #[arg(long, env = "HCP_DR_STORE")]
@@ -94,6 +96,18 @@ pub enum Command {
         /// Only backups taken within this long (e.g. 7d) [range: 1h to 36500d].
         #[arg(long, value_parser = duration::RETENTION_AGE)]
         since: Option<std::time::Duration>,
+        /// Lock every object of each backup copied with S3 Object Lock for
+        /// this long from when it is written at --to (objects there already
+        /// are held as long from when they were written, never pushed
+        /// further); the result records are not locked. --to must be an S3
+        /// bucket with Object Lock enabled [range: 1s to 36500d].
+        #[arg(long, value_name = "DURATION", value_parser = duration::LOCK_FOR)]
+        lock_for: Option<std::time::Duration>,
+        /// With --lock-for: compliance (nobody, not even the account's root,
+        /// can delete it early) or governance (principals with
+        /// s3:BypassGovernanceRetention can).
+        #[arg(long, value_enum, default_value_t, requires = "lock_for")]
+        lock_mode: LockMode,
         #[command(flatten)]
         s3: StoreArgs,
     },
@@ -505,13 +519,14 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Err(e) => fail(e),
             }
         }
-        Command::Copy { from, to, hosted_cluster, namespace, since, s3 } => {
+        Command::Copy { from, to, hosted_cluster, namespace, since, lock_for, lock_mode, s3 } => {
             let options = crate::ops::copy::CopyOptions {
                 from,
                 to,
                 s3: s3.s3(),
                 cluster: hosted_cluster.map(|hc| (namespace, hc)),
                 since,
+                lock: lock_for.map(|retain_for| ObjectLock { mode: lock_mode, retain_for }),
             };
             match crate::ops::copy::copy(&options).await {
                 Ok(report) => {

@@ -9,15 +9,26 @@
 //! manifest) and the manifest is written last, so the destination never
 //! lists a copy as complete before all of it is there. The store fence
 //! (`fence.json`) is not copied: it belongs to the store it is in.
+//!
+//! With `--lock-for` every object of a backup it copies is written with
+//! that S3 Object Lock retention (the destination checked first to be a
+//! bucket with Object Lock, as for `backup --lock-for`); the result records
+//! are not locked. An object already there keeps its retention, lengthened
+//! to `--lock-for` from when it was written there when it is shorter, or
+//! set from now when it has none ([`ObjectLock::for_present`]): a copy run
+//! again and again never pushes a lock further. The report gives each
+//! backup's lock as S3 holds it on the manifest.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OpsError;
 use super::backups::{self, BackupEntry};
+use super::object_lock::LockReport;
 use crate::archive::results::is_result_key;
 use crate::archive::{Layout, Manifest};
 use crate::archive::check::CheckError;
+use crate::store::object_lock::{LockMode, ObjectLock};
 use crate::store::{self, S3Options, Store, StoreError, StoreUrl};
 
 /// What `backups copy` was asked.
@@ -30,6 +41,9 @@ pub struct CopyOptions {
     pub cluster: Option<(String, String)>,
     /// Only backups taken within this long.
     pub since: Option<std::time::Duration>,
+    /// `--lock-for`/`--lock-mode`: the retention every copied object of a
+    /// backup gets at the destination.
+    pub lock: Option<ObjectLock>,
 }
 
 /// What a copy run did with one backup.
@@ -65,8 +79,20 @@ pub struct CopiedBackup {
     /// Artifacts that were at the destination already, their hashes checked.
     pub kept: usize,
     pub bytes_copied: u64,
+    /// With `--lock-for`: objects that were there already and were given
+    /// the retention (they had none, or a shorter one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub retention_set: usize,
+    /// With `--lock-for`: the lock of the copy, as S3 holds it on its
+    /// manifest at the destination.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object_lock: Option<LockReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// What `backups copy` did.
@@ -83,6 +109,8 @@ pub struct CopyReport {
     pub results_copied: usize,
     /// Incomplete backups left behind (no manifest: never finished).
     pub skipped_incomplete: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Copy the complete backups `options` selects, oldest first.
@@ -95,8 +123,16 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         super::backup::check_name("hosted cluster", hc)?;
         super::backup::check_name("namespace", ns)?;
     }
+    // before anything is read or written: --to must be a bucket with Object Lock
+    let warnings = super::object_lock::check_stores(options.lock, &options.to, &[], &options.s3).await?;
     let from = store::open(&options.from, options.s3.clone()).await?;
-    let to = store::open(&options.to, options.s3.clone()).await?;
+    // the backups' own objects through a store that locks them; the
+    // result records beside them through one that does not
+    let to = store::open(&options.to, S3Options { object_lock: options.lock, ..options.s3.clone() }).await?;
+    let to_unlocked = match options.lock {
+        Some(_) => Some(store::open(&options.to, options.s3.clone()).await?),
+        None => None,
+    };
     let cluster = options.cluster.as_ref().map(|(ns, hc)| (ns.as_str(), hc.as_str()));
     let now = Utc::now();
     let mut entries: Vec<BackupEntry> = backups::list(from.as_ref(), cluster).await?;
@@ -115,6 +151,7 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         bytes_copied: 0,
         results_copied: 0,
         skipped_incomplete: Vec::new(),
+        warnings,
     };
     let mut clusters = std::collections::BTreeSet::new();
     for entry in &entries {
@@ -124,20 +161,33 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         }
         let layout = Layout::new(&entry.namespace, &entry.hosted_cluster, &entry.backup_id);
         clusters.insert((entry.namespace.clone(), entry.hosted_cluster.clone()));
-        let copied = match copy_one(from.as_ref(), to.as_ref(), &layout, entry.taken).await {
-            Ok(done) => done,
+        let run = Run { from: from.as_ref(), to: to.as_ref(), lock: options.lock };
+        let copied = match copy_one(&run, &layout, entry.taken, &mut report.warnings).await {
+            Ok(mut done) => {
+                if options.lock.is_some() {
+                    done.object_lock = super::object_lock::after_run(to.as_ref(), &layout, true, &mut report.warnings).await;
+                }
+                done
+            }
             // a store that cannot be reached fails the whole copy: the next
             // backup would fail the same way
             Err(CopyError::Store(err)) => return Err(err.into()),
-            Err(CopyError::Backup(why)) => CopiedBackup {
-                backup: format!("{}/{}", from.url(), layout.dir()),
-                taken: entry.taken,
-                result: CopyResult::Failed,
-                artifacts: 0,
-                kept: 0,
-                bytes_copied: 0,
-                error: Some(why),
-            },
+            Err(CopyError::Backup(why)) => {
+                if options.lock.is_some() {
+                    super::object_lock::after_failed_copy(to.as_ref(), &layout, &mut report.warnings).await;
+                }
+                CopiedBackup {
+                    backup: format!("{}/{}", from.url(), layout.dir()),
+                    taken: entry.taken,
+                    result: CopyResult::Failed,
+                    artifacts: 0,
+                    kept: 0,
+                    bytes_copied: 0,
+                    retention_set: 0,
+                    object_lock: None,
+                    error: Some(why),
+                }
+            }
         };
         match copied.result {
             CopyResult::Failed => report.failed += 1,
@@ -147,8 +197,9 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         report.bytes_copied += copied.bytes_copied;
         report.backups.push(copied);
     }
+    let results_to = to_unlocked.as_deref().unwrap_or(to.as_ref());
     for (ns, hc) in &clusters {
-        report.results_copied += copy_results(from.as_ref(), to.as_ref(), ns, hc).await?;
+        report.results_copied += copy_results(from.as_ref(), results_to, ns, hc).await?;
     }
     Ok(report)
 }
@@ -182,14 +233,24 @@ async fn holds(to: &dyn Store, key: &str, artifact: &crate::archive::Artifact) -
     }
 }
 
+/// What each backup of a run is copied between, and with.
+struct Run<'a> {
+    from: &'a dyn Store,
+    /// Writes with `lock`'s retention when there is one.
+    to: &'a dyn Store,
+    lock: Option<ObjectLock>,
+}
+
 /// Copy one backup: each artifact the manifest lists (kept when the
-/// destination already holds it with the recorded hash), then the manifest.
-async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout, taken: DateTime<Utc>) -> Result<CopiedBackup, CopyError> {
+/// destination already holds it with the recorded hash, and with a lock
+/// given the retention it lacks), then the manifest.
+async fn copy_one(run: &Run<'_>, layout: &Layout, taken: DateTime<Utc>, warnings: &mut Vec<String>) -> Result<CopiedBackup, CopyError> {
+    let (from, to) = (run.from, run.to);
     let manifest_bytes = read_all(from, &layout.manifest()).await?;
     let manifest = Manifest::parse(&manifest_bytes).map_err(|e| CopyError::Backup(format!("{}/{}: {e}", from.url(), layout.manifest())))?;
     let existing = to.list(&format!("{}/", layout.dir())).await?;
-    let size_there = |key: &str| existing.iter().find(|o| o.key == key).map(|o| o.size);
-    let manifest_there = size_there(&layout.manifest()).is_some();
+    let there = |key: &str| existing.iter().find(|o| o.key == key);
+    let manifest_there = there(&layout.manifest()).is_some();
     let mut done = CopiedBackup {
         backup: format!("{}/{}", to.url(), layout.dir()),
         taken,
@@ -197,19 +258,26 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout, taken: Date
         artifacts: manifest.artifacts.len(),
         kept: 0,
         bytes_copied: 0,
+        retention_set: 0,
+        object_lock: None,
         error: None,
     };
+    let mut present = PresentLocks::default();
     for artifact in &manifest.artifacts {
         let key = layout.artifact(&artifact.name);
-        if size_there(&key) == Some(artifact.size) && holds(to, &key, artifact).await? {
+        if let Some(object) = there(&key).filter(|o| o.size == artifact.size)
+            && holds(to, &key, artifact).await?
+        {
             done.kept += 1;
+            present.hold(run, &key, object.modified).await?;
             continue;
         }
         let body = from.get(&key).await?;
         let put = to.put(&key, body).await?;
         if put.size != artifact.size || put.sha256 != artifact.sha256 {
             // what the source holds is not what its manifest recorded: the
-            // copy would be as damaged; remove what was written
+            // copy would be as damaged; remove what was written (a locking
+            // store keeps it, and the report says so)
             let _ = to.delete(&key).await;
             return Err(CopyError::Backup(format!(
                 "{}/{key}: {} bytes with SHA-256 {}, the manifest records {} bytes with {}: the backup is damaged at the source; nothing of it is listed as complete at the destination",
@@ -223,9 +291,18 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout, taken: Date
         done.bytes_copied += put.size;
     }
     let same_manifest = manifest_there && read_all(to, &layout.manifest()).await? == manifest_bytes;
-    if !same_manifest {
+    if same_manifest {
+        present.hold(run, &layout.manifest(), there(&layout.manifest()).and_then(|o| o.modified)).await?;
+    } else {
         to.put(&layout.manifest(), Box::new(&manifest_bytes[..])).await?;
         done.bytes_copied += manifest_bytes.len() as u64;
+    }
+    done.retention_set = present.set;
+    if present.governance > 0 {
+        warnings.push(format!(
+            "{}: {} object(s) there already are held in GOVERNANCE mode, not the COMPLIANCE asked: S3 lets only a principal with s3:BypassGovernanceRetention change the mode, so they stay GOVERNANCE (lengthened where they were shorter)",
+            done.backup, present.governance
+        ));
     }
     done.result = match (same_manifest, done.kept) {
         (true, kept) if kept == done.artifacts => CopyResult::AlreadyThere,
@@ -233,6 +310,35 @@ async fn copy_one(from: &dyn Store, to: &dyn Store, layout: &Layout, taken: Date
         _ => CopyResult::Completed,
     };
     Ok(done)
+}
+
+/// With a lock: what was done to the retention of the objects of one
+/// backup that were at the destination already.
+#[derive(Default)]
+struct PresentLocks {
+    /// Given a retention, or a longer one.
+    set: usize,
+    /// Held in GOVERNANCE mode where COMPLIANCE was asked.
+    governance: usize,
+}
+
+impl PresentLocks {
+    /// Give `key`, found at the destination with the right bytes and
+    /// written there at `written`, the retention it lacks
+    /// ([`ObjectLock::for_present`]). Nothing without a lock.
+    async fn hold(&mut self, run: &Run<'_>, key: &str, written: Option<DateTime<Utc>>) -> Result<(), CopyError> {
+        let (Some(lock), Some(s3)) = (run.lock, run.to.s3()) else { return Ok(()) };
+        // gone since its bytes were checked: the manifest's lock, read back, tells
+        let Some(hold) = s3.retention(key).await? else { return Ok(()) };
+        if lock.mode == LockMode::Compliance && hold.mode == Some(LockMode::Governance) {
+            self.governance += 1;
+        }
+        if let Some((mode, until)) = lock.for_present(&hold, written, Utc::now()) {
+            s3.set_retention(key, hold.version_id, mode, until).await?;
+            self.set += 1;
+        }
+        Ok(())
+    }
 }
 
 /// Copy a cluster's result records the destination lacks; how many.
@@ -266,6 +372,12 @@ pub fn render(report: &CopyReport) -> String {
         if b.kept > 0 && b.result != CopyResult::AlreadyThere {
             out.push_str(&format!(" ({} of {} artifacts were there already)", b.kept, b.artifacts));
         }
+        if let Some(lock) = &b.object_lock {
+            out.push_str(&format!("\n                locked: S3 Object Lock {} until {}", lock.mode, lock.retain_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            if b.retention_set > 0 {
+                out.push_str(&format!(" ({} object(s) there already given the retention)", b.retention_set));
+            }
+        }
         if let Some(e) = &b.error {
             out.push_str(&format!("\n                {e}"));
         }
@@ -276,6 +388,9 @@ pub fn render(report: &CopyReport) -> String {
     }
     for url in &report.skipped_incomplete {
         out.push_str(&format!("  skipped (incomplete: no manifest) {url}\n"));
+    }
+    for w in &report.warnings {
+        out.push_str(&format!("  warning: {w}\n"));
     }
     out
 }

@@ -204,6 +204,10 @@ async fn every_command_refuses_bad_input_cleanly_and_changes_nothing() {
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-mode", "governance"], 2, &["--lock-for"]),
         case(&["backup", "--hosted-cluster", "demo", "--to", &s, "--lock-for", "0s"], 2, &["--lock-for", "too short"]),
         case(&["schedule", "render", "--schedule", "0 * * * *", "--to", "/var/backups", "--lock-for", "30d"], 2, &["--lock-for", "local directory"]),
+        case(&["backups", "copy", "--from", &s, "--to", &empty_store, "--lock-for", "30d"], 2, &["--lock-for", "--to", "is a local directory", "s3://bucket/prefix"]),
+        case(&["backups", "copy", "--from", &s, "--to", &unlocked, "--s3-endpoint", &s3_endpoint, "--lock-for", "30d"], 2, &["--lock-for 30d", "does not have S3 Object Lock enabled", "put-object-lock-configuration"]),
+        case(&["backups", "copy", "--from", &s, "--to", &empty_store, "--lock-mode", "governance"], 2, &["--lock-for"]),
+        case(&["backups", "copy", "--from", &s, "--to", &empty_store, "--lock-for", "0s"], 2, &["--lock-for", "too short"]),
         // cluster
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "9999"], 2, &["--replicas", "9999"]),
         case(&["cluster", "scale", "demo", "--node-pool", "demo", "--replicas", "-1"], 2, &["-1"]),
