@@ -139,7 +139,18 @@ pub struct SnapshotReport {
 impl Member {
     /// Connect with short timeouts (a dead member must not hang a backup).
     pub async fn connect(&self) -> Result<Client, EtcdError> {
-        let mut options = ConnectOptions::new()
+        self.connect_with(ConnectOptions::new()).await
+    }
+
+    /// As [`Member::connect`], for a watch that must end when the member
+    /// loses its leader (a partitioned member would otherwise serve a
+    /// watch that silently stops at its last revision).
+    pub async fn connect_requiring_leader(&self) -> Result<Client, EtcdError> {
+        self.connect_with(ConnectOptions::new().with_require_leader(true)).await
+    }
+
+    async fn connect_with(&self, options: ConnectOptions) -> Result<Client, EtcdError> {
+        let mut options = options
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(30));
         if let Some(tls) = &self.tls {
@@ -257,6 +268,24 @@ impl Member {
     /// streams are not in it. The revision is read before the request and
     /// again once the stream has started; equal, they are the snapshot's.
     pub async fn start_snapshot(&self) -> Result<StartedSnapshot, EtcdError> {
+        let mut started = self.open_snapshot().await?;
+        let after = self.status(&mut started._client).await?.revision;
+        if after != started.revision {
+            return Err(EtcdError::RevisionMoved {
+                member: self.name.clone(),
+                before: started.revision,
+                after,
+            });
+        }
+        Ok(started)
+    }
+
+    /// Open a snapshot stream and wait for its first bytes, with the
+    /// writers running: the content is fixed from here, but writes may have
+    /// landed between the status read and the request, so the revision
+    /// recorded is a lower bound (`hcp-dr stream` reads the exact one from
+    /// the snapshot itself).
+    pub async fn open_snapshot(&self) -> Result<StartedSnapshot, EtcdError> {
         let mut client = self.connect().await?;
         let before = self.status(&mut client).await?.revision;
         let mut stream = client
@@ -268,14 +297,6 @@ impl Member {
             Some(response) => (Bytes::copy_from_slice(response.blob()), response.remaining_bytes()),
             None => (Bytes::new(), 0),
         };
-        let after = self.status(&mut client).await?.revision;
-        if after != before {
-            return Err(EtcdError::RevisionMoved {
-                member: self.name.clone(),
-                before,
-                after,
-            });
-        }
         Ok(StartedSnapshot {
             member: self.name.clone(),
             revision: before,
@@ -315,6 +336,11 @@ impl StartedSnapshot {
 
     pub fn member(&self) -> &str {
         &self.member
+    }
+
+    /// The stream's length, as etcd announced it with the first bytes.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// Stream the rest into `store` at `key`, hashing it and checking etcd's

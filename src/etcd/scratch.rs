@@ -56,6 +56,26 @@ impl ScratchTools {
     }
 
     async fn count_keys_in(&self, snapshot: &Path, dir: &Path) -> Result<u64, String> {
+        let mut etcd = self.start_restored(snapshot, dir, &[]).await?;
+        let attempt = async {
+            let mut client = etcd_client::Client::connect([etcd.client_url.as_str()], None).await?;
+            let resp = client
+                .get("", Some(etcd_client::GetOptions::new().with_all_keys().with_count_only()))
+                .await?;
+            Ok::<u64, etcd_client::Error>(resp.count() as u64)
+        };
+        let count = tokio::time::timeout(Duration::from_secs(60), attempt)
+            .await
+            .map_err(|_| "counting the scratch etcd's keys took more than 60s".to_string())?
+            .map_err(|e| format!("counting the scratch etcd's keys: {e}"));
+        etcd.stop().await;
+        count
+    }
+
+    /// Restore the plaintext snapshot file `snapshot` into `dir/data` and
+    /// start a one-member etcd on it on loopback ports, with `extra` flags;
+    /// returns once it answers (at most 60s). It is killed on drop.
+    pub async fn start_restored(&self, snapshot: &Path, dir: &Path, extra: &[&str]) -> Result<ScratchEtcd, String> {
         let (peer, client_port) = (free_port()?, free_port()?);
         let data = dir.join("data");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -75,38 +95,50 @@ impl ScratchTools {
         if !restore.status.success() {
             return Err(format!("etcdctl snapshot restore failed: {}", String::from_utf8_lossy(&restore.stderr).trim()));
         }
-        let mut etcd = tokio::process::Command::new(&self.etcd)
+        let child = tokio::process::Command::new(&self.etcd)
             .arg("--data-dir")
             .arg(&data)
             .args(["--name", "scratch", "--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
             .args(["--initial-cluster", &format!("scratch={peer_url}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("starting {}: {e}", self.etcd.display()))?;
+        let mut etcd = ScratchEtcd { child, client_url };
         let started = Instant::now();
-        let count = loop {
+        loop {
             let attempt = async {
-                let mut client = etcd_client::Client::connect([client_url.as_str()], None).await?;
-                let resp = client
-                    .get("", Some(etcd_client::GetOptions::new().with_all_keys().with_count_only()))
-                    .await?;
-                Ok::<u64, etcd_client::Error>(resp.count() as u64)
+                let mut client = etcd_client::Client::connect([etcd.client_url.as_str()], None).await?;
+                client.status().await
             };
             match tokio::time::timeout(Duration::from_secs(5), attempt).await {
-                Ok(Ok(count)) => break count,
+                Ok(Ok(_)) => return Ok(etcd),
                 _ if started.elapsed() > Duration::from_secs(60) => {
-                    let _ = etcd.kill().await;
+                    etcd.stop().await;
                     return Err("the scratch etcd did not answer within 60s".into());
                 }
                 _ => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-        };
-        let _ = etcd.kill().await;
-        let _ = etcd.wait().await;
-        Ok(count)
+        }
+    }
+}
+
+/// A one-member etcd on loopback restored from a snapshot
+/// ([`ScratchTools::start_restored`]); killed when dropped.
+pub struct ScratchEtcd {
+    child: tokio::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub client_url: String,
+}
+
+impl ScratchEtcd {
+    /// Kill it and wait until it is gone.
+    pub async fn stop(&mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
     }
 }
 
