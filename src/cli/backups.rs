@@ -9,7 +9,8 @@ use crate::archive::Layout;
 use crate::archive::retention::Policy;
 use crate::duration;
 use crate::ops::OpsError;
-use crate::ops::backups::{self, BackupEntry, PruneEntry, VerifyReport};
+use crate::ops::backups::{self, BackupEntry, Listed, PruneEntry, StoreLock, VerifyReport};
+use crate::ops::object_lock::LockState;
 use crate::ops::restore::{latest_backup, split_backup_url};
 use crate::store::object_lock::{LockMode, ObjectLock};
 use crate::store::{self, S3Options, Store};
@@ -173,14 +174,19 @@ fn age(seconds: i64) -> String {
     }
 }
 
-fn render_list(entries: &[BackupEntry], stores: &[String]) -> String {
+fn render_list(listed: &[Listed], stores: &[String]) -> String {
     let several = stores.len() > 1;
+    // a LOCK column where a store has S3 Object Lock
+    let locks = listed.iter().any(|l| !l.object_lock.is_empty());
     let mut out = format!(
-        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}{}\n",
+        "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}{}{}\n",
         "CLUSTER", "BACKUP", "AGE", "STATUS", "SIZE", "REVISION", "DURATION", "DOWNTIME", "LINEAGE",
-        if several { "  STORES" } else { "" }
+        if several { "  STORES" } else { "" },
+        if locks { "  LOCK" } else { "" }
     );
-    for e in entries {
+    let entries: Vec<&BackupEntry> = listed.iter().map(|l| &l.entry).collect();
+    for l in listed {
+        let e = &l.entry;
         let opt = |v: Option<f64>| v.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
         out.push_str(&format!(
             "{:<24} {:<24} {:>7}  {:<10} {:>10} {:>9} {:>9} {:>9}  {:<8}\n",
@@ -202,7 +208,13 @@ fn render_list(entries: &[BackupEntry], stores: &[String]) -> String {
         if several {
             out.pop();
             let held: Vec<String> = stores.iter().enumerate().filter(|(_, s)| e.stores.contains(s)).map(|(i, _)| (i + 1).to_string()).collect();
-            out.push_str(&format!("  {}\n", if held.is_empty() { "-".to_string() } else { held.join(",") }));
+            let held = if held.is_empty() { "-".to_string() } else { held.join(",") };
+            // padded only when the LOCK column follows
+            out.push_str(&format!("  {held:<width$}\n", width = if locks { 6 } else { 0 }));
+        }
+        if locks {
+            out.pop();
+            out.push_str(&format!("  {}\n", lock_cell(&l.object_lock, stores)));
         }
     }
     if several {
@@ -214,7 +226,7 @@ fn render_list(entries: &[BackupEntry], stores: &[String]) -> String {
         out.push_str("(no backups)\n");
     }
     let mut shown = std::collections::BTreeSet::new();
-    for e in entries {
+    for e in &entries {
         if !shown.insert((&e.namespace, &e.hosted_cluster)) {
             continue;
         }
@@ -231,6 +243,23 @@ fn render_list(entries: &[BackupEntry], stores: &[String]) -> String {
     out
 }
 
+/// The LOCK cell: each store's lock of the backup (prefixed by the store's
+/// number when several are listed), or `-`.
+fn lock_cell(locks: &[StoreLock], stores: &[String]) -> String {
+    if locks.is_empty() {
+        return "-".into();
+    }
+    let number = |url: &str| stores.iter().position(|s| s == url).map(|i| i + 1);
+    locks
+        .iter()
+        .map(|l| match number(&l.store) {
+            Some(n) if stores.len() > 1 => format!("{n}: {}", l.lock.short()),
+            _ => l.lock.short(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn fence_line(fence: &crate::archive::fence::Fence) -> String {
     format!("fence: {}; backups taken anywhere else are refused\n", fence.describe())
 }
@@ -242,6 +271,9 @@ struct Described<'a> {
     manifest: &'a crate::archive::Manifest,
     #[serde(skip_serializing_if = "Option::is_none")]
     fence: Option<&'a crate::archive::fence::Fence>,
+    /// What S3 Object Lock does to it (a bucket with Object Lock only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_lock: Option<LockState>,
 }
 
 fn render_origin(origin: &crate::archive::Origin) -> String {
@@ -472,8 +504,12 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             };
             match listed {
                 Ok(entries) => {
+                    let (listed, warnings) = backups::with_locks(&stores, entries).await;
+                    for w in &warnings {
+                        tracing::warn!("{w}");
+                    }
                     let urls: Vec<String> = stores.iter().map(|s| s.url()).collect();
-                    print(output, &entries, || render_list(&entries, &urls));
+                    print(output, &listed, || render_list(&listed, &urls));
                     Exit::Success
                 }
                 Err(e) => fail(e),
@@ -492,9 +528,13 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Ok(f) => f,
                 Err(e) => return fail(e),
             };
-            let described = Described { manifest: &manifest, fence: fence.as_ref() };
+            let object_lock = backups::lock_of(store.as_ref(), &layout).await;
+            let described = Described { manifest: &manifest, fence: fence.as_ref(), object_lock };
             print(output, &described, || {
                 let mut text = render_manifest(&manifest);
+                if let Some(lock) = &described.object_lock {
+                    text.push_str(&format!("object lock: {}\n", lock.describe()));
+                }
                 if let Some(f) = &fence {
                     text.push_str(&fence_line(f));
                 }

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OpsError;
+use super::object_lock::{self, LockState, StoreLocking};
 use crate::archive::check::{CheckError, Inspect, check_backup_inspecting, read_manifest};
 use crate::archive::encryption::Identities;
 use crate::archive::results::{self, Kind, ResultRecord};
@@ -87,14 +88,13 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
     }
     let mut fences: BTreeMap<(String, String), (Option<Fence>, Option<String>)> = BTreeMap::new();
     for (ns, hc, _) in folders.keys() {
-        let key = (ns.clone(), hc.clone());
-        if !fences.contains_key(&key) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = fences.entry((ns.clone(), hc.clone())) {
             let found = match fence::read(store, ns, hc).await {
                 Ok(f) => (f, None),
                 Err(e @ FenceError::Unreadable { .. }) => (None, Some(e.to_string())),
                 Err(FenceError::Store(e)) => return Err(e.into()),
             };
-            fences.insert(key, found);
+            slot.insert(found);
         }
     }
     let mut out = Vec::new();
@@ -174,6 +174,76 @@ pub async fn list_across(stores: &[Box<dyn Store>], cluster: Option<(&str, &str)
     let mut out: Vec<BackupEntry> = merged.into_values().collect();
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
     Ok(out)
+}
+
+/// A backup as `backups list` shows it: its entry, and what S3 Object Lock
+/// does to it in each store that holds it complete in a bucket with Object
+/// Lock (none for a local store or a bucket without).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    #[serde(flatten)]
+    pub entry: BackupEntry,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub object_lock: Vec<StoreLock>,
+}
+
+/// The lock of a backup in one store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoreLock {
+    pub store: String,
+    #[serde(flatten)]
+    pub lock: LockState,
+}
+
+/// How many manifests' locks are read at once.
+const LOCK_READS: usize = 8;
+
+/// The listed backups with their locks: each store asked once whether its
+/// bucket has Object Lock, then, where it has, one HeadObject per complete
+/// backup's manifest (a bucket without costs one request, a local store
+/// none). A store whose answer is refused still lists: its backups' lock
+/// is unknown, and a warning says why.
+pub async fn with_locks(stores: &[Box<dyn Store>], entries: Vec<BackupEntry>) -> (Vec<Listed>, Vec<String>) {
+    use futures::StreamExt;
+    let mut listed: Vec<Listed> = entries.into_iter().map(|entry| Listed { entry, object_lock: Vec::new() }).collect();
+    let mut warnings = Vec::new();
+    let now = Utc::now();
+    for store in stores {
+        let url = store.url();
+        // one store: every complete backup is in it; several: `stores` says
+        let held: Vec<usize> = (0..listed.len())
+            .filter(|&i| listed[i].entry.complete && (stores.len() == 1 || listed[i].entry.stores.contains(&url)))
+            .collect();
+        let states: Vec<LockState> = match object_lock::locking_of(store.as_ref()).await {
+            StoreLocking::Off => continue,
+            StoreLocking::Unknown(why) => {
+                warnings.push(format!("{url}: the S3 Object Lock of its backups is unknown: {why}"));
+                held.iter().map(|_| LockState::Unknown { why: why.clone() }).collect()
+            }
+            StoreLocking::On(s3) => {
+                let reads = held.iter().map(|&i| {
+                    let e = &listed[i].entry;
+                    let layout = Layout::new(&e.namespace, &e.hosted_cluster, &e.backup_id);
+                    async move { LockState::read(s3, &layout, now).await }
+                });
+                futures::stream::iter(reads).buffered(LOCK_READS).collect().await
+            }
+        };
+        for (i, lock) in held.into_iter().zip(states) {
+            listed[i].object_lock.push(StoreLock { store: url.clone(), lock });
+        }
+    }
+    (listed, warnings)
+}
+
+/// What S3 Object Lock does to one backup: `None` in a local store or a
+/// bucket without Object Lock.
+pub async fn lock_of(store: &dyn Store, layout: &Layout) -> Option<LockState> {
+    match object_lock::locking_of(store).await {
+        StoreLocking::Off => None,
+        StoreLocking::Unknown(why) => Some(LockState::Unknown { why }),
+        StoreLocking::On(s3) => Some(LockState::read(s3, layout, Utc::now()).await),
+    }
 }
 
 /// The manifest of one backup.

@@ -1,15 +1,16 @@
 //! S3 Object Lock in operations: the up-front check that every store a
 //! `backup --lock-for` or `backups copy --lock-for` writes to is an S3
-//! bucket with Object Lock, and what their reports say of the lock
-//! afterwards, read back from S3 (the objects' retention is the truth; the
-//! manifest does not record it).
+//! bucket with Object Lock; what their reports say of the lock afterwards;
+//! and the lock `backups list` and `describe` show. All of it read back
+//! from S3 (the objects' retention is the truth; the manifest does not
+//! record it).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OpsError;
 use crate::archive::Layout;
-use crate::store::object_lock::{BucketLock, FolderHold, LockMode, ObjectLock, how_to_enable};
+use crate::store::object_lock::{BucketLock, FolderHold, LockMode, ObjectHold, ObjectLock, how_to_enable};
 use crate::store::{self, S3Options, S3Store, Store, StoreUrl};
 
 /// The lock of a completed backup, as S3 reports it on its manifest.
@@ -160,4 +161,149 @@ async fn stayed(store: &dyn Store, s3: &S3Store, layout: &Layout, warnings: &mut
         }
     };
     Some(Stayed { objects: left.len(), manifest: left.iter().any(|o| o.key == layout.manifest()), hold })
+}
+
+/// Whether the backups of a store can be held by S3 Object Lock, for
+/// `backups list` and `describe`: asked once per store
+/// (GetObjectLockConfiguration), so a store without it costs nothing more.
+pub enum StoreLocking<'a> {
+    /// A local store, or a bucket without Object Lock: nothing is held.
+    Off,
+    /// A bucket with Object Lock: each manifest's retention says.
+    On(&'a S3Store),
+    /// The bucket's configuration could not be read (its lock is unknown):
+    /// why, with what the credentials need.
+    Unknown(String),
+}
+
+/// Whether `store`'s backups can be locked. Never an error: a store whose
+/// configuration is refused (credentials without
+/// `s3:GetBucketObjectLockConfiguration`) still lists, its lock unknown.
+pub async fn locking_of(store: &dyn Store) -> StoreLocking<'_> {
+    let Some(s3) = store.s3() else { return StoreLocking::Off };
+    match s3.bucket_lock().await {
+        Ok(BucketLock::Enabled { .. }) => StoreLocking::On(s3),
+        Ok(BucketLock::Disabled { .. }) => StoreLocking::Off,
+        Err(err) => StoreLocking::Unknown(format!(
+            "whether the bucket {} has S3 Object Lock could not be read ({err}); to see which backups are held, the credentials need s3:GetBucketObjectLockConfiguration on it",
+            s3.bucket()
+        )),
+    }
+}
+
+/// What S3 Object Lock does to one backup now, read from its manifest (the
+/// last object written, so the one held longest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum LockState {
+    /// S3 refuses to delete it: until `retain_until` (in `mode`), and for
+    /// as long as a legal hold is on.
+    Held {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        mode: Option<LockMode>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        retain_until: Option<DateTime<Utc>>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        legal_hold: bool,
+    },
+    /// Nothing holds it: its retention ended (`ended`), or it never had one
+    /// (written without `--lock-for`).
+    NotHeld {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ended: Option<DateTime<Utc>>,
+    },
+    /// Not known: why.
+    Unknown { why: String },
+}
+
+impl LockState {
+    /// What `hold` (the manifest's) does at `now`.
+    pub fn of(hold: &ObjectHold, now: DateTime<Utc>) -> LockState {
+        let running = hold.retain_until.filter(|until| *until > now);
+        if hold.holds_at(now) {
+            LockState::Held { mode: running.and(hold.mode), retain_until: running, legal_hold: hold.legal_hold }
+        } else {
+            LockState::NotHeld { ended: hold.retain_until }
+        }
+    }
+
+    /// The lock of the backup `layout` in a bucket with Object Lock: one
+    /// HeadObject of its manifest.
+    pub async fn read(s3: &S3Store, layout: &Layout, now: DateTime<Utc>) -> LockState {
+        match s3.retention(&layout.manifest()).await {
+            Ok(Some(hold)) => LockState::of(&hold, now),
+            Ok(None) => LockState::Unknown { why: format!("{}/{} is gone", s3.url(), layout.manifest()) },
+            Err(err) => LockState::Unknown { why: err.to_string() },
+        }
+    }
+
+    /// "COMPLIANCE until 2026-12-01T10:00:00Z", "legal hold", "ended
+    /// 2026-...", "none", "unknown": a cell of `backups list`.
+    pub fn short(&self) -> String {
+        match self {
+            LockState::Held { mode, retain_until, legal_hold } => {
+                let mut parts = Vec::new();
+                if let Some(until) = retain_until {
+                    parts.push(format!("{} until {}", mode.map(LockMode::s3_name).unwrap_or("retention"), secs(*until)));
+                }
+                if *legal_hold {
+                    parts.push("legal hold".to_string());
+                }
+                parts.join(" + ")
+            }
+            LockState::NotHeld { ended: Some(ended) } => format!("ended {}", secs(*ended)),
+            LockState::NotHeld { ended: None } => "none".to_string(),
+            LockState::Unknown { .. } => "unknown".to_string(),
+        }
+    }
+
+    /// One sentence, for `backups describe`.
+    pub fn describe(&self) -> String {
+        match self {
+            LockState::Held { legal_hold: true, retain_until: None, .. } => {
+                "held by an S3 legal hold: nobody can delete it until someone with s3:PutObjectLegalHold removes the hold".to_string()
+            }
+            LockState::Held { .. } => format!("held by S3 Object Lock, {}: nobody can delete it before", self.short()),
+            LockState::NotHeld { ended: Some(ended) } => {
+                format!("not held: its S3 Object Lock retention ended {}; `backups prune` may delete it", secs(*ended))
+            }
+            LockState::NotHeld { ended: None } => "not held: written without a retention (the bucket has S3 Object Lock; `backup --lock-for` or `backups copy --lock-for` locks)".to_string(),
+            LockState::Unknown { why } => format!("UNKNOWN: {why}"),
+        }
+    }
+}
+
+fn secs(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::object_lock::tests::{at, hold};
+
+    #[test]
+    fn a_manifests_hold_as_list_and_describe_say_it() {
+        let now = at("2026-11-29T10:00:00Z");
+        let held = LockState::of(&hold(Some("2026-12-01T10:00:00Z"), false), now);
+        assert_eq!(held, LockState::Held { mode: Some(LockMode::Compliance), retain_until: Some(at("2026-12-01T10:00:00Z")), legal_hold: false });
+        assert_eq!(held.short(), "COMPLIANCE until 2026-12-01T10:00:00Z");
+        assert_eq!(
+            serde_json::to_value(&held).unwrap(),
+            serde_json::json!({"state": "held", "mode": "compliance", "retain_until": "2026-12-01T10:00:00Z"})
+        );
+        let ended = LockState::of(&hold(Some("2026-11-28T10:00:00Z"), false), now);
+        assert_eq!(ended, LockState::NotHeld { ended: Some(at("2026-11-28T10:00:00Z")) });
+        assert!(ended.describe().contains("ended 2026-11-28T10:00:00Z"), "{}", ended.describe());
+        // a legal hold past its retention: held, with no date
+        let legal = LockState::of(&hold(Some("2026-11-28T10:00:00Z"), true), now);
+        assert_eq!(legal, LockState::Held { mode: None, retain_until: None, legal_hold: true });
+        assert_eq!(legal.short(), "legal hold");
+        let none = LockState::of(&ObjectHold { mode: None, ..hold(None, false) }, now);
+        assert_eq!((none.short().as_str(), serde_json::to_value(&none).unwrap()), ("none", serde_json::json!({"state": "not_held"})));
+        // a bucket whose configuration is refused: listed all the same, its lock unknown
+        let unknown = LockState::Unknown { why: "AccessDenied".into() };
+        assert_eq!((unknown.short().as_str(), unknown.describe().as_str()), ("unknown", "UNKNOWN: AccessDenied"));
+        assert_eq!(serde_json::to_value(&unknown).unwrap(), serde_json::json!({"state": "unknown", "why": "AccessDenied"}));
+    }
 }
