@@ -5,6 +5,9 @@
 //! until when, then removes every version of it once the retention has
 //! ended; the store fence is written and rewritten beside locked backups;
 //! a bucket without Object Lock is refused up front with nothing written.
+//! `backups copy --lock-for` locks what it copies (and what it finds
+//! there unlocked), not the result records; `backups list` and
+//! `describe` show until when.
 
 use crate::support;
 
@@ -14,9 +17,10 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use chrono::{DateTime, Utc};
 use hcp_dr::archive::fence::{self, Fence};
+use hcp_dr::archive::results::{self, Kind, ResultRecord};
 use hcp_dr::archive::{Layout, ManagementCluster};
 use hcp_dr::store::object_lock::{LockMode, ObjectLock};
-use hcp_dr::store::{S3Options, S3Store, Store};
+use hcp_dr::store::{LocalStore, S3Options, S3Store, Store};
 use hcp_dr_e2e::procs::route53::{ACCESS_KEY, REGION, Route53Endpoint, SECRET_KEY};
 use serde_json::Value;
 use support::*;
@@ -45,6 +49,16 @@ fn moto_client(url: &str) -> Client {
 async fn buckets(client: &Client) {
     client.create_bucket().bucket(LOCKED).object_lock_enabled_for_bucket(true).send().await.expect("create the locked bucket");
     client.create_bucket().bucket(PLAIN).send().await.expect("create the plain bucket");
+}
+
+/// moto started in `dir` with [`buckets`]: the endpoint (stopped when
+/// dropped), its URL and a client.
+async fn moto_with_buckets(dir: &std::path::Path) -> (Route53Endpoint, String, Client) {
+    let moto = Route53Endpoint::start(&dir.join("moto")).await.expect("moto");
+    let url = moto.url().to_string();
+    let client = moto_client(&url);
+    buckets(&client).await;
+    (moto, url, client)
 }
 
 /// hcp-dr's store on moto's `bucket`, writing with `lock`.
@@ -139,10 +153,7 @@ fn hcp_dr(moto: &str, args: &[&str]) -> std::process::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locked_objects_outlive_prune_until_their_retention_ends() {
     let tmp = tempfile::tempdir().unwrap();
-    let moto = Route53Endpoint::start(&tmp.path().join("moto")).await.expect("moto");
-    let url = moto.url().to_string();
-    let client = moto_client(&url);
-    buckets(&client).await;
+    let (_moto, url, client) = moto_with_buckets(tmp.path()).await;
     let lock = ObjectLock { mode: LockMode::Compliance, retain_for: Duration::from_secs(8) };
     let locking = store(&url, LOCKED, "hcp", Some(lock)).await;
 
@@ -369,4 +380,165 @@ async fn backup_lock_for_locks_every_object_and_the_fence_still_works() {
     assert_eq!((old["keep"].as_bool(), old["deleted"].as_bool()), (Some(false), Some(true)), "{old:#}");
     assert_eq!(versions(&client, LOCKED, &first_dir).await, Vec::<(String, String)>::new(), "versions of the pruned backup are left");
     assert!(!versions(&client, LOCKED, &format!("{}/", folder(&second))).await.is_empty(), "the newest backup stays");
+}
+
+/// The keys of every object under `prefix` of `bucket`.
+async fn keys(client: &Client, bucket: &str, prefix: &str) -> Vec<String> {
+    let listed = client.list_objects_v2().bucket(bucket).prefix(prefix).send().await.expect("list objects");
+    listed.contents().iter().filter_map(|o| o.key().map(str::to_string)).collect()
+}
+
+/// `backups copy --lock-for` from a local store into a bucket with Object
+/// Lock: every object of each copied backup holds the retention (one
+/// copied earlier without a lock gets it now), the result records do not,
+/// S3 refuses to delete a copied version; a second run copies nothing and
+/// reports the same lock; `backups list` and `describe` show until when.
+/// A local --to, or a bucket without Object Lock, is refused with nothing
+/// written. No cluster needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backups_copy_lock_for_locks_each_copy_and_list_and_describe_show_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_moto, url, client) = moto_with_buckets(tmp.path()).await;
+    let primary = tmp.path().join("primary");
+    let source = LocalStore::new(&primary);
+    let older = crate::backups::seed(&source, "clusters", "demo", 30, true).await;
+    let newer = crate::backups::seed(&source, "clusters", "demo", 2, true).await;
+    let from = primary.to_str().unwrap();
+    let copies = format!("s3://{LOCKED}/copies");
+    let copy = |to: &str, extra: &[&str]| {
+        let mut args = vec!["backups", "copy", "--from", from, "--to", to];
+        args.extend(extra);
+        hcp_dr(&url, &args)
+    };
+
+    // refused before anything is written: a local --to, a bucket without Object Lock
+    let local = tmp.path().join("local-copy");
+    let out = copy(local.to_str().unwrap(), &["--lock-for", "1h"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for says in ["--lock-for", &format!("--to {}", local.display()), "is a local directory", "s3://bucket/prefix"] {
+        assert!(text(&out).contains(says), "{says}: {}", text(&out));
+    }
+    assert!(!local.exists(), "the local --to was written");
+    let out = copy(&format!("s3://{PLAIN}/copies"), &["--lock-for", "1h"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for says in ["--lock-for 1h", PLAIN, "does not have S3 Object Lock enabled", "put-object-lock-configuration"] {
+        assert!(text(&out).contains(says), "{says}: {}", text(&out));
+    }
+    assert!(versions(&client, PLAIN, "").await.is_empty(), "written to a bucket without Object Lock");
+
+    // the newer backup copied earlier without a lock: none of it is held
+    let out = copy(&copies, &["--since", "5h", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let newer_dir = format!("copies/{}/", Layout::new("clusters", "demo", &newer).dir());
+    let older_dir = format!("copies/{}/", Layout::new("clusters", "demo", &older).dir());
+    assert_eq!(retention_of(&client, LOCKED, &format!("{newer_dir}manifest.json")).await, (None, None));
+    // a result record beside the backups, which the locked run copies
+    let verified = ResultRecord::new(Kind::Verify, "clusters", "demo", &newer, Utc::now(), true, "verify passed".into());
+    results::write(&source, &verified).await.unwrap();
+
+    // with --lock-for: the older copied locked, the newer given the retention
+    let before = Utc::now();
+    let out = copy(&copies, &["--lock-for", "1h", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let after = Utc::now();
+    let report = json_report(&out);
+    assert_eq!((report["copied"].as_u64(), report["already_there"].as_u64(), report["failed"].as_u64()), (Some(1), Some(1), Some(0)), "{report:#}");
+    let row = |report: &Value, id: &str| report["backups"].as_array().unwrap().iter().find(|b| b["backup"].as_str().unwrap().ends_with(id)).cloned().unwrap_or_else(|| panic!("{id}: {report:#}"));
+    assert_eq!(report["results_copied"], 1, "{report:#}");
+    assert_eq!(row(&report, &newer)["retention_set"], 4, "three artifacts and the manifest there already: {report:#}");
+    assert!(row(&report, &older).get("retention_set").is_none(), "{report:#}");
+    let mut until_of = std::collections::BTreeMap::new();
+    for (id, dir) in [(&older, &older_dir), (&newer, &newer_dir)] {
+        let listed = keys(&client, LOCKED, dir).await;
+        assert_eq!(listed.len(), 4, "{listed:?}");
+        for key in &listed {
+            let (mode, until) = retention_of(&client, LOCKED, key).await;
+            assert_eq!(mode.as_deref(), Some("COMPLIANCE"), "{key}");
+            let until = until.unwrap_or_else(|| panic!("{key}: no retain-until date"));
+            assert!(until >= before + chrono::Duration::seconds(3599) && until <= after + chrono::Duration::seconds(3601), "{key}: until {until}");
+        }
+        let (_, manifest_until) = retention_of(&client, LOCKED, &format!("{dir}manifest.json")).await;
+        let said = manifest_until.unwrap().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let lock = &row(&report, id)["object_lock"];
+        assert_eq!((lock["mode"].as_str(), lock["retain_until"].as_str()), (Some("compliance"), Some(said.as_str())), "{report:#}");
+        until_of.insert(id.clone(), said);
+    }
+    deleting_the_version_is_refused(&client, LOCKED, &format!("{older_dir}etcd/etcd-0.db")).await;
+    deleting_the_version_is_refused(&client, LOCKED, &format!("{newer_dir}manifest.json")).await;
+    let records = keys(&client, LOCKED, "copies/clusters/demo/results/").await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(retention_of(&client, LOCKED, &records[0]).await, (None, None), "a result record must not be locked");
+
+    // again: nothing copied, nothing lengthened, the same lock reported
+    let out = copy(&copies, &["--lock-for", "1h", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let again = json_report(&out);
+    assert_eq!((again["copied"].as_u64(), again["already_there"].as_u64(), again["bytes_copied"].as_u64()), (Some(0), Some(2), Some(0)), "{again:#}");
+    for id in [&older, &newer] {
+        let b = row(&again, id);
+        assert!(b.get("retention_set").is_none(), "a lock pushed further: {again:#}");
+        assert_eq!(b["object_lock"]["retain_until"].as_str(), Some(until_of[id].as_str()), "{again:#}");
+    }
+    let out = copy(&copies, &["--lock-for", "1h"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(&format!("locked: S3 Object Lock COMPLIANCE until {}", until_of[&older])), "{}", text(&out));
+
+    // backups list and describe: until when, in text and JSON
+    let out = hcp_dr(&url, &["backups", "list", "--store", &copies, "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    for entry in &listed {
+        let id = entry["backup_id"].as_str().unwrap().to_string();
+        let expected = serde_json::json!([{"store": copies, "state": "held", "mode": "compliance", "retain_until": until_of[&id]}]);
+        assert_eq!(entry["object_lock"], expected, "{entry:#}");
+    }
+    let out = hcp_dr(&url, &["backups", "list", "--store", &copies]);
+    let said = text(&out);
+    assert!(out.status.success() && said.contains("  LOCK\n"), "{said}");
+    for id in [&older, &newer] {
+        let line = said.lines().find(|l| l.contains(id.as_str())).unwrap_or_else(|| panic!("{id}: {said}"));
+        assert!(line.ends_with(&format!("  COMPLIANCE until {}", until_of[id])), "{line}");
+    }
+    let described = format!("{copies}/clusters/demo/{older}");
+    let out = hcp_dr(&url, &["backups", "describe", &described]);
+    assert!(text(&out).contains(&format!("object lock: held by S3 Object Lock, COMPLIANCE until {}: nobody can delete it before", until_of[&older])), "{}", text(&out));
+    let out = hcp_dr(&url, &["backups", "describe", &described, "-o", "json"]);
+    let json = json_report(&out);
+    assert_eq!(json["object_lock"], serde_json::json!({"state": "held", "mode": "compliance", "retain_until": until_of[&older]}), "{json:#}");
+
+    // a store without Object Lock (local, or a bucket without) shows none, and says nothing of it
+    let plain = format!("s3://{PLAIN}/copies");
+    assert!(copy(&plain, &[]).status.success());
+    for store in [plain.as_str(), from] {
+        let out = hcp_dr(&url, &["backups", "list", "--store", store, "-o", "json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(listed.len() == 2 && listed.iter().all(|e| e.get("object_lock").is_none()), "{listed:#?}");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("Object Lock"), "{}", text(&out));
+        let out = hcp_dr(&url, &["backups", "list", "--store", store]);
+        assert!(!text(&out).contains("LOCK"), "{}", text(&out));
+        let out = hcp_dr(&url, &["backups", "describe", &format!("{store}/clusters/demo/latest"), "-o", "json"]);
+        assert!(json_report(&out).get("object_lock").is_none(), "{}", text(&out));
+    }
+    // across both: each store's lock, by store
+    let out = hcp_dr(&url, &["backups", "list", "--store", &plain, "--store", &copies]);
+    let said = text(&out);
+    let line = said.lines().find(|l| l.contains(older.as_str())).unwrap();
+    assert!(line.ends_with(&format!("  1,2     2: COMPLIANCE until {}", until_of[&older])), "{said}");
+
+    // a backup damaged at the source: refused, never listed complete; what
+    // it wrote before the damage was found stays, locked, and is reported
+    let damaged = crate::backups::seed(&source, "clusters", "demo", 1, true).await;
+    let objects = primary.join(Layout::new("clusters", "demo", &damaged).objects());
+    std::fs::write(&objects, b"objectz").unwrap();
+    let out = copy(&copies, &["--lock-for", "1h", "--since", "90m", "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let failed = json_report(&out);
+    assert!(row(&failed, &damaged)["error"].as_str().is_some_and(|e| e.contains("objects.tar.gz") && e.contains("damaged at the source")), "{failed:#}");
+    let damaged_dir = format!("copies/{}/", Layout::new("clusters", "demo", &damaged).dir());
+    let left = keys(&client, LOCKED, &damaged_dir).await;
+    assert!(!left.is_empty() && !left.iter().any(|k| k.ends_with("manifest.json")), "{left:?}");
+    let warning = failed["warnings"].as_array().unwrap().iter().filter_map(Value::as_str).find(|w| w.contains("of the failed copy stay in")).unwrap_or_else(|| panic!("no word of what stayed: {failed:#}"));
+    assert!(warning.starts_with(&format!("{} object(s)", left.len())) && warning.contains("under S3 Object Lock (COMPLIANCE) until") && warning.contains("incomplete backup"), "{warning}");
 }
