@@ -16,5 +16,6 @@ pub mod stages;
 pub mod pipeline;
 pub mod space;
 pub mod store;
+pub mod stream;
 pub mod teardown;
 pub mod volume;
