@@ -26,8 +26,10 @@ pub mod base;
 pub mod catalog;
 pub mod codec;
 pub mod format;
+pub mod run;
 pub mod source;
 pub mod verify;
+pub mod watch;
 pub mod writer;
 
 use crate::archive::encryption::EncryptionError;

@@ -1,0 +1,587 @@
+//! One cluster's stream over time: which chain it writes, and when it
+//! starts another. Each chain runs as a task of its own (its watch, a
+//! bounded queue, its writer); a base runs as another task while the
+//! current chain goes on.
+//!
+//! - On start: the newest chain is resumed after its last durable
+//!   revision when it runs from its base without a gap, is encrypted as
+//!   asked and its base is younger than `--base-interval`; otherwise a new
+//!   base is taken and a new chain starts.
+//! - Every `--base-interval`: a new base is taken while the current chain
+//!   goes on; once it is stored, the new chain starts after the base's
+//!   revision and the current one stops once it has written through that
+//!   revision, so the two overlap and every revision stays restorable.
+//! - When the watch cannot go on (etcd compacted the revision it needs,
+//!   as after a long outage; a missing revision): the chain ends at its
+//!   last durable revision, the break is reported with the revisions no
+//!   chain holds, and a new base is taken at once.
+//! - On stop (SIGTERM, SIGINT, `--for`): every chain writes its open
+//!   segment durably and ends; a base being taken is abandoned and what
+//!   it stored removed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch as signal};
+use tokio::task::JoinSet;
+
+use super::catalog::{self, url_slash};
+use super::format::{CHAIN_FORMAT, ChainDescriptor, ChainLayout, Coding, FORMAT_VERSION, Previous};
+use super::source::MemberSource;
+use super::watch::{self, WatchItem, WatchSettings};
+use super::writer::{ChainWriter, Cut, Written};
+use super::{StreamError, base, store_error};
+use crate::archive::encryption::Recipients;
+use crate::store::Store;
+
+/// How the stream writes.
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    pub cut: Cut,
+    pub base_interval: Duration,
+    /// zstd level of segments and bases.
+    pub level: i32,
+    pub recipients: Option<Recipients>,
+    pub watch: WatchSettings,
+}
+
+/// The cluster streamed, where to, and where its members are found.
+pub struct Cluster {
+    pub namespace: String,
+    pub hosted_cluster: String,
+    pub store: Arc<dyn Store>,
+    pub source: Arc<dyn MemberSource>,
+}
+
+/// Revisions the watch may hand on before the writer takes them.
+const QUEUE: usize = 256;
+/// Warnings kept per chain (a member down for hours says so once a try).
+const MAX_WARNINGS: usize = 20;
+/// Waits before a failed base is tried again.
+const BASE_RETRY: Duration = Duration::from_secs(10);
+
+/// What one cluster's stream did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    /// `namespace/name`.
+    pub hosted_cluster: String,
+    pub store: String,
+    pub chains: Vec<ChainReport>,
+    /// Where a chain ended because it could not go on.
+    pub breaks: Vec<Break>,
+    /// The members the watch used, and why it moved.
+    pub moves: Vec<Move>,
+    pub warnings: Vec<String>,
+    /// Why the stream stopped on its own (it exits 1).
+    pub error: Option<String>,
+    /// The newest chain's last durable revision.
+    pub last_durable_revision: Option<i64>,
+}
+
+/// One chain as this run wrote it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainReport {
+    pub chain_id: String,
+    pub start: ChainStart,
+    pub base_revision: i64,
+    pub base_member: String,
+    pub written: Written,
+    pub last_durable_revision: i64,
+    /// How it ended: `stopped`, `handed over to <chain>`, `broken: ...`, `failed: ...`.
+    pub ended: String,
+}
+
+/// How a chain started in this run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "how", rename_all = "kebab-case")]
+pub enum ChainStart {
+    /// From a base this run took.
+    NewBase { stored_bytes: u64, raw_bytes: u64, seconds: f64 },
+    /// Going on after the last durable revision an earlier run wrote.
+    Resumed { after: i64 },
+}
+
+/// A chain that could not go on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Break {
+    pub chain_id: String,
+    pub last_revision: i64,
+    pub reason: String,
+    /// The chain that follows, and its base revision: the revisions
+    /// between are in no chain.
+    pub next_chain: Option<String>,
+    pub next_base_revision: Option<i64>,
+}
+
+impl Break {
+    /// The revisions no chain holds, once the next chain started.
+    pub fn lost(&self) -> Option<(i64, i64)> {
+        self.next_base_revision.filter(|b| *b > self.last_revision + 1).map(|b| (self.last_revision + 1, b - 1))
+    }
+}
+
+/// The watch moved to `to`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Move {
+    pub chain_id: String,
+    pub from: Option<String>,
+    pub to: String,
+    pub at_revision: i64,
+    pub reason: Option<String>,
+}
+
+/// When a chain's task stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopAt {
+    Running,
+    Now,
+    /// Once it has written through this revision (a new chain's base).
+    Through(i64),
+}
+
+enum Ended {
+    Stopped,
+    HandedOver,
+    Broken(String),
+    Failed(String),
+}
+
+struct ChainOutcome {
+    report: ChainReport,
+    moves: Vec<Move>,
+    warnings: Vec<String>,
+    ended: Ended,
+}
+
+/// A chain task's inputs.
+struct ChainTask {
+    cluster: Arc<Cluster>,
+    settings: Arc<StreamSettings>,
+    descriptor: ChainDescriptor,
+    start: ChainStart,
+    /// The first revision to write.
+    from: i64,
+    stop: signal::Receiver<StopAt>,
+    durable: Arc<AtomicI64>,
+}
+
+/// The chain being written, as the cluster's loop tracks it.
+struct Current {
+    chain_id: String,
+    stop: signal::Sender<StopAt>,
+    durable: Arc<AtomicI64>,
+}
+
+/// A base being taken for the chain at its layout: the chain's
+/// descriptor once written, and how long it took.
+type PendingBase = (ChainLayout, tokio::task::JoinHandle<Result<(ChainDescriptor, f64), StreamError>>);
+
+/// How the run starts.
+enum Start {
+    Resume { descriptor: Box<ChainDescriptor>, through: i64 },
+    New { previous: Option<Previous>, warning: Option<String> },
+}
+
+/// Stream `cluster` until `stop` turns true (or its sender goes away).
+pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::Receiver<bool>) -> ClusterReport {
+    let cluster = Arc::new(cluster);
+    let settings = Arc::new(settings);
+    let mut report = ClusterReport {
+        hosted_cluster: format!("{}/{}", cluster.namespace, cluster.hosted_cluster),
+        store: cluster.store.url(),
+        chains: Vec::new(),
+        breaks: Vec::new(),
+        moves: Vec::new(),
+        warnings: Vec::new(),
+        error: None,
+        last_durable_revision: None,
+    };
+    let mut tasks: JoinSet<ChainOutcome> = JoinSet::new();
+    let mut retiring: Vec<(String, signal::Sender<StopAt>)> = Vec::new();
+    let mut current: Option<Current> = None;
+    let mut pending: Option<PendingBase> = None;
+    let mut base_due: Option<tokio::time::Instant> = None;
+    let mut next_previous: Option<Previous> = None;
+    let mut base_failures = 0u32;
+    let mut stopping = *stop.borrow();
+
+    match decide(&cluster, &settings).await {
+        Err(err) => {
+            report.error = Some(err.to_string());
+            return report;
+        }
+        Ok(Start::Resume { descriptor, through }) => {
+            tracing::info!("{}: resuming chain {} after revision {through}, its last durable one", report.hosted_cluster, descriptor.chain_id);
+            let remaining = settings.base_interval.saturating_sub((Utc::now() - descriptor.base.taken).to_std().unwrap_or_default());
+            base_due = Some(tokio::time::Instant::now() + remaining);
+            current = Some(spawn_chain(&mut tasks, &cluster, &settings, *descriptor, ChainStart::Resumed { after: through }, through + 1));
+        }
+        Ok(Start::New { previous, warning }) => {
+            if let Some(warning) = warning {
+                tracing::warn!("{}: {warning}", report.hosted_cluster);
+                report.warnings.push(warning);
+            }
+            if !stopping {
+                pending = Some(spawn_base(&cluster, &settings, previous.clone()));
+            }
+            next_previous = previous;
+        }
+    }
+
+    loop {
+        if stopping && tasks.is_empty() && pending.is_none() {
+            break;
+        }
+        let have_pending = pending.is_some();
+        let base_wanted = base_due.filter(|_| !have_pending && !stopping);
+        tokio::select! {
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                let outcome = match joined {
+                    Ok(outcome) => outcome,
+                    Err(err) => {
+                        report.error.get_or_insert(format!("a chain's task ended abnormally: {err}"));
+                        stop_everything(&mut stopping, &mut current, &mut retiring, &mut pending, &cluster).await;
+                        continue;
+                    }
+                };
+                let chain_id = outcome.report.chain_id.clone();
+                let last = outcome.report.last_durable_revision;
+                report.moves.extend(outcome.moves);
+                report.warnings.extend(outcome.warnings);
+                report.chains.push(outcome.report);
+                retiring.retain(|(id, _)| *id != chain_id);
+                let is_current = current.as_ref().is_some_and(|c| c.chain_id == chain_id);
+                if is_current {
+                    current = None;
+                }
+                match outcome.ended {
+                    Ended::Stopped | Ended::HandedOver => {}
+                    Ended::Broken(reason) => {
+                        tracing::warn!("{}: chain {chain_id} ends at revision {last}: {reason}; taking a new base", report.hosted_cluster);
+                        report.breaks.push(Break { chain_id: chain_id.clone(), last_revision: last, reason: reason.clone(), next_chain: None, next_base_revision: None });
+                        if is_current {
+                            next_previous = Some(Previous { chain_id, last_revision: last, reason });
+                            base_due = None;
+                            if !stopping && pending.is_none() {
+                                pending = Some(spawn_base(&cluster, &settings, next_previous.clone()));
+                            }
+                        }
+                    }
+                    Ended::Failed(err) => {
+                        report.error.get_or_insert(format!("chain {chain_id}: {err}"));
+                        stop_everything(&mut stopping, &mut current, &mut retiring, &mut pending, &cluster).await;
+                    }
+                }
+            }
+            joined = join_pending(&mut pending), if have_pending => {
+                let layout = pending.take().map(|(layout, _)| layout);
+                match joined {
+                    Ok((descriptor, seconds)) if !stopping => {
+                        base_failures = 0;
+                        let base = &descriptor.base;
+                        tracing::info!("{}: chain {} started at base revision {} (snapshot of {}, {} stored)", report.hosted_cluster, descriptor.chain_id, base.revision, base.member, crate::space::bytes(base.size));
+                        if let Some(open) = report.breaks.iter_mut().rev().find(|b| b.next_chain.is_none()) {
+                            open.next_chain = Some(descriptor.chain_id.clone());
+                            open.next_base_revision = Some(base.revision);
+                            if let Some((from, to)) = open.lost() {
+                                let lost = format!("revisions {from}..{to} of {} are in no chain: chain {} ends at {}, chain {} starts at base revision {} ({})", report.hosted_cluster, open.chain_id, open.last_revision, descriptor.chain_id, base.revision, open.reason);
+                                tracing::warn!("{lost}");
+                                report.warnings.push(lost);
+                            }
+                        }
+                        if let Some(old) = current.take() {
+                            // the old chain goes on until it holds the new base's revision
+                            let _ = old.stop.send(StopAt::Through(base.revision));
+                            retiring.push((old.chain_id, old.stop));
+                        }
+                        let start = ChainStart::NewBase { stored_bytes: base.size, raw_bytes: base.raw.size, seconds };
+                        let from = base.revision + 1;
+                        base_due = Some(tokio::time::Instant::now() + settings.base_interval);
+                        next_previous = None;
+                        current = Some(spawn_chain(&mut tasks, &cluster, &settings, descriptor, start, from));
+                    }
+                    Ok((descriptor, _)) => {
+                        // stopping: a chain with a base and no segment is a chain all the same
+                        report.warnings.push(format!("chain {} was started (base revision {}) as the stream stopped: it holds its base only", descriptor.chain_id, descriptor.base.revision));
+                    }
+                    Err(err) => {
+                        base_failures += 1;
+                        let message = format!("taking a new base failed: {err}");
+                        tracing::warn!("{}: {message}", report.hosted_cluster);
+                        report.warnings.push(message);
+                        if let Some(layout) = layout {
+                            remove_chain(cluster.store.as_ref(), &layout).await;
+                        }
+                        let wait = if current.is_some() { settings.base_interval.min(Duration::from_secs(300)) } else { crate::duration::backoff(BASE_RETRY, Duration::from_secs(300), base_failures) };
+                        base_due = Some(tokio::time::Instant::now() + wait);
+                    }
+                }
+            }
+            _ = sleep_until(base_wanted), if base_wanted.is_some() => {
+                base_due = None;
+                let previous = match current.as_ref() {
+                    Some(current) => Some(Previous {
+                        chain_id: current.chain_id.clone(),
+                        last_revision: current.durable.load(Ordering::Relaxed),
+                        reason: format!("base-interval: a new base every {}; chain {} goes on until it holds this base's revision", crate::duration::show(settings.base_interval), current.chain_id),
+                    }),
+                    // a base tried again after a break
+                    None => next_previous.clone(),
+                };
+                pending = Some(spawn_base(&cluster, &settings, previous));
+            }
+            changed = stop.changed(), if !stopping => {
+                if changed.is_err() || *stop.borrow() {
+                    stop_everything(&mut stopping, &mut current, &mut retiring, &mut pending, &cluster).await;
+                }
+            }
+        }
+    }
+    report.last_durable_revision = report.chains.iter().max_by_key(|c| (c.base_revision, c.chain_id.clone())).map(|c| c.last_durable_revision);
+    report
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn join_pending(pending: &mut Option<PendingBase>) -> Result<(ChainDescriptor, f64), StreamError> {
+    match pending {
+        Some((_, handle)) => match handle.await {
+            Ok(result) => result,
+            Err(err) => Err(StreamError::Base(format!("the task taking it ended abnormally: {err}"))),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Tell every chain to write what it holds and end; abandon a base.
+async fn stop_everything(
+    stopping: &mut bool,
+    current: &mut Option<Current>,
+    retiring: &mut [(String, signal::Sender<StopAt>)],
+    pending: &mut Option<PendingBase>,
+    cluster: &Cluster,
+) {
+    *stopping = true;
+    if let Some(current) = current.as_ref() {
+        let _ = current.stop.send(StopAt::Now);
+    }
+    for (_, stop) in retiring.iter() {
+        let _ = stop.send(StopAt::Now);
+    }
+    if let Some((layout, handle)) = pending.take() {
+        handle.abort();
+        let _ = handle.await;
+        remove_chain(cluster.store.as_ref(), &layout).await;
+    }
+}
+
+/// Remove what an abandoned chain start stored (best effort).
+async fn remove_chain(store: &dyn Store, layout: &ChainLayout) {
+    if let Ok(objects) = store.list(&format!("{}/", layout.dir())).await {
+        for object in objects {
+            let _ = store.delete(&object.key).await;
+        }
+    }
+}
+
+/// Where to start: the newest chain if it can go on, else a new one.
+async fn decide(cluster: &Cluster, settings: &StreamSettings) -> Result<Start, StreamError> {
+    let (chains, _) = catalog::chains(cluster.store.as_ref(), &cluster.namespace, &cluster.hosted_cluster).await?;
+    let Some(newest) = chains.last() else {
+        return Ok(Start::New { previous: None, warning: None });
+    };
+    let id = &newest.layout.chain_id;
+    let descriptor = match &newest.descriptor {
+        Ok(descriptor) => descriptor.clone(),
+        Err(err) => return Ok(Start::New { previous: None, warning: Some(format!("chain {id} cannot be resumed ({err}); a new chain starts")) }),
+    };
+    let span = catalog::span(descriptor.base.revision, &newest.segments);
+    let new = |reason: String, warn: bool| {
+        let warning = warn.then(|| format!("chain {id} is not resumed: {reason}; a new chain starts from a new base"));
+        Start::New { previous: Some(Previous { chain_id: id.clone(), last_revision: span.through, reason }), warning }
+    };
+    if let Some(problem) = &span.problem {
+        return Ok(new(format!("it runs without a gap only through revision {}: {problem}", span.through), true));
+    }
+    let mut wanted: Vec<String> = settings.recipients.as_ref().map(Recipients::names).unwrap_or_default();
+    let mut has = descriptor.coding.recipients.clone();
+    wanted.sort();
+    has.sort();
+    if wanted != has {
+        return Ok(new("it is encrypted to other recipients than --encrypt-to names".into(), true));
+    }
+    let age = (Utc::now() - descriptor.base.taken).to_std().unwrap_or_default();
+    if age >= settings.base_interval {
+        return Ok(new(format!("base-interval: its base is {} old (a new base every {})", crate::duration::show(age), crate::duration::show(settings.base_interval)), false));
+    }
+    Ok(Start::Resume { through: span.through, descriptor: Box::new(descriptor) })
+}
+
+/// Take a base for a new chain and write its descriptor, in a task.
+fn spawn_base(cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, previous: Option<Previous>) -> PendingBase {
+    let started = Utc::now();
+    let layout = ChainLayout::new(&cluster.namespace, &cluster.hosted_cluster, &crate::archive::new_backup_id(started));
+    let (cluster, settings, task_layout) = (cluster.clone(), settings.clone(), layout.clone());
+    tracing::info!("{}/{}: taking a base for chain {} (nothing is paused)", cluster.namespace, cluster.hosted_cluster, layout.chain_id);
+    let handle = tokio::spawn(async move {
+        let clock = std::time::Instant::now();
+        let base = base::take(cluster.source.as_ref(), cluster.store.clone(), &task_layout, settings.level, settings.recipients.as_ref()).await?;
+        let descriptor = ChainDescriptor {
+            format: CHAIN_FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            chain_id: task_layout.chain_id.clone(),
+            namespace: cluster.namespace.clone(),
+            hosted_cluster: cluster.hosted_cluster.clone(),
+            started,
+            base,
+            coding: Coding {
+                compression: crate::archive::compression::ALGORITHM.into(),
+                level: settings.level,
+                recipients: settings.recipients.as_ref().map(Recipients::names).unwrap_or_default(),
+            },
+            previous,
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+        };
+        let bytes = serde_json::to_vec_pretty(&descriptor).map_err(|e| StreamError::Base(format!("writing the descriptor: {e}")))?;
+        let key = task_layout.descriptor();
+        cluster
+            .store
+            .put(&key, Box::new(bytes.as_slice()))
+            .await
+            .map_err(store_error(format!("writing {}{key}", url_slash(cluster.store.as_ref()))))?;
+        Ok((descriptor, clock.elapsed().as_secs_f64()))
+    });
+    (layout, handle)
+}
+
+fn spawn_chain(tasks: &mut JoinSet<ChainOutcome>, cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, descriptor: ChainDescriptor, start: ChainStart, from: i64) -> Current {
+    let (stop_tx, stop_rx) = signal::channel(StopAt::Running);
+    let durable = Arc::new(AtomicI64::new(from - 1));
+    let chain_id = descriptor.chain_id.clone();
+    tasks.spawn(chain_task(ChainTask { cluster: cluster.clone(), settings: settings.clone(), descriptor, start, from, stop: stop_rx, durable: durable.clone() }));
+    Current { chain_id, stop: stop_tx, durable }
+}
+
+/// Write one chain from `task.from` on until told to stop or it cannot go on.
+async fn chain_task(mut task: ChainTask) -> ChainOutcome {
+    let layout = ChainLayout::new(&task.descriptor.namespace, &task.descriptor.hosted_cluster, &task.descriptor.chain_id);
+    let name = format!("{}/{} chain {}", layout.namespace, layout.hosted_cluster, layout.chain_id);
+    let (tx, mut rx) = mpsc::channel(QUEUE);
+    let watcher = watch::spawn(task.cluster.source.clone(), task.from, task.settings.watch, tx);
+    let settings = &task.settings;
+    let mut writer = ChainWriter::new(task.cluster.store.clone(), layout.clone(), settings.level, settings.recipients.clone(), settings.cut, task.from - 1);
+    let mut moves = Vec::new();
+    let mut warnings = Vec::new();
+    let mut troubles = 0usize;
+    let mut stop_at = *task.stop.borrow();
+    let ended = loop {
+        if stop_at == StopAt::Now {
+            break finish(&mut writer, &name, &task.durable, Ended::Stopped).await;
+        }
+        if let StopAt::Through(through) = stop_at
+            && writer.last_pushed() >= through
+        {
+            break finish(&mut writer, &name, &task.durable, Ended::HandedOver).await;
+        }
+        let due = writer.due().map(tokio::time::Instant::from_std);
+        tokio::select! {
+            changed = task.stop.changed() => {
+                stop_at = if changed.is_err() { StopAt::Now } else { *task.stop.borrow() };
+            }
+            item = rx.recv() => match item {
+                Some(WatchItem::Revision(record)) => {
+                    if let Err(err) = writer.push(&record) {
+                        break finish(&mut writer, &name, &task.durable, Ended::Failed(err.to_string())).await;
+                    }
+                    if writer.full()
+                        && let Err(err) = write(&mut writer, &name, &task.durable).await
+                    {
+                        break Ended::Failed(err);
+                    }
+                }
+                Some(WatchItem::Moved { from, to, at, reason }) => {
+                    match (&from, &reason) {
+                        (Some(from), Some(reason)) => tracing::warn!("{name}: watching {to} from revision {at} instead of {from}: {reason}"),
+                        _ => tracing::info!("{name}: watching {to} from revision {at}"),
+                    }
+                    moves.push(Move { chain_id: layout.chain_id.clone(), from, to, at_revision: at, reason });
+                }
+                Some(WatchItem::Trouble(message)) => {
+                    troubles += 1;
+                    tracing::warn!("{name}: {message}");
+                    if warnings.len() < MAX_WARNINGS {
+                        warnings.push(format!("{name}: {message}"));
+                    }
+                }
+                Some(WatchItem::Compacted { next, compact_revision, member }) => {
+                    let reason = format!("compacted: etcd ({member}) compacted its history to revision {compact_revision} before the stream had revision {next} (the stream was down or behind for too long)");
+                    break finish(&mut writer, &name, &task.durable, Ended::Broken(reason)).await;
+                }
+                Some(WatchItem::Gap { expected, got, member }) => {
+                    let reason = format!("gap: {member} sent revision {got} where {expected} was due");
+                    break finish(&mut writer, &name, &task.durable, Ended::Broken(reason)).await;
+                }
+                None => break finish(&mut writer, &name, &task.durable, Ended::Failed("the watch ended without saying why".into())).await,
+            },
+            _ = sleep_until(due), if due.is_some() => {
+                if let Err(err) = write(&mut writer, &name, &task.durable).await {
+                    break Ended::Failed(err);
+                }
+            }
+        }
+    };
+    watcher.abort();
+    if troubles > warnings.len() {
+        warnings.push(format!("{name}: {} more warnings like these", troubles - warnings.len()));
+    }
+    let ended_text = match &ended {
+        Ended::Stopped => "stopped".to_string(),
+        Ended::HandedOver => "handed over to the next chain (it holds the next chain's base revision)".to_string(),
+        Ended::Broken(reason) => format!("broken: {reason}"),
+        Ended::Failed(err) => format!("failed: {err}"),
+    };
+    ChainOutcome {
+        report: ChainReport {
+            chain_id: layout.chain_id.clone(),
+            start: task.start,
+            base_revision: task.descriptor.base.revision,
+            base_member: task.descriptor.base.member.clone(),
+            written: writer.written().clone(),
+            last_durable_revision: writer.last_durable(),
+            ended: ended_text,
+        },
+        moves,
+        warnings,
+        ended,
+    }
+}
+
+/// Write the open segment; the error as the report says it.
+async fn write(writer: &mut ChainWriter, name: &str, durable: &AtomicI64) -> Result<(), String> {
+    match writer.flush().await {
+        Ok(Some(segment)) => {
+            durable.store(writer.last_durable(), Ordering::Relaxed);
+            tracing::info!("{name}: segment {} written ({} revisions through {} durable)", segment.span(), segment.last - segment.first + 1, segment.last);
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(err) => Err(format!("{err}; the last durable revision is {} (a restarted stream resumes after it)", writer.last_durable())),
+    }
+}
+
+/// Write what is open, then end as `ended` (or failed, when the write fails).
+async fn finish(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, ended: Ended) -> Ended {
+    match write(writer, name, durable).await {
+        Ok(()) => ended,
+        Err(err) => Ended::Failed(err),
+    }
+}
+
