@@ -26,6 +26,7 @@ pub mod base;
 pub mod catalog;
 pub mod codec;
 pub mod format;
+pub mod replay;
 pub mod run;
 pub mod source;
 pub mod verify;

@@ -1,0 +1,418 @@
+//! Replaying a chain into a snapshot: the chain's base restored into a
+//! scratch etcd (`etcd::scratch`), then every revision after it up to the
+//! one asked for applied as ONE transaction, in revision order, so what
+//! one write transaction changed together stays together and every key
+//! gets back its create and mod revisions and its version. After each,
+//! the scratch etcd must be at exactly that revision (one write
+//! transaction is one revision): anything else stops the replay, naming
+//! the revision (the trap etcd-backup-restore fell into: a delta replay
+//! whose revisions drifted from the original's). Keys written with a
+//! lease are written with it: the lease is granted with the TTL the
+//! stream recorded and kept alive while the replay runs, so nothing
+//! expires half-way; leases granted here that no key uses at the end are
+//! revoked. The result is snapshotted, checked offline, and written to
+//! the file asked for.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
+use serde::Serialize;
+
+use super::catalog::{self, ChainListing, url_slash};
+use super::format::{ChainDescriptor, Event, RevisionRecord, Segment, SegmentName};
+use super::{StreamError, base, verify};
+use crate::archive::encryption::Identities;
+use crate::etcd::scratch::ScratchTools;
+use crate::store::{LocalStore, Store};
+
+/// What to replay to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Exactly this revision.
+    Revision(i64),
+    /// The last revision the stream had received at this time.
+    Time(DateTime<Utc>),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Revision(r) => write!(f, "revision {r}"),
+            Target::Time(t) => write!(f, "time {}", t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        }
+    }
+}
+
+/// The TTL a lease is granted with when the stream could not read its own
+/// (it was gone when asked: its keys' deletions follow shortly).
+pub const UNKNOWN_TTL: i64 = 60;
+
+/// What the scratch etcd must allow: one original revision can hold more
+/// events than etcd's default 128 operations a transaction (a lease's
+/// revocation deletes every key it holds at one revision; a range delete
+/// is one operation but an event per key), and as much as the hosted
+/// etcd's 8 GiB quota.
+const SCRATCH_FLAGS: [&str; 6] = ["--max-txn-ops", "1000000", "--max-request-bytes", "67108864", "--quota-backend-bytes", "8589934592"];
+
+/// What a replay did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    /// `namespace/name`.
+    pub hosted_cluster: String,
+    /// What was asked (`revision 1234`, `time 2026-...`).
+    pub asked: String,
+    pub chain_id: String,
+    pub base_revision: i64,
+    pub base_member: String,
+    /// The revision the snapshot holds.
+    pub revision: i64,
+    /// When the stream received that revision (the base's time when it is
+    /// the base's own).
+    pub received: DateTime<Utc>,
+    pub segments_read: usize,
+    pub revisions_applied: u64,
+    pub events_applied: u64,
+    pub leases_granted: u64,
+    /// Leases granted with a default TTL: the stream could not read theirs.
+    pub leases_without_ttl: u64,
+    /// Leases granted here that no key used at the end, revoked.
+    pub leases_revoked: u64,
+    /// The snapshot file, its size and SHA-256.
+    pub out: String,
+    pub size: u64,
+    pub sha256: String,
+    pub seconds: f64,
+}
+
+/// Replay the stream of `namespace/hosted_cluster` in `store` to `target`
+/// and write the snapshot to `out` (which must not exist). A target no
+/// chain covers is refused (`StreamError::Input`) listing the windows
+/// that can be restored.
+pub async fn replay(
+    store: &dyn Store,
+    namespace: &str,
+    hosted_cluster: &str,
+    target: Target,
+    out: &Path,
+    identities: Option<&Identities>,
+    tools: &ScratchTools,
+) -> Result<ReplayReport, StreamError> {
+    let clock = Instant::now();
+    if out.exists() {
+        return Err(StreamError::Input(format!("--out {}: the file exists; give a new path (hcp-dr never overwrites a snapshot)", out.display())));
+    }
+    let (chains, _) = catalog::chains(store, namespace, hosted_cluster).await?;
+    let (chain, descriptor) = choose(store, &chains, target, identities).await.map_err(|reason| {
+        StreamError::Input(format!(
+            "{target} cannot be restored from the stream of {namespace}/{hosted_cluster} in {}: {reason}; the windows that can:\n{}",
+            store.url(),
+            catalog::describe_windows(&catalog::windows(&chains))
+        ))
+    })?;
+    if descriptor.encrypted() && identities.is_none() {
+        return Err(crate::archive::encryption::EncryptionError::IdentityNeeded { what: format!("chain {}", descriptor.chain_id), recipients: descriptor.coding.recipients.clone() }.into());
+    }
+    let through = chain.span().map_or(descriptor.base.revision, |s| s.through);
+    let scratch = tempfile::Builder::new()
+        .prefix("hcp-dr-replay-")
+        .tempdir()
+        .map_err(|source| StreamError::Io { what: "a scratch folder for the replay (TMPDIR)".into(), source })?;
+    crate::space::ensure_scratch(descriptor.base.raw.size.saturating_mul(3), &format!("chain {}'s base and its replay", descriptor.chain_id))
+        .map_err(|e| StreamError::Scratch(e.to_string()))?;
+    let base_file = scratch.path().join("base.db");
+    let mut file = tokio::fs::File::create(&base_file).await.map_err(|source| StreamError::Io { what: base_file.display().to_string(), source })?;
+    let read = base::read(store, &chain.layout, &descriptor, identities, &mut file).await?;
+    drop(file);
+    if let Some(mismatch) = read.mismatch(&descriptor.base, &chain.layout.artifact(&descriptor.base.artifact)) {
+        return Err(StreamError::Base(format!("{mismatch}; `hcp-dr stream verify` shows what else is damaged")));
+    }
+    let mut etcd = tools.start_restored(&base_file, &scratch.path().join("etcd"), &SCRATCH_FLAGS).await.map_err(StreamError::Scratch)?;
+    let replayed = apply(store, &chain, &descriptor, target, through, identities, &etcd.client_url).await;
+    let result = match replayed {
+        Ok(applied) => snapshot(&etcd.client_url, out, applied.revision).await.map(|written| (applied, written)),
+        Err(err) => Err(err),
+    };
+    etcd.stop().await;
+    let (applied, (size, sha256)) = result?;
+    Ok(ReplayReport {
+        hosted_cluster: format!("{namespace}/{hosted_cluster}"),
+        asked: target.to_string(),
+        chain_id: descriptor.chain_id.clone(),
+        base_revision: descriptor.base.revision,
+        base_member: descriptor.base.member.clone(),
+        revision: applied.revision,
+        received: applied.received.unwrap_or(descriptor.base.taken),
+        segments_read: applied.segments,
+        revisions_applied: applied.revisions,
+        events_applied: applied.events,
+        leases_granted: applied.leases.granted,
+        leases_without_ttl: applied.leases.without_ttl,
+        leases_revoked: applied.leases.revoked,
+        out: out.display().to_string(),
+        size,
+        sha256,
+        seconds: clock.elapsed().as_secs_f64(),
+    })
+}
+
+/// The chain to replay for `target`: for a revision, the one with the
+/// newest base among those whose window holds it; for a time, the one with
+/// the newest base taken at or before it whose segments reach it.
+async fn choose(store: &dyn Store, chains: &[ChainListing], target: Target, identities: Option<&Identities>) -> Result<(ChainListing, ChainDescriptor), String> {
+    let readable = chains.iter().filter_map(|c| Some((c, c.descriptor.as_ref().ok()?, c.span()?)));
+    match target {
+        Target::Revision(revision) => readable
+            .filter(|(_, _, span)| span.base <= revision && revision <= span.through)
+            .max_by_key(|(c, d, _)| (d.base.revision, c.layout.chain_id.clone()))
+            .map(|(c, d, _)| (c.clone(), d.clone()))
+            .ok_or_else(|| "no chain holds it (a base at or before it and segments reaching it without a gap)".to_string()),
+        Target::Time(at) => {
+            let mut candidates: Vec<_> = readable.filter(|(_, d, _)| d.base.taken <= at).collect();
+            candidates.sort_by_key(|(c, d, _)| std::cmp::Reverse((d.base.taken, c.layout.chain_id.clone())));
+            let mut newest_record = None;
+            for (chain, descriptor, span) in candidates {
+                let reaches = match chain.segments.iter().take(span.segments).next_back() {
+                    Some(last) => last_received(store, chain, descriptor, last, identities).await.map_err(|e| e.to_string())?,
+                    None => descriptor.base.taken,
+                };
+                if at <= reaches {
+                    return Ok((chain.clone(), descriptor.clone()));
+                }
+                newest_record = newest_record.max(Some(reaches));
+            }
+            Err(match newest_record {
+                Some(last) => format!(
+                    "the stream's newest record was received at {} (it stopped, or nothing was written since: a time after it cannot be proven)",
+                    last.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+                None => "no chain's base was taken at or before it".into(),
+            })
+        }
+    }
+}
+
+/// When the stream received the last revision of segment `name`.
+async fn last_received(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescriptor, name: &SegmentName, identities: Option<&Identities>) -> Result<DateTime<Utc>, StreamError> {
+    let segment = fetch(store, chain, descriptor, name, identities).await?;
+    Ok(segment.header.last_received)
+}
+
+/// A segment read, checked against its name and decoded.
+async fn fetch(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescriptor, name: &SegmentName, identities: Option<&Identities>) -> Result<Segment, StreamError> {
+    let key = chain.layout.segment(name);
+    let stored = crate::store::get_bytes(store, &key)
+        .await
+        .map_err(super::store_error(format!("reading {}{key}", url_slash(store))))?
+        .ok_or_else(|| StreamError::Input(format!("segment {key} is listed but gone: `hcp-dr stream verify` shows up to which revision the chain restores")))?;
+    match verify::read_segment(&stored, chain, descriptor, name, identities).await? {
+        Some(segment) => Ok(segment),
+        None => Err(StreamError::Input(format!("chain {} is encrypted: pass --identity FILE", descriptor.chain_id))),
+    }
+}
+
+/// What the replay applied.
+struct Applied {
+    revision: i64,
+    received: Option<DateTime<Utc>>,
+    segments: usize,
+    revisions: u64,
+    events: u64,
+    leases: LeaseCounts,
+}
+
+#[derive(Default)]
+struct LeaseCounts {
+    granted: u64,
+    without_ttl: u64,
+    revoked: u64,
+}
+
+fn scratch_error(what: &'static str) -> impl Fn(etcd_client::Error) -> StreamError {
+    move |err| StreamError::Scratch(format!("{what}: {err}"))
+}
+
+/// Apply the chain's revisions after its base up to `target` (at most
+/// `through`, where its segments stop) to the scratch etcd at `url`.
+async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescriptor, target: Target, through: i64, identities: Option<&Identities>, url: &str) -> Result<Applied, StreamError> {
+    let mut client = Client::connect([url], None).await.map_err(scratch_error("connecting"))?;
+    let at = client.status().await.map_err(scratch_error("status"))?.header().map(|h| h.revision()).unwrap_or_default();
+    if at != descriptor.base.revision {
+        return Err(StreamError::Scratch(format!("the base restored to revision {at}, not the {} chain {} records", descriptor.base.revision, descriptor.chain_id)));
+    }
+    let mut leases = Leases::adopt(&mut client).await?;
+    let mut applied = Applied { revision: at, received: None, segments: 0, revisions: 0, events: 0, leases: LeaseCounts::default() };
+    let wanted = |record: &RevisionRecord| match target {
+        Target::Revision(r) => record.revision <= r,
+        Target::Time(t) => record.received <= t,
+    };
+    'segments: for name in chain.segments.iter().filter(|s| s.last <= through) {
+        if let Target::Revision(r) = target
+            && name.first > r
+        {
+            break;
+        }
+        let segment = fetch(store, chain, descriptor, name, identities).await?;
+        applied.segments += 1;
+        for record in &segment.records {
+            if !wanted(record) {
+                break 'segments;
+            }
+            leases.keep_alive(&mut client).await?;
+            leases.grant_for(&mut client, record, &descriptor.chain_id, &mut applied.leases).await?;
+            apply_one(&mut client, record, &descriptor.chain_id).await?;
+            applied.revision = record.revision;
+            applied.received = Some(record.received);
+            applied.revisions += 1;
+            applied.events += record.events.len() as u64;
+        }
+    }
+    if let Target::Revision(r) = target
+        && applied.revision != r
+    {
+        return Err(StreamError::Replay { chain: descriptor.chain_id.clone(), revision: applied.revision, reason: format!("the chain's segments end before revision {r}") });
+    }
+    applied.leases.revoked = leases.revoke_unused(&mut client).await?;
+    let at = client.status().await.map_err(scratch_error("status"))?.header().map(|h| h.revision()).unwrap_or_default();
+    if at != applied.revision {
+        return Err(StreamError::Replay { chain: descriptor.chain_id.clone(), revision: applied.revision, reason: format!("the scratch etcd ended at revision {at}") });
+    }
+    Ok(applied)
+}
+
+/// Apply one original revision as one transaction; the scratch etcd must
+/// then be at exactly that revision.
+async fn apply_one(client: &mut Client, record: &RevisionRecord, chain: &str) -> Result<(), StreamError> {
+    let ops: Vec<TxnOp> = record
+        .events
+        .iter()
+        .map(|event| match event {
+            Event::Put { key, value, lease, .. } => TxnOp::put(key.0.clone(), value.0.clone(), (*lease != 0).then(|| PutOptions::new().with_lease(*lease))),
+            Event::Delete { key } => TxnOp::delete(key.0.clone(), None),
+        })
+        .collect();
+    let failed = |reason: String| StreamError::Replay { chain: chain.to_string(), revision: record.revision, reason };
+    let response = client.txn(Txn::new().and_then(ops)).await.map_err(|e| failed(format!("the transaction of its {} events was refused: {e}", record.events.len())))?;
+    let at = response.header().map(|h| h.revision()).unwrap_or_default();
+    if at != record.revision {
+        return Err(failed(format!(
+            "after applying it the scratch etcd is at revision {at}, not {}: the chain does not replay onto its base (a write is missing from the chain, or the base is not the state before it); nothing after revision {} can be restored from this chain",
+            record.revision,
+            record.revision - 1
+        )));
+    }
+    Ok(())
+}
+
+/// The leases of the scratch etcd, kept alive while the replay runs.
+struct Leases {
+    kept: HashMap<i64, Kept>,
+}
+
+struct Kept {
+    ttl: i64,
+    refreshed: Instant,
+    /// Granted by the replay (not from the base).
+    here: bool,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl Leases {
+    /// The leases the base holds, with their TTLs; their clock started
+    /// when the scratch etcd did (it refreshes every lease as it starts).
+    async fn adopt(client: &mut Client) -> Result<Leases, StreamError> {
+        let started = Instant::now();
+        let listed = client.leases().await.map_err(scratch_error("listing the base's leases"))?;
+        let mut kept = HashMap::new();
+        for lease in listed.leases() {
+            let ttl = client.lease_time_to_live(lease.id(), None).await.map_err(scratch_error("reading a lease's TTL"))?.granted_ttl();
+            kept.insert(lease.id(), Kept { ttl, refreshed: started, here: false, stream: None });
+        }
+        Ok(Leases { kept })
+    }
+
+    /// Grant the leases `record`'s puts use that the scratch etcd lacks.
+    async fn grant_for(&mut self, client: &mut Client, record: &RevisionRecord, chain: &str, counts: &mut LeaseCounts) -> Result<(), StreamError> {
+        for event in &record.events {
+            let Event::Put { lease, .. } = event else { continue };
+            if *lease == 0 || self.kept.contains_key(lease) {
+                continue;
+            }
+            let recorded = record.leases.iter().find(|l| l.id == *lease).and_then(|l| l.ttl);
+            let ttl = recorded.unwrap_or(UNKNOWN_TTL);
+            client
+                .lease_grant(ttl, Some(etcd_client::LeaseGrantOptions::new().with_id(*lease)))
+                .await
+                .map_err(|e| StreamError::Replay { chain: chain.to_string(), revision: record.revision, reason: format!("granting lease {lease:x} (TTL {ttl}s): {e}") })?;
+            counts.granted += 1;
+            counts.without_ttl += u64::from(recorded.is_none());
+            self.kept.insert(*lease, Kept { ttl, refreshed: Instant::now(), here: true, stream: None });
+        }
+        Ok(())
+    }
+
+    /// Refresh every lease a third of its TTL after its last refresh.
+    async fn keep_alive(&mut self, client: &mut Client) -> Result<(), StreamError> {
+        for (id, kept) in self.kept.iter_mut() {
+            let every = Duration::from_secs((kept.ttl.max(3) / 3) as u64);
+            if kept.refreshed.elapsed() < every {
+                continue;
+            }
+            if kept.stream.is_none() {
+                kept.stream = Some(client.lease_keep_alive(*id).await.map_err(scratch_error("keeping a lease alive"))?);
+            }
+            if let Some((keeper, stream)) = kept.stream.as_mut() {
+                keeper.keep_alive().await.map_err(scratch_error("keeping a lease alive"))?;
+                match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+                    Ok(Ok(Some(_))) => kept.refreshed = Instant::now(),
+                    Ok(Err(err)) => return Err(scratch_error("keeping a lease alive")(err)),
+                    _ => return Err(StreamError::Scratch(format!("lease {id:x}: no answer to a keep-alive"))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Revoke the leases granted here that hold no key at the end (the
+    /// source revoked them: their keys' deletions were replayed). A
+    /// lease with no key deletes nothing: no revision is made.
+    async fn revoke_unused(&mut self, client: &mut Client) -> Result<u64, StreamError> {
+        let mut revoked = 0;
+        for (id, kept) in &self.kept {
+            if !kept.here {
+                continue;
+            }
+            let alive = client.lease_time_to_live(*id, Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await.map_err(scratch_error("reading a lease's keys"))?;
+            if alive.ttl() >= 0 && alive.keys().is_empty() {
+                client.lease_revoke(*id).await.map_err(scratch_error("revoking an unused lease"))?;
+                revoked += 1;
+            }
+        }
+        Ok(revoked)
+    }
+}
+
+/// Snapshot the scratch etcd into `out` (etcd's trailing hash checked,
+/// then the file verified offline: it must hold `revision`); its size and
+/// SHA-256.
+async fn snapshot(url: &str, out: &Path, revision: i64) -> Result<(u64, String), StreamError> {
+    let (dir, file) = match (out.parent(), out.file_name()) {
+        (Some(dir), Some(file)) => (if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir.to_path_buf() }, file.to_string_lossy().to_string()),
+        _ => return Err(StreamError::Input(format!("--out {}: not a file path", out.display()))),
+    };
+    let member = crate::etcd::Member { name: "scratch".into(), url: url.to_string(), tls: None };
+    let written = member.snapshot_to(&LocalStore::new(&dir), &file).await?;
+    let report = crate::etcd::verify::verify_copy(out).await.map_err(|e| StreamError::Scratch(format!("checking {}: {e}", out.display())))?;
+    let holds = report.summary.as_ref().map(|s| s.store_revision());
+    if !report.is_ok() || holds != Some(revision) {
+        let _ = std::fs::remove_file(out);
+        return Err(StreamError::Scratch(format!(
+            "the snapshot written does not check: {} at revision {} (expected {revision}); it was removed",
+            report.verdict,
+            holds.map_or("(unreadable)".into(), |r| r.to_string())
+        )));
+    }
+    Ok((written.size, written.sha256))
+}
