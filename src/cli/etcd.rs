@@ -58,7 +58,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn tls(&self) -> Result<TlsOverride, String> {
+    pub fn tls(&self) -> Result<TlsOverride, String> {
         let read = |what: &str, path: &Option<PathBuf>| {
             path.as_ref()
                 .map(|p| {

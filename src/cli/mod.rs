@@ -26,6 +26,7 @@ pub mod report;
 pub mod restore;
 pub mod schedule;
 pub mod snapshot;
+pub mod stream;
 pub mod volume_mover;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -258,6 +259,11 @@ pub enum Command {
     /// Inspect and repair a hosted cluster's etcd members.
     #[command(subcommand)]
     Etcd(etcd::Command),
+    /// Continuous backup of hosted clusters' etcd (every revision, in
+    /// segments of seconds, no downtime) until SIGTERM; `stream list`,
+    /// `verify` and `replay` read it back (a snapshot at any revision).
+    #[command(after_help = "Example:\n  hcp-dr stream --hosted-cluster clusters/demo --to s3://bucket/prefix\n  hcp-dr stream replay --hosted-cluster clusters/demo --from s3://bucket/prefix --at-revision 123456 --out demo.db")]
+    Stream(stream::Args),
     /// Stop and mark the stale copy of a hosted cluster on a management
     /// cluster that came back after the cluster was restored elsewhere
     /// (--release lets it run again).
@@ -405,6 +411,7 @@ pub async fn run(cli: Cli) -> Exit {
         Command::Schedule(cmd) => schedule::exec(cmd, cli.output),
         Command::Cluster(cmd) => cluster::exec(cmd, cli.output).await,
         Command::Etcd(cmd) => etcd::exec(cmd, cli.output).await,
+        Command::Stream(args) => stream::exec(args, cli.output).await,
         Command::Fence(args) => fence::exec(args, cli.output).await,
         Command::Report(args) => posture::exec(args, cli.output).await,
         Command::Completion(args) => completion::exec(args),

@@ -20,6 +20,7 @@ pub mod run;
 pub mod schedule;
 pub mod shard;
 pub mod signals;
+pub mod stream;
 pub mod target;
 
 pub use run::{Journaled, Operation, RunFlags, RunMode, default_journal_dir, execute};
@@ -56,6 +57,9 @@ pub enum OpsError {
     /// A stage's journaled output that this version cannot read.
     #[error(transparent)]
     Output(#[from] crate::pipeline::OutputError),
+    /// Streaming, verifying or replaying a stream (`hcp-dr stream`).
+    #[error(transparent)]
+    Stream(#[from] crate::stream::StreamError),
 }
 
 impl OpsError {
