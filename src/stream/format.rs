@@ -490,6 +490,24 @@ impl Segment {
     }
 }
 
+/// A descriptor of an unencrypted chain at `layout` whose base from
+/// `etcd-0` at `revision` is stored as `stored` and decodes to `raw`.
+#[cfg(test)]
+pub(crate) fn for_test(layout: &ChainLayout, revision: i64, stored: PutReport, raw: PutReport) -> ChainDescriptor {
+    ChainDescriptor {
+        format: CHAIN_FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        chain_id: layout.chain_id.clone(),
+        namespace: layout.namespace.clone(),
+        hosted_cluster: layout.hosted_cluster.clone(),
+        started: Utc::now(),
+        base: Base { how: BaseKind::Snapshot, member: "etcd-0".into(), revision, taken: Utc::now(), artifact: "base/etcd-0.db".into(), size: stored.size, sha256: stored.sha256, raw },
+        coding: Coding { compression: "zstd".into(), level: 1, recipients: Vec::new() },
+        previous: None,
+        tool_version: "0".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -584,27 +602,7 @@ mod tests {
     #[test]
     fn descriptors_are_checked_against_their_folder() {
         let layout = ChainLayout::new("clusters", "demo", "20261121T180000Z-0a1b2c");
-        let descriptor = ChainDescriptor {
-            format: CHAIN_FORMAT.into(),
-            format_version: FORMAT_VERSION,
-            chain_id: layout.chain_id.clone(),
-            namespace: "clusters".into(),
-            hosted_cluster: "demo".into(),
-            started: Utc::now(),
-            base: Base {
-                how: BaseKind::Snapshot,
-                member: "etcd-0".into(),
-                revision: 10,
-                taken: Utc::now(),
-                artifact: "base/etcd-0.db".into(),
-                size: 1,
-                sha256: "00".repeat(32),
-                raw: PutReport { size: 2, sha256: "11".repeat(32) },
-            },
-            coding: Coding { compression: "zstd".into(), level: 1, recipients: Vec::new() },
-            previous: None,
-            tool_version: "0".into(),
-        };
+        let descriptor = for_test(&layout, 10, PutReport { size: 1, sha256: "00".repeat(32) }, PutReport { size: 2, sha256: "11".repeat(32) });
         let bytes = serde_json::to_vec(&descriptor).unwrap();
         assert_eq!(ChainDescriptor::parse(&bytes, &layout).unwrap(), descriptor);
         let elsewhere = ChainLayout::new("clusters", "other", &layout.chain_id);

@@ -168,18 +168,7 @@ mod tests {
         .unwrap();
         let mut raw = Hasher::default();
         raw.update(&base);
-        let descriptor = ChainDescriptor {
-            format: CHAIN_FORMAT.into(),
-            format_version: FORMAT_VERSION,
-            chain_id: layout.chain_id.clone(),
-            namespace: "clusters".into(),
-            hosted_cluster: "demo".into(),
-            started: chrono::Utc::now(),
-            base: Base { how: BaseKind::Snapshot, member: "etcd-0".into(), revision: 10, taken: chrono::Utc::now(), artifact: "base/etcd-0.db".into(), size: stored.size, sha256: stored.sha256, raw: raw.finish() },
-            coding: Coding { compression: "zstd".into(), level: 1, recipients: Vec::new() },
-            previous: None,
-            tool_version: "0".into(),
-        };
+        let descriptor = for_test(&layout, 10, stored, raw.finish());
         store.put(&layout.descriptor(), Box::new(std::io::Cursor::new(serde_json::to_vec(&descriptor).unwrap()))).await.unwrap();
         let mut writer = ChainWriter::new(store.clone(), layout.clone(), 1, None, Cut { interval: std::time::Duration::from_secs(1), size: 1 << 20 }, 10);
         for revision in 11..=16 {
