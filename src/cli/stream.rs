@@ -162,7 +162,7 @@ pub struct VerifyArgs {
 }
 
 #[derive(Debug, ClapArgs)]
-#[command(group = clap::ArgGroup::new("target").required(true).args(["at_revision", "at"]))]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["at_revision", "at", "latest"]))]
 pub struct ReplayArgs {
     #[command(flatten)]
     pub read: ReadArgs,
@@ -173,6 +173,10 @@ pub struct ReplayArgs {
     /// the last revision the stream had received by then.
     #[arg(long, value_name = "TIME", value_parser = rfc3339)]
     pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The newest revision the stream holds durably (the last segment
+    /// written).
+    #[arg(long)]
+    pub latest: bool,
     /// The snapshot file to write (0600; it must not exist).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
@@ -196,10 +200,11 @@ pub async fn exec(args: Args, output: Output) -> Exit {
             exec_read(args.read, output, |o| async move { crate::ops::stream::verify(&o, chain.as_deref()).await }, |r: &VerifyReport| (render_verify(r), if r.ok { Exit::Success } else { Exit::Failed })).await
         }
         Some(Command::Replay(args)) => {
-            let target = match (args.at_revision, args.at) {
-                (Some(revision), _) => Target::Revision(revision),
-                (None, Some(at)) => Target::Time(at),
-                (None, None) => return usage("--at-revision or --at is required"),
+            let target = match (args.at_revision, args.at, args.latest) {
+                (Some(revision), _, _) => Target::Revision(revision),
+                (None, Some(at), _) => Target::Time(at),
+                (None, None, true) => Target::Latest,
+                (None, None, false) => return usage("--at-revision, --at or --latest is required"),
             };
             let out = args.out;
             exec_read(args.read, output, |o| async move { crate::ops::stream::replay(&o, target, &out).await }, |r: &ReplayReport| (render_replay(r), Exit::Success)).await

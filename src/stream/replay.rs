@@ -35,6 +35,8 @@ pub enum Target {
     Revision(i64),
     /// The last revision the stream had received at this time.
     Time(DateTime<Utc>),
+    /// The newest revision any chain holds durably.
+    Latest,
 }
 
 impl std::fmt::Display for Target {
@@ -42,6 +44,7 @@ impl std::fmt::Display for Target {
         match self {
             Target::Revision(r) => write!(f, "revision {r}"),
             Target::Time(t) => write!(f, "time {}", t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            Target::Latest => write!(f, "the latest durable revision"),
         }
     }
 }
@@ -160,10 +163,15 @@ pub async fn replay(
 
 /// The chain to replay for `target`: for a revision, the one with the
 /// newest base among those whose window holds it; for a time, the one with
-/// the newest base taken at or before it whose segments reach it.
+/// the newest base taken at or before it whose segments reach it; for the
+/// latest, the one reaching furthest.
 async fn choose(store: &dyn Store, chains: &[ChainListing], target: Target, identities: Option<&Identities>) -> Result<(ChainListing, ChainDescriptor), String> {
     let readable = chains.iter().filter_map(|c| Some((c, c.descriptor.as_ref().ok()?, c.span()?)));
     match target {
+        Target::Latest => readable
+            .max_by_key(|(c, d, span)| (span.through, d.base.revision, c.layout.chain_id.clone()))
+            .map(|(c, d, _)| (c.clone(), d.clone()))
+            .ok_or_else(|| "no chain".to_string()),
         Target::Revision(revision) => readable
             .filter(|(_, _, span)| span.base <= revision && revision <= span.through)
             .max_by_key(|(c, d, _)| (d.base.revision, c.layout.chain_id.clone()))
@@ -247,6 +255,7 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
     let wanted = |record: &RevisionRecord| match target {
         Target::Revision(r) => record.revision <= r,
         Target::Time(t) => record.received <= t,
+        Target::Latest => true,
     };
     'segments: for name in chain.segments.iter().filter(|s| s.last <= through) {
         if let Target::Revision(r) = target
