@@ -48,4 +48,5 @@ mod schedule_rbac;
 mod sigkill;
 mod signals;
 mod snapshot_verify;
+mod stream;
 mod undo_safety;

@@ -1,0 +1,556 @@
+//! `hcp-dr stream`: continuous backup of a hosted cluster's etcd, checked
+//! by what it restores. Every replay is compared key by key (value,
+//! create and mod revision, version, lease) with the source etcd read at
+//! the same revision.
+//!
+//! - On a plain etcd, through the library: a chain replays to any
+//!   revision (a multi-key transaction atomically, a range delete, a
+//!   leased key with its TTL, a time), a revision outside every chain is
+//!   refused listing the windows, a compaction while the stream is down
+//!   breaks the chain and a new one starts, a new base every
+//!   `base_interval` hands over without a gap, and an encrypted chain
+//!   needs its identity.
+//! - On the sandbox (HighlyAvailable), through the binary: keys written at
+//!   known instants while it runs, SIGTERM, `stream verify`, `stream
+//!   replay` by revision and by time; SIGKILL under a write load and a
+//!   restart (the chain stays contiguous and verifies); a member hung
+//!   under the watch (it moves to another); a tampered segment found.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use hcp_dr::etcd::Member;
+use hcp_dr::etcd::scratch::ScratchTools;
+use hcp_dr::store::{LocalStore, Store};
+use hcp_dr::stream::replay::{Target, replay};
+use hcp_dr::stream::run::{Cluster, ClusterReport, StreamSettings, run};
+use hcp_dr::stream::source::FixedMembers;
+use hcp_dr::stream::writer::Cut;
+use hcp_dr::stream::{StreamError, catalog, verify};
+use hcp_dr_e2e::procs::etcd::{EtcdProcess, connect_client, restore_scratch};
+
+use crate::support::{self, Env, json_report, text};
+
+/// What replay must reproduce of a key: key, value, create revision, mod
+/// revision, version, lease.
+type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+/// Every key at `revision` (0: now), a page at a time.
+async fn keyspace(client: &mut Client, revision: i64) -> Vec<Kv> {
+    let mut out: Vec<Kv> = Vec::new();
+    let mut from = vec![0u8];
+    loop {
+        let mut options = GetOptions::new().with_from_key().with_limit(500);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let page = client.get(from.clone(), Some(options)).await.expect("range");
+        out.extend(page.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease())));
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return out,
+        }
+    }
+}
+
+/// What a replayed snapshot holds, read from a scratch etcd restored from
+/// it: its keys, and the granted TTL of each lease its keys use.
+async fn restored(snapshot: &Path, dir: &Path) -> (Vec<Kv>, BTreeMap<i64, i64>) {
+    let mut member = restore_scratch(snapshot, dir).await.expect("restore the replayed snapshot");
+    let mut client = connect_client(&[member.client_url()], None).await.unwrap();
+    let keys = keyspace(&mut client, 0).await;
+    let mut ttls = BTreeMap::new();
+    for lease in keys.iter().map(|k| k.5).filter(|l| *l != 0) {
+        let ttl = client.lease_time_to_live(lease, None).await.expect("lease").granted_ttl();
+        ttls.insert(lease, ttl);
+    }
+    member.kill();
+    (keys, ttls)
+}
+
+/// The difference between two keyspaces, for a readable failure.
+fn differences(want: &[Kv], got: &[Kv]) -> String {
+    let show = |kv: &Kv| format!("{} rev {}/{} v{} lease {:x}", String::from_utf8_lossy(&kv.0), kv.2, kv.3, kv.4, kv.5);
+    let missing: Vec<String> = want.iter().filter(|kv| !got.contains(kv)).map(show).take(10).collect();
+    let extra: Vec<String> = got.iter().filter(|kv| !want.contains(kv)).map(show).take(10).collect();
+    format!("{} keys wanted, {} restored\nmissing or different: {missing:#?}\nextra or different: {extra:#?}", want.len(), got.len())
+}
+
+fn value_of(keys: &[Kv], key: &str) -> Option<Vec<u8>> {
+    keys.iter().find(|kv| kv.0 == key.as_bytes()).map(|kv| kv.1.clone())
+}
+
+fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.expect("a response header").revision()
+}
+
+async fn put(client: &mut Client, key: &str, value: &str) -> i64 {
+    revision_of(client.put(key, value, None).await.expect("put").header())
+}
+
+/// Three keys in one transaction: one revision.
+async fn put_three(client: &mut Client, prefix: &str) -> i64 {
+    let ops: Vec<TxnOp> = (1..=3).map(|i| TxnOp::put(format!("{prefix}{i}"), format!("together-{i}"), None)).collect();
+    revision_of(client.txn(Txn::new().and_then(ops)).await.expect("txn").header())
+}
+
+/// A key attached to a new lease of `ttl` seconds: the lease and the revision.
+async fn put_leased(client: &mut Client, key: &str, ttl: i64) -> (i64, i64) {
+    let lease = client.lease_grant(ttl, None).await.expect("lease").id();
+    let revision = revision_of(client.put(key, "with a lease", Some(PutOptions::new().with_lease(lease))).await.expect("put").header());
+    (lease, revision)
+}
+
+// ---------------------------------------------------------------------
+// A plain etcd, through the library
+
+struct Plain {
+    dir: tempfile::TempDir,
+    _source: EtcdProcess,
+    client: Client,
+    member: Member,
+    store: Arc<dyn Store>,
+    tools: ScratchTools,
+}
+
+impl Plain {
+    async fn start() -> Plain {
+        let tools = ScratchTools::find().unwrap_or_else(|e| panic!("{e}: install them with `apt-get install etcd-server etcd-client` (e2e/setup does)"));
+        let dir = tempfile::tempdir().unwrap();
+        let source = EtcdProcess::start_plain(&dir.path().join("source")).await.expect("etcd");
+        let client = connect_client(&[source.client_url()], None).await.unwrap();
+        let member = Member { name: "etcd-0".into(), url: source.client_url(), tls: None };
+        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("store")));
+        Plain { dir, _source: source, client, member, store, tools }
+    }
+
+    fn settings(base_interval: Duration, encrypt_to: Option<&str>) -> StreamSettings {
+        StreamSettings {
+            cut: Cut { interval: Duration::from_millis(300), size: 1 << 20 },
+            base_interval,
+            level: 1,
+            recipients: encrypt_to.map(|key| hcp_dr::archive::encryption::Recipients::parse(&[key.to_string()]).unwrap().unwrap()),
+            watch: Default::default(),
+        }
+    }
+
+    /// Stream while `work` runs, then stop; the report.
+    async fn stream_while(&self, settings: StreamSettings, work: impl std::future::Future<Output = ()>) -> ClusterReport {
+        let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store: self.store.clone(), source: Arc::new(FixedMembers(vec![self.member.clone()])) };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(run(cluster, settings, stopped));
+        let chains_before = self.chains().await.len();
+        // a chain exists (resumed, or its base taken) before the work starts
+        let mut client = self.client.clone();
+        let marker = put(&mut client, "/stream-test/marker", &Utc::now().to_rfc3339()).await;
+        for _ in 0..200 {
+            if self.durable_through().await >= marker && self.chains().await.len() >= chains_before.max(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(self.durable_through().await >= marker, "the stream never wrote revision {marker}");
+        work.await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        stop.send(true).unwrap();
+        running.await.unwrap()
+    }
+
+    async fn chains(&self) -> Vec<catalog::ChainListing> {
+        catalog::chains(self.store.as_ref(), "clusters", "plain").await.unwrap().0
+    }
+
+    /// The newest chain's last revision reached without a gap.
+    async fn durable_through(&self) -> i64 {
+        self.chains().await.last().and_then(|c| c.span()).map_or(0, |s| s.through)
+    }
+
+    async fn replay_to(&self, target: Target, name: &str) -> Result<(hcp_dr::stream::replay::ReplayReport, PathBuf), StreamError> {
+        let out = self.dir.path().join(format!("{name}.db"));
+        replay(self.store.as_ref(), "clusters", "plain", target, &out, None, &self.tools).await.map(|r| (r, out))
+    }
+
+    /// Replay to `revision` and compare every key with the source at it.
+    async fn assert_replays(&self, revision: i64, context: &str) -> Vec<Kv> {
+        let (report, out) = self.replay_to(Target::Revision(revision), &format!("r{revision}")).await.unwrap_or_else(|e| panic!("{context}: replay to {revision}: {e}"));
+        assert_eq!(report.revision, revision, "{context}");
+        let want = keyspace(&mut self.client.clone(), revision).await;
+        let (got, _) = restored(&out, &self.dir.path().join(format!("scratch-{revision}"))).await;
+        assert!(want == got, "{context}: replay to {revision}:\n{}", differences(&want, &got));
+        got
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_chain_replays_every_revision_exactly_and_breaks_and_hands_over_as_it_says() {
+    let plain = Plain::start().await;
+    let mut client = plain.client.clone();
+    for i in 0..50 {
+        put(&mut client, &format!("/registry/configmaps/before/{i:02}"), &"x".repeat(i * 10)).await;
+    }
+    let mut revisions = BTreeMap::new();
+    let mut times = BTreeMap::new();
+    let report = plain
+        .stream_while(Plain::settings(Duration::from_secs(3600), None), async {
+            let mut client = plain.client.clone();
+            revisions.insert("a", put(&mut client, "/t/a", "1").await);
+            times.insert("a", Utc::now());
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            revisions.insert("b", put(&mut client, "/t/b", "2").await);
+            revisions.insert("three", put_three(&mut client, "/t/three/").await);
+            let (lease, leased) = put_leased(&mut client, "/t/leased", 600).await;
+            revisions.insert("leased", leased);
+            revisions.insert("lease", lease);
+            for i in 0..5 {
+                put(&mut client, &format!("/t/range/{i}"), "r").await;
+            }
+            let deleted = client.delete("/t/range/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.expect("delete");
+            revisions.insert("range", revision_of(deleted.header()));
+            revisions.insert("overwritten", put(&mut client, "/t/a", "1 again").await);
+        })
+        .await;
+    assert!(report.error.is_none(), "{report:#?}");
+    assert_eq!(report.chains.len(), 1, "{report:#?}");
+    let chain = &report.chains[0];
+    assert!(chain.ended == "stopped" && chain.written.segments >= 2, "{chain:#?}");
+    assert!(chain.last_durable_revision >= revisions["overwritten"], "{chain:#?}");
+
+    let chains = plain.chains().await;
+    let verdict = verify::verify_chain(plain.store.as_ref(), &chains[0], None).await.unwrap();
+    assert!(verdict.ok && verdict.content_checked, "{verdict:#?}");
+    assert_eq!(verdict.good_through, Some(chain.last_durable_revision));
+
+    // between two writes: exactly the writes before
+    let between = plain.assert_replays(revisions["b"] - 1, "between a and b").await;
+    assert_eq!(value_of(&between, "/t/a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(value_of(&between, "/t/b"), None);
+    // a transaction of three keys: none before it, all three at it
+    let before = plain.assert_replays(revisions["three"] - 1, "before the transaction").await;
+    assert!(value_of(&before, "/t/three/1").is_none());
+    let with = plain.assert_replays(revisions["three"], "at the transaction").await;
+    for i in 1..=3 {
+        let kv = with.iter().find(|kv| kv.0 == format!("/t/three/{i}").as_bytes()).expect("a key of the transaction");
+        assert_eq!((kv.2, kv.3), (revisions["three"], revisions["three"]));
+    }
+    // a leased key keeps its lease, with its TTL
+    let (report_leased, out) = plain.replay_to(Target::Revision(revisions["leased"]), "leased").await.unwrap();
+    assert!(report_leased.leases_granted >= 1, "{report_leased:#?}");
+    let (keys, ttls) = restored(&out, &plain.dir.path().join("scratch-leased")).await;
+    let leased = keys.iter().find(|kv| kv.0 == b"/t/leased").expect("the leased key");
+    assert_eq!(leased.5, revisions["lease"]);
+    assert_eq!(ttls.get(&revisions["lease"]), Some(&600), "{ttls:?}");
+    // a range delete (one revision, an event per key), and the last revision
+    plain.assert_replays(revisions["range"], "at the range delete").await;
+    plain.assert_replays(chain.last_durable_revision, "at the end").await;
+    // by time: what the stream had received then
+    let (at_time, out) = plain.replay_to(Target::Time(times["a"] + chrono::Duration::milliseconds(700)), "time").await.unwrap();
+    assert!(at_time.revision >= revisions["a"] && at_time.revision < revisions["b"], "{at_time:#?} {revisions:?}");
+    let (keys, _) = restored(&out, &plain.dir.path().join("scratch-time")).await;
+    assert!(value_of(&keys, "/t/a").is_some() && value_of(&keys, "/t/b").is_none());
+
+    // outside the chain: refused, naming the windows
+    let base = chains[0].descriptor.as_ref().unwrap().base.revision;
+    for outside in [base - 1, chain.last_durable_revision + 1000] {
+        let err = plain.replay_to(Target::Revision(outside), &format!("outside-{outside}")).await.unwrap_err();
+        let said = err.to_string();
+        assert!(err.is_input() && said.contains(&format!("revision {outside} cannot be restored")) && said.contains(&format!("revisions {base}..{}", chain.last_durable_revision)), "{said}");
+    }
+    let err = plain.replay_to(Target::Time(Utc::now() + chrono::Duration::hours(1)), "future").await.unwrap_err().to_string();
+    assert!(err.contains("cannot be proven"), "{err}");
+
+    // down while etcd compacts: the chain breaks, a new one starts
+    let last = chain.last_durable_revision;
+    put(&mut client, "/t/while-down", "lost to the stream").await;
+    let now = put(&mut client, "/t/while-down-2", "lost too").await;
+    client.compact(now, Some(etcd_client::CompactionOptions::new().with_physical())).await.expect("compact");
+    let report = plain.stream_while(Plain::settings(Duration::from_secs(3600), None), async {}).await;
+    assert!(report.error.is_none(), "{report:#?}");
+    assert_eq!(report.breaks.len(), 1, "{report:#?}");
+    let broken = &report.breaks[0];
+    assert_eq!(broken.last_revision, last);
+    assert!(broken.reason.contains(&format!("compacted its history to revision {now}")), "{broken:#?}");
+    let (from, to) = broken.lost().expect("revisions lost");
+    assert_eq!(from, last + 1);
+    assert!(to >= now - 1, "{broken:#?}");
+    assert!(report.warnings.iter().any(|w| w.contains(&format!("revisions {from}..{to}")) && w.contains("in no chain")), "{:#?}", report.warnings);
+    let chains = plain.chains().await;
+    assert_eq!(chains.len(), 2);
+    let new_chain = chains[1].descriptor.as_ref().unwrap();
+    assert!(new_chain.previous.as_ref().is_some_and(|p| p.chain_id == chains[0].layout.chain_id && p.last_revision == last), "{new_chain:#?}");
+    let err = plain.replay_to(Target::Revision(last + 1), "lost").await.unwrap_err().to_string();
+    assert!(err.contains("cannot be restored"), "{err}");
+
+    // a new base every 2s while writes go on: chains overlap, nothing lost
+    let report = plain
+        .stream_while(Plain::settings(Duration::from_secs(2), None), async {
+            let mut client = plain.client.clone();
+            for i in 0..50 {
+                put(&mut client, &format!("/t/steady/{i}"), "v").await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+    assert!(report.error.is_none() && report.breaks.is_empty(), "{report:#?}");
+    assert!(report.chains.iter().any(|c| c.ended.starts_with("handed over")), "{report:#?}");
+    let windows = catalog::windows(&plain.chains().await);
+    for pair in windows.windows(2).skip(1) {
+        assert!(pair[1].from <= pair[0].through, "chains leave a gap: {windows:#?}");
+    }
+    let handed = windows.iter().rev().nth(1).expect("a chain handed over");
+    plain.assert_replays(handed.through, "at the end of a chain handed over").await;
+    for listing in plain.chains().await {
+        let verdict = verify::verify_chain(plain.store.as_ref(), &listing, None).await.unwrap();
+        assert!(verdict.ok, "{verdict:#?}");
+    }
+
+    // encrypted: a new chain (the recipients changed); its content needs the identity
+    let (key_file, public) = support::age_key_file(plain.dir.path(), "stream.key");
+    let report = plain.stream_while(Plain::settings(Duration::from_secs(3600), Some(&public)), async {}).await;
+    assert!(report.error.is_none(), "{report:#?}");
+    let chains = plain.chains().await;
+    let sealed = chains.last().unwrap();
+    assert!(sealed.descriptor.as_ref().unwrap().encrypted());
+    let verdict = verify::verify_chain(plain.store.as_ref(), sealed, None).await.unwrap();
+    assert!(verdict.ok && !verdict.content_checked, "{verdict:#?}");
+    let identities = hcp_dr::archive::encryption::Identities::from_file(&key_file).unwrap();
+    let verdict = verify::verify_chain(plain.store.as_ref(), sealed, Some(&identities)).await.unwrap();
+    assert!(verdict.ok && verdict.content_checked, "{verdict:#?}");
+    let through = sealed.span().unwrap().through;
+    let out = plain.dir.path().join("sealed.db");
+    let err = replay(plain.store.as_ref(), "clusters", "plain", Target::Revision(through), &out, None, &plain.tools).await.unwrap_err().to_string();
+    assert!(err.contains("--identity"), "{err}");
+    let replayed = replay(plain.store.as_ref(), "clusters", "plain", Target::Revision(through), &out, Some(&identities), &plain.tools).await.unwrap();
+    assert_eq!(replayed.chain_id, sealed.layout.chain_id);
+}
+
+// ---------------------------------------------------------------------
+// The sandbox, through the binary
+
+/// A running `hcp-dr stream`: its log lines as they come.
+struct Streaming {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: String,
+}
+
+impl Streaming {
+    fn start(env: &Env, store: &Path) -> Streaming {
+        let args = ["stream", "--hosted-cluster", "clusters/demo", "--to", store.to_str().unwrap(), "--segment-interval", "1s", "-o", "json"];
+        let mut child = env
+            .command(&args, &[("HCP_DR_LOG_FORMAT", "text"), ("NO_COLOR", "1")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start hcp-dr stream");
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Streaming { child, lines, log: String::new() }
+    }
+
+    /// Wait until a log line contains `needle`; that line.
+    fn wait_for(&mut self, needle: &str, within: Duration) -> String {
+        let start = std::time::Instant::now();
+        while start.elapsed() < within {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.log.push_str(&line);
+                    self.log.push('\n');
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        panic!("no log line with `{needle}` within {within:?}:\n{}", self.log);
+    }
+
+    /// SIGTERM; the exit status and the JSON report.
+    fn term(mut self) -> (std::process::ExitStatus, serde_json::Value) {
+        let sent = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(sent.success());
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(self.child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        let status = self.child.wait().unwrap();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+            self.log.push_str(&line);
+            self.log.push('\n');
+        }
+        let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}): {stdout}\n--- log\n{}", self.log));
+        (status, report)
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+}
+
+/// A client of a member of demo's etcd that is not `avoid`.
+async fn member_client(env: &Env, avoid: Option<&str>) -> Client {
+    let members = hcp_dr_e2e::drill::member_clients(&env.mgmt, &env.hcp_ns()).await.expect("member clients");
+    members.into_iter().find(|(pod, _, _)| Some(pod.as_str()) != avoid).map(|(_, _, c)| c).expect("a member")
+}
+
+fn hcp_dr_ok(env: &Env, args: &[&str]) -> serde_json::Value {
+    let out = env.hcp_dr(args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    json_report(&out)
+}
+
+/// `hcp-dr stream replay` to `target` (`--at-revision N` or `--at TIME`);
+/// what the snapshot holds.
+async fn replay_cli(env: &Env, store: &Path, target: &[&str], name: &str) -> (serde_json::Value, Vec<Kv>, BTreeMap<i64, i64>) {
+    let out = env.dir.path().join(format!("{name}.db"));
+    let mut args = vec!["stream", "replay", "--hosted-cluster", "clusters/demo", "--from", store.to_str().unwrap(), "--out", out.to_str().unwrap(), "-o", "json"];
+    args.extend_from_slice(target);
+    let report = hcp_dr_ok(env, &args);
+    let (keys, ttls) = restored(&out, &env.dir.path().join(format!("scratch-{name}"))).await;
+    (report, keys, ttls)
+}
+
+/// Replay to `revision` with the binary and compare every key with the source.
+async fn assert_cli_replays(env: &Env, store: &Path, revision: i64, context: &str) -> Vec<Kv> {
+    let (report, got, _) = replay_cli(env, store, &["--at-revision", &revision.to_string()], &format!("r{revision}")).await;
+    assert_eq!(report["revision"], revision, "{context}: {report:#}");
+    let want = keyspace(&mut member_client(env, None).await, revision).await;
+    assert!(want == got, "{context}: replay to {revision}:\n{}", differences(&want, &got));
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_of_a_hosted_cluster_replays_to_any_revision_through_kills_and_a_hung_member() {
+    let env = support::env("HighlyAvailable").await;
+    let store = env.local_store();
+    let store_arg = store.to_str().unwrap().to_string();
+    let prefix = "/hcp-dr-test/stream/";
+
+    // keys written at known instants while it streams, then SIGTERM
+    let mut streaming = Streaming::start(&env, &store);
+    streaming.wait_for("started at base revision", Duration::from_secs(120));
+    let mut client = member_client(&env, None).await;
+    let a = put(&mut client, &format!("{prefix}a"), "1").await;
+    let after_a = Utc::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = put(&mut client, &format!("{prefix}b"), "2").await;
+    let three = put_three(&mut client, &format!("{prefix}three/")).await;
+    let (lease, leased) = put_leased(&mut client, &format!("{prefix}leased"), 600).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, report) = streaming.term();
+    assert!(status.success(), "{status}: {report:#}");
+    assert_eq!(report["stopped_by"], "SIGTERM");
+    let cluster = &report["clusters"][0];
+    assert!(cluster["last_durable_revision"].as_i64().unwrap() >= leased, "{report:#}");
+    assert_eq!(cluster["chains"][0]["start"]["how"], "new-base", "{report:#}");
+
+    let verified = hcp_dr_ok(&env, &["stream", "verify", "--hosted-cluster", "clusters/demo", "--from", &store_arg, "-o", "json"]);
+    assert_eq!(verified["ok"], true, "{verified:#}");
+
+    let between = assert_cli_replays(&env, &store, b - 1, "between a and b").await;
+    assert!(value_of(&between, &format!("{prefix}a")).is_some() && value_of(&between, &format!("{prefix}b")).is_none());
+    assert!(a < b);
+    let (at_time, keys, _) = replay_cli(&env, &store, &["--at", &(after_a + chrono::Duration::seconds(1)).to_rfc3339()], "time").await;
+    assert!(at_time["revision"].as_i64().unwrap() >= a && at_time["revision"].as_i64().unwrap() < b, "{at_time:#}");
+    assert!(value_of(&keys, &format!("{prefix}a")).is_some() && value_of(&keys, &format!("{prefix}b")).is_none());
+    let before = assert_cli_replays(&env, &store, three - 1, "before the transaction").await;
+    assert!(!before.iter().any(|kv| kv.0.starts_with(format!("{prefix}three/").as_bytes())));
+    let with = assert_cli_replays(&env, &store, three, "at the transaction").await;
+    assert_eq!(with.iter().filter(|kv| kv.0.starts_with(format!("{prefix}three/").as_bytes()) && kv.3 == three).count(), 3);
+    let (_, keys, ttls) = replay_cli(&env, &store, &["--at-revision", &leased.to_string()], "leased").await;
+    assert_eq!(keys.iter().find(|kv| kv.0 == format!("{prefix}leased").as_bytes()).map(|kv| kv.5), Some(lease));
+    assert_eq!(ttls.get(&lease), Some(&600), "{ttls:?}");
+    // outside the chain: exit 2, the windows listed
+    let out = env.hcp_dr(&["stream", "replay", "--hosted-cluster", "clusters/demo", "--from", &store_arg, "--at-revision", "1", "--out", env.dir.path().join("never.db").to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("the windows that can:") && text(&out).contains("revisions "), "{}", text(&out));
+
+    // SIGKILL under a write load, then a restart: contiguous, verified
+    let load = Arc::new(AtomicBool::new(true));
+    let writer = {
+        let (load, mut client, prefix) = (load.clone(), member_client(&env, None).await, prefix.to_string());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while load.load(Ordering::Relaxed) {
+                put(&mut client, &format!("{prefix}load/{}", n % 200), &n.to_string()).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            n
+        })
+    };
+    let mut streaming = Streaming::start(&env, &store);
+    streaming.wait_for("resuming chain", Duration::from_secs(60));
+    streaming.wait_for("segment", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    streaming.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut streaming = Streaming::start(&env, &store);
+    streaming.wait_for("resuming chain", Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load.store(false, Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(written > 50, "only {written} writes under load");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, report) = streaming.term();
+    assert!(status.success(), "{report:#}");
+    let resumed = &report["clusters"][0]["chains"][0];
+    assert_eq!(resumed["start"]["how"], "resumed", "{report:#}");
+    let listed = hcp_dr_ok(&env, &["stream", "list", "--hosted-cluster", "clusters/demo", "--from", &store_arg, "-o", "json"]);
+    assert_eq!(listed["chains"].as_array().unwrap().len(), 1, "one chain, resumed twice: {listed:#}");
+    let verified = hcp_dr_ok(&env, &["stream", "verify", "--hosted-cluster", "clusters/demo", "--from", &store_arg, "-o", "json"]);
+    let end = verified["chains"][0]["good_through"].as_i64().unwrap();
+    assert_eq!(Some(end), report["clusters"][0]["last_durable_revision"].as_i64(), "{verified:#}");
+    assert_cli_replays(&env, &store, end, "after a SIGKILL under load").await;
+
+    // the watched member hangs: the watch moves to another, nothing is lost
+    let mut streaming = Streaming::start(&env, &store);
+    let watching = streaming.wait_for("watching etcd-", Duration::from_secs(60));
+    let member = watching.split("watching ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a member").to_string();
+    let hung = env.freeze_etcd_member(&member);
+    let mut client = member_client(&env, Some(&member)).await;
+    let during = put(&mut client, &format!("{prefix}while-{member}-hung"), "x").await;
+    streaming.wait_for(&format!("instead of {member}"), Duration::from_secs(60));
+    drop(hung);
+    let after = put(&mut client, &format!("{prefix}after-{member}-came-back"), "y").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, report) = streaming.term();
+    assert!(status.success(), "{report:#}");
+    let moves = report["clusters"][0]["moves"].as_array().unwrap();
+    assert!(moves.iter().any(|m| m["from"] == member.as_str() && m["reason"].as_str().is_some_and(|r| r.contains(&member))), "{report:#}");
+    assert!(report["clusters"][0]["last_durable_revision"].as_i64().unwrap() >= after);
+    let keys = assert_cli_replays(&env, &store, after, "after the watched member hung").await;
+    assert!(during < after && value_of(&keys, &format!("{prefix}while-{member}-hung")).is_some());
+
+    // a tampered segment is named
+    let copy = env.dir.path().join("tampered");
+    assert!(std::process::Command::new("cp").arg("-a").arg(&store).arg(&copy).status().unwrap().success());
+    let mut segments: Vec<PathBuf> = support::files(&copy).into_iter().filter(|f| f.ends_with(".seg")).map(|f| copy.join(f)).collect();
+    segments.sort();
+    let victim = segments[segments.len() / 2].clone();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x04;
+    std::fs::write(&victim, bytes).unwrap();
+    let out = env.hcp_dr(&["stream", "verify", "--hosted-cluster", "clusters/demo", "--from", copy.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let file = victim.file_name().unwrap().to_string_lossy().to_string();
+    assert!(said.contains("PROBLEMS") && said.contains("first problem: segment clusters/demo/stream/") && said.contains(&file) && said.contains("damaged or altered"), "{said}");
+}
