@@ -124,6 +124,11 @@ async fn runbook_disaster_rehearses_as_written() {
     rehearse_in_order(&["disaster.md"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runbook_stream_rehearses_as_written() {
+    rehearse_in_order(&["stream.md"]).await;
+}
+
 #[test]
 fn every_runbook_has_a_rehearsal_that_a_test_runs() {
     let tested = std::fs::read_to_string(repo().join("tests/suite/runbooks.rs")).unwrap();
