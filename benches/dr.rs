@@ -36,7 +36,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::arg;
-use common::tools::{HCP_NS, NS, Tools, member_endpoints, mib, raw_restore, report, run_ok};
+use common::tools::{HCP_NS, NS, Tools, member_endpoints, mib, raw_restore, report, run_ok, stage_times};
 
 use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
 
@@ -178,6 +178,8 @@ async fn main() {
         mib(manual_rss),
     );
 
+    println!("backup stages: {}", stage_times(&backup));
+
     // 2. mgmt-a is lost (the restore's case: its hosted API's address is
     // free again); restore onto mgmt-b, against the raw movement measured alone
     let mut sandbox = sandbox;
@@ -204,6 +206,9 @@ async fn main() {
         restored.wall.as_secs_f64() / raw.as_secs_f64(),
         mib(restored.rss_kib),
     );
+    if let Ok(restored) = serde_json::from_slice::<serde_json::Value>(&restored.stdout) {
+        println!("restore stages: {}", stage_times(&restored));
+    }
 
     // 3. migrate a -> b once the restored copy is gone from b and mgmt-a is back
     run_ok(tools.hcp_dr(&tools.kubeconfig_b, &["cluster", "destroy", "demo", "-n", NS]));
@@ -239,5 +244,6 @@ async fn main() {
         rto / raw_migrate.as_secs_f64(),
         mib(moved.rss_kib),
     );
+    println!("migrate stages: {}", stage_times(&migrated));
     sandbox.shutdown().await;
 }

@@ -34,7 +34,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::arg;
-use common::tools::{HCP_NS, NS, Tools, mib, raw_restore, report, run_ok};
+use common::tools::{HCP_NS, NS, Tools, mib, raw_restore, report, run_ok, stage_times};
 use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
 use serde_json::Value;
 
@@ -204,6 +204,8 @@ async fn main() {
             raw_restore.as_secs_f64(),
             mib(point.restore_rss),
         );
+        println!("{gib} GiB: backup stages: {}", stage_times(&backup));
+        println!("{gib} GiB: restore stages: {}", stage_times(&report(&restored)));
         points.push(point);
     }
 

@@ -145,3 +145,19 @@ pub fn mib(kib: i64) -> f64 {
     kib as f64 / 1024.0
 }
 
+
+/// "name 1.2s, ..." of a report's stages that took at least 0.05 s.
+pub fn stage_times(report: &Value) -> String {
+    report["stages"]
+        .as_array()
+        .map(|stages| {
+            stages
+                .iter()
+                .filter_map(|s| Some((s["name"].as_str()?, s["duration"].as_f64()?)))
+                .filter(|(_, d)| *d >= 0.05)
+                .map(|(n, d)| format!("{n} {d:.1}s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
