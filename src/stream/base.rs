@@ -37,7 +37,8 @@ pub async fn take(source: &dyn MemberSource, store: Arc<dyn Store>, layout: &Cha
     let path = scratch.path().join(SCRATCH);
     let report = crate::etcd::verify::verify_copy(&path).await.map_err(|e| StreamError::Base(e.to_string()))?;
     let revision = match (&report.verdict, &report.summary) {
-        (verdict, Some(summary)) if verdict.is_ok() => summary.store_revision(),
+        // an etcd nothing was ever written to is at revision 1 with no key
+        (verdict, Some(summary)) if verdict.is_ok() => summary.store_revision().max(1),
         (verdict, _) => return Err(StreamError::Base(format!("the snapshot of {} does not verify: {verdict}", member.name))),
     };
     let artifact = ChainLayout::base_name(&member.name);
