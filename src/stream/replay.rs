@@ -14,6 +14,7 @@
 //! the file asked for.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -269,7 +270,7 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
             if !wanted(record) {
                 break 'segments;
             }
-            leases.keep_alive(&mut client).await?;
+            leases.check()?;
             leases.grant_for(&mut client, record, &descriptor.chain_id, &mut applied.leases).await?;
             apply_one(&mut client, record, &descriptor.chain_id).await?;
             applied.revision = record.revision;
@@ -283,7 +284,9 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
     {
         return Err(StreamError::Replay { chain: descriptor.chain_id.clone(), revision: applied.revision, reason: format!("the chain's segments end before revision {r}") });
     }
+    leases.check()?;
     applied.leases.revoked = leases.revoke_unused(&mut client).await?;
+    drop(leases);
     let at = client.status().await.map_err(scratch_error("status"))?.header().map(|h| h.revision()).unwrap_or_default();
     if at != applied.revision {
         return Err(StreamError::Replay { chain: descriptor.chain_id.clone(), revision: applied.revision, reason: format!("the scratch etcd ended at revision {at}") });
@@ -315,18 +318,27 @@ async fn apply_one(client: &mut Client, record: &RevisionRecord, chain: &str) ->
     Ok(())
 }
 
-/// The leases of the scratch etcd, kept alive while the replay runs.
+/// The leases of the scratch etcd (id and TTL), kept alive by a task of
+/// its own while the replay runs, whatever each step costs (a slow
+/// segment fetch must not let a lease expire and delete its keys at a
+/// revision of its own).
 struct Leases {
-    kept: HashMap<i64, Kept>,
+    ttls: Arc<Mutex<HashMap<i64, i64>>>,
+    /// Granted by the replay (not from the base).
+    here: Vec<i64>,
+    /// Why the keeper stopped, when it did.
+    failure: Arc<Mutex<Option<String>>>,
+    keeper: tokio::task::JoinHandle<()>,
 }
 
-struct Kept {
-    ttl: i64,
-    refreshed: Instant,
-    /// Granted by the replay (not from the base).
-    here: bool,
-    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+impl Drop for Leases {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
 }
+
+/// How often the keeper looks for leases due.
+const KEEPER_TICK: Duration = Duration::from_millis(500);
 
 impl Leases {
     /// The leases the base holds, with their TTLs; their clock started
@@ -334,19 +346,34 @@ impl Leases {
     async fn adopt(client: &mut Client) -> Result<Leases, StreamError> {
         let started = Instant::now();
         let listed = client.leases().await.map_err(scratch_error("listing the base's leases"))?;
-        let mut kept = HashMap::new();
+        let mut ttls = HashMap::new();
         for lease in listed.leases() {
             let ttl = client.lease_time_to_live(lease.id(), None).await.map_err(scratch_error("reading a lease's TTL"))?.granted_ttl();
-            kept.insert(lease.id(), Kept { ttl, refreshed: started, here: false, stream: None });
+            ttls.insert(lease.id(), ttl);
         }
-        Ok(Leases { kept })
+        let ttls = Arc::new(Mutex::new(ttls));
+        let failure = Arc::new(Mutex::new(None));
+        let keeper = tokio::spawn(keep_alive(client.clone(), ttls.clone(), failure.clone(), started));
+        Ok(Leases { ttls, here: Vec::new(), failure, keeper })
+    }
+
+    fn known(&self, id: i64) -> bool {
+        self.ttls.lock().is_ok_and(|t| t.contains_key(&id))
+    }
+
+    /// Fails when the keeper could not keep a lease alive.
+    fn check(&self) -> Result<(), StreamError> {
+        match self.failure.lock().ok().and_then(|f| f.clone()) {
+            Some(failure) => Err(StreamError::Scratch(failure)),
+            None => Ok(()),
+        }
     }
 
     /// Grant the leases `record`'s puts use that the scratch etcd lacks.
     async fn grant_for(&mut self, client: &mut Client, record: &RevisionRecord, chain: &str, counts: &mut LeaseCounts) -> Result<(), StreamError> {
         for event in &record.events {
             let Event::Put { lease, .. } = event else { continue };
-            if *lease == 0 || self.kept.contains_key(lease) {
+            if *lease == 0 || self.known(*lease) {
                 continue;
             }
             let recorded = record.leases.iter().find(|l| l.id == *lease).and_then(|l| l.ttl);
@@ -357,29 +384,10 @@ impl Leases {
                 .map_err(|e| StreamError::Replay { chain: chain.to_string(), revision: record.revision, reason: format!("granting lease {lease:x} (TTL {ttl}s): {e}") })?;
             counts.granted += 1;
             counts.without_ttl += u64::from(recorded.is_none());
-            self.kept.insert(*lease, Kept { ttl, refreshed: Instant::now(), here: true, stream: None });
-        }
-        Ok(())
-    }
-
-    /// Refresh every lease a third of its TTL after its last refresh.
-    async fn keep_alive(&mut self, client: &mut Client) -> Result<(), StreamError> {
-        for (id, kept) in self.kept.iter_mut() {
-            let every = Duration::from_secs((kept.ttl.max(3) / 3) as u64);
-            if kept.refreshed.elapsed() < every {
-                continue;
+            if let Ok(mut ttls) = self.ttls.lock() {
+                ttls.insert(*lease, ttl);
             }
-            if kept.stream.is_none() {
-                kept.stream = Some(client.lease_keep_alive(*id).await.map_err(scratch_error("keeping a lease alive"))?);
-            }
-            if let Some((keeper, stream)) = kept.stream.as_mut() {
-                keeper.keep_alive().await.map_err(scratch_error("keeping a lease alive"))?;
-                match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
-                    Ok(Ok(Some(_))) => kept.refreshed = Instant::now(),
-                    Ok(Err(err)) => return Err(scratch_error("keeping a lease alive")(err)),
-                    _ => return Err(StreamError::Scratch(format!("lease {id:x}: no answer to a keep-alive"))),
-                }
-            }
+            self.here.push(*lease);
         }
         Ok(())
     }
@@ -389,10 +397,7 @@ impl Leases {
     /// lease with no key deletes nothing: no revision is made.
     async fn revoke_unused(&mut self, client: &mut Client) -> Result<u64, StreamError> {
         let mut revoked = 0;
-        for (id, kept) in &self.kept {
-            if !kept.here {
-                continue;
-            }
+        for id in &self.here {
             let alive = client.lease_time_to_live(*id, Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await.map_err(scratch_error("reading a lease's keys"))?;
             if alive.ttl() >= 0 && alive.keys().is_empty() {
                 client.lease_revoke(*id).await.map_err(scratch_error("revoking an unused lease"))?;
@@ -400,6 +405,51 @@ impl Leases {
             }
         }
         Ok(revoked)
+    }
+}
+
+/// Refresh every lease of `ttls` a third of its TTL after its last
+/// refresh (a lease first seen counts from then; those of the base from
+/// `started`), until aborted or a refresh fails (said in `failure`).
+async fn keep_alive(client: Client, ttls: Arc<Mutex<HashMap<i64, i64>>>, failure: Arc<Mutex<Option<String>>>, started: Instant) {
+    let mut kept: HashMap<i64, (Instant, Option<(LeaseKeeper, LeaseKeepAliveStream)>)> = HashMap::new();
+    let mut first = true;
+    loop {
+        tokio::time::sleep(KEEPER_TICK).await;
+        let due: Vec<(i64, i64)> = match ttls.lock() {
+            Ok(ttls) => ttls.iter().map(|(id, ttl)| (*id, *ttl)).collect(),
+            Err(_) => return,
+        };
+        for (id, ttl) in due {
+            let since = if first { started } else { Instant::now() };
+            let (refreshed, stream) = kept.entry(id).or_insert((since, None));
+            if refreshed.elapsed() < Duration::from_secs((ttl.max(3) / 3) as u64) {
+                continue;
+            }
+            let refresh = async {
+                if stream.is_none() {
+                    *stream = Some(client.clone().lease_keep_alive(id).await?);
+                }
+                let Some((keeper, answers)) = stream.as_mut() else { return Ok(None) };
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match tokio::time::timeout(Duration::from_secs(5), refresh).await {
+                Ok(Ok(Some(_))) => *refreshed = Instant::now(),
+                other => {
+                    let why = match other {
+                        Ok(Err(err)) => err.to_string(),
+                        Ok(Ok(None)) => "the keep-alive stream ended".into(),
+                        _ => "no answer within 5s".into(),
+                    };
+                    if let Ok(mut failure) = failure.lock() {
+                        *failure = Some(format!("keeping lease {id:x} alive: {why}"));
+                    }
+                    return;
+                }
+            }
+        }
+        first = false;
     }
 }
 

@@ -332,6 +332,68 @@ async fn a_chain_replays_every_revision_exactly_and_breaks_and_hands_over_as_it_
     assert_eq!(replayed.chain_id, sealed.layout.chain_id);
 }
 
+/// A store whose segments take `delay` each to read: a replay slower than
+/// a lease's TTL.
+struct SlowSegments {
+    inner: Arc<dyn Store>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Store for SlowSegments {
+    fn url(&self) -> String {
+        self.inner.url()
+    }
+    async fn put(&self, key: &str, body: hcp_dr::store::Body<'_>) -> Result<hcp_dr::store::PutReport, hcp_dr::store::StoreError> {
+        self.inner.put(key, body).await
+    }
+    async fn get(&self, key: &str) -> Result<hcp_dr::store::Body<'static>, hcp_dr::store::StoreError> {
+        if key.contains("/segments/") {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<hcp_dr::store::ObjectInfo>, hcp_dr::store::StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), hcp_dr::store::StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, hcp_dr::store::StoreError> {
+        self.inner.presign_get(key, ttl).await
+    }
+}
+
+/// A replay that takes longer than a lease's TTL keeps the lease alive: it
+/// does not expire in the scratch etcd and delete its key at a revision
+/// of its own (which would stop the replay at the next revision).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_slower_than_a_lease_keeps_the_lease_alive() {
+    let plain = Plain::start().await;
+    let mut last = 0;
+    let report = plain
+        .stream_while(Plain::settings(Duration::from_secs(3600), None), async {
+            let mut client = plain.client.clone();
+            put_leased(&mut client, "/t/short-lived", 5).await;
+            for i in 0..4 {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                last = put(&mut client, &format!("/t/after/{i}"), "v").await;
+            }
+        })
+        .await;
+    assert!(report.error.is_none() && report.chains[0].written.segments >= 4, "{report:#?}");
+    let slow = SlowSegments { inner: plain.store.clone(), delay: Duration::from_millis(2500) };
+    let out = plain.dir.path().join("slow.db");
+    let started = std::time::Instant::now();
+    let replayed = replay(&slow, "clusters", "plain", Target::Revision(last), &out, None, &plain.tools).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(started.elapsed() > Duration::from_secs(6), "the replay took {:?}: not longer than the lease's TTL", started.elapsed());
+    assert_eq!(replayed.revision, last);
+    let want = keyspace(&mut plain.client.clone(), last).await;
+    let (got, ttls) = restored(&out, &plain.dir.path().join("scratch-slow")).await;
+    assert!(want == got, "{}", differences(&want, &got));
+    assert!(ttls.values().any(|ttl| *ttl == 5), "{ttls:?}");
+}
+
 // ---------------------------------------------------------------------
 // The sandbox, through the binary
 
