@@ -578,7 +578,7 @@ fn check<R: Read + Seek>(mut reader: R, len: u64, source: &str) -> Result<Report
     let walk = |reader: &mut R, data_len: u64| {
         let mut content = Content::default();
         match Db::open(reader, data_len).and_then(|mut db| db.walk(&mut content)) {
-            Ok(pages) => Ok((Some(content.finish(&meta, pages)), None)),
+            Ok(pages) => Ok((Some(content.finish(&meta, pages).map_err(|e| VerifyError::Scratch { url: source.to_string(), path: std::env::temp_dir(), source: e })?), None)),
             Err(BoltError::Io { source, .. }) => Err(read_error(source)),
             Err(err) => Ok((None, Some(err.to_string()))),
         }
@@ -732,25 +732,6 @@ enum Bucket {
     Meta,
 }
 
-/// The hasher of [`Content::latest`], whose keys are SHA-256 bytes already:
-/// uniform, so they are their own hash (SipHash over them would only cost).
-#[derive(Default)]
-struct DigestHasher(u64);
-
-impl std::hash::Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 /// Collects the summary while the database is walked.
 #[derive(Default)]
 struct Content {
@@ -762,13 +743,11 @@ struct Content {
     revision: i64,
     revisions: u64,
     tombstones: u64,
-    /// Per key, by the first 8 bytes of its SHA-256: its prefix's index,
-    /// shifted left once, with the low bit set when its latest revision is
-    /// live. The one structure that grows with the database (about 17 to 34
-    /// bytes a key with the table's spare room; 8 bytes of digest keep a
-    /// collision, which would miscount one key, below one in a million at
-    /// the 8 million keys of a full 8 GiB database).
-    latest: HashMap<u64, u32, std::hash::BuildHasherDefault<DigestHasher>>,
+    /// Every key's latest state (by the first 8 bytes of its SHA-256:
+    /// a collision, which would miscount one key, stays below one in a
+    /// million at the 8 million keys of a full 8 GiB database), in bounded
+    /// memory.
+    latest: super::latest_keys::LatestKeys,
     prefixes: Vec<String>,
     prefix_ids: HashMap<String, u32>,
     consistent_index: Option<u64>,
@@ -817,7 +796,7 @@ impl Content {
         let digest: [u8; 32] = Sha256::digest(user_key).into();
         let mut short = [0u8; 8];
         short.copy_from_slice(&digest[..8]);
-        self.latest.insert(u64::from_le_bytes(short), (id << 1) | u32::from(!tombstone));
+        self.latest.push(u64::from_le_bytes(short), id, !tombstone);
     }
 
     fn meta_entry(&mut self, key: &[u8], value: &[u8]) {
@@ -830,21 +809,26 @@ impl Content {
         }
     }
 
-    fn finish(mut self, meta: &Meta, pages: bbolt::WalkStats) -> SnapshotSummary {
-        let mut by_prefix = BTreeMap::new();
+    /// The summary; an error when the live keys could not be counted (a
+    /// scratch file of the count could not be written or read back).
+    fn finish(mut self, meta: &Meta, pages: bbolt::WalkStats) -> std::io::Result<SnapshotSummary> {
+        let mut by_id: BTreeMap<u32, u64> = BTreeMap::new();
         let mut live = 0;
-        for packed in self.latest.values() {
-            if packed & 1 == 1 {
+        std::mem::take(&mut self.latest).finish(|id, alive| {
+            if alive {
                 live += 1;
-                let prefix = self.prefixes.get((packed >> 1) as usize).cloned().unwrap_or_default();
-                *by_prefix.entry(prefix).or_insert(0) += 1;
+                *by_id.entry(id).or_insert(0) += 1;
             }
+        })?;
+        let mut by_prefix = BTreeMap::new();
+        for (id, count) in by_id {
+            *by_prefix.entry(self.prefixes.get(id as usize).cloned().unwrap_or_default()).or_insert(0) += count;
         }
         if self.more_warnings > 0 {
             self.warnings
                 .push(format!("... and {} more warnings", self.more_warnings));
         }
-        SnapshotSummary {
+        Ok(SnapshotSummary {
             revision: self.revision,
             etcdctl_total_keys: self.total,
             hash: self.crc.finish(),
@@ -861,7 +845,7 @@ impl Content {
             scheduled_compact_revision: self.scheduled_compact_revision,
             pages,
             warnings: self.warnings,
-        }
+        })
     }
 }
 
