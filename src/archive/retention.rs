@@ -27,6 +27,9 @@ pub struct Policy {
     pub max_age: Option<Duration>,
     /// Remove incomplete backups older than this.
     pub incomplete_after: Duration,
+    /// Remove ended stream chains last written longer ago than this; `None`:
+    /// those last written before the cluster's oldest kept complete backup.
+    pub keep_stream: Option<Duration>,
 }
 
 impl Policy {
@@ -123,6 +126,42 @@ pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec
                 keep,
                 reasons,
             }
+        })
+        .collect()
+}
+
+/// One `hcp-dr stream` chain as retention sees it (a cluster's chains are
+/// given oldest first; the last is the newest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainCandidate {
+    pub id: String,
+    /// When anything was last written to it (`None`: unknown, or its
+    /// descriptor is unreadable).
+    pub last_written: Option<DateTime<Utc>>,
+    /// Why its descriptor cannot be read, when it cannot.
+    pub unreadable: Option<String>,
+}
+
+/// Which chains go: a chain is removed, whole, only when a newer chain
+/// follows it (it ended: the stream writes only the newest) and it was
+/// last written before `cutoff` (the time and what it is, for the
+/// reasons); with no cutoff every chain is kept. A chain that cannot be
+/// read, or whose time is unknown, is kept.
+pub fn decide_chains(chains: &[ChainCandidate], cutoff: Option<(DateTime<Utc>, &str)>) -> Vec<Decision> {
+    let at = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    chains
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (keep, reason) = match (i + 1 == chains.len(), &c.unreadable, c.last_written, cutoff) {
+                (true, _, _, _) => (true, "the newest chain: the stream may still be writing it, and it holds the latest revisions".to_string()),
+                (_, Some(why), _, _) => (true, format!("its chain.json is unreadable ({why}): nothing says what it holds; repair or remove it by hand")),
+                (_, _, None, _) => (true, "the store gives no write time for it".to_string()),
+                (_, _, Some(_), None) => (true, "no cutoff: no --keep-stream and no complete backup of the cluster kept".to_string()),
+                (_, _, Some(last), Some((cutoff, what))) if last >= cutoff => (true, format!("last written {}, within {what}", at(last))),
+                (_, _, Some(last), Some((_, what))) => (false, format!("ended (chain {} follows it), last written {}, before {what}", chains[i + 1].id, at(last))),
+            };
+            Decision { id: c.id.clone(), keep, reasons: vec![reason] }
         })
         .collect()
 }
@@ -224,5 +263,30 @@ mod tests {
         ];
         let p = Policy { keep_last: Some(5), incomplete_after: Duration::hours(24), ..Policy::default() };
         assert_eq!(kept(&decide(&b, &p, now)), ["writing", "good"]);
+    }
+
+    #[test]
+    fn a_chain_goes_only_when_ended_and_older_than_the_cutoff() {
+        let now = at("2026-11-21T12:00:00Z");
+        let chain = |id: &str, days: i64| ChainCandidate { id: id.into(), last_written: Some(now - Duration::days(days)), unreadable: None };
+        let chains = vec![
+            chain("c0", 30),
+            ChainCandidate { id: "c1".into(), last_written: None, unreadable: Some("not JSON".into()) },
+            ChainCandidate { id: "c2".into(), last_written: None, unreadable: None },
+            chain("c3", 20),
+            chain("c4", 3),
+            chain("c5", 40),
+        ];
+        let cutoff = Some((now - Duration::days(7), "--keep-stream 7d"));
+        let decided = decide_chains(&chains, cutoff);
+        assert_eq!(kept(&decided), ["c1", "c2", "c4", "c5"]);
+        assert!(decided[0].reasons[0].contains("chain c1 follows it") && decided[0].reasons[0].contains("before --keep-stream 7d"), "{decided:?}");
+        assert!(decided[1].reasons[0].contains("unreadable"));
+        assert!(decided[4].reasons[0].contains("within --keep-stream 7d"));
+        // the newest is kept however old
+        assert!(decided[5].reasons[0].contains("the newest chain"));
+        // no cutoff keeps everything
+        assert!(decide_chains(&chains, None).iter().all(|d| d.keep));
+        assert!(decide_chains(&[], cutoff).is_empty());
     }
 }

@@ -9,7 +9,7 @@ use crate::archive::Layout;
 use crate::archive::retention::Policy;
 use crate::duration;
 use crate::ops::OpsError;
-use crate::ops::backups::{self, BackupEntry, Listed, PruneEntry, StoreLock, VerifyReport};
+use crate::ops::backups::{self, BackupEntry, Listed, PruneEntry, StoreLock, StreamWindows, VerifyReport};
 use crate::ops::object_lock::LockState;
 use crate::ops::restore::{latest_backup, split_backup_url};
 use crate::store::object_lock::{LockMode, ObjectLock};
@@ -62,11 +62,20 @@ pub enum Command {
         #[command(flatten)]
         s3: StoreArgs,
     },
-    /// Download and check every artifact of a backup and its snapshots offline.
-    #[command(after_help = "Example:\n  hcp-dr backups verify --deep s3://bucket/prefix/clusters/demo/latest")]
+    /// Download and check every artifact of a backup and its snapshots
+    /// offline; with --streams, or a stream URL, the cluster's stream chains
+    /// too (every segment's hash, revisions contiguous from the base).
+    #[command(after_help = "Example:\n  hcp-dr backups verify --deep s3://bucket/prefix/clusters/demo/latest\n  hcp-dr backups verify --streams s3://bucket/prefix/clusters/demo/latest\n  hcp-dr backups verify s3://bucket/prefix/clusters/demo/stream\n  hcp-dr backups verify s3://bucket/prefix/clusters/demo/stream/20261121T180000Z-0a1b2c")]
     Verify {
-        /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or `.../latest`).
+        /// The backup's URL (`<store>/<ns>/<cluster>/<backup-id>` or
+        /// `.../latest`), or the cluster's stream (`<store>/<ns>/<cluster>/stream`,
+        /// every chain) or one chain (`.../stream/<chain-id>`): then only
+        /// the chains are checked.
         backup: String,
+        /// Also check every stream chain of the backup's cluster (each
+        /// segment downloaded and hashed); fails when the cluster has none.
+        #[arg(long)]
+        streams: bool,
         /// Also restore each snapshot into a scratch etcd and count its keys.
         #[arg(long)]
         deep: bool,
@@ -141,6 +150,12 @@ pub enum Command {
         /// still running must not look abandoned [range: 1h to 36500d].
         #[arg(long, default_value = "24h", value_parser = duration::INCOMPLETE_AFTER)]
         incomplete_after: std::time::Duration,
+        /// Remove a cluster's ended stream chains (a newer chain follows)
+        /// last written longer ago than this (e.g. 14d), each whole; without
+        /// it, those last written before the cluster's oldest kept complete
+        /// backup. The newest chain is never removed [range: 1h to 36500d].
+        #[arg(long, value_name = "AGE", value_parser = duration::RETENTION_AGE)]
+        keep_stream: Option<std::time::Duration>,
         /// List what would be deleted; delete nothing.
         #[arg(long)]
         dry_run: bool,
@@ -174,7 +189,7 @@ fn age(seconds: i64) -> String {
     }
 }
 
-fn render_list(listed: &[Listed], stores: &[String]) -> String {
+fn render_list(listed: &[Listed], stores: &[String], unattached: &[StreamWindows]) -> String {
     let several = stores.len() > 1;
     // a LOCK column where a store has S3 Object Lock
     let locks = listed.iter().any(|l| !l.object_lock.is_empty());
@@ -239,6 +254,39 @@ fn render_list(listed: &[Listed], stores: &[String]) -> String {
     }
     for e in entries.iter().filter(|e| e.degraded.is_some()) {
         out.push_str(&format!("{}: etcd {}\n", e.backup_id, e.degraded.as_deref().unwrap_or_default()));
+    }
+    for w in listed.iter().flat_map(|l| &l.stream).chain(unattached) {
+        out.push_str(&render_windows(w));
+    }
+    out
+}
+
+fn when(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_else(|| "?".into())
+}
+
+/// A cluster's stream windows, oldest first, with the gaps between them.
+fn render_windows(w: &StreamWindows) -> String {
+    let mut out = format!("stream of {}/{} in {}: any revision in a window restores (hcp-dr stream replay)\n", w.namespace, w.hosted_cluster, w.store);
+    for (i, c) in w.chains.iter().enumerate() {
+        if let Some(gap) = w.gaps.iter().find(|g| g.before_chain == c.chain_id && i > 0) {
+            let revisions = gap.revisions.map(|(a, b)| format!("revisions {a}..{b}")).unwrap_or_default();
+            out.push_str(&format!("  GAP    {revisions}, {} .. {}: no chain holds them\n", when(gap.from), when(gap.until)));
+        }
+        match (c.from_revision, c.through_revision) {
+            (Some(from), Some(through)) => out.push_str(&format!(
+                "  window revisions {from}..{through}, {} .. {} (chain {}, {} segment(s)){}\n",
+                when(c.from),
+                when(c.through),
+                c.chain_id,
+                c.segments,
+                c.problem.as_ref().map(|p| format!("; stops short: {p}")).unwrap_or_default()
+            )),
+            _ => out.push_str(&format!("  chain {}: {}\n", c.chain_id, c.problem.as_deref().unwrap_or("restores nothing"))),
+        }
+    }
+    for dir in &w.incomplete {
+        out.push_str(&format!("  {dir}: a base without chain.json (being taken, or the stream stopped while taking it): restores nothing\n"));
     }
     out
 }
@@ -439,6 +487,7 @@ fn render_verify(r: &VerifyReport) -> String {
     if let Some(why) = &r.deep_skipped {
         out.push_str(&format!("  deep check skipped: {why}\n"));
     }
+    out.push_str(&render_chains(&r.streams));
     for p in &r.problems {
         out.push_str(&format!("  problem: {p}\n"));
     }
@@ -447,6 +496,58 @@ fn render_verify(r: &VerifyReport) -> String {
     }
     for w in &r.warnings {
         out.push_str(&format!("  warning: {w}\n"));
+    }
+    out
+}
+
+/// `backups verify` of a stream URL: its chains' verdicts.
+#[derive(serde::Serialize)]
+struct StreamsVerified {
+    stream: String,
+    ok: bool,
+    problems: Vec<String>,
+    chains: Vec<crate::stream::verify::ChainVerdict>,
+}
+
+/// `<store>/<ns>/<cluster>/stream` (every chain) or `.../stream/<chain-id>`
+/// (one) into the store, the cluster and the chain; `None` for any other URL.
+fn split_stream_url(url: &str) -> Option<(String, String, String, Option<String>)> {
+    use crate::stream::format::STREAM_FOLDER;
+    let trimmed = url.trim_end_matches('/');
+    let (rest, chain) = match trimmed.rsplit_once('/') {
+        Some((rest, last)) if last == STREAM_FOLDER => (rest, None),
+        Some((rest, last)) if crate::archive::parse_backup_id(last).is_ok() => {
+            let (rest, folder) = rest.rsplit_once('/')?;
+            if folder != STREAM_FOLDER {
+                return None;
+            }
+            (rest, Some(last.to_string()))
+        }
+        _ => return None,
+    };
+    let mut parts = rest.rsplitn(3, '/');
+    let (hc, ns, root) = (parts.next()?, parts.next()?, parts.next()?);
+    if root.is_empty() || root.ends_with(':') || root.ends_with(":/") {
+        return None;
+    }
+    Some((root.to_string(), ns.to_string(), hc.to_string(), chain))
+}
+
+/// One line per chain verdict.
+fn render_chains(chains: &[crate::stream::verify::ChainVerdict]) -> String {
+    let mut out = String::new();
+    for c in chains {
+        let run = match (c.base_revision, c.good_through) {
+            (Some(base), Some(through)) => format!("revisions {base}..{through} restore"),
+            _ => "restores nothing".to_string(),
+        };
+        out.push_str(&format!(
+            "  stream chain {}: {}  {run}; {} segment(s), {}\n",
+            c.chain_id,
+            if c.ok { "OK" } else { "FAILED" },
+            c.segments,
+            if c.content_checked { "hashes and content checked" } else { "stored bytes only: encrypted, no --identity" }
+        ));
     }
     out
 }
@@ -464,11 +565,14 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
             removed += 1;
             bytes += e.size_bytes;
         }
-        out.push_str(&format!("{:<24} {:<24} {:<12} {}\n", e.cluster, e.backup_id, action, e.reasons.join("; ")));
+        let id = if e.stream_chain { format!("stream/{}", e.backup_id) } else { e.backup_id.clone() };
+        out.push_str(&format!("{:<24} {:<24} {:<12} {}\n", e.cluster, id, action, e.reasons.join("; ")));
     }
+    let chains = entries.iter().filter(|e| e.stream_chain).count();
     out.push_str(&format!(
-        "{} backup(s), {} {} ({})\n",
-        entries.len(),
+        "{} backup(s){}, {} {} ({})\n",
+        entries.len() - chains,
+        if chains > 0 { format!(" and {chains} stream chain(s)") } else { String::new() },
         removed,
         if dry_run { "would be deleted" } else { "deleted" },
         size(bytes)
@@ -477,7 +581,7 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
     if !locked.is_empty() {
         let next = locked.iter().filter_map(|e| e.locked.as_ref().and_then(|l| l.until)).min();
         out.push_str(&format!(
-            "{} backup(s) the policy removes are kept under S3 Object Lock{}\n",
+            "{} backup(s) or chain(s) the policy removes are kept under S3 Object Lock{}\n",
             locked.len(),
             next.map(|t| format!(" (the first retention ends {})", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))).unwrap_or_default()
         ));
@@ -498,22 +602,38 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 }
             }
             let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
-            let listed = match stores.as_slice() {
-                [one] => backups::list(one.as_ref(), cluster).await,
-                _ => backups::list_across(&stores, cluster).await,
-            };
-            match listed {
-                Ok(entries) => {
-                    let (listed, warnings) = backups::with_locks(&stores, entries).await;
-                    for w in &warnings {
-                        tracing::warn!("{w}");
-                    }
-                    let urls: Vec<String> = stores.iter().map(|s| s.url()).collect();
-                    print(output, &listed, || render_list(&listed, &urls));
-                    Exit::Success
+            let (mut each, mut windows) = (Vec::new(), Vec::new());
+            for one in &stores {
+                let catalogue = match backups::catalogue(one.as_ref(), cluster).await {
+                    Ok(c) => c,
+                    Err(e) => return fail(e),
+                };
+                match backups::stream_windows(one.as_ref(), &catalogue.streamed).await {
+                    Ok(w) => windows.extend(w),
+                    Err(e) => return fail(e),
                 }
-                Err(e) => fail(e),
+                each.push((one.url(), catalogue.backups));
             }
+            let entries = match each.len() {
+                1 => each.pop().map(|(_, entries)| entries).unwrap_or_default(),
+                _ => backups::merge(each),
+            };
+            let (mut listed, warnings) = backups::with_locks(&stores, entries).await;
+            for w in &warnings {
+                tracing::warn!("{w}");
+            }
+            let unattached = backups::attach_streams(&mut listed, windows);
+            for w in &unattached {
+                tracing::warn!(
+                    "{}/{} has stream chains in {} but no backup: they are shown in the text output; `hcp-dr stream list -o json` lists them",
+                    w.namespace,
+                    w.hosted_cluster,
+                    w.store
+                );
+            }
+            let urls: Vec<String> = stores.iter().map(|s| s.url()).collect();
+            print(output, &listed, || render_list(&listed, &urls, &unattached));
+            Exit::Success
         }
         Command::Describe { backup, s3 } => {
             let (store, layout) = match open_backup(&backup, s3.s3()).await {
@@ -542,17 +662,52 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             });
             Exit::Success
         }
-        Command::Verify { backup, deep, identity, s3 } => {
+        Command::Verify { backup, streams, deep, identity, s3 } => {
             let identities = match identity.as_deref().map(crate::archive::encryption::Identities::from_file).transpose() {
                 Ok(ids) => ids,
                 Err(e) => return fail(OpsError::Input(e.to_string())),
             };
+            if let Some((root, ns, hc, chain)) = split_stream_url(&backup) {
+                if deep {
+                    return fail(OpsError::Input(format!("--deep: `{backup}` names a stream, whose chains have no snapshot to restore; drop --deep (hcp-dr stream replay replays a chain)")));
+                }
+                let store = match store::open(&root, s3.s3()).await {
+                    Ok(s) => s,
+                    Err(e) => return fail(e.into()),
+                };
+                return match backups::verify_streams(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref()).await {
+                    Ok(chains) => {
+                        let report = StreamsVerified { problems: chains.iter().filter_map(backups::chain_problem).collect(), ok: chains.iter().all(|c| c.ok), stream: backup, chains };
+                        print(output, &report, || {
+                            let mut out = format!("{}: {}\n", report.stream, if report.ok { "OK" } else { "FAILED" });
+                            out.push_str(&render_chains(&report.chains));
+                            for p in &report.problems {
+                                out.push_str(&format!("  problem: {p}\n"));
+                            }
+                            out
+                        });
+                        if report.ok { Exit::Success } else { Exit::Failed }
+                    }
+                    Err(e) => fail(e),
+                };
+            }
             let (store, layout) = match open_backup(&backup, s3.s3()).await {
                 Ok(v) => v,
                 Err(e) => return fail(e),
             };
+            // no chain is bad input: found before any artifact is downloaded
+            let chains = match streams {
+                true => match backups::verify_streams(store.as_ref(), &layout.namespace, &layout.hosted_cluster, None, identities.as_ref()).await {
+                    Ok(chains) => chains,
+                    Err(e) => return fail(e),
+                },
+                false => Vec::new(),
+            };
             match backups::verify_with(store.as_ref(), &layout, deep, identities.as_ref()).await {
-                Ok(report) => {
+                Ok(mut report) => {
+                    report.problems.extend(chains.iter().filter_map(backups::chain_problem));
+                    report.ok &= chains.iter().all(|c| c.ok);
+                    report.streams = chains;
                     print(output, &report, || render_verify(&report));
                     if report.ok { Exit::Success } else { Exit::Failed }
                 }
@@ -585,6 +740,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
             keep_weekly,
             max_age,
             incomplete_after,
+            keep_stream,
             dry_run,
             shard,
             s3,
@@ -599,6 +755,7 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 keep_weekly,
                 max_age: max_age.map(duration::to_chrono),
                 incomplete_after: duration::to_chrono(incomplete_after),
+                keep_stream: keep_stream.map(duration::to_chrono),
             };
             let cluster = hosted_cluster.as_deref().map(|hc| (namespace.as_str(), hc));
             match backups::prune(store.as_ref(), cluster, shard, &policy, dry_run).await {

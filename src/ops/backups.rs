@@ -18,6 +18,7 @@ use crate::archive::fence::{self, Fence, FenceError};
 use crate::archive::{Layout, MANIFEST, Manifest, parse_backup_id};
 use crate::store::object_lock::{BucketLock, FolderHold};
 use crate::store::{S3Store, Store};
+use crate::stream::verify::ChainVerdict;
 
 /// One backup folder in a store.
 #[derive(Debug, Clone, Serialize)]
@@ -72,12 +73,31 @@ pub async fn fence_of(store: &dyn Store, namespace: &str, hosted_cluster: &str) 
 
 /// Every backup under the store (or one cluster's), newest first.
 pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Vec<BackupEntry>, OpsError> {
+    Ok(catalogue(store, cluster).await?.backups)
+}
+
+/// What one listing of a store shows: its backups, newest first, and the
+/// clusters with a `stream/` folder (`hcp-dr stream` chains), sorted.
+#[derive(Debug, Clone, Default)]
+pub struct Catalogue {
+    pub backups: Vec<BackupEntry>,
+    pub streamed: Vec<(String, String)>,
+}
+
+/// [`list`], noting from the same listing which clusters have stream
+/// chains (so a store without any costs no further request).
+pub async fn catalogue(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Catalogue, OpsError> {
     let prefix = cluster.map(|(ns, hc)| Layout::cluster_prefix(ns, hc)).unwrap_or_default();
     let now = Utc::now();
     let mut folders: BTreeMap<(String, String, String), (u64, usize, bool)> = BTreeMap::new();
+    let mut streamed = std::collections::BTreeSet::new();
     for object in store.list(&prefix).await? {
         let mut parts = object.key.splitn(4, '/');
         let (Some(ns), Some(hc), Some(id), Some(rest)) = (parts.next(), parts.next(), parts.next(), parts.next()) else { continue };
+        if id == crate::stream::format::STREAM_FOLDER {
+            streamed.insert((ns.to_string(), hc.to_string()));
+            continue;
+        }
         if parse_backup_id(id).is_err() {
             continue;
         }
@@ -137,7 +157,7 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
         });
     }
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
-    Ok(out)
+    Ok(Catalogue { backups: out, streamed: streamed.into_iter().collect() })
 }
 
 /// The backups of several stores (a primary and its copies), newest first:
@@ -145,11 +165,21 @@ pub async fn list(store: &dyn Store, cluster: Option<(&str, &str)>) -> Result<Ve
 /// the first that holds it at all), with `stores` naming every store that
 /// holds it complete.
 pub async fn list_across(stores: &[Box<dyn Store>], cluster: Option<(&str, &str)>) -> Result<Vec<BackupEntry>, OpsError> {
-    let mut merged: BTreeMap<(String, String, String), BackupEntry> = BTreeMap::new();
+    let mut each = Vec::new();
     for store in stores {
-        for entry in list(store.as_ref(), cluster).await? {
+        each.push((store.url(), list(store.as_ref(), cluster).await?));
+    }
+    Ok(merge(each))
+}
+
+/// The backups listed in each store (by its URL), merged as
+/// [`list_across`] says.
+pub fn merge(each: Vec<(String, Vec<BackupEntry>)>) -> Vec<BackupEntry> {
+    let mut merged: BTreeMap<(String, String, String), BackupEntry> = BTreeMap::new();
+    for (url, entries) in each {
+        for entry in entries {
             let key = (entry.namespace.clone(), entry.hosted_cluster.clone(), entry.backup_id.clone());
-            let url = store.url();
+            let url = url.clone();
             match merged.get_mut(&key) {
                 Some(seen) => {
                     if entry.complete {
@@ -173,7 +203,117 @@ pub async fn list_across(stores: &[Box<dyn Store>], cluster: Option<(&str, &str)
     }
     let mut out: Vec<BackupEntry> = merged.into_values().collect();
     out.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.backup_id.cmp(&a.backup_id)));
+    out
+}
+
+/// What a cluster's `hcp-dr stream` chains in one store can restore: each
+/// chain's window (any revision in it, hence any second between its
+/// times), and the gaps between windows, which nothing restores to the
+/// revision (only to the backups taken in them).
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamWindows {
+    pub namespace: String,
+    pub hosted_cluster: String,
+    pub store: String,
+    /// Oldest first.
+    pub chains: Vec<ChainWindow>,
+    pub gaps: Vec<StreamGap>,
+    /// Chain folders without a descriptor: a base whose chain never started
+    /// (or is being taken now); they restore nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub incomplete: Vec<String>,
+}
+
+/// One chain's restorable window.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainWindow {
+    pub chain_id: String,
+    /// Its base revision (`None`: the descriptor is unreadable, and the
+    /// chain restores nothing).
+    pub from_revision: Option<i64>,
+    /// The last revision reached from the base without a gap, by the
+    /// segments' names (`hcp-dr backups verify --streams` reads them).
+    pub through_revision: Option<i64>,
+    /// When its base was taken.
+    pub from: Option<DateTime<Utc>>,
+    /// When the last segment of that run was written (its last revision
+    /// came before); the base's time when no segment follows it.
+    pub through: Option<DateTime<Utc>>,
+    pub segments: usize,
+    /// Why the window stops short of the chain's last segment, or why the
+    /// chain restores nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// Revisions and time between two windows that no chain holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamGap {
+    pub after_chain: String,
+    pub before_chain: String,
+    /// The first and last revision missing (`None` when the next chain's
+    /// base follows the window at once but time passed without a write).
+    pub revisions: Option<(i64, i64)>,
+    pub from: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// The windows of `chains` (oldest first) and the gaps between them.
+pub fn windows_of(chains: &[crate::stream::catalog::ChainListing]) -> (Vec<ChainWindow>, Vec<StreamGap>) {
+    let windows: Vec<ChainWindow> = chains
+        .iter()
+        .map(|chain| {
+            let descriptor = chain.descriptor.as_ref().ok();
+            let span = chain.span();
+            ChainWindow {
+                chain_id: chain.layout.chain_id.clone(),
+                from_revision: span.as_ref().map(|s| s.base),
+                through_revision: span.as_ref().map(|s| s.through),
+                from: descriptor.map(|d| d.base.taken),
+                through: chain.run_ends(),
+                segments: span.as_ref().map(|s| s.segments).unwrap_or_default(),
+                problem: chain.descriptor.as_ref().err().map(|e| format!("restores nothing: {e}")).or_else(|| span.and_then(|s| s.problem)),
+            }
+        })
+        .collect();
+    let readable: Vec<&ChainWindow> = windows.iter().filter(|w| w.from_revision.is_some()).collect();
+    let gaps = readable
+        .windows(2)
+        .filter_map(|pair| {
+            let (before, after) = (pair[0], pair[1]);
+            let (Some(through), Some(next)) = (before.through_revision, after.from_revision) else { return None };
+            // the next base restores its own revision: what lies between is lost
+            let revisions = (next > through + 1).then_some((through + 1, next - 1));
+            revisions.map(|revisions| StreamGap {
+                after_chain: before.chain_id.clone(),
+                before_chain: after.chain_id.clone(),
+                revisions: Some(revisions),
+                from: before.through,
+                until: after.from,
+            })
+        })
+        .collect();
+    (windows, gaps)
+}
+
+/// The stream windows of each of `clusters` in `store`: one listing of
+/// each cluster's `stream/` folder and a read of each chain's descriptor;
+/// no segment is read. Clusters whose folder holds no chain are left out.
+pub async fn stream_windows(store: &dyn Store, clusters: &[(String, String)]) -> Result<Vec<StreamWindows>, OpsError> {
+    let mut out = Vec::new();
+    for (ns, hc) in clusters {
+        let (chains, incomplete) = crate::stream::catalog::chains(store, ns, hc).await.map_err(stream_error)?;
+        if chains.is_empty() && incomplete.is_empty() {
+            continue;
+        }
+        let (chains, gaps) = windows_of(&chains);
+        out.push(StreamWindows { namespace: ns.clone(), hosted_cluster: hc.clone(), store: store.url(), chains, gaps, incomplete });
+    }
     Ok(out)
+}
+
+fn stream_error(err: crate::stream::StreamError) -> OpsError {
+    if err.is_input() { OpsError::Input(err.to_string()) } else { OpsError::Stream(err) }
 }
 
 /// A backup as `backups list` shows it: its entry, and what S3 Object Lock
@@ -185,6 +325,10 @@ pub struct Listed {
     pub entry: BackupEntry,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub object_lock: Vec<StoreLock>,
+    /// On each cluster's newest backup only: what its stream chains can
+    /// restore, per store that holds them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stream: Vec<StreamWindows>,
 }
 
 /// The lock of a backup in one store.
@@ -205,7 +349,7 @@ const LOCK_READS: usize = 8;
 /// is unknown, and a warning says why.
 pub async fn with_locks(stores: &[Box<dyn Store>], entries: Vec<BackupEntry>) -> (Vec<Listed>, Vec<String>) {
     use futures::StreamExt;
-    let mut listed: Vec<Listed> = entries.into_iter().map(|entry| Listed { entry, object_lock: Vec::new() }).collect();
+    let mut listed: Vec<Listed> = entries.into_iter().map(|entry| Listed { entry, object_lock: Vec::new(), stream: Vec::new() }).collect();
     let mut warnings = Vec::new();
     let now = Utc::now();
     for store in stores {
@@ -234,6 +378,20 @@ pub async fn with_locks(stores: &[Box<dyn Store>], entries: Vec<BackupEntry>) ->
         }
     }
     (listed, warnings)
+}
+
+/// Put each cluster's stream windows on its newest listed backup; the
+/// windows of clusters with no backup listed are given back.
+pub fn attach_streams(listed: &mut [Listed], windows: Vec<StreamWindows>) -> Vec<StreamWindows> {
+    let mut unattached = Vec::new();
+    for w in windows {
+        // the list is newest first
+        match listed.iter_mut().find(|l| l.entry.namespace == w.namespace && l.entry.hosted_cluster == w.hosted_cluster) {
+            Some(newest) => newest.stream.push(w),
+            None => unattached.push(w),
+        }
+    }
+    unattached
 }
 
 /// What S3 Object Lock does to one backup: `None` in a local store or a
@@ -296,6 +454,61 @@ pub struct VerifyReport {
     pub recorded: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// `--streams`: the verdict on each stream chain of the cluster.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub streams: Vec<ChainVerdict>,
+}
+
+/// Check every `hcp-dr stream` chain of `namespace/hosted_cluster` in
+/// `store` (or the one `chain` names): each base against its descriptor,
+/// every segment's bytes against the SHA-256 in its name (and its content
+/// when it can be decoded: `identities` for an encrypted chain), and the
+/// revisions contiguous from the base. No chain at all is bad input.
+pub async fn verify_streams(
+    store: &dyn Store,
+    namespace: &str,
+    hosted_cluster: &str,
+    chain: Option<&str>,
+    identities: Option<&Identities>,
+) -> Result<Vec<ChainVerdict>, OpsError> {
+    let (chains, _) = crate::stream::catalog::chains(store, namespace, hosted_cluster).await.map_err(stream_error)?;
+    let picked: Vec<_> = chains.iter().filter(|c| chain.is_none_or(|id| c.layout.chain_id == id)).collect();
+    if picked.is_empty() {
+        let known: Vec<&str> = chains.iter().map(|c| c.layout.chain_id.as_str()).collect();
+        return Err(OpsError::Input(match chain {
+            Some(id) => format!(
+                "no stream chain {id} of {namespace}/{hosted_cluster} in {} (chains: {}): see hcp-dr backups list",
+                store.url(),
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            ),
+            None => format!(
+                "--streams: {namespace}/{hosted_cluster} has no stream chain in {}: drop --streams, or point at the store `hcp-dr stream` writes to",
+                store.url()
+            ),
+        }));
+    }
+    let mut verdicts = Vec::new();
+    for listing in picked {
+        verdicts.push(crate::stream::verify::verify_chain(store, listing, identities).await.map_err(stream_error)?);
+    }
+    Ok(verdicts)
+}
+
+/// A failed chain verdict as one problem line: the first problem (naming
+/// the object) and the revision the chain is good through.
+pub fn chain_problem(verdict: &ChainVerdict) -> Option<String> {
+    if verdict.ok {
+        return None;
+    }
+    let good = match (verdict.base_revision, verdict.good_through) {
+        (Some(base), Some(through)) => format!("it restores revisions {base}..{through} only"),
+        _ => "it restores nothing (not even its base)".to_string(),
+    };
+    Some(format!(
+        "stream chain {}: {}; {good}",
+        verdict.chain_id,
+        verdict.first_problem.as_deref().unwrap_or("a problem")
+    ))
 }
 
 /// Download and check every artifact against the manifest, then every
@@ -344,6 +557,7 @@ async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identiti
         plaintext_checked: false,
         recorded: None,
         warnings: Vec::new(),
+        streams: Vec::new(),
     };
     let scratch = if deep {
         match crate::etcd::scratch::ScratchTools::find() {
@@ -463,6 +677,9 @@ pub struct PruneEntry {
     /// its objects (until when, or a legal hold).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub locked: Option<FolderHold>,
+    /// A stream chain (`backup_id` is its chain id), not a backup.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stream_chain: bool,
 }
 
 /// Apply `policy` to every cluster's backups in the store (or one cluster's).
@@ -473,12 +690,14 @@ pub async fn prune(
     policy: &Policy,
     dry_run: bool,
 ) -> Result<Vec<PruneEntry>, OpsError> {
-    if policy.is_empty() {
+    if policy.is_empty() && policy.keep_stream.is_none() {
         return Err(OpsError::Input(
-            "no retention rule given: pass at least one of --keep-last N, --keep-daily N, --keep-weekly N, --max-age AGE".into(),
+            "no retention rule given: pass at least one of --keep-last N, --keep-daily N, --keep-weekly N, --max-age AGE, --keep-stream AGE".into(),
         ));
     }
-    let entries = list(store, cluster).await?;
+    let Catalogue { backups: entries, streamed } = catalogue(store, cluster).await?;
+    // each cluster's oldest complete backup kept: what its chains are kept for
+    let mut oldest_kept: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
     let locking = object_lock_of(store).await?;
     let mut by_cluster: BTreeMap<String, Vec<&BackupEntry>> = BTreeMap::new();
     for e in &entries {
@@ -518,7 +737,12 @@ pub async fn prune(
                 }
                 deleted = true;
             }
+            if keep && entry.complete {
+                let oldest = oldest_kept.entry(name.clone()).or_insert(entry.taken);
+                *oldest = (*oldest).min(entry.taken);
+            }
             out.push(PruneEntry {
+                stream_chain: false,
                 locked,
                 cluster: name.clone(),
                 backup_id: id,
@@ -530,10 +754,88 @@ pub async fn prune(
             });
         }
     }
+    for (ns, hc) in &streamed {
+        let name = format!("{ns}/{hc}");
+        if shard.is_some_and(|shard| !shard.owns(&name)) {
+            continue;
+        }
+        let cutoff = match policy.keep_stream {
+            Some(age) => Some((now - age, format!("--keep-stream {}", age.to_std().map(crate::duration::show).unwrap_or_default()))),
+            None => oldest_kept.get(&name).map(|t| (*t, format!("the oldest kept backup ({})", t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))),
+        };
+        let chains = Chains { store, locking, namespace: ns, hosted_cluster: hc, dry_run };
+        out.extend(chains.prune(cutoff.as_ref().map(|(t, what)| (*t, what.as_str()))).await?);
+    }
     if let Some(s3) = locking {
         out.extend(prune_hidden(s3, &entries, cluster, shard, policy, dry_run).await?);
     }
     Ok(out)
+}
+
+/// One cluster's stream chains, as prune sees them.
+struct Chains<'a> {
+    store: &'a dyn Store,
+    locking: Option<&'a S3Store>,
+    namespace: &'a str,
+    hosted_cluster: &'a str,
+    dry_run: bool,
+}
+
+impl Chains<'_> {
+    /// Remove the chains [`retention::decide_chains`] lets go, each whole,
+    /// unless S3 Object Lock still holds some of its objects.
+    async fn prune(&self, cutoff: Option<(DateTime<Utc>, &str)>) -> Result<Vec<PruneEntry>, OpsError> {
+        let (chains, _) = crate::stream::catalog::chains(self.store, self.namespace, self.hosted_cluster).await.map_err(stream_error)?;
+        let candidates: Vec<retention::ChainCandidate> = chains
+            .iter()
+            .map(|c| retention::ChainCandidate { id: c.layout.chain_id.clone(), last_written: c.last_written(), unreadable: c.descriptor.as_ref().err().cloned() })
+            .collect();
+        let mut out = Vec::new();
+        for (chain, Decision { id, mut keep, mut reasons }) in chains.iter().zip(retention::decide_chains(&candidates, cutoff)) {
+            let folder = format!("{}/", chain.layout.dir());
+            let mut locked = None;
+            if !keep && let Some(s3) = self.locking {
+                // S3 refuses to delete a version under retention: never tried
+                locked = FolderHold::of(&s3.holds(&folder).await?, Utc::now());
+                if let Some(hold) = &locked {
+                    keep = true;
+                    reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+                }
+            }
+            let size_bytes = match keep {
+                true => 0,
+                false => self.store.list(&folder).await?.iter().map(|o| o.size).sum(),
+            };
+            let deleted = !keep && !self.dry_run;
+            if deleted {
+                self.delete(&chain.layout).await?;
+            }
+            out.push(PruneEntry {
+                cluster: format!("{}/{}", self.namespace, self.hosted_cluster),
+                backup_id: id,
+                complete: chain.descriptor.is_ok(),
+                keep,
+                reasons,
+                size_bytes,
+                deleted,
+                locked,
+                stream_chain: true,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Delete a chain: its descriptor first (the chain stops being listed,
+    /// so nothing reads it half deleted), then its segments, then its base.
+    async fn delete(&self, layout: &crate::stream::format::ChainLayout) -> Result<(), OpsError> {
+        let dir = layout.dir();
+        match self.locking {
+            Some(s3) => delete_folder_versions(s3, &dir, &layout.descriptor()).await?,
+            None => delete_folder(self.store, &dir, &[layout.descriptor()], &[layout.segments_prefix()]).await?,
+        }
+        tracing::info!(chain = %layout.dir(), store = %self.store.url(), "stream chain deleted");
+        Ok(())
+    }
 }
 
 /// In a bucket with Object Lock (versioned): the backup folders whose every
@@ -589,7 +891,7 @@ async fn prune_hidden(
         if !keep && !dry_run {
             delete_versions(s3, &layout).await?;
         }
-        out.push(PruneEntry { cluster: name, backup_id: id, complete, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked });
+        out.push(PruneEntry { cluster: name, backup_id: id, complete, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked, stream_chain: false });
     }
     Ok(out)
 }
@@ -613,36 +915,55 @@ async fn object_lock_of(store: &dyn Store) -> Result<Option<&S3Store>, OpsError>
 /// delete markers, and free nothing): the manifest's first, so a backup
 /// cut short here shows as incomplete, never as good.
 async fn delete_versions(s3: &S3Store, layout: &Layout) -> Result<(), OpsError> {
-    let folder = format!("{}/", layout.dir());
-    let deleted = s3.delete_versions(&folder, &layout.manifest()).await?;
+    delete_folder_versions(s3, &layout.dir(), &layout.manifest()).await?;
+    tracing::info!(backup = %layout.dir(), store = %s3.url(), "deleted, every version");
+    Ok(())
+}
+
+/// Delete every version of every object under the folder `dir`, those of
+/// `first` before the others; an error when any is left.
+async fn delete_folder_versions(s3: &S3Store, dir: &str, first: &str) -> Result<(), OpsError> {
+    let folder = format!("{dir}/");
+    let deleted = s3.delete_versions(&folder, first).await?;
     let left = s3.count_versions(&folder).await?;
     if left > 0 {
         return Err(OpsError::Input(format!(
-            "{}/{}: {left} object version(s) remain after deleting them; check the store's permissions (s3:DeleteObjectVersion)",
-            s3.url(),
-            layout.dir()
+            "{}/{dir}: {left} object version(s) remain after deleting them; check the store's permissions (s3:DeleteObjectVersion)",
+            s3.url()
         )));
     }
-    tracing::info!(backup = %layout.dir(), store = %s3.url(), versions = deleted, "deleted, every version");
+    tracing::debug!(folder = %dir, versions = deleted, "every version deleted");
+    Ok(())
+}
+
+/// Delete every object under the folder `dir`: the keys `first`, then
+/// what is under each of `then` in turn, then the rest; an error when any
+/// is left.
+async fn delete_folder(store: &dyn Store, dir: &str, first: &[String], then: &[String]) -> Result<(), OpsError> {
+    let folder = format!("{dir}/");
+    for key in first {
+        store.delete(key).await?;
+    }
+    for prefix in then.iter().chain([&folder]) {
+        for object in store.list(prefix).await? {
+            store.delete(&object.key).await?;
+        }
+    }
+    let left = store.list(&folder).await?;
+    if !left.is_empty() {
+        return Err(OpsError::Input(format!(
+            "{}/{dir}: {} object(s) remain after deleting them; check the store's permissions",
+            store.url(),
+            left.len()
+        )));
+    }
     Ok(())
 }
 
 /// Delete every object of a backup: the manifest first, so a backup cut
 /// short here shows as incomplete, never as good.
 pub async fn delete_backup(store: &dyn Store, layout: &Layout) -> Result<(), OpsError> {
-    store.delete(&layout.manifest()).await?;
-    for object in store.list(&format!("{}/", layout.dir())).await? {
-        store.delete(&object.key).await?;
-    }
-    let left = store.list(&format!("{}/", layout.dir())).await?;
-    if !left.is_empty() {
-        return Err(OpsError::Input(format!(
-            "{}/{}: {} object(s) remain after deleting them; check the store's permissions",
-            store.url(),
-            layout.dir(),
-            left.len()
-        )));
-    }
+    delete_folder(store, &layout.dir(), &[layout.manifest()], &[]).await?;
     tracing::info!(backup = %layout.dir(), store = %store.url(), "deleted");
     Ok(())
 }

@@ -19,6 +19,9 @@ pub struct ChainListing {
     pub segments: Vec<SegmentName>,
     /// Objects under `segments/` whose names do not parse.
     pub strays: Vec<String>,
+    /// When the store says each segment was written, by file name (a store
+    /// that does not say leaves it out).
+    pub written: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
 }
 
 /// How far a chain runs from its base without a gap, by its segment names.
@@ -65,6 +68,29 @@ impl ChainListing {
     pub fn last_segment(&self) -> Option<&SegmentName> {
         self.segments.last()
     }
+
+    /// When the chain's restorable run ends: the store's write time of the
+    /// last segment of the run from its base (its last revision came
+    /// before), the base's time when no segment follows it; `None` without
+    /// a readable descriptor or when the store gives no time.
+    pub fn run_ends(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let descriptor = self.descriptor.as_ref().ok()?;
+        let run = self.span()?;
+        match run.segments {
+            0 => Some(descriptor.base.taken),
+            n => self.written.get(&self.segments[n - 1].file_name()).copied(),
+        }
+    }
+
+    /// When anything was last written to the chain: its newest segment's
+    /// write time, else its base's (`None` as for [`run_ends`](Self::run_ends)).
+    pub fn last_written(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let descriptor = self.descriptor.as_ref().ok()?;
+        match self.segments.last() {
+            None => Some(descriptor.base.taken),
+            Some(last) => self.written.get(&last.file_name()).copied(),
+        }
+    }
 }
 
 /// Every chain of `namespace/hosted_cluster` in `store`, oldest first, and
@@ -73,8 +99,9 @@ impl ChainListing {
 pub async fn chains(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<(Vec<ChainListing>, Vec<String>), StreamError> {
     let prefix = ChainLayout::stream_prefix(namespace, hosted_cluster);
     let objects = store.list(&prefix).await.map_err(store_error(format!("listing {}{prefix}", url_slash(store))))?;
-    // chain id -> (has descriptor, segment names, strays)
-    let mut folders: std::collections::BTreeMap<String, (bool, Vec<SegmentName>, Vec<String>)> = Default::default();
+    // chain id -> (has descriptor, segment names, strays, write times)
+    type Folder = (bool, Vec<SegmentName>, Vec<String>, std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>);
+    let mut folders: std::collections::BTreeMap<String, Folder> = Default::default();
     for object in &objects {
         let Some(rest) = object.key.strip_prefix(&prefix) else { continue };
         let Some((id, inside)) = rest.split_once('/') else { continue };
@@ -86,14 +113,19 @@ pub async fn chains(store: &dyn Store, namespace: &str, hosted_cluster: &str) ->
             folder.0 = true;
         } else if let Some(file) = inside.strip_prefix(&format!("{SEGMENTS}/")) {
             match SegmentName::parse(file) {
-                Ok(name) => folder.1.push(name),
+                Ok(name) => {
+                    if let Some(modified) = object.modified {
+                        folder.3.insert(name.file_name(), modified);
+                    }
+                    folder.1.push(name)
+                }
                 Err(_) => folder.2.push(object.key.clone()),
             }
         }
     }
     let mut listed = Vec::new();
     let mut incomplete = Vec::new();
-    for (id, (has_descriptor, mut segments, strays)) in folders {
+    for (id, (has_descriptor, mut segments, strays, written)) in folders {
         let layout = ChainLayout::new(namespace, hosted_cluster, &id);
         if !has_descriptor {
             incomplete.push(layout.dir());
@@ -101,7 +133,7 @@ pub async fn chains(store: &dyn Store, namespace: &str, hosted_cluster: &str) ->
         }
         segments.sort_by_key(|s| (s.first, s.last));
         let descriptor = read_descriptor(store, &layout).await?;
-        listed.push(ChainListing { layout, descriptor, segments, strays });
+        listed.push(ChainListing { layout, descriptor, segments, strays, written });
     }
     Ok((listed, incomplete))
 }

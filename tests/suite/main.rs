@@ -49,4 +49,5 @@ mod sigkill;
 mod signals;
 mod snapshot_verify;
 mod stream;
+mod stream_retention;
 mod undo_safety;
