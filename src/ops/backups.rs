@@ -482,7 +482,7 @@ pub async fn verify_streams(
                 if known.is_empty() { "none".into() } else { known.join(", ") }
             ),
             None => format!(
-                "--streams: {namespace}/{hosted_cluster} has no stream chain in {}: drop --streams, or point at the store `hcp-dr stream` writes to",
+                "{namespace}/{hosted_cluster} has no stream chain in {}: point at the store `hcp-dr stream` writes to (or drop --streams)",
                 store.url()
             ),
         }));
@@ -830,7 +830,13 @@ impl Chains<'_> {
     async fn delete(&self, layout: &crate::stream::format::ChainLayout) -> Result<(), OpsError> {
         let dir = layout.dir();
         match self.locking {
-            Some(s3) => delete_folder_versions(s3, &dir, &layout.descriptor()).await?,
+            Some(s3) => {
+                // every version (a DELETE without one only hides them):
+                // the descriptor's, then the segments', then the rest
+                s3.delete_versions(&layout.descriptor(), &layout.descriptor()).await?;
+                s3.delete_versions(&layout.segments_prefix(), &layout.descriptor()).await?;
+                delete_folder_versions(s3, &dir, &layout.descriptor()).await?
+            }
             None => delete_folder(self.store, &dir, &[layout.descriptor()], &[layout.segments_prefix()]).await?,
         }
         tracing::info!(chain = %layout.dir(), store = %self.store.url(), "stream chain deleted");
