@@ -302,7 +302,7 @@ pub fn windows_of(chains: &[crate::stream::catalog::ChainListing]) -> (Vec<Chain
 pub async fn stream_windows(store: &dyn Store, clusters: &[(String, String)]) -> Result<Vec<StreamWindows>, OpsError> {
     let mut out = Vec::new();
     for (ns, hc) in clusters {
-        let (chains, incomplete) = crate::stream::catalog::chains(store, ns, hc).await.map_err(stream_error)?;
+        let (chains, incomplete) = crate::stream::catalog::chains(store, ns, hc).await.map_err(super::stream::stream_error)?;
         if chains.is_empty() && incomplete.is_empty() {
             continue;
         }
@@ -312,9 +312,6 @@ pub async fn stream_windows(store: &dyn Store, clusters: &[(String, String)]) ->
     Ok(out)
 }
 
-fn stream_error(err: crate::stream::StreamError) -> OpsError {
-    if err.is_input() { OpsError::Input(err.to_string()) } else { OpsError::Stream(err) }
-}
 
 /// A backup as `backups list` shows it: its entry, and what S3 Object Lock
 /// does to it in each store that holds it complete in a bucket with Object
@@ -471,27 +468,7 @@ pub async fn verify_streams(
     chain: Option<&str>,
     identities: Option<&Identities>,
 ) -> Result<Vec<ChainVerdict>, OpsError> {
-    let (chains, _) = crate::stream::catalog::chains(store, namespace, hosted_cluster).await.map_err(stream_error)?;
-    let picked: Vec<_> = chains.iter().filter(|c| chain.is_none_or(|id| c.layout.chain_id == id)).collect();
-    if picked.is_empty() {
-        let known: Vec<&str> = chains.iter().map(|c| c.layout.chain_id.as_str()).collect();
-        return Err(OpsError::Input(match chain {
-            Some(id) => format!(
-                "no stream chain {id} of {namespace}/{hosted_cluster} in {} (chains: {}): see hcp-dr backups list",
-                store.url(),
-                if known.is_empty() { "none".into() } else { known.join(", ") }
-            ),
-            None => format!(
-                "{namespace}/{hosted_cluster} has no stream chain in {}: point at the store `hcp-dr stream` writes to (or drop --streams)",
-                store.url()
-            ),
-        }));
-    }
-    let mut verdicts = Vec::new();
-    for listing in picked {
-        verdicts.push(crate::stream::verify::verify_chain(store, listing, identities).await.map_err(stream_error)?);
-    }
-    Ok(verdicts)
+    super::stream::verify_chains(store, namespace, hosted_cluster, chain, identities, "point at the store `hcp-dr stream` writes to (or drop --streams)").await
 }
 
 /// A failed chain verdict as one problem line: the first problem (naming
@@ -785,7 +762,7 @@ impl Chains<'_> {
     /// Remove the chains [`retention::decide_chains`] lets go, each whole,
     /// unless S3 Object Lock still holds some of its objects.
     async fn prune(&self, cutoff: Option<(DateTime<Utc>, &str)>) -> Result<Vec<PruneEntry>, OpsError> {
-        let (chains, _) = crate::stream::catalog::chains(self.store, self.namespace, self.hosted_cluster).await.map_err(stream_error)?;
+        let (chains, _) = crate::stream::catalog::chains(self.store, self.namespace, self.hosted_cluster).await.map_err(super::stream::stream_error)?;
         let candidates: Vec<retention::ChainCandidate> = chains
             .iter()
             .map(|c| retention::ChainCandidate { id: c.layout.chain_id.clone(), last_written: c.last_written(), unreadable: c.descriptor.as_ref().err().cloned() })

@@ -83,7 +83,7 @@ impl StreamReport {
     }
 }
 
-fn stream_error(err: StreamError) -> OpsError {
+pub(crate) fn stream_error(err: StreamError) -> OpsError {
     if err.is_input() { OpsError::Input(err.to_string()) } else { OpsError::Stream(err) }
 }
 
@@ -290,22 +290,44 @@ pub struct VerifyReport {
 /// Check every chain of a cluster's stream (or the one `chain` names).
 pub async fn verify(options: &ReadOptions, chain: Option<&str>) -> Result<VerifyReport, OpsError> {
     let (store, identities) = open_for_reading(options).await?;
-    let (chains, _) = catalog::chains(store.as_ref(), &options.namespace, &options.hosted_cluster).await.map_err(stream_error)?;
     let hosted_cluster = format!("{}/{}", options.namespace, options.hosted_cluster);
+    let remedy = "no chain to verify (is `hcp-dr stream` writing to another store?)";
+    let verdicts = verify_chains(store.as_ref(), &options.namespace, &options.hosted_cluster, chain, identities.as_ref(), remedy).await?;
+    let ok = verdicts.iter().all(|v| v.ok);
+    Ok(VerifyReport { hosted_cluster, store: store.url(), chains: verdicts, ok })
+}
+
+/// The chains of `namespace/hosted_cluster` in `store` that `chain`
+/// selects (all of them when `None`), each verified (`stream verify`,
+/// `backups verify` of a stream). Bad input when none is selected: an
+/// unknown chain id is named with the chains there are; a cluster without
+/// any chain gets `remedy`.
+pub(crate) async fn verify_chains(
+    store: &dyn Store,
+    namespace: &str,
+    hosted_cluster: &str,
+    chain: Option<&str>,
+    identities: Option<&Identities>,
+    remedy: &str,
+) -> Result<Vec<crate::stream::verify::ChainVerdict>, OpsError> {
+    let (chains, _) = catalog::chains(store, namespace, hosted_cluster).await.map_err(stream_error)?;
     let picked: Vec<_> = chains.iter().filter(|c| chain.is_none_or(|id| c.layout.chain_id == id)).collect();
     if picked.is_empty() {
-        let known = chains.iter().map(|c| c.layout.chain_id.clone()).collect::<Vec<_>>();
+        let known: Vec<&str> = chains.iter().map(|c| c.layout.chain_id.as_str()).collect();
         return Err(OpsError::Input(match chain {
-            Some(id) => format!("no chain {id} in the stream of {hosted_cluster} in {} (chains: {})", store.url(), if known.is_empty() { "none".into() } else { known.join(", ") }),
-            None => format!("no stream of {hosted_cluster} in {}: no chain to verify (is `hcp-dr stream` writing to another store?)", store.url()),
+            Some(id) => format!(
+                "no stream chain {id} of {namespace}/{hosted_cluster} in {} (chains: {}): `hcp-dr stream list` and `hcp-dr backups list` show them",
+                store.url(),
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            ),
+            None => format!("{namespace}/{hosted_cluster} has no stream chain in {}: {remedy}", store.url()),
         }));
     }
     let mut verdicts = Vec::new();
     for listing in picked {
-        verdicts.push(crate::stream::verify::verify_chain(store.as_ref(), listing, identities.as_ref()).await.map_err(stream_error)?);
+        verdicts.push(crate::stream::verify::verify_chain(store, listing, identities).await.map_err(stream_error)?);
     }
-    let ok = verdicts.iter().all(|v| v.ok);
-    Ok(VerifyReport { hosted_cluster, store: store.url(), chains: verdicts, ok })
+    Ok(verdicts)
 }
 
 /// Replay a cluster's stream to `target` into the snapshot file `out`.
