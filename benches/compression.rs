@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Ran, arg};
-use hcp_dr_e2e::sandbox::{HostedClusterSpec, Sandbox, create_all, wait_available};
+use hcp_dr_e2e::sandbox::Sandbox;
 use serde_json::Value;
 
 const NS: &str = "clusters";
@@ -126,12 +126,7 @@ async fn main() {
     let dir = tmp.path().to_path_buf();
     common::ensure_room(&dir, ((size + random) * 12) << 20, "the benchmark's etcd member and backups", "lower --size-mib/--random-mib or set TMPDIR");
     println!("# hcp-dr compression benchmark: SingleReplica cluster, {size} MiB of Kubernetes objects then {random} MiB of random values, in {}", dir.display());
-    let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
-    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    let mut spec = HostedClusterSpec::demo();
-    spec.availability = "SingleReplica".into();
-    create_all(&mgmt, &spec.objects()).await.expect("create demo");
-    wait_available(&mgmt, NS, "demo", Duration::from_secs(300)).await.expect("demo Available");
+    let (sandbox, mgmt) = common::tools::demo_sandbox(&dir, "SingleReplica").await;
     let hosted = hcp_dr_e2e::drill::hosted_client(&mgmt, NS, "demo").await.expect("hosted client");
     let started = std::time::Instant::now();
     let filled = hcp_dr_e2e::fill::kubernetes_objects(&hosted, "shop", size << 20, 8).await.expect("fill");

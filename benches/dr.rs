@@ -35,35 +35,19 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::arg;
+use common::{Fill, arg};
 use common::tools::{HCP_NS, NS, Tools, member_endpoints, mib, raw_restore, report, run_ok, stage_times};
 
-use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
+use hcp_dr_e2e::sandbox::{BUCKET, wait_available};
 
 const WRITERS: [&str; 3] = ["kube-apiserver", "openshift-apiserver", "openshift-oauth-apiserver"];
 
 /// Fill the cluster's etcd through its first member (raft copies it to the
-/// others): `kubernetes` (the default), Kubernetes-shaped objects as the
-/// hosted API server stores them (`hcp_dr_e2e::fill`, about 4.5x
-/// compressible, with random key material) until the database holds `mib`
-/// MiB; `patterned`, `mib` values of 1 MiB of patterned bytes (the fill of
-/// the runs before compression; it compresses about 100x, so it flatters a
-/// compressed backup).
-async fn fill(mgmt: &kube::Client, mib: u64, kind: &str) {
+/// others), as `--fill` says.
+async fn fill(mgmt: &kube::Client, mib: u64, kind: Fill) {
     let mut members = hcp_dr_e2e::drill::member_clients(mgmt, HCP_NS).await.expect("member clients");
     let (_, _, client) = &mut members[0];
-    if kind == "kubernetes" {
-        let (filled, db) = hcp_dr_e2e::fill::kubernetes_objects_in_etcd(client, "shop", 0, mib << 20, 16).await.expect("fill");
-        println!("fill: {} apps, {} objects, {} MiB of JSON; database {} MiB", filled.apps, filled.objects, filled.bytes >> 20, db >> 20);
-        return;
-    }
-    let mut value = vec![0u8; 1 << 20];
-    for i in 0..mib {
-        for (j, b) in value.iter_mut().enumerate() {
-            *b = ((j as u64).wrapping_mul(2654435761).wrapping_add(i * 97) >> 13) as u8;
-        }
-        client.put(format!("/hcp-dr-bench/{i:06}"), value.clone(), None).await.expect("put");
-    }
+    kind.write(client, mib, "/hcp-dr-bench/").await;
 }
 
 /// 1. The documented procedure, step by step; (wall, downtime, largest RSS).
@@ -128,11 +112,7 @@ async fn manual_backup(tools: &Tools, mgmt: &kube::Client, dir: &Path) -> (Durat
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let size: u64 = arg("--size-mib", 1100);
-    let kind: String = arg("--fill", "kubernetes".to_string());
-    if kind != "kubernetes" && kind != "patterned" {
-        eprintln!("error: --fill {kind}: use kubernetes (objects as a hosted cluster holds them) or patterned (1 MiB values)");
-        std::process::exit(2);
-    }
+    let kind = Fill::from_args();
     for tool in ["aws", "etcdctl", "kubectl"] {
         if Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
             eprintln!("error: `{tool}` is not on PATH; the manual procedure needs it (aws: pip install awscli; etcdctl: apt-get install etcd-client)");
@@ -147,14 +127,10 @@ async fn main() {
     let needed = (size * 14) << 20;
     common::ensure_room(&dir, needed, "the benchmark's etcd members, snapshots and backups", "lower --size-mib or set TMPDIR to a file system with more room");
     println!("# hcp-dr DR benchmark: HighlyAvailable cluster, 3 etcd members filled with {size} MiB, in {}", dir.display());
-    let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
-    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    let spec = HostedClusterSpec::demo();
-    create_all(&mgmt, &spec.objects()).await.expect("create demo");
-    wait_available(&mgmt, NS, "demo", Duration::from_secs(300)).await.expect("demo Available");
+    let (sandbox, mgmt) = common::tools::demo_sandbox(&dir, "HighlyAvailable").await;
     let t = Instant::now();
-    fill(&mgmt, size, &kind).await;
-    println!("filled {size} MiB ({kind}) in {:.1}s", t.elapsed().as_secs_f64());
+    fill(&mgmt, size, kind).await;
+    println!("filled {size} MiB ({}) in {:.1}s", kind.name(), t.elapsed().as_secs_f64());
     let work = dir.join("work");
     std::fs::create_dir_all(&work).expect("work dir");
     let tools = Tools::new(&sandbox, &mgmt, &work, dir.join("state")).await;

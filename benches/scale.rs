@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::arg;
 use common::tools::{HCP_NS, NS, Tools, mib, raw_restore, report, run_ok, stage_times};
-use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
+use hcp_dr_e2e::sandbox::BUCKET;
 use serde_json::Value;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -112,12 +112,7 @@ async fn main() {
     // the restored member, the peer's download and its restore
     common::ensure_room(&dir, (largest * 4.5 * GIB) as u64, "the benchmark's etcd members, snapshots and backups", "lower --sizes-gib or set TMPDIR to a disk with more room");
     println!("# hcp-dr scale benchmark: SingleReplica cluster, Kubernetes objects up to {sizes:?} GiB, in {}", dir.display());
-    let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
-    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
-    let mut spec = HostedClusterSpec::demo();
-    spec.availability = "SingleReplica".into();
-    create_all(&mgmt, &spec.objects()).await.expect("create demo");
-    wait_available(&mgmt, NS, "demo", Duration::from_secs(300)).await.expect("demo Available");
+    let (sandbox, mgmt) = common::tools::demo_sandbox(&dir, "SingleReplica").await;
     let work = dir.join("work");
     std::fs::create_dir_all(&work).expect("work dir");
     let tools = Tools::new(&sandbox, &mgmt, &work, dir.join("state")).await;

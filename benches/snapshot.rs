@@ -32,7 +32,7 @@ use hcp_dr::store::LocalStore;
 use hcp_dr_e2e::procs::etcd::{ClusterState, EtcdMemberConfig, EtcdProcess, connect_client};
 use hcp_dr_e2e::procs::free_ports;
 
-use common::arg;
+use common::{Fill, arg};
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -85,26 +85,10 @@ impl Cpu {
     }
 }
 
-/// Fill a member until its database holds `mib` MiB: Kubernetes-shaped
-/// objects (`--fill kubernetes`, the default: what a hosted cluster holds,
-/// about 4.5x compressible) or 1 MiB values of patterned bytes (`--fill
-/// patterned`: the runs before 2026-11-29; about 110x compressible).
+/// Fill a member as `--fill` says (`common::Fill`).
 async fn fill(url: &str, mib: u64) {
     let mut client = connect_client(&[url.to_string()], None).await.expect("connect");
-    let kind: String = arg("--fill", "kubernetes".to_string());
-    if kind == "kubernetes" {
-        let (filled, _) = hcp_dr_e2e::fill::kubernetes_objects_in_etcd(&client, "shop", 0, mib << 20, 16).await.expect("fill");
-        println!("fill: {} apps, {} objects, {} MiB of JSON", filled.apps, filled.objects, filled.bytes >> 20);
-        return;
-    }
-    assert_eq!(kind, "patterned", "--fill: kubernetes or patterned");
-    let mut value = vec![0u8; 1 << 20];
-    for i in 0..mib {
-        for (j, b) in value.iter_mut().enumerate() {
-            *b = ((j as u64).wrapping_mul(2654435761).wrapping_add(i * 97) >> 13) as u8;
-        }
-        client.put(format!("/kubernetes.io/bench/{i:06}"), value.clone(), None).await.expect("put");
-    }
+    Fill::from_args().write(&mut client, mib, "/kubernetes.io/bench/").await;
 }
 
 fn etcdctl_save(url: &str, out: &Path) -> Duration {
@@ -310,7 +294,7 @@ async fn single_member(dir: &Path, size: u64) {
         db as f64 / stored.max(1) as f64,
         raw.as_secs_f64() / compressed.as_secs_f64(),
         mine.as_secs_f64() / compressed.as_secs_f64(),
-        arg("--fill", "kubernetes".to_string())
+        Fill::from_args().name()
     );
     println!(
         "throughput: etcdctl snapshot save {:.1} MiB/s ({:.2}s), hcp-dr {:.1} MiB/s ({:.2}s); ratio hcp-dr/etcdctl = {:.2}x (goal >= 1.0x)",

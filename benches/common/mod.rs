@@ -25,6 +25,58 @@ pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
+/// `--fill`: what a benchmark fills etcd with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Kubernetes-shaped objects as the hosted API server stores them
+    /// (`hcp_dr_e2e::fill`, about 4.5x compressible, with random key
+    /// material): the default.
+    Kubernetes,
+    /// 1 MiB values of patterned bytes, the fill of the runs before
+    /// 2026-11-29: they compress about 100x, so they flatter a compressed
+    /// backup.
+    Patterned,
+}
+
+impl Fill {
+    /// From `--fill kubernetes|patterned` (default kubernetes); anything
+    /// else is refused (exit 2).
+    pub fn from_args() -> Fill {
+        match arg("--fill", "kubernetes".to_string()).as_str() {
+            "kubernetes" => Fill::Kubernetes,
+            "patterned" => Fill::Patterned,
+            other => {
+                eprintln!("error: --fill {other}: use kubernetes (objects as a hosted cluster holds them) or patterned (1 MiB values)");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fill::Kubernetes => "kubernetes",
+            Fill::Patterned => "patterned",
+        }
+    }
+
+    /// Fill through `client`: Kubernetes objects until the database holds
+    /// `mib` MiB, or `mib` patterned values of 1 MiB under `prefix`.
+    pub async fn write(self, client: &mut etcd_client::Client, mib: u64, prefix: &str) {
+        if self == Fill::Kubernetes {
+            let (filled, db) = hcp_dr_e2e::fill::kubernetes_objects_in_etcd(client, "shop", 0, mib << 20, 16).await.expect("fill");
+            println!("fill: {} apps, {} objects, {} MiB of JSON; database {} MiB", filled.apps, filled.objects, filled.bytes >> 20, db >> 20);
+            return;
+        }
+        let mut value = vec![0u8; 1 << 20];
+        for i in 0..mib {
+            for (j, b) in value.iter_mut().enumerate() {
+                *b = ((j as u64).wrapping_mul(2654435761).wrapping_add(i * 97) >> 13) as u8;
+            }
+            client.put(format!("{prefix}{i:06}"), value.clone(), None).await.expect("put");
+        }
+    }
+}
+
 /// Refuse (exit 2) before filling anything when `dir`'s file system has
 /// less than `needed` bytes free for `what`; `hint` says how to get past it.
 pub fn ensure_room(dir: &std::path::Path, needed: u64, what: &str, hint: &str) {

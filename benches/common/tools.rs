@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hcp_dr_e2e::sandbox::{BUCKET, Sandbox};
+use hcp_dr_e2e::sandbox::{BUCKET, HostedClusterSpec, Sandbox, create_all, wait_available};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use serde_json::Value;
@@ -17,6 +17,18 @@ use super::Ran;
 /// The demo cluster's HostedCluster namespace and control-plane namespace.
 pub const NS: &str = "clusters";
 pub const HCP_NS: &str = "clusters-demo";
+
+/// A sandbox under `dir` with the demo cluster Available on mgmt-a in
+/// `availability` (`HighlyAvailable` or `SingleReplica`), and mgmt-a's client.
+pub async fn demo_sandbox(dir: &Path, availability: &str) -> (Sandbox, kube::Client) {
+    let sandbox = Sandbox::up(&dir.join("sandbox")).await.expect("sandbox up");
+    let mgmt = sandbox.clusters[0].api.client().await.expect("client");
+    let mut spec = HostedClusterSpec::demo();
+    spec.availability = availability.into();
+    create_all(&mgmt, &spec.objects()).await.expect("create demo");
+    wait_available(&mgmt, NS, "demo", Duration::from_secs(300)).await.expect("demo Available");
+    (sandbox, mgmt)
+}
 
 /// Run `cmd`; panic with its stderr when it fails.
 pub fn run_ok(cmd: Command) -> Ran {
