@@ -19,6 +19,9 @@ use serde_json::{Value, json};
 
 use crate::sandbox::SandboxError;
 
+/// The renewTime of each app's Lease after its two renewals.
+const LEASE_RENEWALS: [&str; 2] = ["2026-11-29T10:00:20.000000Z", "2026-11-29T10:00:30.000000Z"];
+
 /// What a fill wrote.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Filled {
@@ -185,7 +188,7 @@ async fn write_app(hosted: kube::Client, ns: String, objects: Vec<(ApiResource, 
         if resource.kind == "Lease" {
             // renewed twice: two more revisions in etcd's history
             let mut lease = created;
-            for renewal in ["2026-11-29T10:00:20.000000Z", "2026-11-29T10:00:30.000000Z"] {
+            for renewal in LEASE_RENEWALS {
                 lease.data["spec"]["renewTime"] = json!(renewal);
                 bytes += serde_json::to_vec(&lease.data).map(|v| v.len() as u64).unwrap_or_default();
                 let name = lease.metadata.name.clone().unwrap_or_default();
@@ -241,7 +244,7 @@ pub async fn kubernetes_objects_in_etcd(
                     object["metadata"]["uid"] = json!(format!("{}-{}-{}-{}", noise.hex(8), noise.hex(4), noise.hex(4), noise.hex(12)));
                     object["metadata"]["creationTimestamp"] = json!("2026-11-29T10:00:05Z");
                     let key = etcd_key(&resource, &object);
-                    let renewals: &[&str] = if resource.kind == "Lease" { &["2026-11-29T10:00:20.000000Z", "2026-11-29T10:00:30.000000Z"] } else { &[] };
+                    let renewals: &[&str] = if resource.kind == "Lease" { &LEASE_RENEWALS } else { &[] };
                     let value = serde_json::to_vec(&object).map_err(|e| SandboxError::Check(e.to_string()))?;
                     total.bytes += value.len() as u64;
                     total.objects += 1;
