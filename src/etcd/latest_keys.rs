@@ -114,23 +114,27 @@ impl LatestKeys {
                 heap.push(Reverse((digest, i, state)));
             }
         }
+        // each run holds a digest once, so the entry that follows a popped
+        // one in its run is larger and goes back at once: the equal ones
+        // still in the heap are other runs'
+        let refill = |heap: &mut BinaryHeap<_>, sources: &mut [Source], i: usize| -> std::io::Result<()> {
+            if let Some((d, s)) = sources[i].next()? {
+                heap.push(Reverse((d, i, s)));
+            }
+            Ok(())
+        };
         while let Some(Reverse((digest, mut run, mut state))) = heap.pop() {
-            let mut advance = vec![run];
+            refill(&mut heap, &mut sources, run)?;
             while let Some(Reverse((next, _, _))) = heap.peek()
                 && *next == digest
             {
                 let Some(Reverse((_, other, other_state))) = heap.pop() else { break };
+                refill(&mut heap, &mut sources, other)?;
                 if other > run {
                     (run, state) = (other, other_state);
                 }
-                advance.push(other);
             }
             each(state >> 1, state & 1 == 1);
-            for i in advance {
-                if let Some((d, s)) = sources[i].next()? {
-                    heap.push(Reverse((d, i, s)));
-                }
-            }
         }
         Ok(())
     }
