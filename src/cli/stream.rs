@@ -12,7 +12,8 @@ use super::etcd::Connection;
 use super::report::human_bytes;
 use super::{Exit, Output};
 use crate::duration::DurationIn;
-use crate::ops::stream::{ListReport, ReadOptions, Reach, StreamOptions, StreamReport, VerifyReport};
+use crate::ops::shard::Shard;
+use crate::ops::stream::{LeaseOptions, ListReport, ReadOptions, Reach, Selection, StreamOptions, StreamReport, VerifyReport};
 use crate::store::S3Options;
 use crate::stream::replay::{ReplayReport, Target};
 use crate::stream::run::{ChainStart, ClusterReport};
@@ -23,6 +24,10 @@ const SEGMENT_INTERVAL: DurationIn = DurationIn { min: Duration::from_secs(1), m
 const BASE_INTERVAL: DurationIn = DurationIn { min: Duration::from_secs(60), max: Duration::from_secs(7 * 86_400), why_max: "a replay of a week of writes takes too long" };
 /// `--for`: a bounded run.
 const RUN_FOR: DurationIn = DurationIn { min: Duration::from_secs(1), max: Duration::from_secs(366 * 86_400), why_max: "without --for the stream runs until stopped" };
+/// `--relist-every`: how soon a new or deleted cluster is seen.
+const RELIST_EVERY: DurationIn = DurationIn { min: Duration::from_secs(1), max: Duration::from_secs(3600), why_max: "a new cluster would go unstreamed for longer" };
+/// `--lease-duration`: how long a dead stream's clusters wait for another.
+const LEASE_DURATION: DurationIn = DurationIn { min: Duration::from_secs(2), max: Duration::from_secs(600), why_max: "a dead stream's clusters would wait that long for another" };
 
 #[derive(Debug, ClapArgs)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -77,10 +82,25 @@ fn segment_size(text: &str) -> Result<SegmentSize, String> {
 }
 
 /// `--at`: an RFC 3339 time.
-fn rfc3339(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+pub(super) fn rfc3339(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
     chrono::DateTime::parse_from_rfc3339(text.trim())
         .map(|t| t.with_timezone(&chrono::Utc))
         .map_err(|e| format!("`{text}` is not an RFC 3339 time ({e}): write e.g. 2026-11-21T18:04:05Z or 2026-11-21T19:04:05+01:00"))
+}
+
+/// `--shard i/K`.
+fn shard(text: &str) -> Result<Shard, String> {
+    Shard::parse(text).map_err(|e| e.to_string())
+}
+
+/// This host's name: $HOSTNAME (a pod's name), else the kernel's.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|| "unknown-host".into())
 }
 
 /// `NAMESPACE/NAME`, or `NAME` in `--namespace`.
@@ -95,8 +115,46 @@ fn cluster_ref(text: &str, namespace: &str) -> (String, String) {
 pub struct RunArgs {
     /// The HostedCluster to stream, NAMESPACE/NAME (or NAME in --namespace);
     /// repeat it for several, each streamed at once.
-    #[arg(long, value_name = "NAMESPACE/NAME", required = true)]
+    #[arg(long, value_name = "NAMESPACE/NAME", required_unless_present = "all", conflicts_with = "all")]
     pub hosted_cluster: Vec<String>,
+    /// Every HostedCluster of the management cluster (in every namespace),
+    /// listed again every --relist-every: a new one starts streaming, a
+    /// deleted one stops (its open segment written). Needs
+    /// --lease-namespace.
+    #[arg(long)]
+    pub all: bool,
+    /// With --all: only the HostedClusters matching this label selector.
+    #[arg(short = 'l', long, requires = "all")]
+    pub selector: Option<String>,
+    /// With --all: only the clusters whose UID hashes to part INDEX of
+    /// COUNT, as `backup --all --shard` splits them.
+    #[arg(long, value_name = "INDEX/COUNT", requires = "all", value_parser = shard)]
+    pub shard: Option<Shard>,
+    /// With --all: the part is the ordinal this host's name ends in
+    /// (a StatefulSet pod `hcp-dr-stream-3` is part 3), of COUNT (the
+    /// StatefulSet's replicas); the name is $HOSTNAME, else the kernel's
+    /// [range: 1 to 256].
+    #[arg(long, value_name = "COUNT", requires = "all", conflicts_with = "shard")]
+    pub shard_from_hostname: Option<usize>,
+    /// With --all: list the HostedClusters again this often [range: 1s to 1h].
+    #[arg(long, default_value = "30s", value_parser = RELIST_EVERY, requires = "all")]
+    pub relist_every: Duration,
+    /// Take a coordination.k8s.io Lease per cluster in this namespace
+    /// (`hcp-dr-stream.<ns>.<name>`) before writing it, so two streams never
+    /// write one cluster: a cluster whose Lease another stream holds is
+    /// not streamed until that Lease expires. Required with --all.
+    #[arg(long, value_name = "NAMESPACE", env = "HCP_DR_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a Lease lasts without renewal (renewed every third of it;
+    /// not renewed for two thirds, the stream stops writing the cluster at
+    /// once) [range: 2s to 10m].
+    #[arg(long, default_value = "30s", value_parser = LEASE_DURATION)]
+    pub lease_duration: Duration,
+    /// Serve /metrics (Prometheus text format: per-cluster lag, segments,
+    /// bytes, chain breaks, Lease held) and /healthz on HOST:PORT, e.g.
+    /// 0.0.0.0:9102.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     /// The namespace of a --hosted-cluster given without one.
     #[arg(short = 'n', long, default_value = "clusters")]
     pub namespace: String,
@@ -242,13 +300,29 @@ async fn exec_stream(args: RunArgs, output: Output) -> Exit {
     let Some(store) = super::store_or_env(args.to, false) else {
         return usage("--to is required: where to write the stream (a directory, file:///path or s3://bucket/prefix), or set HCP_DR_STORE");
     };
+    let hostname = hostname();
+    let selection = if args.all {
+        let shard = match (args.shard, args.shard_from_hostname) {
+            (Some(shard), _) => Some(shard),
+            (None, Some(count)) => match crate::ops::stream::shard_from_hostname(&hostname, count) {
+                Ok(shard) => Some(shard),
+                Err(err) => return super::report::error_exit(&err),
+            },
+            (None, None) => None,
+        };
+        Selection::All { selector: args.selector, shard, relist_every: args.relist_every }
+    } else {
+        Selection::Named(args.hosted_cluster.iter().map(|c| cluster_ref(c, &args.namespace)).collect())
+    };
     let mut interrupt = match super::report::signals() {
         Ok(i) => i,
         Err(exit) => return exit,
     };
     let options = StreamOptions {
         reach: Reach { kubeconfig: args.connection.kubeconfig, context: args.connection.context, etcd_access: args.connection.etcd_access, tls },
-        clusters: args.hosted_cluster.iter().map(|c| cluster_ref(c, &args.namespace)).collect(),
+        selection,
+        lease: args.lease_namespace.map(|namespace| LeaseOptions { namespace, duration: args.lease_duration, hostname: hostname.clone() }),
+        metrics_addr: args.metrics_addr,
         store,
         s3: s3_options(&args.s3),
         segment_interval: args.segment_interval,
@@ -273,8 +347,17 @@ pub fn render_stream(report: &StreamReport) -> String {
         true => format!("stream to {} stopped ({}): every open segment was written\n", report.store, report.stopped_by),
         false => format!("stream to {} FAILED ({}): see the errors below; started again, it resumes after each chain's last durable revision\n", report.store, report.stopped_by),
     };
+    if let Some(shard) = &report.shard {
+        out.push_str(&format!("shard {shard}\n"));
+    }
+    if let Some(holder) = &report.lease_holder {
+        out.push_str(&format!("Lease holder {holder}\n"));
+    }
     for cluster in &report.clusters {
         out.push_str(&render_cluster(cluster));
+    }
+    for waiting in &report.not_streamed {
+        out.push_str(&format!("{}: not streamed: {}\n", waiting.hosted_cluster, waiting.reason));
     }
     out
 }
@@ -323,6 +406,9 @@ fn render_cluster(cluster: &ClusterReport) -> String {
     }
     for warning in &cluster.warnings {
         out.push_str(&format!("  warning: {warning}\n"));
+    }
+    if let Some(lost) = &cluster.lease_lost {
+        out.push_str(&format!("  LEASE LOST: {lost}\n"));
     }
     if let Some(error) = &cluster.error {
         out.push_str(&format!("  ERROR: {error}\n"));

@@ -15,6 +15,8 @@
 //! | the open segment and its durable writes | `writer.rs` |
 //! | taking a base | `base.rs` |
 //! | one cluster's chains over time | `run.rs` |
+//! | one writer per cluster: its Lease | `lease.rs` |
+//! | `/metrics` (lag, segments, bytes, breaks) and `/healthz` | `metrics.rs` |
 //! | checking a chain | `verify.rs` |
 //! | replaying a chain into a snapshot | `replay.rs` |
 //!
@@ -26,6 +28,8 @@ pub mod base;
 pub mod catalog;
 pub mod codec;
 pub mod format;
+pub mod lease;
+pub mod metrics;
 pub mod replay;
 pub mod run;
 pub mod source;

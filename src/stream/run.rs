@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch as signal};
 use tokio::task::JoinSet;
 
 use super::catalog::{self, url_slash};
+use super::metrics::ClusterMetrics;
 use super::format::{CHAIN_FORMAT, ChainDescriptor, ChainLayout, Coding, FORMAT_VERSION, Previous};
 use super::source::MemberSource;
 use super::watch::{self, WatchItem, WatchSettings};
@@ -79,6 +80,21 @@ pub struct ClusterReport {
     pub error: Option<String>,
     /// The newest chain's last durable revision.
     pub last_durable_revision: Option<i64>,
+    /// The cluster's Lease was lost (another stream holds it, or it could
+    /// not be renewed): writing stopped at once, the open segment unwritten.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_lost: Option<String>,
+}
+
+/// What the stream around a run does to it beyond stopping it: abandon it
+/// at once (its Lease was lost: not one more segment), and count what it
+/// writes.
+pub struct Hooks {
+    /// `true`: write the open segments and end.
+    pub stop: signal::Receiver<bool>,
+    /// `Some(reason)`: end now without writing anything more.
+    pub lost: signal::Receiver<Option<String>>,
+    pub metrics: Option<Arc<ClusterMetrics>>,
 }
 
 /// One chain as this run wrote it.
@@ -166,6 +182,7 @@ struct ChainTask {
     from: i64,
     stop: signal::Receiver<StopAt>,
     durable: Arc<AtomicI64>,
+    metrics: Option<Arc<ClusterMetrics>>,
 }
 
 /// The chain being written, as the cluster's loop tracks it.
@@ -186,7 +203,18 @@ enum Start {
 }
 
 /// Stream `cluster` until `stop` turns true (or its sender goes away).
-pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::Receiver<bool>) -> ClusterReport {
+pub async fn run(cluster: Cluster, settings: StreamSettings, stop: signal::Receiver<bool>) -> ClusterReport {
+    let (_never, lost) = signal::channel(None);
+    run_with(cluster, settings, Hooks { stop, lost, metrics: None }).await
+}
+
+/// [`run`], which `hooks.lost` can also end at once.
+pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) -> ClusterReport {
+    let Hooks { mut stop, mut lost, metrics } = hooks;
+    let mut lost_open = true;
+    if let Some(m) = &metrics {
+        m.start_run();
+    }
     let cluster = Arc::new(cluster);
     let settings = Arc::new(settings);
     let mut report = ClusterReport {
@@ -198,6 +226,7 @@ pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::R
         warnings: Vec::new(),
         error: None,
         last_durable_revision: None,
+        lease_lost: None,
     };
     let mut tasks: JoinSet<ChainOutcome> = JoinSet::new();
     let mut retiring: Vec<(String, signal::Sender<StopAt>)> = Vec::new();
@@ -217,7 +246,7 @@ pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::R
             tracing::info!("{}: resuming chain {} after revision {through}, its last durable one", report.hosted_cluster, descriptor.chain_id);
             let remaining = settings.base_interval.saturating_sub((Utc::now() - descriptor.base.taken).to_std().unwrap_or_default());
             base_due = Some(tokio::time::Instant::now() + remaining);
-            current = Some(spawn_chain(&mut tasks, &cluster, &settings, *descriptor, ChainStart::Resumed { after: through }, through + 1));
+            current = Some(spawn_chain(&mut tasks, &cluster, &settings, *descriptor, ChainStart::Resumed { after: through }, through + 1, &metrics));
         }
         Ok(Start::New { previous, warning }) => {
             if let Some(warning) = warning {
@@ -260,6 +289,9 @@ pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::R
                 match outcome.ended {
                     Ended::Stopped | Ended::HandedOver => {}
                     Ended::Broken(reason) => {
+                        if let Some(m) = &metrics {
+                            m.breaks.fetch_add(1, Ordering::Relaxed);
+                        }
                         tracing::warn!("{}: chain {chain_id} ends at revision {last}: {reason}; taking a new base", report.hosted_cluster);
                         report.breaks.push(Break { chain_id: chain_id.clone(), last_revision: last, reason: reason.clone(), next_chain: None, next_base_revision: None });
                         if is_current {
@@ -301,7 +333,11 @@ pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::R
                         let from = base.revision + 1;
                         base_due = Some(tokio::time::Instant::now() + settings.base_interval);
                         next_previous = None;
-                        current = Some(spawn_chain(&mut tasks, &cluster, &settings, descriptor, start, from));
+                        if let Some(m) = &metrics {
+                            // the base holds everything etcd had when it was taken
+                            m.durable_as_of(base.taken);
+                        }
+                        current = Some(spawn_chain(&mut tasks, &cluster, &settings, descriptor, start, from, &metrics));
                     }
                     Ok((descriptor, _)) => {
                         // stopping: a chain with a base and no segment is a chain all the same
@@ -338,7 +374,39 @@ pub async fn run(cluster: Cluster, settings: StreamSettings, mut stop: signal::R
                     stop_everything(&mut stopping, &mut current, &mut retiring, &mut pending, &cluster).await;
                 }
             }
+            changed = lost.changed(), if lost_open => {
+                let reason = if changed.is_err() { None } else { lost.borrow().clone() };
+                lost_open = changed.is_ok();
+                if let Some(reason) = reason {
+                    // not one more write: every task dropped where it is
+                    // (a segment being written is abandoned mid-request)
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    if let Some((_, handle)) = pending.take() {
+                        handle.abort();
+                        let _ = handle.await;
+                    }
+                    let through = current.as_ref().map(|c| c.durable.load(Ordering::Relaxed));
+                    let message = format!(
+                        "{reason}: stopped writing {} at once{}; what was not yet written is left to the stream that holds the Lease",
+                        report.hosted_cluster,
+                        through.map(|r| format!(" (chain {} durable through revision {r})", current.as_ref().map(|c| c.chain_id.as_str()).unwrap_or("?"))).unwrap_or_default()
+                    );
+                    tracing::warn!("{message}");
+                    report.lease_lost = Some(message);
+                    if report.chains.is_empty() {
+                        report.last_durable_revision = through;
+                    }
+                    break;
+                }
+            }
         }
+    }
+    if let Some(m) = &metrics {
+        m.streaming.store(false, Ordering::Relaxed);
+    }
+    if report.lease_lost.is_some() && report.chains.is_empty() {
+        return report;
     }
     report.last_durable_revision = report.chains.iter().max_by_key(|c| (c.base_revision, c.chain_id.clone())).map(|c| c.last_durable_revision);
     report
@@ -462,11 +530,11 @@ fn spawn_base(cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, previous: 
     (layout, handle)
 }
 
-fn spawn_chain(tasks: &mut JoinSet<ChainOutcome>, cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, descriptor: ChainDescriptor, start: ChainStart, from: i64) -> Current {
+fn spawn_chain(tasks: &mut JoinSet<ChainOutcome>, cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, descriptor: ChainDescriptor, start: ChainStart, from: i64, metrics: &Option<Arc<ClusterMetrics>>) -> Current {
     let (stop_tx, stop_rx) = signal::channel(StopAt::Running);
     let durable = Arc::new(AtomicI64::new(from - 1));
     let chain_id = descriptor.chain_id.clone();
-    tasks.spawn(chain_task(ChainTask { cluster: cluster.clone(), settings: settings.clone(), descriptor, start, from, stop: stop_rx, durable: durable.clone() }));
+    tasks.spawn(chain_task(ChainTask { cluster: cluster.clone(), settings: settings.clone(), descriptor, start, from, stop: stop_rx, durable: durable.clone(), metrics: metrics.clone() }));
     Current { chain_id, stop: stop_tx, durable }
 }
 
@@ -482,14 +550,15 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
     let mut warnings = Vec::new();
     let mut troubles = 0usize;
     let mut stop_at = *task.stop.borrow();
+    let mut lag = Lag { metrics: task.metrics.clone(), confirmed: None };
     let ended = loop {
         if stop_at == StopAt::Now {
-            break finish(&mut writer, &name, &task.durable, Ended::Stopped).await;
+            break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Stopped).await;
         }
         if let StopAt::Through(through) = stop_at
             && writer.last_pushed() >= through
         {
-            break finish(&mut writer, &name, &task.durable, Ended::HandedOver).await;
+            break finish(&mut writer, &name, &task.durable, &mut lag, Ended::HandedOver).await;
         }
         let due = writer.due().map(tokio::time::Instant::from_std);
         tokio::select! {
@@ -499,10 +568,10 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
             item = rx.recv() => match item {
                 Some(WatchItem::Revision(record)) => {
                     if let Err(err) = writer.push(&record) {
-                        break finish(&mut writer, &name, &task.durable, Ended::Failed(err.to_string())).await;
+                        break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Failed(err.to_string())).await;
                     }
                     if writer.full()
-                        && let Err(err) = write(&mut writer, &name, &task.durable).await
+                        && let Err(err) = write(&mut writer, &name, &task.durable, &mut lag).await
                     {
                         break Ended::Failed(err);
                     }
@@ -523,16 +592,17 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
                 }
                 Some(WatchItem::Compacted { next, compact_revision, member }) => {
                     let reason = format!("compacted: etcd ({member}) compacted its history to revision {compact_revision} before the stream had revision {next} (the stream was down or behind for too long)");
-                    break finish(&mut writer, &name, &task.durable, Ended::Broken(reason)).await;
+                    break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Broken(reason)).await;
                 }
+                Some(WatchItem::Current { at }) => lag.current(&writer, at),
                 Some(WatchItem::Gap { expected, got, member }) => {
                     let reason = format!("gap: {member} sent revision {got} where {expected} was due");
-                    break finish(&mut writer, &name, &task.durable, Ended::Broken(reason)).await;
+                    break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Broken(reason)).await;
                 }
-                None => break finish(&mut writer, &name, &task.durable, Ended::Failed("the watch ended without saying why".into())).await,
+                None => break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Failed("the watch ended without saying why".into())).await,
             },
             _ = sleep_until(due), if due.is_some() => {
-                if let Err(err) = write(&mut writer, &name, &task.durable).await {
+                if let Err(err) = write(&mut writer, &name, &task.durable, &mut lag).await {
                     break Ended::Failed(err);
                 }
             }
@@ -564,11 +634,41 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
     }
 }
 
+/// The lag metric of a chain: the newest instant the watched member
+/// confirmed the stream had everything, waiting for the next segment.
+struct Lag {
+    metrics: Option<Arc<ClusterMetrics>>,
+    confirmed: Option<chrono::DateTime<Utc>>,
+}
+
+impl Lag {
+    /// Etcd had nothing past what was handed on at `at`.
+    fn current(&mut self, writer: &ChainWriter, at: chrono::DateTime<Utc>) {
+        let Some(m) = &self.metrics else { return };
+        if writer.last_pushed() == writer.last_durable() {
+            m.durable_as_of(at);
+        } else {
+            self.confirmed = Some(at);
+        }
+    }
+
+    /// A segment of everything pushed is durable.
+    fn written(&mut self, stored_bytes: u64) {
+        let Some(m) = &self.metrics else { return };
+        m.segment_written(stored_bytes);
+        if let Some(at) = self.confirmed.take() {
+            m.durable_as_of(at);
+        }
+    }
+}
+
 /// Write the open segment; the error as the report says it.
-async fn write(writer: &mut ChainWriter, name: &str, durable: &AtomicI64) -> Result<(), String> {
+async fn write(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, lag: &mut Lag) -> Result<(), String> {
+    let stored_before = writer.written().stored_bytes;
     match writer.flush().await {
         Ok(Some(segment)) => {
             durable.store(writer.last_durable(), Ordering::Relaxed);
+            lag.written(writer.written().stored_bytes.saturating_sub(stored_before));
             tracing::info!("{name}: segment {} written ({} revisions through {} durable)", segment.span(), segment.last - segment.first + 1, segment.last);
             Ok(())
         }
@@ -578,8 +678,8 @@ async fn write(writer: &mut ChainWriter, name: &str, durable: &AtomicI64) -> Res
 }
 
 /// Write what is open, then end as `ended` (or failed, when the write fails).
-async fn finish(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, ended: Ended) -> Ended {
-    match write(writer, name, durable).await {
+async fn finish(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, lag: &mut Lag, ended: Ended) -> Ended {
+    match write(writer, name, durable, lag).await {
         Ok(()) => ended,
         Err(err) => Ended::Failed(err),
     }

@@ -53,6 +53,9 @@ pub enum WatchItem {
     Compacted { next: i64, compact_revision: i64, member: String },
     /// Revision `got` came where `expected` was due. The watch has ended.
     Gap { expected: i64, got: i64, member: String },
+    /// The member answered (a progress notification) that it had made no
+    /// revision past the ones handed on so far, at `at`.
+    Current { at: chrono::DateTime<Utc> },
 }
 
 /// Watch from revision `from` on, handing every revision to `tx`, until
@@ -180,6 +183,12 @@ async fn watch_member(reached: &Reached, next: &mut i64, settings: &WatchSetting
         }
         if response.canceled() {
             return Ended::Failed(format!("{}: the member cancelled the watch: {}", member.name, response.cancel_reason()));
+        }
+        if response.events().is_empty()
+            && response.header().is_some_and(|h| h.revision() < *next)
+            && tx.send(WatchItem::Current { at: Utc::now() }).await.is_err()
+        {
+            return Ended::Closed;
         }
         for mut record in records(&response) {
             if record.revision < *next {
