@@ -6,20 +6,23 @@
 //! the scratch etcd must be at exactly that revision (one write
 //! transaction is one revision): anything else stops the replay, naming
 //! the revision (the trap etcd-backup-restore fell into: a delta replay
-//! whose revisions drifted from the original's). Keys written with a
+//! whose revisions drifted from the original's). Several revisions are in
+//! flight at once, each guarded so it can only apply right after the one
+//! before ([`Pipeline`]): the scratch etcd then syncs its log once for
+//! many, and keeps its data in memory when there is room. Keys written with a
 //! lease are written with it: the lease is granted with the TTL the
 //! stream recorded and kept alive while the replay runs, so nothing
 //! expires half-way; leases granted here that no key uses at the end are
 //! revoked. The result is snapshotted, checked offline, and written to
 //! the file asked for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use serde::Serialize;
 
 use super::catalog::{self, ChainListing, url_slash};
@@ -79,6 +82,13 @@ pub struct ReplayReport {
     pub segments_read: usize,
     pub revisions_applied: u64,
     pub events_applied: u64,
+    /// Revisions sent to the scratch etcd a second time: several are in
+    /// flight at once, and one that got there before the revision it
+    /// follows was refused by its guard, changing nothing.
+    pub revisions_resent: u64,
+    /// Where the scratch etcd kept its data: in memory (`/dev/shm`) when
+    /// it had room, else TMPDIR.
+    pub scratch: String,
     pub leases_granted: u64,
     /// Leases granted with a default TTL: the stream could not read theirs.
     pub leases_without_ttl: u64,
@@ -133,7 +143,9 @@ pub async fn replay(
     if let Some(mismatch) = read.mismatch(&descriptor.base, &chain.layout.artifact(&descriptor.base.artifact)) {
         return Err(StreamError::Base(format!("{mismatch}; `hcp-dr stream verify` shows what else is damaged")));
     }
-    let mut etcd = tools.start_restored(&base_file, &scratch.path().join("etcd"), &SCRATCH_FLAGS).await.map_err(StreamError::Scratch)?;
+    let in_memory = memory_scratch(descriptor.base.raw.size);
+    let data = in_memory.as_ref().map_or_else(|| scratch.path().join("etcd"), |dir| dir.path().join("etcd"));
+    let mut etcd = tools.start_restored(&base_file, &data, &SCRATCH_FLAGS).await.map_err(StreamError::Scratch)?;
     let replayed = apply(store, &chain, &descriptor, target, through, identities, &etcd.client_url).await;
     let result = match replayed {
         Ok(applied) => snapshot(&etcd.client_url, out, applied.revision).await.map(|written| (applied, written)),
@@ -152,6 +164,8 @@ pub async fn replay(
         segments_read: applied.segments,
         revisions_applied: applied.revisions,
         events_applied: applied.events,
+        revisions_resent: applied.resent,
+        scratch: data.parent().unwrap_or(&data).display().to_string(),
         leases_granted: applied.leases.granted,
         leases_without_ttl: applied.leases.without_ttl,
         leases_revoked: applied.leases.revoked,
@@ -160,6 +174,29 @@ pub async fn replay(
         sha256,
         seconds: clock.elapsed().as_secs_f64(),
     })
+}
+
+/// Where memory-backed scratch space is (tmpfs on Linux).
+const MEMORY_SCRATCH: &str = "/dev/shm";
+
+/// A private folder in memory for the scratch etcd's data when
+/// `/dev/shm` is a tmpfs with room for it: the base restored and what the
+/// replay adds (estimated as three times the base, plus 256 MiB) using at
+/// most half of what is free there. The scratch etcd syncs its log after
+/// every batch of transactions; in memory that costs nothing, and the
+/// result is snapshotted and checked before it leaves. `None`: TMPDIR.
+fn memory_scratch(base_size: u64) -> Option<tempfile::TempDir> {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    let stat = rustix::fs::statfs(MEMORY_SCRATCH).ok()?;
+    if stat.f_type as u64 != TMPFS_MAGIC {
+        return None;
+    }
+    let needed = base_size.saturating_mul(3).saturating_add(256 << 20);
+    let free = crate::space::free(Path::new(MEMORY_SCRATCH)).ok()?;
+    if needed > free / 2 {
+        return None;
+    }
+    tempfile::Builder::new().prefix("hcp-dr-replay-").tempdir_in(MEMORY_SCRATCH).ok()
 }
 
 /// The chain to replay for `target`: for a revision, the one with the
@@ -229,6 +266,7 @@ struct Applied {
     segments: usize,
     revisions: u64,
     events: u64,
+    resent: u64,
     leases: LeaseCounts,
 }
 
@@ -252,7 +290,8 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
         return Err(StreamError::Scratch(format!("the base restored to revision {at}, not the {} chain {} records", descriptor.base.revision, descriptor.chain_id)));
     }
     let mut leases = Leases::adopt(&mut client).await?;
-    let mut applied = Applied { revision: at, received: None, segments: 0, revisions: 0, events: 0, leases: LeaseCounts::default() };
+    let mut applied = Applied { revision: at, received: None, segments: 0, revisions: 0, events: 0, resent: 0, leases: LeaseCounts::default() };
+    let mut pipeline = Pipeline::new(client.clone(), &descriptor.chain_id, at);
     let wanted = |record: &RevisionRecord| match target {
         Target::Revision(r) => record.revision <= r,
         Target::Time(t) => record.received <= t,
@@ -266,19 +305,22 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
         }
         let segment = fetch(store, chain, descriptor, name, identities).await?;
         applied.segments += 1;
-        for record in &segment.records {
-            if !wanted(record) {
+        for record in segment.records {
+            if !wanted(&record) {
                 break 'segments;
             }
             leases.check()?;
-            leases.grant_for(&mut client, record, &descriptor.chain_id, &mut applied.leases).await?;
-            apply_one(&mut client, record, &descriptor.chain_id).await?;
-            applied.revision = record.revision;
-            applied.received = Some(record.received);
-            applied.revisions += 1;
-            applied.events += record.events.len() as u64;
+            leases.grant_for(&mut client, &record, &descriptor.chain_id, &mut applied.leases).await?;
+            pipeline.push(record).await?;
         }
     }
+    pipeline.finish().await?;
+    applied.revision = pipeline.at;
+    applied.received = pipeline.received;
+    applied.revisions = pipeline.revisions;
+    applied.events = pipeline.events;
+    applied.resent = pipeline.resent;
+    drop(pipeline);
     if let Target::Revision(r) = target
         && applied.revision != r
     {
@@ -294,28 +336,231 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
     Ok(applied)
 }
 
-/// Apply one original revision as one transaction; the scratch etcd must
-/// then be at exactly that revision.
-async fn apply_one(client: &mut Client, record: &RevisionRecord, chain: &str) -> Result<(), StreamError> {
-    let ops: Vec<TxnOp> = record
-        .events
-        .iter()
-        .map(|event| match event {
-            Event::Put { key, value, lease, .. } => TxnOp::put(key.0.clone(), value.0.clone(), (*lease != 0).then(|| PutOptions::new().with_lease(*lease))),
-            Event::Delete { key } => TxnOp::delete(key.0.clone(), None),
-        })
-        .collect();
-    let failed = |reason: String| StreamError::Replay { chain: chain.to_string(), revision: record.revision, reason };
-    let response = client.txn(Txn::new().and_then(ops)).await.map_err(|e| failed(format!("the transaction of its {} events was refused: {e}", record.events.len())))?;
-    let at = response.header().map(|h| h.revision()).unwrap_or_default();
-    if at != record.revision {
-        return Err(failed(format!(
-            "after applying it the scratch etcd is at revision {at}, not {}: the chain does not replay onto its base (a write is missing from the chain, or the base is not the state before it); nothing after revision {} can be restored from this chain",
-            record.revision,
-            record.revision - 1
-        )));
+/// How many original revisions may be in flight on the scratch etcd at
+/// once. Waiting for each transaction before sending the next costs one
+/// WAL fsync per revision; with several in flight, raft commits them
+/// together with one.
+const WINDOW: usize = 64;
+
+/// One original revision sent to the scratch etcd, its answer to come.
+struct Sent {
+    record: RevisionRecord,
+    /// The first key it puts (the next revision's guard), if any.
+    puts: Option<Vec<u8>>,
+    answer: tokio::task::JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>,
+}
+
+/// What became of a revision sent.
+enum Outcome {
+    Applied,
+    /// Its guard did not hold: it reached the scratch etcd before its
+    /// predecessor was applied, and changed nothing.
+    TooEarly(Sent),
+}
+
+/// The original revisions on their way into the scratch etcd, several in
+/// flight at once, each applied as one transaction at exactly its own
+/// revision and never twice.
+///
+/// A revision whose predecessor put a key K is sent guarded by
+/// `mod_revision(K) == predecessor`: K was last written at the
+/// predecessor's revision, which holds only while the scratch etcd is at
+/// that revision (the replay writes nothing else, each revision is sent
+/// once a pass, and a later revision needs this one applied first). A
+/// revision whose predecessor only deleted keys has no such guard: it is
+/// sent alone, once everything before it is applied. Answers are taken in
+/// the order sent: a guard that did not hold (a revision that overtook its
+/// predecessor on the way) stops sending; everything still in flight is
+/// awaited, the scratch etcd's revision read, and the pass starts again
+/// from the first revision not applied. Every revision applied must leave
+/// the scratch etcd at exactly that revision.
+struct Pipeline {
+    client: Client,
+    chain: String,
+    /// Pushed, not yet sent (or to be sent again), in order.
+    waiting: VecDeque<(RevisionRecord, bool)>,
+    in_flight: VecDeque<Sent>,
+    /// The newest revision sent and the first key it put (`None`: it only
+    /// deleted, or is the base).
+    sent_last: (i64, Option<Vec<u8>>),
+    /// The same for the newest revision applied.
+    applied_last: (i64, Option<Vec<u8>>),
+    /// The revision the scratch etcd is at: every revision up to it applied.
+    at: i64,
+    received: Option<DateTime<Utc>>,
+    revisions: u64,
+    events: u64,
+    /// Revisions sent again after overtaking their predecessor.
+    resent: u64,
+    /// Test hook: delay first sends so that revisions overtake each other.
+    overtake: u64,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        for sent in &self.in_flight {
+            sent.answer.abort();
+        }
     }
-    Ok(())
+}
+
+impl Pipeline {
+    fn new(client: Client, chain: &str, at: i64) -> Pipeline {
+        Pipeline {
+            client,
+            chain: chain.to_string(),
+            waiting: VecDeque::new(),
+            in_flight: VecDeque::new(),
+            sent_last: (at, None),
+            applied_last: (at, None),
+            at,
+            received: None,
+            revisions: 0,
+            events: 0,
+            resent: 0,
+            overtake: test_hooks::replay_overtake(),
+        }
+    }
+
+    fn failed(&self, revision: i64) -> impl Fn(String) -> StreamError + '_ {
+        move |reason| StreamError::Replay { chain: self.chain.clone(), revision, reason }
+    }
+
+    /// Take the next revision (it must follow the one pushed before);
+    /// returns once there is room for another.
+    async fn push(&mut self, record: RevisionRecord) -> Result<(), StreamError> {
+        self.waiting.push_back((record, false));
+        self.pump(false).await
+    }
+
+    /// Apply everything pushed; returns once it is applied.
+    async fn finish(&mut self) -> Result<(), StreamError> {
+        self.pump(true).await
+    }
+
+    async fn pump(&mut self, all: bool) -> Result<(), StreamError> {
+        loop {
+            while let Some((record, _)) = self.waiting.front() {
+                let guard = match &self.sent_last {
+                    (revision, Some(key)) if *revision == record.revision - 1 => Some(key.clone()),
+                    _ => None,
+                };
+                if self.in_flight.len() >= WINDOW || (guard.is_none() && !self.in_flight.is_empty()) {
+                    break;
+                }
+                let Some((record, again)) = self.waiting.pop_front() else { break };
+                self.send(record, guard, again);
+            }
+            let room = self.waiting.is_empty() && self.in_flight.len() < WINDOW;
+            if self.in_flight.is_empty() || (room && !all) {
+                return Ok(());
+            }
+            if let Outcome::TooEarly(sent) = self.settle_front().await? {
+                self.start_again(sent).await?;
+            }
+        }
+    }
+
+    fn send(&mut self, record: RevisionRecord, guard: Option<Vec<u8>>, again: bool) {
+        let ops: Vec<TxnOp> = record
+            .events
+            .iter()
+            .map(|event| match event {
+                Event::Put { key, value, lease, .. } => TxnOp::put(key.0.clone(), value.0.clone(), (*lease != 0).then(|| PutOptions::new().with_lease(*lease))),
+                Event::Delete { key } => TxnOp::delete(key.0.clone(), None),
+            })
+            .collect();
+        let predecessor = record.revision - 1;
+        let txn = match guard {
+            Some(key) => Txn::new().when([Compare::mod_revision(key, CompareOp::Equal, predecessor)]).and_then(ops),
+            None => Txn::new().and_then(ops),
+        };
+        let puts = record.events.iter().find_map(|e| matches!(e, Event::Put { .. }).then(|| e.key().to_vec()));
+        self.sent_last = (record.revision, puts.clone());
+        let delay = match (self.overtake, again) {
+            (0, _) | (_, true) => Duration::ZERO,
+            (n, false) => Duration::from_millis(5 * (n - 1 - record.revision.rem_euclid(n as i64) as u64)),
+        };
+        let mut client = self.client.clone();
+        let answer = tokio::spawn(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            client.txn(txn).await
+        });
+        self.in_flight.push_back(Sent { record, puts, answer });
+    }
+
+    /// Await the oldest revision in flight.
+    async fn settle_front(&mut self) -> Result<Outcome, StreamError> {
+        let Some(mut sent) = self.in_flight.pop_front() else { return Ok(Outcome::Applied) };
+        let revision = sent.record.revision;
+        let events = sent.record.events.len();
+        let answer = (&mut sent.answer).await.map_err(|e| self.failed(revision)(format!("its transaction's task failed: {e}")))?;
+        let response = answer.map_err(|e| self.failed(revision)(format!("the transaction of its {events} events was refused: {e}")))?;
+        let at = response.header().map(|h| h.revision()).unwrap_or_default();
+        if !response.succeeded() {
+            return Ok(Outcome::TooEarly(sent));
+        }
+        if at != revision || self.at != revision - 1 {
+            return Err(self.failed(revision)(format!(
+                "after applying it the scratch etcd is at revision {at}, not {revision}: the chain does not replay onto its base (a write is missing from the chain, or the base is not the state before it); nothing after revision {} can be restored from this chain",
+                revision - 1
+            )));
+        }
+        self.at = revision;
+        self.received = Some(sent.record.received);
+        self.revisions += 1;
+        self.events += events as u64;
+        self.applied_last = (revision, sent.puts);
+        Ok(Outcome::Applied)
+    }
+
+    /// `first` arrived before its predecessor was applied: await what is
+    /// still in flight (none of it can apply: each needs `first` applied),
+    /// check where the scratch etcd is, and queue everything not applied
+    /// to be sent again, in order.
+    async fn start_again(&mut self, first: Sent) -> Result<(), StreamError> {
+        let mut again = vec![first.record];
+        while !self.in_flight.is_empty() {
+            match self.settle_front().await? {
+                Outcome::TooEarly(sent) => again.push(sent.record),
+                Outcome::Applied => {
+                    return Err(self.failed(self.at)("it was applied although the revision before it was not: the scratch etcd is not what the replay wrote".into()));
+                }
+            }
+        }
+        let at = self.client.status().await.map_err(scratch_error("status"))?.header().map(|h| h.revision()).unwrap_or_default();
+        if at != self.at {
+            return Err(self.failed(self.at + 1)(format!("after a revision overtook its predecessor the scratch etcd is at revision {at}, not {}: something else wrote to it", self.at)));
+        }
+        self.resent += again.len() as u64;
+        for record in again.into_iter().rev() {
+            self.waiting.push_front((record, true));
+        }
+        self.sent_last = self.applied_last.clone();
+        Ok(())
+    }
+}
+
+/// Hooks for the replay's tests, compiled in only with the cargo feature
+/// `test-hooks` (as `pipeline::runner`'s): they only make the replay take
+/// its slower path, never change what it writes.
+#[cfg(feature = "test-hooks")]
+mod test_hooks {
+    /// `HCP_DR_TEST_REPLAY_OVERTAKE=<n>`: in every run of n revisions, the
+    /// first send of each is delayed so that later ones reach the scratch
+    /// etcd first (their guards fail and they are sent again).
+    pub fn replay_overtake() -> u64 {
+        std::env::var("HCP_DR_TEST_REPLAY_OVERTAKE").ok().and_then(|n| n.parse().ok()).filter(|n| *n > 1).unwrap_or(0)
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+mod test_hooks {
+    pub fn replay_overtake() -> u64 {
+        0
+    }
 }
 
 /// The leases of the scratch etcd (id and TTL), kept alive by a task of

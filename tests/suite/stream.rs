@@ -616,3 +616,55 @@ async fn stream_of_a_hosted_cluster_replays_to_any_revision_through_kills_and_a_
     let file = victim.file_name().unwrap().to_string_lossy().to_string();
     assert!(said.contains("PROBLEMS") && said.contains("first problem: segment clusters/demo/stream/") && said.contains(&file) && said.contains("damaged or altered"), "{said}");
 }
+
+// ---------------------------------------------------------------------
+// Replay with revisions in flight, through the binary
+
+/// A replay keeps several revisions in flight on its scratch etcd, each
+/// guarded so that it applies only right after its predecessor. With the
+/// test hook making every run of 8 revisions reach the scratch etcd in
+/// reverse order, guards fail and revisions are sent again: each is still
+/// applied once, at its own revision, and the result is the source key by
+/// key (multi-key transactions, deletions that leave no key to guard on,
+/// keys with leases, keys overwritten many times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_whose_revisions_overtake_each_other_is_still_exact() {
+    let hooks = hcp_dr::pipeline::runner::TEST_HOOKS;
+    assert!(hooks, "HCP_DR_TEST_REPLAY_OVERTAKE needs the test hooks: build with the cargo feature `test-hooks`");
+    let plain = Plain::start().await;
+    let mut last = 0;
+    let report = plain
+        .stream_while(Plain::settings(Duration::from_secs(3600), None), async {
+            let mut client = plain.client.clone();
+            let mut lease = 0;
+            for i in 0..400 {
+                last = match i % 10 {
+                    3 => put_three(&mut client, &format!("/t/three/{i}/")).await,
+                    6 => revision_of(client.delete(format!("/registry/pods/ns/p{:02}", (i - 1) % 40), None).await.expect("delete").header()),
+                    7 => revision_of(client.delete(format!("/t/three/{}/", i - 4), Some(etcd_client::DeleteOptions::new().with_prefix())).await.expect("delete").header()),
+                    8 => {
+                        if i % 50 == 8 {
+                            lease = client.lease_grant(600, None).await.expect("lease").id();
+                        }
+                        revision_of(client.put(format!("/registry/events/ns/e{i}"), "event", Some(PutOptions::new().with_lease(lease))).await.expect("put").header())
+                    }
+                    _ => put(&mut client, &format!("/registry/pods/ns/p{:02}", i % 40), &format!("pod at step {i}")).await,
+                };
+            }
+        })
+        .await;
+    assert!(report.error.is_none(), "{report:#?}");
+    let out = plain.dir.path().join("overtaken.db");
+    let store = plain.dir.path().join("store");
+    let args = ["stream", "replay", "--hosted-cluster", "clusters/plain", "--from", store.to_str().unwrap(), "--at-revision", &last.to_string(), "--out", out.to_str().unwrap(), "-o", "json"];
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(args).env("HCP_DR_TEST_REPLAY_OVERTAKE", "8").output().expect("run hcp-dr");
+    assert!(output.status.success(), "{}", text(&output));
+    let replayed = json_report(&output);
+    assert_eq!(replayed["revision"], last, "{replayed:#}");
+    assert!(replayed["revisions_applied"].as_i64().unwrap() >= 400, "{replayed:#}");
+    assert!(replayed["revisions_resent"].as_i64().unwrap() > 0, "the hook made no revision overtake another: {replayed:#}");
+    let want = keyspace(&mut plain.client.clone(), last).await;
+    let (got, ttls) = restored(&out, &plain.dir.path().join("scratch-overtaken")).await;
+    assert!(want == got, "{}", differences(&want, &got));
+    assert!(ttls.values().all(|ttl| *ttl == 600), "{ttls:?}");
+}
