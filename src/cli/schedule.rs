@@ -102,6 +102,13 @@ pub enum Command {
         /// Passed to each backup (the data movers default to --image).
         #[command(flatten)]
         platform: crate::stages::context::PlatformSettings,
+        /// Also render the continuous backup: a StatefulSet `hcp-dr-stream`
+        /// of --shards pods, pod i streaming the clusters of shard i (each
+        /// holding their Leases in --namespace), serving /metrics and
+        /// /healthz on port 9102, with its own read-only ServiceAccount and
+        /// RBAC (and, with --monitoring, alerts on its lag and chain breaks).
+        #[arg(long)]
+        continuous: bool,
     },
 }
 
@@ -132,6 +139,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         drill_every,
         runbook_base,
         platform,
+        continuous,
     } = command;
     let options = ScheduleOptions {
         schedule,
@@ -153,6 +161,7 @@ pub fn exec(command: Command, output: Output) -> Exit {
         copy_to,
         copy_optional,
         object_lock: lock_for.map(|retain_for| crate::store::object_lock::ObjectLock { mode: lock_mode, retain_for }),
+        continuous,
         monitoring: monitoring.then(|| crate::ops::monitoring::Monitoring { stale_after, drill_every, runbook_base: runbook_base.unwrap_or_default() }),
     };
     let rendered = match output {

@@ -27,6 +27,16 @@ pub const ALERTS: [&str; 9] = [
     "HcpDrBackupCopyIncomplete",
 ];
 
+/// The continuous backup's alerts (`--monitoring` with `--continuous`), in
+/// the order they are rendered. They read what each stream pod serves on
+/// /metrics (scraped directly, not through the Pushgateway).
+pub const STREAM_ALERTS: [&str; 2] = ["HcpDrStreamLagging", "HcpDrStreamChainBroken"];
+
+/// The stream is lagging past this many seconds ...
+pub const STREAM_LAG_SECONDS: u64 = 60;
+/// ... for this long.
+pub const STREAM_LAG_FOR: &str = "5m";
+
 /// What `--monitoring` was asked (the schedule and namespace are the
 /// CronJob's).
 #[derive(Debug, Clone)]
@@ -99,7 +109,13 @@ pub fn longest_gap_seconds(schedule: &str) -> Result<i64, OpsError> {
 /// An alert; its runbook is the section of `docs/runbooks/<page>` headed
 /// with its name (backup.md, or drill.md for the drill's alerts).
 fn alert(base: &str, name: &str, expr: String, for_: &str, severity: &str, summary: &str, description: &str) -> Value {
-    let page = if name.starts_with("HcpDrDrill") { "drill.md" } else { "backup.md" };
+    let page = if name.starts_with("HcpDrDrill") {
+        "drill.md"
+    } else if name.starts_with("HcpDrStream") {
+        "stream.md"
+    } else {
+        "backup.md"
+    };
     let runbook = format!("{base}/{page}#{}", name.to_lowercase());
     json!({
         "alert": name,
@@ -221,13 +237,49 @@ pub fn rule_groups(m: &Monitoring, schedule: &str) -> Result<Value, OpsError> {
     Ok(json!([{"name": "hcp-dr", "rules": rules}]))
 }
 
-/// The PrometheusRule object, in `namespace`.
-pub fn prometheus_rule(m: &Monitoring, schedule: &str, namespace: &str, labels: &Value) -> Result<Value, OpsError> {
+/// The continuous backup's rule group: a stream lagging (nothing durable
+/// for a minute, for five minutes: the store or etcd is unreachable, or
+/// the stream cannot keep up) and a chain broken (revisions in no chain).
+pub fn stream_rule_group(m: &Monitoring) -> Result<Value, OpsError> {
+    m.check()?;
+    let base = m.runbook_base.trim_end_matches('/');
+    let cluster = "{{ $labels.namespace }}/{{ $labels.hosted_cluster }}";
+    let by = "max by (namespace, hosted_cluster)";
+    let rules = vec![
+        alert(
+            base,
+            "HcpDrStreamLagging",
+            format!("{by} (hcp_dr_stream_lag_seconds) > {STREAM_LAG_SECONDS}"),
+            STREAM_LAG_FOR,
+            "critical",
+            &format!("The continuous backup of hosted cluster {cluster} is more than {STREAM_LAG_SECONDS}s behind"),
+            &format!("For {STREAM_LAG_FOR}, the newest instant at which everything {cluster}'s etcd held was durable in the store has been more than {STREAM_LAG_SECONDS}s old ({{{{ $value }}}}s now): losing the management cluster now loses that much. The stream pod's log says why (the store failing, no etcd member answering)."),
+        ),
+        alert(
+            base,
+            "HcpDrStreamChainBroken",
+            format!("{by} (increase(hcp_dr_stream_chain_breaks_total[1h])) > 0"),
+            "0s",
+            "warning",
+            &format!("The continuous backup of hosted cluster {cluster} broke: some revisions are in no chain"),
+            &format!("A chain of {cluster} ended within the last hour because the watch could not go on (etcd compacted the revisions it needed: the stream was down or behind for too long); a new chain started from a new base. The writes between are restorable from no chain: `hcp-dr stream list` names them."),
+        ),
+    ];
+    Ok(json!({"name": "hcp-dr-stream", "rules": rules}))
+}
+
+/// The PrometheusRule object, in `namespace`; with `stream`, the
+/// continuous backup's group too.
+pub fn prometheus_rule(m: &Monitoring, schedule: &str, namespace: &str, labels: &Value, stream: bool) -> Result<Value, OpsError> {
+    let mut groups = rule_groups(m, schedule)?;
+    if stream && let Some(list) = groups.as_array_mut() {
+        list.push(stream_rule_group(m)?);
+    }
     Ok(json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "hcp-dr", "namespace": namespace, "labels": labels},
-        "spec": {"groups": rule_groups(m, schedule)?},
+        "spec": {"groups": groups},
     }))
 }
 
@@ -312,10 +364,13 @@ mod tests {
     #[test]
     fn every_alert_names_the_cluster_and_links_a_runbook_that_exists() {
         let groups = rule_groups(&monitoring(), "0 */6 * * *").unwrap();
+        let stream = stream_rule_group(&monitoring()).unwrap();
         let rules = groups[0]["rules"].as_array().unwrap();
         let names: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
         assert_eq!(names, ALERTS);
-        for rule in rules {
+        let stream_names: Vec<&str> = stream["rules"].as_array().unwrap().iter().map(|r| r["alert"].as_str().unwrap()).collect();
+        assert_eq!(stream_names, STREAM_ALERTS);
+        for rule in rules.iter().chain(stream["rules"].as_array().unwrap()) {
             let url = rule["annotations"]["runbook_url"].as_str().unwrap();
             let (page, anchor) = url.strip_prefix(RUNBOOK_BASE).unwrap().trim_start_matches('/').split_once('#').unwrap();
             let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks").join(page)).unwrap();

@@ -47,6 +47,39 @@ pub struct ScheduleOptions {
     /// Render the PrometheusRule and the dashboard too (for the CronJob's
     /// schedule, in its namespace).
     pub monitoring: Option<super::monitoring::Monitoring>,
+    /// Also render the continuous backup: a StatefulSet of `shards`
+    /// `hcp-dr stream` pods, their Service, ServiceAccount and RBAC.
+    pub continuous: bool,
+}
+
+/// The port each stream pod serves `/metrics` and `/healthz` on.
+pub const STREAM_METRICS_PORT: u16 = 9102;
+/// The StatefulSet (and its ServiceAccount, Service and RBAC) of the stream.
+pub const STREAM_NAME: &str = "hcp-dr-stream";
+
+/// The rules of the stream's ClusterRole: it reads, and changes nothing on
+/// any cluster (its Leases are a Role's, in its own namespace). Each with why.
+pub fn stream_rules() -> Vec<(Value, &'static str)> {
+    vec![
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedclusters"], "verbs": ["get", "list"]}),
+         "--all lists the HostedClusters (again every --relist-every) and takes those whose UID hashes to its shard; each is read for its HCP namespace"),
+        (json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["etcd-client-tls"], "verbs": ["get"]}),
+         "the etcd client certificate of each HCP namespace, and no other Secret"),
+        (json!({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["etcd-ca"], "verbs": ["get"]}),
+         "the etcd CA of each HCP namespace"),
+        (json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}),
+         "the etcd members (pods labelled app=etcd in the HCP namespace), their IPs and readiness, found again at each move of the watch"),
+        (json!({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["get", "create"]}),
+         "reaching etcd members when pod IPs are not routable: the websocket upgrade is a GET, authorized as `get`, and from Kubernetes 1.35 also as `create`"),
+    ]
+}
+
+/// The rules of the stream's Role in its own namespace.
+pub fn stream_lease_rules() -> Vec<(Value, &'static str)> {
+    vec![(
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}),
+        "one writer per cluster: each stream takes, renews and releases (an update) the Lease of every cluster it writes, here only",
+    )]
 }
 
 /// The rules of the ClusterRole: what backup (and prune, and the signals)
@@ -303,13 +336,90 @@ pub fn render(o: &ScheduleOptions) -> Result<Vec<Value>, OpsError> {
                    "jobTemplate": {"metadata": {"labels": labels}, "spec": job},
                }}),
     ];
+    if o.continuous {
+        objects.extend(stream_objects(o, &env, &env_from)?);
+    }
     if let Some(m) = &o.monitoring {
         let labels = json!({"app.kubernetes.io/name": "hcp-dr", "app.kubernetes.io/component": "monitoring"});
-        objects.push(super::monitoring::prometheus_rule(m, &o.schedule, &o.namespace, &labels)?);
+        objects.push(super::monitoring::prometheus_rule(m, &o.schedule, &o.namespace, &labels, o.continuous)?);
         objects.push(super::monitoring::dashboard_configmap(&o.namespace, &labels));
     }
     objects.iter_mut().for_each(drop_empty_lists);
     Ok(objects)
+}
+
+/// The continuous backup: a ServiceAccount of its own (the stream only
+/// reads; the backup's rights to patch and scale are not its), its
+/// ClusterRole and Role with their bindings, a headless Service (the
+/// StatefulSet's `serviceName`, and what a ServiceMonitor selects), and the
+/// StatefulSet: `shards` pods at once (Parallel), pod i streaming the
+/// clusters of shard i (its name's ordinal), each holding their Leases.
+fn stream_objects(o: &ScheduleOptions, env: &[Value], env_from: &[Value]) -> Result<Vec<Value>, OpsError> {
+    let name = STREAM_NAME;
+    let labels = json!({"app.kubernetes.io/name": "hcp-dr", "app.kubernetes.io/component": "stream"});
+    let mut args = vec!["stream".to_string()];
+    match &o.hosted_cluster {
+        Some((ns, hc)) => args.extend(["--hosted-cluster".into(), format!("{ns}/{hc}")]),
+        None => {
+            args.push("--all".into());
+            if let Some(selector) = &o.selector {
+                args.extend(["-l".into(), selector.clone()]);
+            }
+            args.extend(["--shard-from-hostname".into(), o.shards.to_string()]);
+        }
+    }
+    args.extend([
+        "--to".into(),
+        o.store.clone(),
+        "--lease-namespace".into(),
+        o.namespace.clone(),
+        "--metrics-addr".into(),
+        format!("0.0.0.0:{STREAM_METRICS_PORT}"),
+        "--output".into(),
+        "json".into(),
+    ]);
+    let port = STREAM_METRICS_PORT;
+    let container = json!({
+        "name": "stream", "image": o.image, "args": args, "env": env, "envFrom": env_from,
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        // the loops alive; a stream whose store failed for good turns 503 and is restarted (it resumes)
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                            "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "state", "mountPath": "/var/lib/hcp-dr"}, {"name": "tmp", "mountPath": "/tmp"}],
+    });
+    let cluster_rules: Vec<Value> = stream_rules().into_iter().map(|(rule, _)| rule).collect();
+    let lease_rules: Vec<Value> = stream_lease_rules().into_iter().map(|(rule, _)| rule).collect();
+    let scrape = json!({"prometheus.io/scrape": "true", "prometheus.io/port": port.to_string(), "prometheus.io/path": "/metrics"});
+    Ok(vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": o.namespace, "labels": labels}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": labels}, "rules": cluster_rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": o.namespace}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": o.namespace, "labels": labels}, "rules": lease_rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": o.namespace, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": o.namespace}]}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": o.namespace, "labels": labels, "annotations": scrape},
+               "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]}}),
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, "namespace": o.namespace, "labels": labels},
+               "spec": {
+                   "serviceName": name,
+                   "replicas": o.shards,
+                   "podManagementPolicy": "Parallel",
+                   "selector": {"matchLabels": labels},
+                   "template": {"metadata": {"labels": labels, "annotations": scrape}, "spec": {
+                       "serviceAccountName": name,
+                       // SIGTERM: every open segment is written, the Leases released
+                       "terminationGracePeriodSeconds": 60,
+                       "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                       "containers": [container],
+                       "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                   }},
+               }}),
+    ])
 }
 
 /// Remove every empty list (`envFrom: []`, `initContainers: []`). A real
@@ -374,7 +484,48 @@ mod tests {
             copy_optional: false,
             object_lock: None,
             monitoring: None,
+            continuous: false,
         }
+    }
+
+    #[test]
+    fn continuous_renders_a_statefulset_whose_pods_stream_their_shard_with_only_read_rights() {
+        let mut o = options();
+        o.continuous = true;
+        o.shards = 3;
+        o.s3_endpoint = Some("https://minio.example:9000".into());
+        let objects = render(&o).unwrap();
+        let kinds: Vec<&str> = objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "CronJob", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "StatefulSet"]);
+        let sts = &objects[11];
+        assert_eq!((sts["spec"]["replicas"].as_u64(), sts["spec"]["podManagementPolicy"].as_str(), sts["spec"]["serviceName"].as_str()), (Some(3), Some("Parallel"), Some(STREAM_NAME)));
+        let pod = &sts["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], STREAM_NAME);
+        let c = &pod["containers"][0];
+        assert_eq!(
+            c["args"],
+            json!(["stream", "--all", "-l", "backup=yes", "--shard-from-hostname", "3", "--to", "s3://bucket/hcp", "--lease-namespace", "hcp-dr", "--metrics-addr", "0.0.0.0:9102", "--output", "json"])
+        );
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(c["image"], o.image);
+        // the CronJob's store credentials and endpoint
+        let cron = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0];
+        assert_eq!((&c["env"], &c["envFrom"]), (&cron["env"], &cron["envFrom"]));
+        assert_eq!(sts["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"], "9102");
+        assert_eq!(objects[10]["spec"]["clusterIP"], "None");
+        // nothing changed on any cluster: read verbs only, but the Leases, in its namespace only
+        for rule in objects[6]["rules"].as_array().unwrap() {
+            let verbs: Vec<&str> = rule["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+            assert!(verbs.iter().all(|v| ["get", "list"].contains(v) || (*v == "create" && rule["resources"][0] == "pods/portforward")), "{rule}");
+        }
+        assert_eq!(objects[8]["metadata"]["namespace"], "hcp-dr");
+        assert_eq!(objects[8]["rules"], json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]));
+        // one cluster: one pod streaming it
+        o.shards = 1;
+        o.hosted_cluster = Some(("clusters".into(), "demo".into()));
+        let objects = render(&o).unwrap();
+        let args = &objects.last().unwrap()["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert_eq!(args.as_array().unwrap()[..3], [json!("stream"), json!("--hosted-cluster"), json!("clusters/demo")]);
     }
 
     /// Nothing a real API server would drop: no empty list anywhere, with
