@@ -580,6 +580,7 @@ mod tests {
             agent_inventory: None,
             guest_volumes: None,
             compression: compressed.then(|| crate::archive::Compression { algorithm: "zstd".into(), level: compression::DEFAULT_LEVEL, artifacts: raw }),
+            point_in_time: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
         (store, layout)

@@ -323,6 +323,30 @@ pub struct Manifest {
     /// (format version 3). Older backups lack it: stored as etcd streamed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<Compression>,
+    /// A backup made from a stream chain by a point-in-time restore
+    /// (`restore --at`, `drill --at`): which point it holds and which
+    /// regular backup its objects come from. Regular backups lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<PointInTime>,
+}
+
+/// What a point-in-time backup holds: etcd replayed from a stream chain to
+/// one revision, with the management-cluster objects (and guest volumes)
+/// of the newest regular backup taken at or before that revision's time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PointInTime {
+    /// What was asked (`revision 1234`, `time 2026-11-29T18:00:00.000Z`).
+    pub asked: String,
+    pub chain_id: String,
+    /// The revision the snapshot holds.
+    pub revision: i64,
+    /// When the stream received that revision.
+    pub received: DateTime<Utc>,
+    /// The regular backup whose objects this backup holds.
+    pub objects_from: String,
+    /// Revisions the stream held after this point when it was made: the
+    /// writes a restore of it does not bring back.
+    pub later_revisions: i64,
 }
 
 /// The etcd snapshots of a backup, compressed before they are stored (and
@@ -671,6 +695,7 @@ pub(crate) mod tests {
             agent_inventory: None,
             guest_volumes: None,
             compression: None,
+            point_in_time: None,
         }
     }
 

@@ -255,6 +255,14 @@ fn render_list(listed: &[Listed], stores: &[String], unattached: &[StreamWindows
     for e in entries.iter().filter(|e| e.degraded.is_some()) {
         out.push_str(&format!("{}: etcd {}\n", e.backup_id, e.degraded.as_deref().unwrap_or_default()));
     }
+    for e in &entries {
+        if let Some(p) = &e.point_in_time {
+            out.push_str(&format!(
+                "{}: point in time, made by a restore of {}: etcd at revision {} of chain {}, objects from backup {}\n",
+                e.backup_id, p.asked, p.revision, p.chain_id, p.objects_from
+            ));
+        }
+    }
     for w in listed.iter().flat_map(|l| &l.stream).chain(unattached) {
         out.push_str(&render_windows(w));
     }

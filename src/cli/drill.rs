@@ -72,6 +72,8 @@ pub struct Args {
     #[command(flatten)]
     pub seed: super::SeedArgs,
     #[command(flatten)]
+    pub at: super::AtArgs,
+    #[command(flatten)]
     pub metrics: super::MetricsArgs,
     #[command(flatten)]
     pub run: crate::ops::RunFlags,
@@ -95,6 +97,7 @@ fn options(args: Args, output: Output) -> Result<DrillOptions, String> {
         },
         stage_snapshot_to: args.stage_snapshot_to,
         presign_ttl: args.presign_ttl.unwrap_or(Duration::from_secs(3600)),
+        at: args.at.point(args.identity.as_deref()),
         decrypt: Decrypt {
             identity: args.identity,
             presign_ttl_given: args.presign_ttl.is_some(),
@@ -145,6 +148,9 @@ pub fn render(result: &DrillResult) -> String {
     let mut out = report::headline(result);
     out.push('\n');
     out.push_str(&format!("backup: {}\n{} -> {}\n", result.backup, result.source, result.drill));
+    if let Some(point) = &result.point_in_time {
+        out.push_str(&format!("{}\n", point.describe()));
+    }
     out.push_str(&super::report::stage_lines(&result.run));
     for check in &result.checks {
         out.push_str(&format!("  [{}] {}: {}\n", if check.passed { "pass" } else { "FAIL" }, check.name, check.detail));

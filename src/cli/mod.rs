@@ -126,6 +126,35 @@ impl SeedArgs {
     }
 }
 
+/// `--at` / `--at-revision` (restore, drill): a point of the cluster's
+/// stream instead of a backup.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AtArgs {
+    /// Restore the cluster as it was at TIME (RFC 3339, e.g.
+    /// 2026-11-21T18:04:05Z) from its stream (`hcp-dr stream`): etcd holds
+    /// the last revision the stream had received by then, the objects come
+    /// from the newest backup taken at or before it. --from is the store.
+    #[arg(long, value_name = "TIME", value_parser = stream::rfc3339, conflicts_with_all = ["backup_id", "at_revision", "resume", "abort"])]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// As --at, to exactly this etcd revision of the stream [range: 1 to
+    /// 1000000000000000000].
+    #[arg(long, value_name = "REVISION", value_parser = clap::value_parser!(i64).range(1..=1_000_000_000_000_000_000), conflicts_with_all = ["backup_id", "resume", "abort"])]
+    pub at_revision: Option<i64>,
+}
+
+impl AtArgs {
+    /// The point asked, read with `identity` when the stream is encrypted.
+    pub fn point(&self, identity: Option<&std::path::Path>) -> Option<crate::ops::point_in_time::AtPoint> {
+        use crate::stream::replay::Target;
+        let target = match (self.at, self.at_revision) {
+            (Some(at), _) => Target::Time(at),
+            (None, Some(revision)) => Target::Revision(revision),
+            (None, None) => return None,
+        };
+        Some(crate::ops::point_in_time::AtPoint { target, identity: identity.map(std::path::Path::to_path_buf) })
+    }
+}
+
 /// How a restore's etcd got its data, for the reports.
 pub fn etcd_seed_line(seeded: &crate::stages::restore::etcd_seed::Seeded) -> String {
     use crate::stages::restore::etcd_seed::SeedMode;

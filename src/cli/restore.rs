@@ -104,6 +104,8 @@ pub struct Args {
     #[command(flatten)]
     pub seed: super::SeedArgs,
     #[command(flatten)]
+    pub at: super::AtArgs,
+    #[command(flatten)]
     pub run: crate::ops::RunFlags,
 }
 
@@ -138,6 +140,7 @@ fn options(args: Args, output: Output) -> RestoreOptions {
             wait_seconds: args.dns_wait.as_secs(),
         }),
         dns_only: args.dns_only,
+        at: args.at.point(args.identity.as_deref()),
     }
 }
 
@@ -222,7 +225,20 @@ pub fn render(result: &RestoreResult) -> String {
             out.push_str(&super::one_cluster_line(etcd));
         }
     }
-    if let (Some(taken), Some(age)) = (result.backup_taken, result.backup_age_seconds)
+    if let Some(point) = &result.point_in_time {
+        out.push_str(&format!("{}\n", point.describe()));
+    }
+    if let (Some(taken), Some(age), Some(point)) = (result.backup_taken, result.backup_age_seconds, &result.point_in_time)
+        && matches!(result.run.outcome, crate::pipeline::RunOutcome::Succeeded)
+    {
+        out.push_str(&format!(
+            "RPO: restored to revision {}, received {} ({} before this restore); the {} later revision(s) the stream holds are not restored\n",
+            point.point.revision,
+            taken.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            crate::ops::drill::report::human_seconds(age as f64),
+            point.point.later_revisions
+        ));
+    } else if let (Some(taken), Some(age)) = (result.backup_taken, result.backup_age_seconds)
         && matches!(result.run.outcome, crate::pipeline::RunOutcome::Succeeded)
     {
         out.push_str(&format!(

@@ -60,6 +60,10 @@ pub struct BackupEntry {
     /// restore takes any of them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stores: Vec<String>,
+    /// Made from the cluster's stream by a point-in-time restore: the
+    /// point it holds and the backup its objects come from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<crate::archive::PointInTime>,
 }
 
 /// The fence of a cluster as shown: the record, or why it is unreadable.
@@ -153,6 +157,7 @@ pub async fn catalogue(store: &dyn Store, cluster: Option<(&str, &str)>) -> Resu
             fence_error,
             degraded: manifest.as_ref().and_then(|m| m.etcd_health.describe(m.etcd.len())),
             no_quorum: manifest.as_ref().is_some_and(|m| m.etcd_health.no_quorum),
+            point_in_time: manifest.as_ref().and_then(|m| m.point_in_time.clone()),
             stores: Vec::new(),
         });
     }

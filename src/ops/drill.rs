@@ -63,6 +63,8 @@ pub struct DrillOptions {
     /// Where the drill's result series go (textfile, Pushgateway).
     pub metrics_file: Option<PathBuf>,
     pub pushgateway: Option<super::signals::Pushgateway>,
+    /// `--at` / `--at-revision`: drill a point of the cluster's stream.
+    pub at: Option<super::point_in_time::AtPoint>,
 }
 
 /// What became of the drill cluster.
@@ -126,6 +128,9 @@ pub struct DrillResult {
     pub remove_with: Option<String>,
     /// This run was `--abort`: it removed what an earlier drill left.
     pub aborted: bool,
+    /// The point of the stream drilled (`--at`, `--at-revision`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<super::point_in_time::Materialized>,
     /// `<report>.md` and `<report>.json`, once written.
     pub report_files: Vec<String>,
     /// The result record written beside the backup (`results/`), for
@@ -166,6 +171,7 @@ fn restore_options(options: &DrillOptions) -> RestoreOptions {
         // a drill never touches the source's DNS records
         dns: None,
         dns_only: false,
+        at: options.at.clone(),
     }
 }
 
@@ -308,6 +314,7 @@ pub async fn drill(options: DrillOptions, interrupt: &mut Interrupt) -> Result<D
         drill_cluster: fate(&run, inputs.keep),
         remove_with: None,
         aborted: options.run.aborting(),
+        point_in_time: inputs.restore.point_in_time.clone(),
         report_files: Vec::new(),
         recorded: None,
         warnings: ctx.restore.warnings.clone(),

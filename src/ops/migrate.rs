@@ -166,6 +166,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             mover_image: options.platform.mover_image.clone(),
             // the source's writers stay stopped from the snapshot on
             etcd_seed: crate::stages::restore::etcd_seed::EtcdSeedInputs { source_stopped: true, ..options.etcd_seed.clone() },
+            point_in_time: None,
         },
         from_kubeconfig: options.from_kubeconfig.clone(),
         from_context: options.from_context.clone(),

@@ -15,6 +15,7 @@ pub mod object_lock;
 pub mod posture;
 pub mod reconcile;
 pub mod registry;
+pub mod point_in_time;
 pub mod restore;
 pub mod run;
 pub mod schedule;

@@ -3,6 +3,7 @@
 //! `--resume` continues, `--abort` deletes what the run created.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -50,6 +51,9 @@ pub struct RestoreOptions {
     /// `--dns-only`: run only `dns-takeover`, for a cluster this backup
     /// was already restored from.
     pub dns_only: bool,
+    /// `--at` / `--at-revision`: restore the point of the cluster's stream
+    /// (a point-in-time backup is made first), not a backup.
+    pub at: Option<super::point_in_time::AtPoint>,
 }
 
 /// What a restore run reports.
@@ -87,6 +91,9 @@ pub struct RestoreResult {
     /// RPO, for `hcp-dr report`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded: Option<String>,
+    /// The point restored, for `--at` / `--at-revision`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<super::point_in_time::Materialized>,
 }
 
 /// The origin a journal records for the embedded `--dns-only` playbook.
@@ -106,7 +113,9 @@ pub fn split_backup_url(url: &str) -> Option<(String, String, String, String)> {
     Some((root.to_string(), ns.to_string(), hc.to_string(), id.to_string()))
 }
 
-/// The newest backup of a cluster that has its manifest (a complete one).
+/// The newest backup of a cluster that has its manifest (a complete one)
+/// and was taken as a backup: a point-in-time backup (`restore --at`) is
+/// made from the stream, and `latest` means the newest one taken.
 pub async fn latest_backup(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<String, OpsError> {
     let prefix = Layout::cluster_prefix(namespace, hosted_cluster);
     let mut ids: Vec<String> = store
@@ -117,6 +126,13 @@ pub async fn latest_backup(store: &dyn Store, namespace: &str, hosted_cluster: &
         .map(|l| l.backup_id)
         .collect();
     ids.sort();
+    while let Some(id) = ids.last() {
+        let manifest = crate::archive::check::read_manifest_at(store, &Layout::new(namespace, hosted_cluster, id).manifest()).await;
+        if manifest.is_none_or(|m| m.point_in_time.is_none()) {
+            break;
+        }
+        ids.pop();
+    }
     ids.pop().ok_or_else(|| {
         OpsError::Input(format!(
             "no complete backup of {namespace}/{hosted_cluster} in {}: check the store URL, --hosted-cluster and -n (hcp-dr backups list)",
@@ -130,8 +146,19 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         .from
         .clone()
         .ok_or_else(|| OpsError::Input("--from is required: the URL of a backup, or of a store with --backup-id".into()))?;
+    if options.at.is_some() && (options.backup_id.is_some() || split_backup_url(&from).is_some()) {
+        return Err(OpsError::Input(format!(
+            "--at and --at-revision pick their own backup from the cluster's stream: give --from the store's URL (not a backup's; got {from}) with --hosted-cluster and -n, and no --backup-id"
+        )));
+    }
     let (root, namespace, hosted_cluster, id) = match split_backup_url(&from) {
         Some(parts) => parts,
+        None if options.at.is_some() => {
+            let hc = options.hosted_cluster.clone().ok_or_else(|| {
+                OpsError::Input("--at and --at-revision need --hosted-cluster (and -n, default clusters): the cluster whose stream is restored".into())
+            })?;
+            (from.clone(), options.namespace.clone().unwrap_or_else(|| "clusters".into()), hc, String::new())
+        }
         None => {
             let id = options.backup_id.clone().ok_or_else(|| {
                 OpsError::Input(format!(
@@ -154,7 +181,10 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         }
     }
     store::StoreUrl::parse(&root)?;
-    let backup_id = if id == "latest" {
+    let backup_id = if options.at.is_some() {
+        // made last, once every other input is known good
+        String::new()
+    } else if id == "latest" {
         let store = store::open(&root, s3.clone()).await?;
         latest_backup(store.as_ref(), &namespace, &hosted_cluster).await?
     } else {
@@ -174,7 +204,22 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
             "--presign-ttl {ttl}s is out of range: between 5m (etcd must start downloading before it expires) and 168h (the SigV4 limit)"
         )));
     }
+    let dns = check_dns(options)?;
+    let mut point_in_time = None;
+    let backup_id = match &options.at {
+        Some(at) => {
+            let store: Arc<dyn Store> = store::open(&root, s3.clone()).await?.into();
+            let seed = options.etcd_seed.clone();
+            let precheck = move |manifest: &crate::archive::Manifest| resolve_mode(&seed, &manifest.cluster.availability_policy).map(|_| ()).map_err(OpsError::Input);
+            let made = super::point_in_time::materialize(store, &namespace, &hosted_cluster, at, options.run.dry_run, &precheck).await?;
+            let id = made.backup_id.clone();
+            point_in_time = Some(made);
+            id
+        }
+        None => backup_id,
+    };
     Ok(RestoreInputs {
+        point_in_time,
         store: root,
         namespace,
         hosted_cluster,
@@ -189,7 +234,7 @@ pub(crate) async fn resolve_inputs(options: &RestoreOptions, s3: &S3Options) -> 
         etcd_access: options.etcd_access,
         backup_of: None,
         identity: None,
-        dns: check_dns(options)?,
+        dns,
         mover_image: options.mover_image.clone(),
         etcd_seed: options.etcd_seed.clone(),
     })
@@ -435,6 +480,7 @@ pub async fn restore_with(options: RestoreOptions, decrypt: Decrypt, interrupt: 
         warnings,
         backup_taken,
         backup_age_seconds: backup_taken.map(|t| (chrono::Utc::now() - t).num_seconds()),
+        point_in_time: inputs.point_in_time.clone(),
         run,
     })
 }

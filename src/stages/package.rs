@@ -178,6 +178,7 @@ impl Stage<BackupContext> for Package {
             guest_volumes,
             etcd_health: ctx.etcd_health.clone(),
             compression,
+            point_in_time: None,
         };
         manifest.check()?;
         ctx.store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await?;

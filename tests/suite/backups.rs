@@ -101,6 +101,7 @@ pub(crate) async fn seed(store: &dyn Store, ns: &str, hc: &str, hours_ago: i64, 
             agent_inventory: None,
             guest_volumes: None,
             compression: None,
+            point_in_time: None,
         };
         store.put(&layout.manifest(), Box::new(&manifest.to_json()[..])).await.unwrap();
     }

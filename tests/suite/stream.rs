@@ -398,14 +398,14 @@ async fn a_replay_slower_than_a_lease_keeps_the_lease_alive() {
 // The sandbox, through the binary
 
 /// A running `hcp-dr stream`: its log lines as they come.
-struct Streaming {
+pub struct Streaming {
     child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
     log: String,
 }
 
 impl Streaming {
-    fn start(env: &Env, store: &Path) -> Streaming {
+    pub fn start(env: &Env, store: &Path) -> Streaming {
         let args = ["stream", "--hosted-cluster", "clusters/demo", "--to", store.to_str().unwrap(), "--segment-interval", "1s", "-o", "json"];
         let mut child = env
             .command(&args, &[("HCP_DR_LOG_FORMAT", "text"), ("NO_COLOR", "1")])
@@ -426,7 +426,7 @@ impl Streaming {
     }
 
     /// Wait until a log line contains `needle`; that line.
-    fn wait_for(&mut self, needle: &str, within: Duration) -> String {
+    pub fn wait_for(&mut self, needle: &str, within: Duration) -> String {
         let start = std::time::Instant::now();
         while start.elapsed() < within {
             match self.lines.recv_timeout(Duration::from_millis(200)) {
@@ -445,7 +445,7 @@ impl Streaming {
     }
 
     /// SIGTERM; the exit status and the JSON report.
-    fn term(mut self) -> (std::process::ExitStatus, serde_json::Value) {
+    pub fn term(mut self) -> (std::process::ExitStatus, serde_json::Value) {
         let sent = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(sent.success());
         let mut stdout = String::new();

@@ -99,6 +99,9 @@ pub fn markdown(result: &DrillResult) -> String {
     if let Some(taken) = result.backup_taken {
         let _ = writeln!(md, "| backup taken | {} |", taken.to_rfc3339());
     }
+    if let Some(point) = &result.point_in_time {
+        let _ = writeln!(md, "| point in time | {} |", cell(&point.describe()));
+    }
     let _ = writeln!(md, "| drill started | {} |", result.started.to_rfc3339());
     let _ = writeln!(md, "| **RTO** (drill start to Available) | {} |", or_unknown(result.rto_seconds));
     let _ = writeln!(md, "| **RPO** (backup age at the drill's start) | {} |", or_unknown(result.rpo_seconds));
@@ -219,6 +222,7 @@ mod tests {
             drill_cluster: DrillCluster::Removed,
             remove_with: None,
             aborted: false,
+            point_in_time: None,
             report_files: Vec::new(),
             recorded: None,
             warnings: Vec::new(),

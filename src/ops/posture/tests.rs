@@ -34,6 +34,7 @@ fn entry(hc: &str, age: i64, complete: bool, now: DateTime<Utc>) -> BackupEntry 
         degraded: None,
         no_quorum: false,
         stores: Vec::new(),
+        point_in_time: None,
     }
 }
 

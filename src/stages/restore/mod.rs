@@ -71,6 +71,10 @@ pub struct RestoreInputs {
     /// How the members get etcd's data (`--etcd-seed` and friends).
     #[serde(default)]
     pub etcd_seed: etcd_seed::EtcdSeedInputs,
+    /// The point of the stream restored (`--at`), and the point-in-time
+    /// backup made for it (`backup_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<crate::ops::point_in_time::Materialized>,
 }
 
 /// `--route53-zone`, `--take-over-dns`, `--dns-owner`, `--dns-wait`.

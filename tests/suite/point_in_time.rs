@@ -1,0 +1,145 @@
+//! Point-in-time restore (`restore --at`, `drill --at`) on the sandbox
+//! (HighlyAvailable, the shipped etcd-init): ConfigMaps are written through
+//! the hosted API at known instants while `hcp-dr stream` runs; the cluster
+//! is then restored onto the other management cluster at an instant
+//! between two writes and holds exactly the writes before it, as one etcd
+//! cluster. Around it: points that cannot be restored (before the stream,
+//! in the future, a backup named too) are refused with exit 2 and change
+//! nothing; the point-in-time backup is listed, verifies, and is not
+//! `latest`; a drill of the newest durable revision passes its checks.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use hcp_dr_e2e::drill::hosted_client;
+use hcp_dr_e2e::sandbox::wait_available;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::stream::Streaming;
+use crate::support::{self, Env, json_report, text};
+
+/// Create ConfigMap `name` in the workload namespace through the hosted API.
+async fn create(hosted: &kube::Client, name: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), hcp_dr_e2e::drill::WORKLOAD_NS);
+    let cm: ConfigMap = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"written": Utc::now().to_rfc3339()}})).unwrap();
+    api.create(&PostParams::default(), &cm).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+/// The backup folders of demo in the local store (complete or not).
+fn backup_folders(env: &Env) -> Vec<String> {
+    let dir = env.local_store().join("clusters/demo");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| hcp_dr::archive::parse_backup_id(n).is_ok()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluster() {
+    let env = support::env("HighlyAvailable").await;
+    let store = env.local_store();
+    let store_arg = store.to_str().unwrap().to_string();
+    let hosted = hosted_client(&env.mgmt, "clusters", "demo").await.expect("hosted client");
+    let regular = support::backup_to_local(&env);
+    let regular_id = regular.file_name().unwrap().to_string_lossy().to_string();
+
+    // writes at known instants while the stream runs
+    let mut streaming = Streaming::start(&env, &store);
+    streaming.wait_for("started at base revision", Duration::from_secs(120));
+    create(&hosted, "before-1").await;
+    create(&hosted, "before-2").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let between = Utc::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    create(&hosted, "after-1").await;
+    create(&hosted, "after-2").await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, report) = streaming.term();
+    assert!(status.success(), "{report:#}");
+    let durable = report["clusters"][0]["last_durable_revision"].as_i64().unwrap();
+
+    // points that cannot be restored: exit 2, nothing written, nothing on mgmt-b
+    let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
+    let folders = backup_folders(&env);
+    let future = (Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    for (args, says) in [
+        (vec!["--at", future.as_str()], "the windows that can:"),
+        (vec!["--at-revision", "1"], "the windows that can:"),
+        (vec!["--at", future.as_str(), "--backup-id", "latest"], "cannot be used with"),
+    ] {
+        let mut all = vec!["restore", "--from", &store_arg, "--hosted-cluster", "demo", "--kubeconfig", &kubeconfig_b];
+        all.extend(args.iter().copied());
+        let out = env.hcp_dr(&all, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(says), "{args:?}: {}", text(&out));
+    }
+    let backup_url = regular.to_str().unwrap().to_string();
+    let out = env.hcp_dr(&["restore", "--from", &backup_url, "--at", &between.to_rfc3339(), "--kubeconfig", &kubeconfig_b], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("give --from the store's URL"), "{}", text(&out));
+    assert_eq!(backup_folders(&env), folders, "a refused point wrote nothing");
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    assert!(support::hc_on(&b).await.is_none(), "nothing was created on mgmt-b");
+
+    // the point between the writes, onto mgmt-b, the source gone
+    // (the seeding pods download the snapshot: a copy staged in S3)
+    support::retire_source(&env).await;
+    let staging = format!("s3://{}/staging", hcp_dr_e2e::sandbox::BUCKET);
+    let endpoint = env.sandbox.s3.https_url().to_string();
+    let at = between.to_rfc3339();
+    let out = env.hcp_dr(
+        &["restore", "--from", &store_arg, "--hosted-cluster", "demo", "--at", &at, "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--wait", "5m", "-o", "json"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let restored = json_report(&out);
+    let point = &restored["point_in_time"];
+    let revision = point["revision"].as_i64().unwrap();
+    assert!(revision < durable, "{point:#}");
+    assert_eq!(point["objects_from"], regular_id.as_str(), "{point:#}");
+    assert!(point["later_revisions"].as_i64().unwrap() >= 2, "the two later writes are not restored: {point:#}");
+    assert_eq!(point["dry_run"], false);
+    let pit_id = point["backup_id"].as_str().unwrap().to_string();
+    assert!(restored["backup"].as_str().unwrap().ends_with(&pit_id), "{restored:#}");
+    assert!(restored["rpo_seconds"].is_null() || restored["backup_age_seconds"].as_i64().is_some(), "{restored:#}");
+
+    wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
+    support::assert_one_etcd_cluster(&b, &env.hcp_ns(), 3, "a point-in-time restore").await;
+    let hosted_b = hosted_client(&b, "clusters", "demo").await.expect("hosted client on mgmt-b");
+    let names: Vec<String> = Api::<ConfigMap>::namespaced(hosted_b, hcp_dr_e2e::drill::WORKLOAD_NS)
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
+        .collect();
+    assert_eq!(names, ["before-1", "before-2"], "exactly the writes before {between}");
+
+    // the point-in-time backup: listed as such, verifies, never `latest`
+    let listed = env.hcp_dr(&["backups", "list", "--store", &store_arg, "-o", "json"], &[]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let listed = json_report(&listed);
+    let entry = listed.as_array().unwrap().iter().find(|b| b["backup_id"] == pit_id.as_str()).unwrap_or_else(|| panic!("{pit_id} not listed: {listed:#}"));
+    assert_eq!(entry["point_in_time"]["revision"], revision, "{entry:#}");
+    let pit_folder = store.join("clusters/demo").join(&pit_id);
+    let out = env.hcp_dr(&["backups", "verify", pit_folder.to_str().unwrap(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = env.hcp_dr(&["backups", "describe", &format!("{store_arg}/clusters/demo/latest")], &[]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&regular_id), "latest is the regular backup: {}", text(&out));
+
+    // a drill of the newest durable revision onto mgmt-a (text report)
+    let kubeconfig_a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
+    let durable_arg = durable.to_string();
+    let out = env.hcp_dr(
+        &["drill", "--from", &store_arg, "--hosted-cluster", "demo", "--at-revision", &durable_arg, "--kubeconfig", &kubeconfig_a, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--wait", "5m"],
+        &[],
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(said.contains(&format!("point in time: revision {durable} -> revision {durable}")) && said.contains("0 later revision(s)"), "{said}");
+}
