@@ -137,7 +137,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "COUNT", requires = "all", conflicts_with = "shard")]
     pub shard_from_hostname: Option<usize>,
     /// With --all: list the HostedClusters again this often [range: 1s to 1h].
-    #[arg(long, default_value = "30s", value_parser = RELIST_EVERY, requires = "all")]
+    #[arg(long, default_value = "30s", value_parser = RELIST_EVERY, env = "HCP_DR_RELIST_EVERY")]
     pub relist_every: Duration,
     /// Take a coordination.k8s.io Lease per cluster in this namespace
     /// (`hcp-dr-stream.<ns>.<name>`) before writing it, so two streams never
@@ -148,12 +148,13 @@ pub struct RunArgs {
     /// How long a Lease lasts without renewal (renewed every third of it;
     /// not renewed for two thirds, the stream stops writing the cluster at
     /// once) [range: 2s to 10m].
-    #[arg(long, default_value = "30s", value_parser = LEASE_DURATION)]
+    #[arg(long, default_value = "30s", value_parser = LEASE_DURATION, env = "HCP_DR_LEASE_DURATION")]
     pub lease_duration: Duration,
     /// Serve /metrics (Prometheus text format: per-cluster lag, segments,
     /// bytes, chain breaks, Lease held) and /healthz on HOST:PORT, e.g.
-    /// 0.0.0.0:9102.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// 0.0.0.0:9102 (the StatefulSet sets it through the environment); port 0
+    /// takes a free one, logged.
+    #[arg(long, value_name = "HOST:PORT", env = "HCP_DR_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
     /// The namespace of a --hosted-cluster given without one.
     #[arg(short = 'n', long, default_value = "clusters")]

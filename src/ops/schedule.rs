@@ -373,12 +373,14 @@ fn stream_objects(o: &ScheduleOptions, env: &[Value], env_from: &[Value]) -> Res
         o.store.clone(),
         "--lease-namespace".into(),
         o.namespace.clone(),
-        "--metrics-addr".into(),
-        format!("0.0.0.0:{STREAM_METRICS_PORT}"),
         "--output".into(),
         "json".into(),
     ]);
     let port = STREAM_METRICS_PORT;
+    // --metrics-addr through the environment: the args are the same
+    // wherever the command runs (the tests run them as they are)
+    let mut env = env.to_vec();
+    env.push(json!({"name": "HCP_DR_METRICS_ADDR", "value": format!("0.0.0.0:{port}")}));
     let container = json!({
         "name": "stream", "image": o.image, "args": args, "env": env, "envFrom": env_from,
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
@@ -504,13 +506,17 @@ mod tests {
         let c = &pod["containers"][0];
         assert_eq!(
             c["args"],
-            json!(["stream", "--all", "-l", "backup=yes", "--shard-from-hostname", "3", "--to", "s3://bucket/hcp", "--lease-namespace", "hcp-dr", "--metrics-addr", "0.0.0.0:9102", "--output", "json"])
+            json!(["stream", "--all", "-l", "backup=yes", "--shard-from-hostname", "3", "--to", "s3://bucket/hcp", "--lease-namespace", "hcp-dr", "--output", "json"])
         );
+        let env = c["env"].as_array().unwrap();
+        assert!(env.contains(&json!({"name": "HCP_DR_METRICS_ADDR", "value": "0.0.0.0:9102"})), "{env:?}");
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(c["image"], o.image);
         // the CronJob's store credentials and endpoint
         let cron = &objects[4]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0];
-        assert_eq!((&c["env"], &c["envFrom"]), (&cron["env"], &cron["envFrom"]));
+        assert_eq!(&c["envFrom"], &cron["envFrom"]);
+        assert!(cron["env"].as_array().unwrap().iter().all(|e| env.contains(e)), "{env:?}");
+        assert!(env.contains(&json!({"name": "AWS_ENDPOINT_URL_S3", "value": "https://minio.example:9000"})), "{env:?}");
         assert_eq!(sts["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"], "9102");
         assert_eq!(objects[10]["spec"]["clusterIP"], "None");
         // nothing changed on any cluster: read verbs only, but the Leases, in its namespace only
