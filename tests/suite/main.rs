@@ -36,6 +36,7 @@ mod platform_agent;
 mod platform_aws;
 mod platform_kubevirt;
 mod playbook_params;
+mod point_in_time;
 mod posture;
 mod prometheus_alerts;
 mod publishing;
