@@ -88,6 +88,15 @@ pub struct Args {
     pub seed: super::SeedArgs,
     #[command(flatten)]
     pub run: crate::ops::RunFlags,
+    /// Refused: a migration moves the cluster as it is now (the source's
+    /// writers stopped, nothing lost), never an earlier point. To bring the
+    /// cluster back as it was at a point of its stream on another
+    /// management cluster: `hcp-dr restore --at TIME --kubeconfig DEST`.
+    #[arg(long, value_name = "TIME", hide = true)]
+    pub at: Option<String>,
+    /// Refused, as --at.
+    #[arg(long, value_name = "REVISION", hide = true)]
+    pub at_revision: Option<String>,
 }
 
 fn options(args: Args, output: Output) -> MigrateOptions {
@@ -129,6 +138,12 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
+    if args.at.is_some() || args.at_revision.is_some() {
+        eprintln!(
+            "error: migrate moves the cluster as it is now (its source's writers stopped, nothing lost), not an earlier point: drop --at/--at-revision; to bring the cluster back as it was at a point of its stream on another management cluster, run `hcp-dr restore --at TIME --from STORE --hosted-cluster NAME --kubeconfig DEST` (docs/runbooks/restore.md, \"A point in time\")"
+        );
+        return Exit::Usage;
+    }
     let aborting = args.run.aborting();
     match migrate(options(args, output), &mut interrupt).await {
         Ok(result) => {

@@ -4,8 +4,8 @@
 //! is then restored onto the other management cluster at an instant
 //! between two writes and holds exactly the writes before it, as one etcd
 //! cluster. Around it: points that cannot be restored (before the stream,
-//! in the future, a backup named too) are refused with exit 2 and change
-//! nothing; the point-in-time backup is listed, verifies, and is not
+//! in the future, a backup named too) and `migrate --at` are refused with
+//! exit 2 and change nothing; the point-in-time backup is listed, verifies, and is not
 //! `latest`; a drill of the newest durable revision passes its checks.
 
 use std::time::Duration;
@@ -80,6 +80,10 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let out = env.hcp_dr(&["restore", "--from", &backup_url, "--at", &between.to_rfc3339(), "--kubeconfig", &kubeconfig_b], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("give --from the store's URL"), "{}", text(&out));
+    let out = env.hcp_dr(&["migrate", "--hosted-cluster", "demo", "--to-kubeconfig", &kubeconfig_b, "--at", &between.to_rfc3339()], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("hcp-dr restore --at TIME"), "migrate points at restore --at: {}", text(&out));
+    env.assert_in_service("after the refused migration").await;
     assert_eq!(backup_folders(&env), folders, "a refused point wrote nothing");
     let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     assert!(support::hc_on(&b).await.is_none(), "nothing was created on mgmt-b");
