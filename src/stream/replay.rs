@@ -337,17 +337,71 @@ async fn apply(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
 }
 
 /// How many original revisions may be in flight on the scratch etcd at
-/// once. Waiting for each transaction before sending the next costs one
-/// WAL fsync per revision; with several in flight, raft commits them
-/// together with one.
-const WINDOW: usize = 64;
+/// once, at most. Waiting for each transaction before sending the next
+/// costs a round trip and a WAL fsync per revision; with several in
+/// flight, raft commits them together with one. But etcd serves each
+/// request on a goroutine of its own, and two sent together reach raft in
+/// either order: with 2 to 64 sent at once and nothing between them, 50
+/// to 75% overtook their predecessor and had to be sent again (slower
+/// than one at a time). So the window starts at one, grows by one after
+/// as many revisions applied in a row as it holds, up to 2 (4 sent
+/// again 20% of revisions; 2, 3-4%), and halves when a revision overtook
+/// its predecessor; and sends are spaced by [`SEND_GAP`]. On a 2-core
+/// machine etcd's CPU per transaction, not its fsync, bounds a replay:
+/// see docs/performance.md.
+const WINDOW: usize = 2;
+const FIRST_WINDOW: usize = 1;
+
+/// The least time between two sends: enough for etcd to have taken the
+/// first into raft before the second arrives (measured: 200 us brought
+/// the revisions sent again from 48% to 1-4% with two in flight), far
+/// less than a round trip.
+const SEND_GAP: Duration = Duration::from_micros(200);
+
+type Answer = Result<etcd_client::TxnResponse, etcd_client::Error>;
+
+/// Sends transactions to the scratch etcd in the order given, without
+/// waiting for one answer before sending the next (all on one task, so
+/// they leave in that order); each answer goes back on its own channel.
+fn sender(client: Client) -> (tokio::sync::mpsc::UnboundedSender<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    let (to_send, mut requests) = tokio::sync::mpsc::unbounded_channel::<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>();
+    let task = tokio::spawn(async move {
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                biased;
+                request = requests.recv() => match request {
+                    Some((txn, delay, answer)) => {
+                        let mut client = client.clone();
+                        let mut request = Box::pin(async move {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            let _ = answer.send(client.txn(txn).await);
+                        });
+                        if futures::poll!(&mut request).is_pending() {
+                            in_flight.push(request);
+                        }
+                        // finer than tokio's timer (1 ms); a thread of the blocking pool sleeps
+                        let _ = tokio::task::spawn_blocking(|| std::thread::sleep(SEND_GAP)).await;
+                    }
+                    None => break,
+                },
+                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            }
+        }
+        while in_flight.next().await.is_some() {}
+    });
+    (to_send, task)
+}
 
 /// One original revision sent to the scratch etcd, its answer to come.
 struct Sent {
     record: RevisionRecord,
     /// The first key it puts (the next revision's guard), if any.
     puts: Option<Vec<u8>>,
-    answer: tokio::task::JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>,
+    answer: tokio::sync::oneshot::Receiver<Answer>,
 }
 
 /// What became of a revision sent.
@@ -376,6 +430,12 @@ enum Outcome {
 /// the scratch etcd at exactly that revision.
 struct Pipeline {
     client: Client,
+    to_send: tokio::sync::mpsc::UnboundedSender<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>,
+    sender: tokio::task::JoinHandle<()>,
+    /// How many may be in flight now (see [`WINDOW`]), and the revisions
+    /// applied in a row at that size.
+    window: usize,
+    in_a_row: usize,
     chain: String,
     /// Pushed, not yet sent (or to be sent again), in order.
     waiting: VecDeque<(RevisionRecord, bool)>,
@@ -398,16 +458,19 @@ struct Pipeline {
 
 impl Drop for Pipeline {
     fn drop(&mut self) {
-        for sent in &self.in_flight {
-            sent.answer.abort();
-        }
+        self.sender.abort();
     }
 }
 
 impl Pipeline {
     fn new(client: Client, chain: &str, at: i64) -> Pipeline {
+        let (to_send, sender) = sender(client.clone());
         Pipeline {
             client,
+            to_send,
+            sender,
+            window: FIRST_WINDOW,
+            in_a_row: 0,
             chain: chain.to_string(),
             waiting: VecDeque::new(),
             in_flight: VecDeque::new(),
@@ -445,13 +508,13 @@ impl Pipeline {
                     (revision, Some(key)) if *revision == record.revision - 1 => Some(key.clone()),
                     _ => None,
                 };
-                if self.in_flight.len() >= WINDOW || (guard.is_none() && !self.in_flight.is_empty()) {
+                if self.in_flight.len() >= self.window || (guard.is_none() && !self.in_flight.is_empty()) {
                     break;
                 }
                 let Some((record, again)) = self.waiting.pop_front() else { break };
                 self.send(record, guard, again);
             }
-            let room = self.waiting.is_empty() && self.in_flight.len() < WINDOW;
+            let room = self.waiting.is_empty() && self.in_flight.len() < self.window;
             if self.in_flight.is_empty() || (room && !all) {
                 return Ok(());
             }
@@ -481,13 +544,9 @@ impl Pipeline {
             (0, _) | (_, true) => Duration::ZERO,
             (n, false) => Duration::from_millis(5 * (n - 1 - record.revision.rem_euclid(n as i64) as u64)),
         };
-        let mut client = self.client.clone();
-        let answer = tokio::spawn(async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            client.txn(txn).await
-        });
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        // the task ends only when the pipeline is dropped
+        let _ = self.to_send.send((txn, delay, answered));
         self.in_flight.push_back(Sent { record, puts, answer });
     }
 
@@ -496,7 +555,7 @@ impl Pipeline {
         let Some(mut sent) = self.in_flight.pop_front() else { return Ok(Outcome::Applied) };
         let revision = sent.record.revision;
         let events = sent.record.events.len();
-        let answer = (&mut sent.answer).await.map_err(|e| self.failed(revision)(format!("its transaction's task failed: {e}")))?;
+        let answer = (&mut sent.answer).await.map_err(|e| self.failed(revision)(format!("its transaction was lost: {e}")))?;
         let response = answer.map_err(|e| self.failed(revision)(format!("the transaction of its {events} events was refused: {e}")))?;
         let at = response.header().map(|h| h.revision()).unwrap_or_default();
         if !response.succeeded() {
@@ -513,6 +572,11 @@ impl Pipeline {
         self.revisions += 1;
         self.events += events as u64;
         self.applied_last = (revision, sent.puts);
+        self.in_a_row += 1;
+        if self.in_a_row >= self.window {
+            self.window = (self.window + 1).min(WINDOW);
+            self.in_a_row = 0;
+        }
         Ok(Outcome::Applied)
     }
 
@@ -535,6 +599,8 @@ impl Pipeline {
             return Err(self.failed(self.at + 1)(format!("after a revision overtook its predecessor the scratch etcd is at revision {at}, not {}: something else wrote to it", self.at)));
         }
         self.resent += again.len() as u64;
+        self.window = (self.window / 2).max(1);
+        self.in_a_row = 0;
         for record in again.into_iter().rev() {
             self.waiting.push_front((record, true));
         }
