@@ -3,7 +3,8 @@
 //! - `schedule render --continuous --shards 2` applies with kubectl (and
 //!   again, unchanged); the StatefulSet's pod args are then run exactly as
 //!   rendered, as the rendered ServiceAccount (a token from the
-//!   TokenRequest API, nothing but the rendered RBAC), with HOSTNAME set to
+//!   TokenRequest API, nothing but the rendered RBAC, which reads and
+//!   writes only its Leases), with HOSTNAME set to
 //!   the pod's name: the pod of the other shard streams nothing; the pod
 //!   of demo's shard writes its chain;
 //! - a second stream of the same shard finds demo's Lease held and does
@@ -252,6 +253,29 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     let pod_env = container["env"].as_array().unwrap();
     assert!(pod_env.iter().any(|e| e["name"] == "HCP_DR_METRICS_ADDR" && e["value"] == "0.0.0.0:9102"), "{pod_env:?}");
     let identity = service_account_kubeconfig(&admin, "hcp-dr-stream", "hcp-dr", dir);
+
+    // the stream's identity reads, and writes nothing but its Leases, in its namespace
+    for (verb, resource, ns, allowed) in [
+        ("list", "hostedclusters.hypershift.openshift.io", "", true),
+        ("patch", "hostedclusters.hypershift.openshift.io", "clusters", false),
+        ("get", "secrets/etcd-client-tls", "clusters-demo", true),
+        ("get", "secrets/demo-pull-secret", "clusters", false),
+        ("list", "secrets", "clusters-demo", false),
+        ("get", "configmaps/etcd-ca", "clusters-demo", true),
+        ("list", "pods", "clusters-demo", true),
+        ("delete", "pods", "clusters-demo", false),
+        ("update", "leases.coordination.k8s.io", "hcp-dr", true),
+        ("create", "leases.coordination.k8s.io", "clusters", false),
+        ("delete", "leases.coordination.k8s.io", "hcp-dr", false),
+        ("patch", "deployments.apps", "clusters-demo", false),
+    ] {
+        let mut args = vec!["--kubeconfig", identity.to_str().unwrap(), "auth", "can-i", verb, resource];
+        if !ns.is_empty() {
+            args.extend(["-n", ns]);
+        }
+        let out = Command::new("kubectl").args(&args).env_remove("KUBECONFIG").output().unwrap();
+        assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).trim()), if allowed { (Some(0), "yes") } else { (Some(1), "no") }, "can-i {verb} {resource} -n {ns}: {}", text(&out));
+    }
 
     kubectl(&admin, &["label", "hostedcluster", "demo", "-n", "clusters", "backup=yes"]);
     let hc: Value = serde_json::from_str(&kubectl(&admin, &["get", "hostedcluster", "demo", "-n", "clusters", "-o", "json"])).unwrap();
