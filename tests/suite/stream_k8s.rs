@@ -14,7 +14,8 @@
 //! - relisting: demo no longer selected stops (its open segment written,
 //!   the Lease released), selected again starts again;
 //! - `/metrics` passes `promtool check metrics` and says the lag, segments,
-//!   bytes and Lease; `/healthz` answers 200; the rendered stream alerts
+//!   bytes and Lease; `/healthz` answers 200, and 503 with the reason once
+//!   the store refused a cluster's segments for good; the rendered stream alerts
 //!   pass `promtool check rules` and fire in `promtool test rules` on series
 //!   named and labelled as the scrape.
 
@@ -259,8 +260,12 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
         ("list", "hostedclusters.hypershift.openshift.io", "", true),
         ("patch", "hostedclusters.hypershift.openshift.io", "clusters", false),
         ("get", "secrets/etcd-client-tls", "clusters-demo", true),
-        ("get", "secrets/demo-pull-secret", "clusters", false),
-        ("list", "secrets", "clusters-demo", false),
+        // it records the cluster's objects, its secrets among them, as a backup exports them
+        ("get", "secrets/demo-pull-secret", "clusters", true),
+        ("list", "secrets", "clusters-demo", true),
+        ("patch", "secrets", "clusters-demo", false),
+        ("list", "nodepools.hypershift.openshift.io", "clusters", true),
+        ("patch", "nodepools.hypershift.openshift.io", "clusters", false),
         ("get", "configmaps/etcd-ca", "clusters-demo", true),
         ("list", "pods", "clusters-demo", true),
         ("delete", "pods", "clusters-demo", false),
@@ -295,6 +300,8 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     let mut first = Pod::start(&env, &pod_mine, &args, &identity);
     first.wait_for("took Lease hcp-dr/hcp-dr-stream.clusters.demo as ");
     first.wait_for("started at base revision");
+    // and the cluster's objects beside the chain, under the rendered identity
+    first.wait_for("objects changed, set");
     put(&env, "/hcp-dr-test/k8s/first").await;
     first.wait_for("segment ");
     assert!(holder(&admin).starts_with(&format!("{pod_mine}-")), "{}", holder(&admin));
@@ -418,6 +425,47 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     });
     std::fs::write(dir.join("stream-tests.yml"), tests.to_string()).unwrap();
     promtool_ok(&["test", "rules", "stream-tests.yml"], dir, None);
+
+    // one shard by hand, to S3: the store refusing its segments fails the
+    // cluster's stream, and /healthz says so (503, why) while the process lives on
+    let s3_store = format!("s3://{}/stream-k8s", hcp_dr_e2e::sandbox::BUCKET);
+    let shard = format!("{mine}/2");
+    let by_hand: Vec<String> = ["stream", "--all", "--shard", &shard, "--lease-namespace", "hcp-dr", "--to", &s3_store, "--s3-endpoint", env.sandbox.s3.https_url(), "--segment-interval", "1s", "-o", "json"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let mut hand = Pod::start(&env, "laptop", &by_hand, &admin);
+    hand.wait_for("started at base revision");
+    put(&env, "/hcp-dr-test/k8s/by-hand").await;
+    hand.wait_for("segment ");
+    assert_eq!(hand.get("/healthz").0, 200);
+    let refuse = hcp_dr_e2e::procs::s3_faults::S3Faults {
+        share: 1.0,
+        kinds: vec![hcp_dr_e2e::procs::s3_faults::S3FaultKind::AccessDenied],
+        methods: vec!["PUT".into()],
+        user_agent: None,
+        path_prefix: None,
+        delay_ms: 0,
+        seed: None,
+    };
+    env.sandbox.set_s3_faults(Some(&refuse)).unwrap();
+    put(&env, "/hcp-dr-test/k8s/refused").await;
+    let refused = hand.wait_after(0, "(attempt 3 of 4)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (code, reason) = loop {
+        let (code, body) = hand.get("/healthz");
+        if code != 200 || std::time::Instant::now() > deadline {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    env.sandbox.set_s3_faults(None).unwrap();
+    assert_eq!(code, 503, "{reason}\n{}", hand.log[refused..].join("\n"));
+    assert!(reason.starts_with("clusters/demo: the stream failed: ") && reason.ends_with('\n') && reason.lines().count() == 1, "{reason}");
+    assert!(hand.get("/metrics").1.contains("hcp_dr_stream_up 0\n"));
+    let (status, report, _) = hand.term();
+    assert_eq!(status.code(), Some(1), "{report:#}");
+    assert!(report["clusters"][0]["error"].as_str().is_some_and(|e| e.contains("4 attempts")), "{report:#}");
 
     // bad input: exit 2, saying how to fix it, nothing written
     let out = env.hcp_dr(&["stream", "--all", "--shard-from-hostname", "2", "--to", &store_arg, "--lease-namespace", "hcp-dr"], &[("HOSTNAME", "laptop")]);
