@@ -342,8 +342,14 @@ pub struct PointInTime {
     pub revision: i64,
     /// When the stream received that revision.
     pub received: DateTime<Utc>,
-    /// The regular backup whose objects this backup holds.
+    /// The regular backup this backup takes the cluster's identity, origin
+    /// and guest volumes from (and its objects, unless `object_set`).
     pub objects_from: String,
+    /// The stream's object set (`stream/objects/<name>`) its objects
+    /// archive is, when one newer than that backup was read at or before
+    /// the point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_set: Option<String>,
     /// Revisions the stream held after this point when it was made: the
     /// writes a restore of it does not bring back.
     pub later_revisions: i64,

@@ -19,6 +19,7 @@ use crate::stream::replay::{ReplayReport, Target};
 use crate::stream::run::{ChainStart, ClusterReport};
 
 /// `--segment-interval`: the most a crash can lose, in time.
+const OBJECTS_INTERVAL: DurationIn = DurationIn { min: Duration::from_secs(1), max: Duration::from_secs(3600), why_max: "a restore to a time gets objects at most this old" };
 const SEGMENT_INTERVAL: DurationIn = DurationIn { min: Duration::from_secs(1), max: Duration::from_secs(600), why_max: "a crash loses at most one interval of writes" };
 /// `--base-interval`: how often a new base starts a new chain.
 const BASE_INTERVAL: DurationIn = DurationIn { min: Duration::from_secs(60), max: Duration::from_secs(7 * 86_400), why_max: "a replay of a week of writes takes too long" };
@@ -178,6 +179,17 @@ pub struct RunArgs {
     /// [range: 1m to 7d].
     #[arg(long, default_value = "6h", value_parser = BASE_INTERVAL)]
     pub base_interval: Duration,
+    /// Read each cluster's management-cluster objects (HostedCluster,
+    /// NodePools, their secrets, the HyperShift, Cluster API and platform
+    /// objects: what a backup exports) this often, and store a set when
+    /// they changed: a restore to a time gets them as they were then, at
+    /// most this late [range: 1s to 1h].
+    #[arg(long, default_value = "30s", value_parser = OBJECTS_INTERVAL, env = "HCP_DR_OBJECTS_INTERVAL")]
+    pub objects_interval: Duration,
+    /// Do not record the management-cluster objects (a restore to a time
+    /// then takes them from the newest backup before it).
+    #[arg(long)]
+    pub no_objects: bool,
     /// Stop after this long, as SIGTERM does (drills, tests); without it
     /// the stream runs until SIGTERM or SIGINT [range: 1s to 366d].
     #[arg(long = "for", value_name = "DURATION", value_parser = RUN_FOR)]
@@ -332,6 +344,7 @@ async fn exec_stream(args: RunArgs, output: Output) -> Exit {
         run_for: args.run_for,
         encrypt_to: args.encrypt_to,
         watch: Default::default(),
+        objects_interval: (!args.no_objects).then_some(args.objects_interval),
     };
     match crate::ops::stream::stream(options, &mut interrupt).await {
         Ok(report) => {

@@ -11,9 +11,9 @@
 //! proof, and its journal names it, so `--resume` and `--abort` need no
 //! replay.
 //!
-//! The management-cluster objects are those of that regular backup: the
-//! stream does not record them over time yet, so a NodePool scaled after
-//! that backup comes back at its size then (the report says which backup).
+//! The management-cluster objects are the stream's newest object set read
+//! at or before the point (`stream::objects`) when it is newer than that
+//! backup; otherwise the backup's own (the report says which).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,13 +65,16 @@ impl Materialized {
             );
         }
         format!(
-            "point in time: {} -> revision {} received {} (chain {}); {} later revision(s) in the stream are not restored; objects from backup {}",
+            "point in time: {} -> revision {} received {} (chain {}); {} later revision(s) in the stream are not restored; objects from {}",
             point.asked,
             point.revision,
             point.received.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             point.chain_id,
             point.later_revisions,
-            point.objects_from
+            match &point.object_set {
+                Some(set) => format!("the stream's object set {set} (identity and volumes from backup {})", point.objects_from),
+                None => format!("backup {}", point.objects_from),
+            }
         )
     }
 }
@@ -161,6 +164,7 @@ pub async fn materialize(
                 revision: 0,
                 received: at_time,
                 objects_from: objects.backup_id.clone(),
+                object_set: None,
                 later_revisions: 0,
             },
             stream_through,
@@ -179,28 +183,37 @@ pub async fn materialize(
         .map_err(super::stream::stream_error)?;
     let objects = objects_backup(&backups, replayed.received, namespace, hosted_cluster, &store.url())?;
     precheck(objects)?;
-    let chain_encrypted = chains
+    // the stream's objects, when it read them after that backup
+    let sets = crate::stream::objects::list(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+    let set = crate::stream::objects::at(&sets, replayed.received).filter(|set| taken(objects).is_none_or(|t| set.taken > t));
+    let stream_encrypted = chains
         .iter()
         .find(|c| c.layout.chain_id == replayed.chain_id)
         .and_then(|c| c.descriptor.as_ref().ok())
-        .is_some_and(|d| d.encrypted());
-    if chain_encrypted && objects.encryption.is_none() {
+        .is_some_and(|d| d.encrypted())
+        || set.is_some_and(|s| s.encrypted);
+    if stream_encrypted && objects.encryption.is_none() {
         return Err(OpsError::Input(format!(
             "chain {} is encrypted but backup {} (whose objects a point-in-time backup takes) is not: the replayed snapshot would be stored in the clear; take an encrypted backup (`hcp-dr backup --encrypt-to`) and restore a later point",
             replayed.chain_id, objects.backup_id
         )));
     }
+    let set_archive = match set {
+        Some(set) => Some(crate::stream::objects::read(store.as_ref(), namespace, hosted_cluster, set, identities.as_ref()).await.map_err(super::stream::stream_error)?),
+        None => None,
+    };
     let point = PointInTime {
         asked: replayed.asked.clone(),
         chain_id: replayed.chain_id.clone(),
         revision: replayed.revision,
         received: replayed.received,
         objects_from: objects.backup_id.clone(),
+        object_set: set.map(|s| s.file_name()),
         later_revisions: (stream_through - replayed.revision).max(0),
     };
     let backup_id = archive::new_backup_id(replayed.received);
     let layout = Layout::new(namespace, hosted_cluster, &backup_id);
-    write(store, &layout, objects, &replayed.base_member, &out, point.clone(), replayed.seconds).await?;
+    write(store, &layout, objects, set_archive, &replayed.base_member, &out, point.clone(), replayed.seconds).await?;
     Ok(Materialized { backup_id, point, stream_through, replay_seconds: clock.elapsed().as_secs_f64(), dry_run: false })
 }
 
@@ -210,13 +223,35 @@ pub async fn materialize(
 /// recipients when it is encrypted), `SHA256SUMS`, and the manifest last.
 /// On failure what was written is deleted again (without its manifest the
 /// folder would never be listed, but nothing is left for prune to explain).
-async fn write(store: Arc<dyn Store>, layout: &Layout, objects: &Manifest, member: &str, snapshot: &std::path::Path, point: PointInTime, replay_seconds: f64) -> Result<(), OpsError> {
+#[allow(clippy::too_many_arguments)]
+async fn write(
+    store: Arc<dyn Store>,
+    layout: &Layout,
+    objects: &Manifest,
+    set_archive: Option<Vec<u8>>,
+    member: &str,
+    snapshot: &std::path::Path,
+    point: PointInTime,
+    replay_seconds: f64,
+) -> Result<(), OpsError> {
     let from = Layout::new(&layout.namespace, &layout.hosted_cluster, &objects.backup_id);
     let copied: Vec<&Artifact> = objects
         .artifacts
         .iter()
         .filter(|a| a.name != SHA256SUMS && !objects.etcd.iter().any(|m| m.artifact == a.name))
+        .filter(|a| set_archive.is_none() || a.name != archive::OBJECTS)
         .collect();
+    let object_counts = match &set_archive {
+        Some(tarball) => {
+            let mut counts = std::collections::BTreeMap::new();
+            for (path, object) in archive::objects::read_tar_gz(&tarball[..]).map_err(|e| OpsError::Input(format!("the stream's object set {}: {e}", point.object_set.as_deref().unwrap_or("?"))))? {
+                let kind = object["kind"].as_str().map(str::to_string).unwrap_or(path);
+                *counts.entry(kind).or_insert(0usize) += 1;
+            }
+            counts
+        }
+        None => objects.object_counts.clone(),
+    };
     let mut written: Vec<String> = Vec::new();
     let result = async {
         let mut artifacts = Vec::new();
@@ -244,6 +279,14 @@ async fn write(store: Arc<dyn Store>, layout: &Layout, objects: &Manifest, membe
             Some(s) => s.clone(),
             None => store.clone(),
         };
+        let mut set_plaintext = None;
+        if let Some(tarball) = &set_archive {
+            let key = format!("{}/{}", layout.dir(), archive::OBJECTS);
+            written.push(key.clone());
+            let put = under.put(&key, Box::new(&tarball[..])).await?;
+            artifacts.push(Artifact { name: archive::OBJECTS.into(), size: put.size, sha256: put.sha256 });
+            set_plaintext = sealing.as_ref().and_then(|s| s.plaintext(&key)).map(|p| Artifact { name: archive::OBJECTS.into(), size: p.size, sha256: p.sha256 });
+        }
         let compressing = CompressingStore::new(under, DEFAULT_LEVEL);
         let file = tokio::fs::File::open(snapshot).await.map_err(|e| OpsError::Input(format!("the replayed snapshot {}: {e}", snapshot.display())))?;
         written.push(key.clone());
@@ -260,6 +303,7 @@ async fn write(store: Arc<dyn Store>, layout: &Layout, objects: &Manifest, membe
                 let plain = sealing.plaintext(&key).ok_or_else(|| StoreError::Body { key: key.clone(), source: std::io::Error::other("no plaintext digest of the snapshot") })?;
                 let mut kept: Vec<Artifact> = encryption.artifacts.iter().filter(|a| copied.iter().any(|c| c.name == a.name)).cloned().collect();
                 kept.insert(0, Artifact { name: name.clone(), size: plain.size, sha256: plain.sha256 });
+                kept.extend(set_plaintext.clone());
                 Some(archive::Encryption { artifacts: kept, ..encryption.clone() })
             }
             _ => None,
@@ -271,7 +315,7 @@ async fn write(store: Arc<dyn Store>, layout: &Layout, objects: &Manifest, membe
             cluster: objects.cluster.clone(),
             etcd: vec![MemberSnapshot { member: member.to_string(), artifact: name.clone(), revision: point.revision, size: stored.size, sha256: stored.sha256 }],
             artifacts,
-            object_counts: objects.object_counts.clone(),
+            object_counts,
             timings: Timings {
                 started: Some(point.received),
                 finished: Some(Utc::now()),

@@ -38,7 +38,7 @@ use crate::stream::source::{MemberSource, Reached, preference};
 use crate::stream::verify::ChainVerdict;
 use crate::stream::watch::WatchSettings;
 use crate::stream::writer::Cut;
-use crate::stream::{StreamError, run};
+use crate::stream::{StreamError, objects, run};
 
 
 /// How the management cluster and the etcd members are reached.
@@ -93,6 +93,9 @@ pub struct StreamOptions {
     pub lease: Option<LeaseOptions>,
     /// Serve `/metrics` and `/healthz` on this `HOST:PORT`.
     pub metrics_addr: Option<String>,
+    /// Read each cluster's management-cluster objects this often and store
+    /// a set when they changed (`stream::objects`); `None`: not recorded.
+    pub objects_interval: Option<Duration>,
 }
 
 /// What `hcp-dr stream` did, once stopped.
@@ -171,6 +174,7 @@ struct Shared {
     registry: Arc<Registry>,
     /// How long to wait before asking for a busy Lease again.
     retry: Duration,
+    objects_interval: Option<Duration>,
 }
 
 /// How a cluster's loop ended.
@@ -249,6 +253,7 @@ pub async fn stream(options: StreamOptions, interrupt: &mut Interrupt) -> Result
         retry: lease.as_ref().map_or(Duration::from_secs(10), |l| (l.duration / 3).max(Duration::from_secs(1))),
         lease,
         registry: registry.clone(),
+        objects_interval: options.objects_interval,
     });
     let mut slots: std::collections::BTreeMap<(String, String), Slot> = Default::default();
     let mut loops: JoinSet<SlotEnd> = JoinSet::new();
@@ -452,7 +457,25 @@ async fn cluster_loop(shared: Arc<Shared>, hc: HostedCluster, mut stop: tokio::s
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let keeper = held.map(|held| tokio::spawn(lease::keep(held, lost_tx, done_rx)));
         let hooks = run::Hooks { stop: stop.clone(), lost: lost_rx, metrics: Some(metrics.clone()) };
-        let report = run::run_with(cluster, shared.settings.clone(), hooks).await;
+        // the objects beside the chains, as long as the chains are written
+        let (objects_stop, objects_stop_rx) = tokio::sync::watch::channel(false);
+        let recorder = shared.objects_interval.map(|interval| {
+            let recorder = objects::Recorder {
+                client: shared.client.clone(),
+                store: shared.store.clone(),
+                namespace: key.0.clone(),
+                hosted_cluster: key.1.clone(),
+                interval,
+                recipients: shared.settings.recipients.clone(),
+                include_free_agents: false,
+            };
+            tokio::spawn(recorder.run(objects_stop_rx))
+        });
+        let mut report = run::run_with(cluster, shared.settings.clone(), hooks).await;
+        let _ = objects_stop.send(true);
+        if let Some(recorder) = recorder {
+            report.objects = recorder.await.ok();
+        }
         let _ = done_tx.send(true);
         if let Some(keeper) = keeper
             && let Ok(Some(held)) = keeper.await

@@ -58,17 +58,45 @@ fn with_kind(mut obj: Value, api_version: &str, kind: &str) -> Value {
     obj
 }
 
+/// Where the objects of one hosted cluster are read from (the backup's
+/// `export`, and `hcp-dr stream`'s object sets).
+pub struct ObjectSource<'a> {
+    pub client: &'a kube::Client,
+    pub namespace: &'a str,
+    pub hosted_cluster: &'a str,
+    /// Its NodePools (`None`: those whose `spec.clusterName` names it, listed now).
+    pub node_pools: Option<&'a [String]>,
+    pub include_free_agents: bool,
+    /// API discovery, done once and shared.
+    pub api_groups: &'a super::context::ApiGroups,
+}
+
 async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInventory>), StageFailure> {
-    let (ns, name) = (&ctx.inputs.namespace, &ctx.inputs.hosted_cluster);
-    let hcp_ns = ctx.hcp_namespace();
+    collect_objects(&ObjectSource {
+        client: &ctx.client,
+        namespace: &ctx.inputs.namespace,
+        hosted_cluster: &ctx.inputs.hosted_cluster,
+        node_pools: Some(&ctx.node_pools),
+        include_free_agents: ctx.inputs.platform.include_free_agents,
+        api_groups: &ctx.api_groups,
+    })
+    .await
+}
+
+/// The objects a restore needs of one hosted cluster, sanitized for export
+/// (see the module's head), and on the Agent platform its inventory.
+pub async fn collect_objects(source: &ObjectSource<'_>) -> Result<(Vec<Value>, Option<AgentInventory>), StageFailure> {
+    let (client, ns, name) = (source.client, source.namespace, source.hosted_cluster);
+    let hcp_ns = crate::hosted::hcp_namespace(ns, name);
+    let label = format!("HostedCluster {ns}/{name}");
     let mut objects = Vec::new();
 
-    let hc = get_json(&api(&ctx.client, &HOSTED_CLUSTER, ns), name, &ctx.hc_label())
+    let hc = get_json(&api(client, &HOSTED_CLUSTER, ns), name, &label)
         .await?
-        .ok_or_else(|| StageError::Precondition(format!("{} disappeared during the backup", ctx.hc_label())))?;
+        .ok_or_else(|| StageError::Precondition(format!("{label} disappeared while its objects were read")))?;
     let referenced = HostedCluster(hc.clone()).referenced_secrets();
     // the Agent platform's hosts, from their own namespace
-    let agent_inventory = match crate::hosted::agent::read(&ctx.client, &hc, &hcp_ns, ctx.inputs.platform.include_free_agents).await {
+    let agent_inventory = match crate::hosted::agent::read(client, &hc, &hcp_ns, source.include_free_agents).await {
         Ok(Some((inventory, inventory_objects))) => {
             objects.extend(inventory_objects);
             Some(inventory)
@@ -78,13 +106,23 @@ async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInvento
         Err(crate::hosted::agent::InventoryError::Kube(err)) => return Err(err.into()),
     };
     objects.push(hc);
-    for np in &ctx.node_pools {
-        if let Some(obj) = get_json(&api(&ctx.client, &NODE_POOL, ns), np, &format!("NodePool {ns}/{np}")).await? {
-            objects.push(obj);
+    match source.node_pools {
+        Some(pools) => {
+            for np in pools {
+                if let Some(obj) = get_json(&api(client, &NODE_POOL, ns), np, &format!("NodePool {ns}/{np}")).await? {
+                    objects.push(obj);
+                }
+            }
+        }
+        None => {
+            let mut pools = list_json(&api(client, &NODE_POOL, ns), &ListParams::default(), "NodePools").await?;
+            pools.retain(|np| np["spec"]["clusterName"].as_str() == Some(name));
+            pools.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
+            objects.extend(pools.into_iter().map(|np| with_kind(np, "hypershift.openshift.io/v1beta1", "NodePool")));
         }
     }
 
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     for secret in secrets
         .list(&ListParams::default())
         .await
@@ -97,9 +135,9 @@ async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInvento
         }
     }
 
-    let discovery = ctx
+    let discovery = source
         .api_groups
-        .get_or_try_init(|| async { crate::kube::discover(&ctx.client, exported_group, "discovering API groups").await.map(std::sync::Arc::new) })
+        .get_or_try_init(|| async { crate::kube::discover(client, exported_group, "discovering API groups").await.map(std::sync::Arc::new) })
         .await?;
     for group in discovery.groups() {
         if !exported_group(group.name()) {
@@ -110,7 +148,7 @@ async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInvento
                 continue;
             }
             let items = list_json(
-                &api_for(&ctx.client, &resource, &hcp_ns),
+                &api_for(client, &resource, &hcp_ns),
                 &ListParams::default(),
                 &format!("{} in {hcp_ns}", resource.plural),
             )
@@ -119,7 +157,7 @@ async fn collect(ctx: &BackupContext) -> Result<(Vec<Value>, Option<AgentInvento
         }
     }
 
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &hcp_ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &hcp_ns);
     for secret in secrets
         .list(&ListParams::default())
         .await

@@ -17,6 +17,7 @@
 //! | one cluster's chains over time | `run.rs` |
 //! | one writer per cluster: its Lease | `lease.rs` |
 //! | `/metrics` (lag, segments, bytes, breaks) and `/healthz` | `metrics.rs` |
+//! | the management-cluster objects over time (object sets) | `objects.rs` |
 //! | checking a chain | `verify.rs` |
 //! | replaying a chain into a snapshot | `replay.rs` |
 //!
@@ -30,6 +31,7 @@ pub mod codec;
 pub mod format;
 pub mod lease;
 pub mod metrics;
+pub mod objects;
 pub mod replay;
 pub mod run;
 pub mod source;

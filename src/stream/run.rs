@@ -84,6 +84,10 @@ pub struct ClusterReport {
     /// not be renewed): writing stopped at once, the open segment unwritten.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_lost: Option<String>,
+    /// The management-cluster objects recorded beside the chains
+    /// (`super::objects`), when they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects: Option<super::objects::ObjectsReport>,
 }
 
 /// What the stream around a run does to it beyond stopping it: abandon it
@@ -227,6 +231,7 @@ pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) 
         error: None,
         last_durable_revision: None,
         lease_lost: None,
+        objects: None,
     };
     let mut tasks: JoinSet<ChainOutcome> = JoinSet::new();
     let mut retiring: Vec<(String, signal::Sender<StopAt>)> = Vec::new();

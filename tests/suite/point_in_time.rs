@@ -1,9 +1,11 @@
 //! Point-in-time restore (`restore --at`, `drill --at`) on the sandbox
 //! (HighlyAvailable, the shipped etcd-init): ConfigMaps are written through
-//! the hosted API at known instants while `hcp-dr stream` runs; the cluster
-//! is then restored onto the other management cluster at an instant
-//! between two writes and holds exactly the writes before it, as one etcd
-//! cluster. Around it: points that cannot be restored (before the stream,
+//! the hosted API at known instants while `hcp-dr stream` runs, and the
+//! NodePool is scaled on the management cluster before and after one of
+//! them; the cluster is then restored onto the other management cluster
+//! at an instant between two writes and holds exactly the writes before
+//! it, as one etcd cluster, with the NodePool as it was then (the stream's
+//! object set, not the older backup's). Around it: points that cannot be restored (before the stream,
 //! in the future, a backup named too) and `migrate --at` are refused with
 //! exit 2 and change nothing; the point-in-time backup is listed, verifies, and is not
 //! `latest`; a drill of the newest durable revision passes its checks.
@@ -46,15 +48,32 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let regular = support::backup_to_local(&env);
     let regular_id = regular.file_name().unwrap().to_string_lossy().to_string();
 
-    // writes at known instants while the stream runs
-    let mut streaming = Streaming::start(&env, &store);
+    // writes at known instants while the stream runs, and the NodePool
+    // scaled on the management cluster before and after that instant
+    let pools = support::np_api(&env.mgmt, "clusters");
+    let pool = pools.list(&Default::default()).await.expect("NodePools").items.into_iter().next().expect("a NodePool");
+    let pool_name = pool.metadata.name.clone().unwrap();
+    let replicas = pool.data["spec"]["replicas"].as_i64().expect("replicas");
+    let scale = |to: i64| {
+        let (pools, pool_name) = (pools.clone(), pool_name.clone());
+        async move {
+            let patch = kube::api::Patch::Merge(json!({"spec": {"replicas": to}}));
+            pools.patch(&pool_name, &Default::default(), &patch).await.expect("scale the NodePool");
+        }
+    };
+    let mut streaming = Streaming::start_with(&env, &store, &[("HCP_DR_OBJECTS_INTERVAL", "1s")]);
     streaming.wait_for("started at base revision", Duration::from_secs(120));
+    streaming.wait_for("objects changed, set", Duration::from_secs(60));
     create(&hosted, "before-1").await;
+    scale(replicas + 1).await;
+    streaming.wait_for("objects changed, set", Duration::from_secs(60));
     create(&hosted, "before-2").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let between = Utc::now();
     tokio::time::sleep(Duration::from_secs(1)).await;
     create(&hosted, "after-1").await;
+    scale(replicas + 2).await;
+    streaming.wait_for("objects changed, set", Duration::from_secs(60));
     create(&hosted, "after-2").await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let (status, report) = streaming.term();
@@ -123,6 +142,10 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
         .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
         .collect();
     assert_eq!(names, ["before-1", "before-2"], "exactly the writes before {between}");
+    // the management-cluster objects as they were then: the stream's set
+    assert!(point["object_set"].as_str().is_some_and(|s| s.ends_with(".tar.gz")), "{point:#}");
+    let restored_pool = support::np_api(&b, "clusters").get(&pool_name).await.expect("NodePool on mgmt-b");
+    assert_eq!(restored_pool.data["spec"]["replicas"].as_i64(), Some(replicas + 1), "the NodePool as it was at {between}");
 
     // the point-in-time backup: listed as such, verifies, never `latest`
     let listed = env.hcp_dr(&["backups", "list", "--store", &store_arg, "-o", "json"], &[]);

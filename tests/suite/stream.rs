@@ -406,9 +406,16 @@ pub struct Streaming {
 
 impl Streaming {
     pub fn start(env: &Env, store: &Path) -> Streaming {
+        Streaming::start_with(env, store, &[])
+    }
+
+    /// [`Streaming::start`] with more environment (e.g. `HCP_DR_OBJECTS_INTERVAL`).
+    pub fn start_with(env: &Env, store: &Path, extra_env: &[(&str, &str)]) -> Streaming {
         let args = ["stream", "--hosted-cluster", "clusters/demo", "--to", store.to_str().unwrap(), "--segment-interval", "1s", "-o", "json"];
+        let mut vars = vec![("HCP_DR_LOG_FORMAT", "text"), ("NO_COLOR", "1")];
+        vars.extend_from_slice(extra_env);
         let mut child = env
-            .command(&args, &[("HCP_DR_LOG_FORMAT", "text"), ("NO_COLOR", "1")])
+            .command(&args, &vars)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
