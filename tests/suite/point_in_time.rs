@@ -107,6 +107,15 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     assert!(support::hc_on(&b).await.is_none(), "nothing was created on mgmt-b");
 
+    // the point verifies (replayed and checked, nothing kept); a future one does not
+    let stream_url = format!("{store_arg}/clusters/demo/stream");
+    let out = env.hcp_dr(&["backups", "verify", &stream_url, "--at", &between.to_rfc3339(), "-o", "json"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let checked = json_report(&out)["revision"].as_i64().unwrap();
+    let out = env.hcp_dr(&["backups", "verify", &stream_url, "--at", &future], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("the windows that can:"), "{}", text(&out));
+
     // the point between the writes, onto mgmt-b, the source gone
     // (the seeding pods download the snapshot: a copy staged in S3)
     support::retire_source(&env).await;
@@ -121,6 +130,7 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let restored = json_report(&out);
     let point = &restored["point_in_time"];
     let revision = point["revision"].as_i64().unwrap();
+    assert_eq!(revision, checked, "backups verify --at checked the point restore took");
     assert!(revision < durable, "{point:#}");
     assert_eq!(point["objects_from"], regular_id.as_str(), "{point:#}");
     assert!(point["later_revisions"].as_i64().unwrap() >= 2, "the two later writes are not restored: {point:#}");
