@@ -582,14 +582,20 @@ fn render_prune(entries: &[PruneEntry], dry_run: bool) -> String {
             removed += 1;
             bytes += e.size_bytes;
         }
-        let id = if e.stream_chain { format!("stream/{}", e.backup_id) } else { e.backup_id.clone() };
+        let id = match (e.stream_chain, e.object_set) {
+            (true, _) => format!("stream/{}", e.backup_id),
+            (_, true) => format!("stream/{}/{}", crate::stream::objects::FOLDER, e.backup_id),
+            _ => e.backup_id.clone(),
+        };
         out.push_str(&format!("{:<24} {:<24} {:<12} {}\n", e.cluster, id, action, e.reasons.join("; ")));
     }
     let chains = entries.iter().filter(|e| e.stream_chain).count();
+    let sets = entries.iter().filter(|e| e.object_set).count();
     out.push_str(&format!(
-        "{} backup(s){}, {} {} ({})\n",
-        entries.len() - chains,
+        "{} backup(s){}{}, {} {} ({})\n",
+        entries.len() - chains - sets,
         if chains > 0 { format!(" and {chains} stream chain(s)") } else { String::new() },
+        if sets > 0 { format!(" and {sets} object set(s)") } else { String::new() },
         removed,
         if dry_run { "would be deleted" } else { "deleted" },
         size(bytes)

@@ -662,6 +662,10 @@ pub struct PruneEntry {
     /// A stream chain (`backup_id` is its chain id), not a backup.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub stream_chain: bool,
+    /// A stream's object set (`backup_id` is its file name under
+    /// `stream/objects/`), not a backup.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub object_set: bool,
 }
 
 /// Apply `policy` to every cluster's backups in the store (or one cluster's).
@@ -725,6 +729,7 @@ pub async fn prune(
             }
             out.push(PruneEntry {
                 stream_chain: false,
+                object_set: false,
                 locked,
                 cluster: name.clone(),
                 backup_id: id,
@@ -802,6 +807,72 @@ impl Chains<'_> {
                 deleted,
                 locked,
                 stream_chain: true,
+                object_set: false,
+            });
+        }
+        // the object sets a restore into a kept chain can need
+        let kept_from = chains
+            .iter()
+            .zip(&out)
+            .filter(|(_, entry)| entry.keep)
+            .filter_map(|(chain, _)| chain.descriptor.as_ref().ok().map(|d| d.base.taken))
+            .min();
+        out.extend(self.prune_objects(kept_from).await?);
+        Ok(out)
+    }
+
+    /// Remove the object sets no kept chain can use: those older than the
+    /// newest one read before `kept_from` (the earliest base of a kept
+    /// chain). Without a kept chain nothing is removed.
+    async fn prune_objects(&self, kept_from: Option<DateTime<Utc>>) -> Result<Vec<PruneEntry>, OpsError> {
+        let Some(kept_from) = kept_from else { return Ok(Vec::new()) };
+        let sets = crate::stream::objects::list(self.store, self.namespace, self.hosted_cluster).await.map_err(super::stream::stream_error)?;
+        let needed_before = crate::stream::objects::at(&sets, kept_from).map(|s| s.taken);
+        let prefix = crate::stream::objects::prefix(self.namespace, self.hosted_cluster);
+        let since = kept_from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut out = Vec::new();
+        for set in &sets {
+            let (mut keep, reason) = if set.taken >= kept_from {
+                (true, format!("read after the oldest kept chain's base ({since})"))
+            } else if Some(set.taken) == needed_before {
+                (true, format!("the objects as they were at the oldest kept chain's base ({since})"))
+            } else {
+                (false, format!("superseded before the oldest kept chain's base ({since})"))
+            };
+            let mut reasons = vec![reason];
+            let key = format!("{prefix}{}", set.file_name());
+            let mut locked = None;
+            if !keep && let Some(s3) = self.locking {
+                locked = FolderHold::of(&s3.holds(&key).await?, Utc::now());
+                if let Some(hold) = &locked {
+                    keep = true;
+                    reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+                }
+            }
+            let size_bytes = match keep {
+                true => 0,
+                false => self.store.list(&key).await?.iter().map(|o| o.size).sum(),
+            };
+            let deleted = !keep && !self.dry_run;
+            if deleted {
+                match self.locking {
+                    Some(s3) => {
+                        s3.delete_versions(&key, &key).await?;
+                    }
+                    None => self.store.delete(&key).await?,
+                }
+            }
+            out.push(PruneEntry {
+                cluster: format!("{}/{}", self.namespace, self.hosted_cluster),
+                backup_id: set.file_name(),
+                complete: true,
+                keep,
+                reasons,
+                size_bytes,
+                deleted,
+                locked,
+                stream_chain: false,
+                object_set: true,
             });
         }
         Ok(out)
@@ -879,7 +950,7 @@ async fn prune_hidden(
         if !keep && !dry_run {
             delete_versions(s3, &layout).await?;
         }
-        out.push(PruneEntry { cluster: name, backup_id: id, complete, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked, stream_chain: false });
+        out.push(PruneEntry { cluster: name, backup_id: id, complete, keep, reasons, size_bytes: 0, deleted: !keep && !dry_run, locked, stream_chain: false, object_set: false });
     }
     Ok(out)
 }

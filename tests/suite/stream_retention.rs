@@ -216,20 +216,36 @@ async fn backups_prune_removes_old_ended_chains_whole_and_keeps_the_newest() {
     // the newest, however old: the stream may still be writing it
     let newest = chain(root, &id_at(now - day * 2, "000004"), 109, 110, now - day * 60).await;
     let store = root.to_str().unwrap();
+    // object sets read over time: the kept chains reach back to the newest
+    // chain's base, 60 days ago; the set read before it is still needed
+    let sets: Vec<hcp_dr::stream::objects::SetName> = [70, 65, 62, 1]
+        .iter()
+        .map(|days| hcp_dr::stream::objects::SetName { taken: now - day * *days, sha256: format!("{:064x}", days), encrypted: false })
+        .collect();
+    let set_dir = root.join(hcp_dr::stream::objects::prefix(NS, HC));
+    std::fs::create_dir_all(&set_dir).unwrap();
+    for set in &sets {
+        std::fs::write(set_dir.join(set.file_name()), b"objects").unwrap();
+    }
 
     let before = files(root);
     let out = hcp_dr(&["backups", "prune", "--store", store, "--keep-stream", "7d", "--dry-run", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(files(root), before, "a dry run deletes nothing");
-    let planned = json_report(&out);
-    let going: Vec<&str> = planned.as_array().unwrap().iter().filter(|e| e["keep"] == false).map(|e| e["backup_id"].as_str().unwrap()).collect();
-    assert_eq!(going, [oldest.chain_id.as_str(), old.chain_id.as_str()], "{planned:#}");
-    assert!(planned.as_array().unwrap().iter().all(|e| e["stream_chain"] == true && e["deleted"] == false), "{planned:#}");
+    let report = json_report(&out);
+    let planned = report.as_array().unwrap();
+    let going: Vec<&str> = planned.iter().filter(|e| e["keep"] == false && e["stream_chain"] == true).map(|e| e["backup_id"].as_str().unwrap()).collect();
+    assert_eq!(going, [oldest.chain_id.as_str(), old.chain_id.as_str()], "{report:#}");
+    let sets_going: Vec<&str> = planned.iter().filter(|e| e["keep"] == false && e["object_set"] == true).map(|e| e["backup_id"].as_str().unwrap()).collect();
+    assert_eq!(sets_going, [sets[0].file_name(), sets[1].file_name()], "{report:#}");
+    assert!(planned.iter().all(|e| (e["stream_chain"] == true || e["object_set"] == true) && e["deleted"] == false), "{report:#}");
 
     let out = hcp_dr(&["backups", "prune", "--store", store, "--keep-stream", "7d"]);
     assert!(out.status.success(), "{}", text(&out));
     let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(shown.contains(&format!("stream/{}", oldest.chain_id)) && shown.contains("DELETED") && shown.contains("0 backup(s) and 4 stream chain(s), 2 deleted"), "{shown}");
+    assert!(shown.contains(&format!("stream/{}", oldest.chain_id)) && shown.contains("DELETED") && shown.contains("0 backup(s) and 4 stream chain(s) and 4 object set(s), 4 deleted"), "{shown}");
+    let left_sets: Vec<String> = hcp_dr::stream::objects::list(&LocalStore::new(root), NS, HC).await.unwrap().iter().map(|s| s.file_name()).collect();
+    assert_eq!(left_sets, [sets[2].file_name(), sets[3].file_name()], "the set a kept chain's base needs, and the newer one");
     assert!(shown.contains("the newest chain"), "{shown}");
     for gone in [&oldest, &old] {
         assert!(!root.join(gone.dir()).exists() || files(&root.join(gone.dir())).is_empty(), "{} left: {:?}", gone.dir(), files(&root.join(gone.dir())));
