@@ -109,6 +109,12 @@ pub struct CopyReport {
     pub results_copied: usize,
     /// Incomplete backups left behind (no manifest: never finished).
     pub skipped_incomplete: Vec<String>,
+    /// The stream chains of the clusters copied (`hcp-dr stream`), and
+    /// their object sets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<super::copy_stream::CopiedChain>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub object_sets: Vec<super::copy_stream::CopiedSets>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -151,6 +157,8 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
         bytes_copied: 0,
         results_copied: 0,
         skipped_incomplete: Vec::new(),
+        chains: Vec::new(),
+        object_sets: Vec::new(),
         warnings,
     };
     let mut clusters = std::collections::BTreeSet::new();
@@ -200,6 +208,15 @@ pub async fn copy(options: &CopyOptions) -> Result<CopyReport, OpsError> {
     let results_to = to_unlocked.as_deref().unwrap_or(to.as_ref());
     for (ns, hc) in &clusters {
         report.results_copied += copy_results(from.as_ref(), results_to, ns, hc).await?;
+    }
+    // the stream chains and object sets, written with the backups' lock
+    let since = options.since.map(|since| now - crate::duration::to_chrono(since));
+    for (ns, hc) in super::copy_stream::streamed(from.as_ref(), cluster).await? {
+        let (chains, sets) = super::copy_stream::copy_cluster(from.as_ref(), to.as_ref(), &ns, &hc, since).await?;
+        report.failed += chains.iter().filter(|c| c.result == CopyResult::Failed).count() + sets.failed.len();
+        report.bytes_copied += chains.iter().map(|c| c.bytes_copied).sum::<u64>() + sets.bytes_copied;
+        report.chains.extend(chains);
+        report.object_sets.push(sets);
     }
     Ok(report)
 }
@@ -385,6 +402,22 @@ pub fn render(report: &CopyReport) -> String {
     }
     if report.results_copied > 0 {
         out.push_str(&format!("  {} result record(s) copied\n", report.results_copied));
+    }
+    for c in &report.chains {
+        out.push_str(&format!("  {:<13} stream chain {}/{}", c.result.as_str(), c.hosted_cluster, c.chain_id));
+        if c.segments_copied > 0 || c.result == CopyResult::Copied {
+            out.push_str(&format!(" ({} of {} segments copied)", c.segments_copied, c.segments));
+        }
+        if let Some(e) = &c.error {
+            out.push_str(&format!("\n                {e}"));
+        }
+        out.push('\n');
+    }
+    for sets in report.object_sets.iter().filter(|s| s.sets > 0) {
+        out.push_str(&format!("  {} of {} object set(s) of {} copied\n", sets.copied, sets.sets, sets.hosted_cluster));
+        for f in &sets.failed {
+            out.push_str(&format!("  FAILED object set {f}\n"));
+        }
     }
     for url in &report.skipped_incomplete {
         out.push_str(&format!("  skipped (incomplete: no manifest) {url}\n"));

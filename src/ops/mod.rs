@@ -5,6 +5,7 @@ pub mod backup;
 pub mod backups;
 pub mod cluster;
 pub mod copy;
+pub mod copy_stream;
 pub mod drill;
 pub mod etcd;
 pub mod etcd_restore;

@@ -262,3 +262,66 @@ async fn backups_prune_removes_old_ended_chains_whole_and_keeps_the_newest() {
     assert!(out.status.success() && shown.contains(&kept), "{}", text(&out));
     assert!(shown.contains(&format!("stream/{}", recent.chain_id)) && shown.contains("WOULD DELETE") && shown.contains("before the oldest kept backup"), "{shown}");
 }
+
+/// `backups copy` takes the chains and object sets along: every object
+/// checked, the chain listed at the destination only once its base and
+/// segments are there; a copy cut short is completed, a second run copies
+/// nothing, and a segment damaged at the source fails its chain (exit 1)
+/// without the chain appearing at the destination.
+#[tokio::test]
+async fn backups_copy_takes_chains_and_object_sets_resumably() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, dest) = (dir.path().join("from"), dir.path().join("to"));
+    let now = Utc::now();
+    let day = chrono::Duration::days(1);
+    let first = chain(&root, &id_at(now - day * 2, "0000c1"), 100, 104, now - day * 2).await;
+    let second = chain(&root, &id_at(now - day, "0000c2"), 104, 107, now - day).await;
+    let tarball = b"objects".to_vec();
+    let mut hasher = Hasher::default();
+    hasher.update(&tarball);
+    let set = hcp_dr::stream::objects::SetName { taken: now - day, sha256: hasher.finish().sha256, encrypted: false };
+    LocalStore::new(&root).put(&format!("{}{}", hcp_dr::stream::objects::prefix(NS, HC), set.file_name()), Box::new(&tarball[..])).await.unwrap();
+    let (from, to) = (root.to_str().unwrap(), dest.to_str().unwrap());
+    let copy = |to: &str| hcp_dr(&["backups", "copy", "--from", from, "--to", to, "-o", "json"]);
+
+    let out = copy(to);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    let results: Vec<&str> = report["chains"].as_array().unwrap().iter().map(|c| c["result"].as_str().unwrap()).collect();
+    assert_eq!(results, ["copied", "copied"], "{report:#}");
+    assert_eq!(report["object_sets"][0]["copied"], 1, "{report:#}");
+    let verified = hcp_dr(&["backups", "verify", &format!("{to}/{NS}/{HC}/stream"), "-o", "json"]);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert_eq!(hcp_dr::stream::objects::read(&LocalStore::new(&dest), NS, HC, &set, None).await.unwrap(), tarball);
+
+    // cut short: the second chain's descriptor and last segment never made it
+    let (chains, _) = hcp_dr::stream::catalog::chains(&LocalStore::new(&dest), NS, HC).await.unwrap();
+    let last = chains[1].segments.last().unwrap().clone();
+    std::fs::remove_file(dest.join(second.segment(&last))).unwrap();
+    std::fs::remove_file(dest.join(second.descriptor())).unwrap();
+    let out = copy(to);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["chains"][0]["result"], "already there", "{report:#}");
+    assert_eq!((report["chains"][1]["result"].as_str(), report["chains"][1]["segments_copied"].as_u64()), (Some("completed"), Some(1)), "{report:#}");
+    let out = copy(to);
+    let report = json_report(&out);
+    assert!(report["chains"].as_array().unwrap().iter().all(|c| c["result"] == "already there") && report["object_sets"][0]["copied"] == 0, "{report:#}");
+    assert!(hcp_dr(&["backups", "verify", &format!("{to}/{NS}/{HC}/stream")]).status.success());
+
+    // damaged at the source: that chain fails, and is not listed where it went
+    let (chains, _) = hcp_dr::stream::catalog::chains(&LocalStore::new(&root), NS, HC).await.unwrap();
+    let victim = root.join(first.segment(&chains[0].segments[1]));
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&victim, bytes).unwrap();
+    let other = dir.path().join("other");
+    let out = copy(other.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["chains"][0]["result"], "failed", "{report:#}");
+    assert!(report["chains"][0]["error"].as_str().is_some_and(|e| e.contains(&chains[0].segments[1].file_name()) && e.contains("damaged or altered")), "{report:#}");
+    let (copied, _) = hcp_dr::stream::catalog::chains(&LocalStore::new(&other), NS, HC).await.unwrap();
+    assert_eq!(copied.iter().map(|c| c.layout.chain_id.as_str()).collect::<Vec<_>>(), [second.chain_id.as_str()], "the damaged chain is not listed there");
+}
