@@ -82,6 +82,33 @@ fn segment_size(text: &str) -> Result<SegmentSize, String> {
     Ok(SegmentSize(bytes))
 }
 
+/// A `--spool-size`: bytes of segments that may wait for the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpoolSize(pub u64);
+
+/// `0`, `64MiB`, `256MiB`, `4GiB` (or bytes), up to 1TiB; 0: never spool
+/// (a segment the store refuses breaks its chain at once).
+fn spool_size(text: &str) -> Result<SpoolSize, String> {
+    let bad = || format!("`{text}` is not a size from 0 to 1TiB: write e.g. 64MiB, 256MiB or 4GiB (0: never spool)");
+    let trimmed = text.trim();
+    let split = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let unit: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    let bytes = number.checked_mul(unit).ok_or_else(bad)?;
+    if bytes > 1 << 40 {
+        return Err(bad());
+    }
+    Ok(SpoolSize(bytes))
+}
+
 /// `--at`: an RFC 3339 time.
 pub(super) fn rfc3339(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
     chrono::DateTime::parse_from_rfc3339(text.trim())
@@ -199,6 +226,17 @@ pub struct RunArgs {
     /// needs --identity.
     #[arg(long, value_name = "RECIPIENT", env = "HCP_DR_ENCRYPT_TO", value_delimiter = ',')]
     pub encrypt_to: Vec<String>,
+    /// While the store does not take segments, keep them in this local
+    /// directory (files 0600: unencrypted segments hold the cluster's
+    /// secrets) and upload them in order when it answers again; a restarted
+    /// stream uploads what it finds there first [default: $TMPDIR/hcp-dr-spool].
+    #[arg(long, value_name = "DIR", env = "HCP_DR_SPOOL_DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// At most this many bytes of segments wait in --spool-dir (every
+    /// cluster together); a segment that would pass it breaks its chain
+    /// (a new base once the store answers) [range: 0 to 1TiB; 0: never spool].
+    #[arg(long, default_value = "256MiB", value_parser = spool_size, env = "HCP_DR_SPOOL_SIZE")]
+    pub spool_size: SpoolSize,
     #[command(flatten)]
     pub s3: StoreArgs,
     #[command(flatten)]
@@ -345,6 +383,8 @@ async fn exec_stream(args: RunArgs, output: Output) -> Exit {
         encrypt_to: args.encrypt_to,
         watch: Default::default(),
         objects_interval: (!args.no_objects).then_some(args.objects_interval),
+        spool_dir: args.spool_dir.unwrap_or_else(|| std::env::temp_dir().join("hcp-dr-spool")),
+        spool_size: args.spool_size.0,
     };
     match crate::ops::stream::stream(options, &mut interrupt).await {
         Ok(report) => {
@@ -515,6 +555,17 @@ mod tests {
         assert_eq!(segment_size("1048576"), Ok(SegmentSize(1 << 20)));
         for bad in ["", "8", "63KiB", "257MiB", "8mb", "-1MiB", "99999999999999999999MiB", "1.5MiB"] {
             assert!(segment_size(bad).unwrap_err().contains("64KiB to 256MiB"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spool_sizes_parse_in_range() {
+        assert_eq!(spool_size("256MiB"), Ok(SpoolSize(256 << 20)));
+        assert_eq!(spool_size("0"), Ok(SpoolSize(0)));
+        assert_eq!(spool_size("4GiB"), Ok(SpoolSize(4 << 30)));
+        assert_eq!(spool_size("1TiB"), Ok(SpoolSize(1 << 40)));
+        for bad in ["", "2TiB", "8mb", "-1MiB", "99999999999999999999MiB", "1.5GiB"] {
+            assert!(spool_size(bad).unwrap_err().contains("0 to 1TiB"), "{bad}");
         }
     }
 

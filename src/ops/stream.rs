@@ -34,6 +34,7 @@ use crate::stream::replay::{ReplayReport, Target};
 use crate::stream::lease::{self, LeaseConfig};
 use crate::stream::metrics::{self, Registry};
 use crate::stream::run::{ClusterReport, StreamSettings};
+use crate::stream::spool::SpoolSettings;
 use crate::stream::source::{MemberSource, Reached, preference};
 use crate::stream::verify::ChainVerdict;
 use crate::stream::watch::WatchSettings;
@@ -96,6 +97,10 @@ pub struct StreamOptions {
     /// Read each cluster's management-cluster objects this often and store
     /// a set when they changed (`stream::objects`); `None`: not recorded.
     pub objects_interval: Option<Duration>,
+    /// Where segments the store does not take wait (`stream::spool`), and
+    /// how many bytes may wait, every cluster together.
+    pub spool_dir: std::path::PathBuf,
+    pub spool_size: u64,
 }
 
 /// What `hcp-dr stream` did, once stopped.
@@ -175,6 +180,7 @@ struct Shared {
     /// How long to wait before asking for a busy Lease again.
     retry: Duration,
     objects_interval: Option<Duration>,
+    spool: SpoolSettings,
 }
 
 /// How a cluster's loop ended.
@@ -230,6 +236,10 @@ pub async fn stream(options: StreamOptions, interrupt: &mut Interrupt) -> Result
             .await
             .map_err(|err| OpsError::Input(format!("--to {}: the stream cannot be written there ({err}); give a directory hcp-dr can create and write", options.store)))?;
     }
+    let spool = SpoolSettings::new(options.spool_dir.clone(), options.spool_size);
+    spool.check().map_err(|err| {
+        OpsError::Input(format!("--spool-dir {}: segments cannot be spooled there ({err}); give a local directory hcp-dr can create and write", options.spool_dir.display()))
+    })?;
     let listener = match &options.metrics_addr {
         Some(addr) => Some(metrics::bind(addr).await.map_err(OpsError::Input)?),
         None => None,
@@ -254,6 +264,7 @@ pub async fn stream(options: StreamOptions, interrupt: &mut Interrupt) -> Result
         lease,
         registry: registry.clone(),
         objects_interval: options.objects_interval,
+        spool,
     });
     let mut slots: std::collections::BTreeMap<(String, String), Slot> = Default::default();
     let mut loops: JoinSet<SlotEnd> = JoinSet::new();
@@ -456,7 +467,7 @@ async fn cluster_loop(shared: Arc<Shared>, hc: HostedCluster, mut stop: tokio::s
         let (lost_tx, lost_rx) = tokio::sync::watch::channel(None);
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let keeper = held.map(|held| tokio::spawn(lease::keep(held, lost_tx, done_rx)));
-        let hooks = run::Hooks { stop: stop.clone(), lost: lost_rx, metrics: Some(metrics.clone()) };
+        let hooks = run::Hooks { stop: stop.clone(), lost: lost_rx, metrics: Some(metrics.clone()), spool: Some(shared.spool.clone()) };
         // the objects beside the chains, as long as the chains are written
         let (objects_stop, objects_stop_rx) = tokio::sync::watch::channel(false);
         let recorder = shared.objects_interval.map(|interval| {

@@ -14,6 +14,9 @@
 //! and more. Before the first such instant of a run, T is when this
 //! process started streaming the cluster (a new chain's base counts: its
 //! snapshot holds everything etcd had when it was taken).
+//! Lag counts the store only: segments waiting in the local spool
+//! (`hcp_dr_stream_spooled_bytes`, while the store does not take them)
+//! are not durable, so the lag grows while they wait.
 //! The series exist only for the clusters whose Lease this process holds.
 
 use std::collections::BTreeMap;
@@ -33,6 +36,8 @@ pub struct ClusterMetrics {
     pub segments: AtomicU64,
     pub bytes: AtomicU64,
     pub breaks: AtomicU64,
+    /// Bytes of segments waiting in the local spool for the store.
+    pub spooled_bytes: AtomicU64,
     pub lease_held: AtomicBool,
     /// Streaming now (the Lease held, the run going).
     pub streaming: AtomicBool,
@@ -42,7 +47,7 @@ pub struct ClusterMetrics {
 
 impl ClusterMetrics {
     fn new() -> ClusterMetrics {
-        ClusterMetrics { segments: AtomicU64::new(0), bytes: AtomicU64::new(0), breaks: AtomicU64::new(0), lease_held: AtomicBool::new(false), streaming: AtomicBool::new(false), durable_as_of: Mutex::new(None) }
+        ClusterMetrics { segments: AtomicU64::new(0), bytes: AtomicU64::new(0), breaks: AtomicU64::new(0), spooled_bytes: AtomicU64::new(0), lease_held: AtomicBool::new(false), streaming: AtomicBool::new(false), durable_as_of: Mutex::new(None) }
     }
 
     /// Everything etcd held at `at` is durable (never moves back).
@@ -117,11 +122,12 @@ impl Registry {
     pub fn render(&self, now: DateTime<Utc>) -> String {
         let clusters: Vec<((String, String), Arc<ClusterMetrics>)> = self.clusters.lock().expect("metrics lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut out = String::new();
-        let families: [(&str, &str, &str); 5] = [
+        let families: [(&str, &str, &str); 6] = [
             (LAG, "gauge", LAG_HELP),
             ("hcp_dr_stream_segments_total", "counter", "Segments this process wrote durably to the store for the cluster."),
             ("hcp_dr_stream_bytes_total", "counter", "Bytes of segments (as stored: compressed, encrypted when asked) this process wrote for the cluster."),
             ("hcp_dr_stream_chain_breaks_total", "counter", "Chains of the cluster that ended because the watch could not go on (etcd compacted the revision it needed, or a revision was missing): revisions until the next base are in no chain."),
+            ("hcp_dr_stream_spooled_bytes", "gauge", "Bytes of the cluster's segments waiting in the local spool because the store did not take them (not durable yet; uploaded in order when it answers, the chain breaks when the spool is full)."),
             ("hcp_dr_stream_lease_held", "gauge", "1 while this process holds the cluster's Lease (and so is its one writer), 0 while another stream holds it or it is being taken."),
         ];
         for (name, kind, help) in families {
@@ -134,6 +140,7 @@ impl Registry {
                     "hcp_dr_stream_segments_total" => Some(m.segments.load(Ordering::Relaxed) as f64),
                     "hcp_dr_stream_bytes_total" => Some(m.bytes.load(Ordering::Relaxed) as f64),
                     "hcp_dr_stream_chain_breaks_total" => Some(m.breaks.load(Ordering::Relaxed) as f64),
+                    "hcp_dr_stream_spooled_bytes" => Some(m.spooled_bytes.load(Ordering::Relaxed) as f64),
                     _ => Some(if m.lease_held.load(Ordering::Relaxed) { 1.0 } else { 0.0 }),
                 };
                 if let Some(value) = value {
@@ -215,6 +222,7 @@ mod tests {
         assert!(text.contains("hcp_dr_stream_segments_total{namespace=\"clusters\",hosted_cluster=\"demo\"} 2\n"), "{text}");
         assert!(text.contains("hcp_dr_stream_bytes_total{namespace=\"clusters\",hosted_cluster=\"demo\"} 150\n"), "{text}");
         assert!(text.contains("hcp_dr_stream_lease_held{namespace=\"clusters\",hosted_cluster=\"other\"} 0\n"), "{text}");
+        assert!(text.contains("# TYPE hcp_dr_stream_spooled_bytes gauge\nhcp_dr_stream_spooled_bytes{namespace=\"clusters\",hosted_cluster=\"demo\"} 0\n"), "{text}");
         assert!(text.contains("hcp_dr_stream_up 1\n"));
         drop(waiting);
         registry.forget("clusters", "other");

@@ -13,6 +13,7 @@
 //! | which member to use, and reaching it | `source.rs` |
 //! | the watch of one member after another | `watch.rs` |
 //! | the open segment and its durable writes | `writer.rs` |
+//! | segments waiting while the store cannot take them | `spool.rs` |
 //! | taking a base | `base.rs` |
 //! | one cluster's chains over time | `run.rs` |
 //! | one writer per cluster: its Lease | `lease.rs` |
@@ -35,6 +36,7 @@ pub mod objects;
 pub mod replay;
 pub mod run;
 pub mod source;
+pub mod spool;
 pub mod verify;
 pub mod watch;
 pub mod writer;

@@ -15,9 +15,18 @@
 //!   as after a long outage; a missing revision): the chain ends at its
 //!   last durable revision, the break is reported with the revisions no
 //!   chain holds, and a new base is taken at once.
+//! - When the store does not take a segment (with a spool, `Hooks::spool`):
+//!   the chain keeps consuming its watch and sealing segments into the
+//!   local spool, retries the store with backoff and uploads them oldest
+//!   first when it answers. When the spool is full the chain stops taking
+//!   revisions, uploads what it spooled once the store answers and ends as
+//!   a break (the new base follows, as after a compaction). Segments an
+//!   earlier run left in the spool are uploaded before the run starts,
+//!   where they continue their chain; the others are dropped and reported.
 //! - On stop (SIGTERM, SIGINT, `--for`): every chain writes its open
-//!   segment durably and ends; a base being taken is abandoned and what
-//!   it stored removed.
+//!   segment durably (uploading its spool for at most 20 s: what stays is
+//!   reported as not durable, and the run fails) and ends; a base being
+//!   taken is abandoned and what it stored removed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -33,7 +42,8 @@ use super::metrics::ClusterMetrics;
 use super::format::{CHAIN_FORMAT, ChainDescriptor, ChainLayout, Coding, FORMAT_VERSION, Previous};
 use super::source::MemberSource;
 use super::watch::{self, WatchItem, WatchSettings};
-use super::writer::{ChainWriter, Cut, Written};
+use super::spool::{SpoolSettings, Spooled};
+use super::writer::{ChainWriter, Cut, Flushed, Written};
 use super::{StreamError, base, store_error};
 use crate::archive::encryption::Recipients;
 use crate::store::Store;
@@ -99,6 +109,17 @@ pub struct Hooks {
     /// `Some(reason)`: end now without writing anything more.
     pub lost: signal::Receiver<Option<String>>,
     pub metrics: Option<Arc<ClusterMetrics>>,
+    /// Keep the segments the store refuses here, within its bound, and
+    /// upload them when it answers again; `None`: a segment the store
+    /// refuses 4 times fails the run.
+    pub spool: Option<SpoolSettings>,
+}
+
+/// What every chain task of a run shares beyond the cluster and settings.
+#[derive(Clone)]
+struct Aids {
+    metrics: Option<Arc<ClusterMetrics>>,
+    spool: Option<SpoolSettings>,
 }
 
 /// One chain as this run wrote it.
@@ -186,7 +207,7 @@ struct ChainTask {
     from: i64,
     stop: signal::Receiver<StopAt>,
     durable: Arc<AtomicI64>,
-    metrics: Option<Arc<ClusterMetrics>>,
+    aids: Aids,
 }
 
 /// The chain being written, as the cluster's loop tracks it.
@@ -209,12 +230,13 @@ enum Start {
 /// Stream `cluster` until `stop` turns true (or its sender goes away).
 pub async fn run(cluster: Cluster, settings: StreamSettings, stop: signal::Receiver<bool>) -> ClusterReport {
     let (_never, lost) = signal::channel(None);
-    run_with(cluster, settings, Hooks { stop, lost, metrics: None }).await
+    run_with(cluster, settings, Hooks { stop, lost, metrics: None, spool: None }).await
 }
 
 /// [`run`], which `hooks.lost` can also end at once.
 pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) -> ClusterReport {
-    let Hooks { mut stop, mut lost, metrics } = hooks;
+    let Hooks { mut stop, mut lost, metrics, spool } = hooks;
+    let aids = Aids { metrics: metrics.clone(), spool };
     let mut lost_open = true;
     if let Some(m) = &metrics {
         m.start_run();
@@ -242,6 +264,9 @@ pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) 
     let mut base_failures = 0u32;
     let mut stopping = *stop.borrow();
 
+    if let Some(spool) = &aids.spool {
+        upload_left(&cluster, spool, &mut report).await;
+    }
     match decide(&cluster, &settings).await {
         Err(err) => {
             report.error = Some(err.to_string());
@@ -251,7 +276,7 @@ pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) 
             tracing::info!("{}: resuming chain {} after revision {through}, its last durable one", report.hosted_cluster, descriptor.chain_id);
             let remaining = settings.base_interval.saturating_sub((Utc::now() - descriptor.base.taken).to_std().unwrap_or_default());
             base_due = Some(tokio::time::Instant::now() + remaining);
-            current = Some(spawn_chain(&mut tasks, &cluster, &settings, *descriptor, ChainStart::Resumed { after: through }, through + 1, &metrics));
+            current = Some(spawn_chain(&mut tasks, &cluster, &settings, *descriptor, ChainStart::Resumed { after: through }, through + 1, &aids));
         }
         Ok(Start::New { previous, warning }) => {
             if let Some(warning) = warning {
@@ -342,7 +367,7 @@ pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) 
                             // the base holds everything etcd had when it was taken
                             m.durable_as_of(base.taken);
                         }
-                        current = Some(spawn_chain(&mut tasks, &cluster, &settings, descriptor, start, from, &metrics));
+                        current = Some(spawn_chain(&mut tasks, &cluster, &settings, descriptor, start, from, &aids));
                     }
                     Ok((descriptor, _)) => {
                         // stopping: a chain with a base and no segment is a chain all the same
@@ -465,6 +490,95 @@ async fn remove_chain(store: &dyn Store, layout: &ChainLayout) {
     }
 }
 
+/// Upload the segments an earlier run left in the spool, each where it
+/// continues its chain's last durable revision; drop (and report) those
+/// that cannot continue it any more (the chain is gone, or a gap), and
+/// those the store holds already. Runs before [`decide`], so a resumed
+/// chain goes on after them. A segment the store still refuses stays for
+/// the next run (a resumed chain writes its revisions again meanwhile).
+async fn upload_left(cluster: &Cluster, spool: &SpoolSettings, report: &mut ClusterReport) {
+    let found = match spool.found(&cluster.namespace, &cluster.hosted_cluster) {
+        Ok(found) if found.is_empty() => return,
+        Ok(found) => found,
+        Err(err) => {
+            report.warnings.push(format!("the spool of {} could not be read: {err}", report.hosted_cluster));
+            return;
+        }
+    };
+    let chains = match catalog::chains(cluster.store.as_ref(), &cluster.namespace, &cluster.hosted_cluster).await {
+        Ok((chains, _)) => chains,
+        Err(err) => {
+            report.warnings.push(format!("segments left in the spool of {} are not uploaded yet: the store's chains could not be listed ({err})", report.hosted_cluster));
+            return;
+        }
+    };
+    for (chain_id, segments) in found {
+        let layout = ChainLayout::new(&cluster.namespace, &cluster.hosted_cluster, &chain_id);
+        let mut through = chains.iter().find(|c| c.layout.chain_id == chain_id).and_then(|c| c.span()).filter(|span| span.problem.is_none()).map(|span| span.through);
+        let (mut uploaded, mut lost): (Vec<(i64, i64)>, Vec<(i64, i64)>) = (Vec::new(), Vec::new());
+        let mut stopped = None;
+        for (name, path) in segments {
+            if stopped.is_some() {
+                break;
+            }
+            match through {
+                Some(t) if name.last <= t => {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                Some(t) if name.first == t + 1 => {}
+                _ => {
+                    lost.push((name.first, name.last));
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+            }
+            let bytes = match std::fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(err) => {
+                    stopped = Some(format!("reading {}: {err}", path.display()));
+                    continue;
+                }
+            };
+            if crate::store::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes)) != name.sha256 {
+                lost.push((name.first, name.last));
+                let _ = std::fs::remove_file(&path);
+                through = None;
+                continue;
+            }
+            match super::writer::put_checked(cluster.store.as_ref(), &layout.segment(&name), &bytes, &name.sha256).await {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(&path);
+                    uploaded.push((name.first, name.last));
+                    through = Some(name.last);
+                }
+                Err(err) => stopped = Some(err),
+            }
+        }
+        let _ = std::fs::remove_dir(spool.chain_dir(&layout));
+        if let (Some(first), Some(last)) = (uploaded.first(), uploaded.last()) {
+            let message = format!("chain {chain_id}: {} segments an earlier run left in the spool uploaded first (revisions {}..{})", uploaded.len(), first.0, last.1);
+            tracing::info!("{}: {message}", report.hosted_cluster);
+            report.warnings.push(message);
+        }
+        if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
+            let message = format!(
+                "chain {chain_id}: {} segments an earlier run left in the spool (revisions {}..{}) do not continue the chain as the store holds it (it is gone, or they are damaged or after a gap): dropped, those revisions are lost",
+                lost.len(),
+                first.0,
+                last.1
+            );
+            tracing::warn!("{}: {message}", report.hosted_cluster);
+            report.warnings.push(message);
+        }
+        if let Some(err) = stopped {
+            let message = format!("chain {chain_id}: segments left in the spool in {} are not uploaded yet ({err}): the next run tries again", spool.chain_dir(&layout).display());
+            tracing::warn!("{}: {message}", report.hosted_cluster);
+            report.warnings.push(message);
+        }
+    }
+}
+
 /// Where to start: the newest chain if it can go on, else a new one.
 async fn decide(cluster: &Cluster, settings: &StreamSettings) -> Result<Start, StreamError> {
     let (chains, _) = catalog::chains(cluster.store.as_ref(), &cluster.namespace, &cluster.hosted_cluster).await?;
@@ -535,11 +649,11 @@ fn spawn_base(cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, previous: 
     (layout, handle)
 }
 
-fn spawn_chain(tasks: &mut JoinSet<ChainOutcome>, cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, descriptor: ChainDescriptor, start: ChainStart, from: i64, metrics: &Option<Arc<ClusterMetrics>>) -> Current {
+fn spawn_chain(tasks: &mut JoinSet<ChainOutcome>, cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, descriptor: ChainDescriptor, start: ChainStart, from: i64, aids: &Aids) -> Current {
     let (stop_tx, stop_rx) = signal::channel(StopAt::Running);
     let durable = Arc::new(AtomicI64::new(from - 1));
     let chain_id = descriptor.chain_id.clone();
-    tasks.spawn(chain_task(ChainTask { cluster: cluster.clone(), settings: settings.clone(), descriptor, start, from, stop: stop_rx, durable: durable.clone(), metrics: metrics.clone() }));
+    tasks.spawn(chain_task(ChainTask { cluster: cluster.clone(), settings: settings.clone(), descriptor, start, from, stop: stop_rx, durable: durable.clone(), aids: aids.clone() }));
     Current { chain_id, stop: stop_tx, durable }
 }
 
@@ -551,32 +665,44 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
     let watcher = watch::spawn(task.cluster.source.clone(), task.from, task.settings.watch, tx);
     let settings = &task.settings;
     let mut writer = ChainWriter::new(task.cluster.store.clone(), layout.clone(), settings.level, settings.recipients.clone(), settings.cut, task.from - 1);
+    if let Some(spool) = &task.aids.spool {
+        writer = writer.with_spool(spool.clone());
+    }
     let mut moves = Vec::new();
     let mut warnings = Vec::new();
     let mut troubles = 0usize;
     let mut stop_at = *task.stop.borrow();
-    let mut lag = Lag { metrics: task.metrics.clone(), confirmed: None };
+    let mut out = Output::new(name.clone(), task.durable.clone(), task.aids.metrics.clone());
     let ended = loop {
         if stop_at == StopAt::Now {
-            break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Stopped).await;
+            break out.finish(&mut writer, Ended::Stopped).await;
         }
         if let StopAt::Through(through) = stop_at
             && writer.last_pushed() >= through
         {
-            break finish(&mut writer, &name, &task.durable, &mut lag, Ended::HandedOver).await;
+            break out.finish(&mut writer, Ended::HandedOver).await;
         }
-        let due = writer.due().map(tokio::time::Instant::from_std);
+        if out.full.is_some() {
+            // nothing more is taken from the watch: the chain ends once its spool is uploaded
+            watcher.abort();
+            if !writer.spooling() && out.upload.is_none() {
+                break out.finish(&mut writer, Ended::Stopped).await;
+            }
+        }
+        let due = writer.due().filter(|_| out.full.is_none()).map(tokio::time::Instant::from_std);
+        let retry = out.retry_at.filter(|_| out.upload.is_none() && writer.spooling());
+        let report_at = out.report_at.filter(|_| writer.spooling());
         tokio::select! {
             changed = task.stop.changed() => {
                 stop_at = if changed.is_err() { StopAt::Now } else { *task.stop.borrow() };
             }
-            item = rx.recv() => match item {
+            item = rx.recv(), if out.full.is_none() => match item {
                 Some(WatchItem::Revision(record)) => {
                     if let Err(err) = writer.push(&record) {
-                        break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Failed(err.to_string())).await;
+                        break out.finish(&mut writer, Ended::Failed(err.to_string())).await;
                     }
                     if writer.full()
-                        && let Err(err) = write(&mut writer, &name, &task.durable, &mut lag).await
+                        && let Err(err) = out.write(&mut writer).await
                     {
                         break Ended::Failed(err);
                     }
@@ -597,23 +723,37 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
                 }
                 Some(WatchItem::Compacted { next, compact_revision, member }) => {
                     let reason = format!("compacted: etcd ({member}) compacted its history to revision {compact_revision} before the stream had revision {next} (the stream was down or behind for too long)");
-                    break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Broken(reason)).await;
+                    break out.finish(&mut writer, Ended::Broken(reason)).await;
                 }
-                Some(WatchItem::Current { at }) => lag.current(&writer, at),
+                Some(WatchItem::Current { at }) => out.lag.current(&writer, at),
                 Some(WatchItem::Gap { expected, got, member }) => {
                     let reason = format!("gap: {member} sent revision {got} where {expected} was due");
-                    break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Broken(reason)).await;
+                    break out.finish(&mut writer, Ended::Broken(reason)).await;
                 }
-                None => break finish(&mut writer, &name, &task.durable, &mut lag, Ended::Failed("the watch ended without saying why".into())).await,
+                None => break out.finish(&mut writer, Ended::Failed("the watch ended without saying why".into())).await,
             },
             _ = sleep_until(due), if due.is_some() => {
-                if let Err(err) = write(&mut writer, &name, &task.durable, &mut lag).await {
+                if let Err(err) = out.write(&mut writer).await {
                     break Ended::Failed(err);
                 }
             }
+            _ = sleep_until(retry), if retry.is_some() => {
+                out.retry_at = None;
+                out.upload = writer.upload().map(|upload| tokio::spawn(upload.run()));
+            }
+            done = join_upload(&mut out.upload), if out.upload.is_some() => {
+                out.upload = None;
+                if let Err(err) = out.uploaded(&mut writer, done) {
+                    break Ended::Failed(err);
+                }
+            }
+            _ = sleep_until(report_at), if report_at.is_some() => out.still_spooling(&writer),
         }
     };
     watcher.abort();
+    if let Some(upload) = out.upload.take() {
+        upload.abort();
+    }
     if troubles > warnings.len() {
         warnings.push(format!("{name}: {} more warnings like these", troubles - warnings.len()));
     }
@@ -639,11 +779,237 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
     }
 }
 
+async fn join_upload(upload: &mut Option<tokio::task::JoinHandle<Result<Spooled, String>>>) -> Result<Spooled, String> {
+    match upload {
+        Some(handle) => handle.await.unwrap_or_else(|err| Err(format!("the upload task ended abnormally: {err}"))),
+        None => std::future::pending().await,
+    }
+}
+
+/// How long a stopping chain keeps trying to upload its spool.
+const STOP_DRAIN: Duration = Duration::from_secs(20);
+/// How often a spooling chain says how much waits.
+const SPOOL_REPORT: Duration = Duration::from_secs(30);
+
+/// Where a chain's writes go once made: the durable revision the cluster's
+/// loop reads, the metrics, the log, and the state of its spool.
+struct Output {
+    name: String,
+    durable: Arc<AtomicI64>,
+    lag: Lag,
+    /// Spooled bytes this chain added to the cluster's gauge.
+    gauge: u64,
+    /// Since when the store refuses, and what it said last.
+    refused: Option<(std::time::Instant, String)>,
+    failures: u32,
+    /// Segments uploaded from the spool since it started.
+    caught_up: u64,
+    retry_at: Option<tokio::time::Instant>,
+    report_at: Option<tokio::time::Instant>,
+    upload: Option<tokio::task::JoinHandle<Result<Spooled, String>>>,
+    /// The spool was full: the chain breaks (this reason) once its spool is uploaded.
+    full: Option<String>,
+}
+
+impl Output {
+    fn new(name: String, durable: Arc<AtomicI64>, metrics: Option<Arc<ClusterMetrics>>) -> Output {
+        Output { name, durable, lag: Lag { metrics, confirmed: None }, gauge: 0, refused: None, failures: 0, caught_up: 0, retry_at: None, report_at: None, upload: None, full: None }
+    }
+
+    /// Seal and write the open segment (to the store or the spool); the
+    /// error as the report says it.
+    async fn write(&mut self, writer: &mut ChainWriter) -> Result<(), String> {
+        let name = self.name.clone();
+        let stored_before = writer.written().stored_bytes;
+        let flushed = writer.flush().await;
+        self.sync_gauge(writer);
+        match flushed {
+            Ok(Flushed::Nothing) => Ok(()),
+            Ok(Flushed::Stored(segment)) => {
+                self.durable.store(writer.last_durable(), Ordering::Relaxed);
+                self.lag.written(writer.written().stored_bytes.saturating_sub(stored_before), writer.last_durable());
+                tracing::info!("{name}: segment {} written ({} revisions through {} durable)", segment.span(), segment.last - segment.first + 1, segment.last);
+                Ok(())
+            }
+            Ok(Flushed::Spooled { name: segment, error: Some(error) }) if self.refused.is_none() => {
+                let spool = writer.spool().expect("a spool");
+                tracing::warn!(
+                    "{name}: the store did not take segment {} ({error}): SPOOLING segments to {} (at most {} for the whole stream) and trying the store again with backoff; revisions after {} are not durable until it answers",
+                    segment.span(),
+                    spool.dir().display(),
+                    crate::space::bytes(spool.settings().limit),
+                    writer.last_durable()
+                );
+                self.spooling_starts(error);
+                Ok(())
+            }
+            Ok(Flushed::Spooled { name: segment, .. }) => {
+                tracing::debug!("{name}: segment {} spooled", segment.span());
+                Ok(())
+            }
+            Ok(Flushed::Full { name: segment, error }) => {
+                if self.refused.is_none() {
+                    self.spooling_starts(error.clone());
+                }
+                let unreachable = self.refused.as_ref().map(|(since, _)| crate::duration::show(Duration::from_secs(since.elapsed().as_secs()))).unwrap_or_default();
+                let spool = writer.spool().expect("a spool");
+                let waiting = match spool.span() {
+                    Some((first, last)) => format!("; the {} segments spooled before it (revisions {first}..{last}) are uploaded when the store answers, and the chain ends there", spool.len()),
+                    None => String::new(),
+                };
+                let reason = format!(
+                    "store unreachable: the store was unreachable for {unreachable}; the spool ({} bytes) is full: segment {} was not kept ({error}), its revisions and those after it are in no chain until a new base{waiting}",
+                    spool.settings().limit,
+                    segment.span()
+                );
+                tracing::warn!("{name}: {reason}");
+                self.full = Some(reason);
+                Ok(())
+            }
+            Err(err) => Err(format!("{err}; the last durable revision is {} (a restarted stream resumes after it)", writer.last_durable())),
+        }
+    }
+
+    fn spooling_starts(&mut self, error: String) {
+        self.refused = Some((std::time::Instant::now(), error));
+        self.failures = 0;
+        self.caught_up = 0;
+        let now = tokio::time::Instant::now();
+        self.retry_at = Some(now + Duration::from_secs(1));
+        self.report_at = Some(now + SPOOL_REPORT);
+    }
+
+    /// An upload of the oldest spooled segment ended.
+    fn uploaded(&mut self, writer: &mut ChainWriter, done: Result<Spooled, String>) -> Result<(), String> {
+        let now = tokio::time::Instant::now();
+        match done {
+            Ok(segment) => {
+                writer.uploaded(&segment).map_err(|e| e.to_string())?;
+                self.sync_gauge(writer);
+                self.durable.store(writer.last_durable(), Ordering::Relaxed);
+                self.lag.written(segment.stored_bytes, writer.last_durable());
+                self.failures = 0;
+                self.caught_up += 1;
+                if writer.spooling() {
+                    self.retry_at = Some(now);
+                } else {
+                    let after = self.refused.take().map(|(since, _)| crate::duration::show(Duration::from_secs(since.elapsed().as_secs()))).unwrap_or_default();
+                    tracing::info!(
+                        "{}: CAUGHT UP: the store answers again after {after}; {} spooled segments uploaded in order, durable through revision {}",
+                        self.name,
+                        self.caught_up,
+                        writer.last_durable()
+                    );
+                    self.retry_at = None;
+                    self.report_at = None;
+                }
+            }
+            Err(err) => {
+                self.failures += 1;
+                tracing::debug!("{}: the store still refuses (try {}): {err}", self.name, self.failures);
+                if let Some((_, last)) = self.refused.as_mut() {
+                    *last = err;
+                }
+                self.retry_at = Some(now + crate::duration::backoff(Duration::from_secs(1), Duration::from_secs(30), self.failures));
+            }
+        }
+        Ok(())
+    }
+
+    fn still_spooling(&mut self, writer: &ChainWriter) {
+        self.report_at = Some(tokio::time::Instant::now() + SPOOL_REPORT);
+        let Some(spool) = writer.spool() else { return };
+        let (first, last) = spool.span().unwrap_or_default();
+        let (since, error) = self.refused.clone().map(|(since, e)| (crate::duration::show(Duration::from_secs(since.elapsed().as_secs())), e)).unwrap_or_default();
+        tracing::warn!(
+            "{}: still spooling: {} in {} segments (revisions {first}..{last}; {} of {} used by the whole stream), the store unreachable for {since}: {error}",
+            self.name,
+            crate::space::bytes(spool.bytes()),
+            spool.len(),
+            crate::space::bytes(spool.settings().used()),
+            crate::space::bytes(spool.settings().limit)
+        );
+    }
+
+    fn sync_gauge(&mut self, writer: &ChainWriter) {
+        let now = writer.spool().map_or(0, |s| s.bytes());
+        if let Some(m) = &self.lag.metrics {
+            if now >= self.gauge {
+                m.spooled_bytes.fetch_add(now - self.gauge, Ordering::Relaxed);
+            } else {
+                m.spooled_bytes.fetch_sub(self.gauge - now, Ordering::Relaxed);
+            }
+        }
+        self.gauge = now;
+    }
+
+    /// Write what is open, upload what is spooled (for [`STOP_DRAIN`] at
+    /// most), then end as `ended`: failed when a write fails or a stop
+    /// leaves revisions not durable; broken when the spool was full or a
+    /// hand-over leaves revisions in the spool.
+    async fn finish(&mut self, writer: &mut ChainWriter, ended: Ended) -> Ended {
+        let ended = match (self.full.clone(), ended) {
+            (Some(reason), Ended::Stopped | Ended::HandedOver) => Ended::Broken(reason),
+            (_, ended) => ended,
+        };
+        if self.full.is_none()
+            && let Err(err) = self.write(writer).await
+        {
+            return Ended::Failed(err);
+        }
+        let deadline = tokio::time::Instant::now() + STOP_DRAIN;
+        while writer.spooling() && tokio::time::Instant::now() < deadline {
+            let handle = match self.upload.take() {
+                Some(handle) => handle,
+                None => {
+                    tokio::time::sleep_until(self.retry_at.unwrap_or(deadline).min(deadline)).await;
+                    self.retry_at = Some(deadline);
+                    match writer.upload() {
+                        Some(upload) => tokio::spawn(upload.run()),
+                        None => break,
+                    }
+                }
+            };
+            let abort = handle.abort_handle();
+            let done = match tokio::time::timeout_at(deadline, handle).await {
+                Ok(done) => done.unwrap_or_else(|err| Err(format!("the upload task ended abnormally: {err}"))),
+                Err(_) => {
+                    abort.abort();
+                    break;
+                }
+            };
+            if let Err(err) = self.uploaded(writer, done) {
+                return Ended::Failed(err);
+            }
+        }
+        let Some(spool) = writer.spool().filter(|s| !s.is_empty()) else {
+            return ended;
+        };
+        let (first, last) = spool.span().unwrap_or_default();
+        let left = format!(
+            "the store did not take the spool within {}s: revisions {first}..{last} are not durable ({} segments, {}); they stay in {} and a restarted stream uploads them first when they continue the chain",
+            STOP_DRAIN.as_secs(),
+            spool.len(),
+            crate::space::bytes(spool.bytes()),
+            spool.dir().display()
+        );
+        tracing::warn!("{}: {left}", self.name);
+        match ended {
+            Ended::Stopped => Ended::Failed(left),
+            Ended::HandedOver => Ended::Broken(format!("hand-over: {left}")),
+            Ended::Broken(reason) if self.full.is_some() => Ended::Failed(format!("{reason}; {left}")),
+            Ended::Broken(reason) => Ended::Broken(format!("{reason}; {left}")),
+            Ended::Failed(err) => Ended::Failed(format!("{err}; {left}")),
+        }
+    }
+}
+
 /// The lag metric of a chain: the newest instant the watched member
-/// confirmed the stream had everything, waiting for the next segment.
+/// confirmed the stream had everything (through a revision), waiting for
+/// that revision to be durable.
 struct Lag {
     metrics: Option<Arc<ClusterMetrics>>,
-    confirmed: Option<chrono::DateTime<Utc>>,
+    confirmed: Option<(chrono::DateTime<Utc>, i64)>,
 }
 
 impl Lag {
@@ -653,40 +1019,19 @@ impl Lag {
         if writer.last_pushed() == writer.last_durable() {
             m.durable_as_of(at);
         } else {
-            self.confirmed = Some(at);
+            self.confirmed = Some((at, writer.last_pushed()));
         }
     }
 
-    /// A segment of everything pushed is durable.
-    fn written(&mut self, stored_bytes: u64) {
+    /// A segment of `stored_bytes` is durable: the chain is, through `durable`.
+    fn written(&mut self, stored_bytes: u64, durable: i64) {
         let Some(m) = &self.metrics else { return };
         m.segment_written(stored_bytes);
-        if let Some(at) = self.confirmed.take() {
+        if let Some((at, through)) = self.confirmed
+            && through <= durable
+        {
+            self.confirmed = None;
             m.durable_as_of(at);
         }
     }
 }
-
-/// Write the open segment; the error as the report says it.
-async fn write(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, lag: &mut Lag) -> Result<(), String> {
-    let stored_before = writer.written().stored_bytes;
-    match writer.flush().await {
-        Ok(Some(segment)) => {
-            durable.store(writer.last_durable(), Ordering::Relaxed);
-            lag.written(writer.written().stored_bytes.saturating_sub(stored_before));
-            tracing::info!("{name}: segment {} written ({} revisions through {} durable)", segment.span(), segment.last - segment.first + 1, segment.last);
-            Ok(())
-        }
-        Ok(None) => Ok(()),
-        Err(err) => Err(format!("{err}; the last durable revision is {} (a restarted stream resumes after it)", writer.last_durable())),
-    }
-}
-
-/// Write what is open, then end as `ended` (or failed, when the write fails).
-async fn finish(writer: &mut ChainWriter, name: &str, durable: &AtomicI64, lag: &mut Lag, ended: Ended) -> Ended {
-    match write(writer, name, durable, lag).await {
-        Ok(()) => ended,
-        Err(err) => Ended::Failed(err),
-    }
-}
-
