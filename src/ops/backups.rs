@@ -780,19 +780,7 @@ impl Chains<'_> {
         let mut out = Vec::new();
         for (chain, Decision { id, mut keep, mut reasons }) in chains.iter().zip(retention::decide_chains(&candidates, cutoff)) {
             let folder = format!("{}/", chain.layout.dir());
-            let mut locked = None;
-            if !keep && let Some(s3) = self.locking {
-                // S3 refuses to delete a version under retention: never tried
-                locked = FolderHold::of(&s3.holds(&folder).await?, Utc::now());
-                if let Some(hold) = &locked {
-                    keep = true;
-                    reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
-                }
-            }
-            let size_bytes = match keep {
-                true => 0,
-                false => self.store.list(&folder).await?.iter().map(|o| o.size).sum(),
-            };
+            let (locked, size_bytes) = self.weigh(&folder, &mut keep, &mut reasons).await?;
             let deleted = !keep && !self.dry_run;
             if deleted {
                 self.delete(&chain.layout).await?;
@@ -841,18 +829,7 @@ impl Chains<'_> {
             };
             let mut reasons = vec![reason];
             let key = format!("{prefix}{}", set.file_name());
-            let mut locked = None;
-            if !keep && let Some(s3) = self.locking {
-                locked = FolderHold::of(&s3.holds(&key).await?, Utc::now());
-                if let Some(hold) = &locked {
-                    keep = true;
-                    reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
-                }
-            }
-            let size_bytes = match keep {
-                true => 0,
-                false => self.store.list(&key).await?.iter().map(|o| o.size).sum(),
-            };
+            let (locked, size_bytes) = self.weigh(&key, &mut keep, &mut reasons).await?;
             let deleted = !keep && !self.dry_run;
             if deleted {
                 match self.locking {
@@ -876,6 +853,26 @@ impl Chains<'_> {
             });
         }
         Ok(out)
+    }
+
+    /// For what the policy lets go (`keep` false) under `prefix`: whether
+    /// S3 Object Lock still holds some of it (then it is kept, and
+    /// `reasons` say until when: S3 would refuse the deletion, so it is
+    /// never tried), and the bytes a deletion frees.
+    async fn weigh(&self, prefix: &str, keep: &mut bool, reasons: &mut Vec<String>) -> Result<(Option<FolderHold>, u64), OpsError> {
+        let mut locked = None;
+        if !*keep && let Some(s3) = self.locking {
+            locked = FolderHold::of(&s3.holds(prefix).await?, Utc::now());
+            if let Some(hold) = &locked {
+                *keep = true;
+                reasons.push(format!("{}: S3 refuses to delete it before, a prune after that removes it", hold.describe()));
+            }
+        }
+        let size_bytes = match *keep {
+            true => 0,
+            false => self.store.list(prefix).await?.iter().map(|o| o.size).sum(),
+        };
+        Ok((locked, size_bytes))
     }
 
     /// Delete a chain: its descriptor first (the chain stops being listed,
