@@ -360,12 +360,16 @@ const SEND_GAP: Duration = Duration::from_micros(200);
 
 type Answer = Result<etcd_client::TxnResponse, etcd_client::Error>;
 
+/// A transaction to send, how long to hold it first (test hook), and
+/// where its answer goes.
+type Request = (Txn, Duration, tokio::sync::oneshot::Sender<Answer>);
+
 /// Sends transactions to the scratch etcd in the order given, without
 /// waiting for one answer before sending the next (all on one task, so
 /// they leave in that order); each answer goes back on its own channel.
-fn sender(client: Client) -> (tokio::sync::mpsc::UnboundedSender<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>, tokio::task::JoinHandle<()>) {
+fn sender(client: Client) -> (tokio::sync::mpsc::UnboundedSender<Request>, tokio::task::JoinHandle<()>) {
     use futures::StreamExt;
-    let (to_send, mut requests) = tokio::sync::mpsc::unbounded_channel::<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>();
+    let (to_send, mut requests) = tokio::sync::mpsc::unbounded_channel::<Request>();
     let task = tokio::spawn(async move {
         let mut in_flight = futures::stream::FuturesUnordered::new();
         loop {
@@ -430,7 +434,7 @@ enum Outcome {
 /// the scratch etcd at exactly that revision.
 struct Pipeline {
     client: Client,
-    to_send: tokio::sync::mpsc::UnboundedSender<(Txn, Duration, tokio::sync::oneshot::Sender<Answer>)>,
+    to_send: tokio::sync::mpsc::UnboundedSender<Request>,
     sender: tokio::task::JoinHandle<()>,
     /// How many may be in flight now (see [`WINDOW`]), and the revisions
     /// applied in a row at that size.
