@@ -60,8 +60,13 @@ impl Materialized {
         let point = &self.point;
         if self.dry_run {
             return format!(
-                "point in time: {} of the stream (dry run: not replayed; a real run restores etcd at that point with the objects of backup {})",
-                point.asked, point.objects_from
+                "point in time: {} of the stream (dry run: not replayed; a real run restores etcd at that point with the objects of {}; the plan below is backup {}'s)",
+                point.asked,
+                match &point.object_set {
+                    Some(set) => format!("the stream's object set {set}, the cluster's identity from backup {}", point.objects_from),
+                    None => format!("backup {}", point.objects_from),
+                },
+                point.objects_from
             );
         }
         format!(
@@ -156,6 +161,8 @@ pub async fn materialize(
             _ => Utc::now(),
         };
         let objects = objects_backup(&backups, at_time, namespace, hosted_cluster, &store.url())?;
+        let sets = crate::stream::objects::list(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+        let set = crate::stream::objects::at(&sets, at_time).filter(|set| taken(objects).is_none_or(|t| set.taken > t));
         return Ok(Materialized {
             backup_id: objects.backup_id.clone(),
             point: PointInTime {
@@ -164,7 +171,7 @@ pub async fn materialize(
                 revision: 0,
                 received: at_time,
                 objects_from: objects.backup_id.clone(),
-                object_set: None,
+                object_set: set.map(|s| s.file_name()),
                 later_revisions: 0,
             },
             stream_through,

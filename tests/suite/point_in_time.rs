@@ -123,6 +123,14 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let endpoint = env.sandbox.s3.https_url().to_string();
     let at = between.to_rfc3339();
     let out = env.hcp_dr(
+        &["restore", "--from", &store_arg, "--hosted-cluster", "demo", "--at", &at, "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--dry-run"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("dry run: not replayed; a real run restores etcd at that point with the objects of the stream's object set") && said.contains(&format!("the cluster's identity from backup {regular_id}")), "{said}");
+    assert_eq!(backup_folders(&env), folders, "a dry run wrote nothing");
+    let out = env.hcp_dr(
         &["restore", "--from", &store_arg, "--hosted-cluster", "demo", "--at", &at, "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--wait", "5m", "-o", "json"],
         &[],
     );
