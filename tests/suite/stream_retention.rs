@@ -46,7 +46,7 @@ async fn chain(root: &Path, id: &str, base: i64, last: i64, taken: DateTime<Utc>
     for revision in base + 1..=last {
         let event = Event::Put { key: Bytes(b"/registry/k".to_vec()), value: Bytes(revision.to_le_bytes().to_vec()), create_revision: base + 1, mod_revision: revision, version: revision - base, lease: 0 };
         writer.push(&RevisionRecord { revision, received: Utc::now(), events: vec![event], leases: Vec::new() }).unwrap();
-        let name = writer.flush().await.unwrap().expect("a segment");
+        let hcp_dr::stream::writer::Flushed::Stored(name) = writer.flush().await.unwrap() else { panic!("a segment, stored") };
         date(&root.join(layout.segment(&name)), taken + chrono::Duration::seconds(revision - base));
     }
     for file in files(&root.join(layout.dir())) {
