@@ -253,7 +253,19 @@ async fn fetch(store: &dyn Store, chain: &ChainListing, descriptor: &ChainDescri
         .await
         .map_err(super::store_error(format!("reading {}{key}", url_slash(store))))?
         .ok_or_else(|| StreamError::Input(format!("segment {key} is listed but gone: `hcp-dr stream verify` shows up to which revision the chain restores")))?;
-    match verify::read_segment(&stored, chain, descriptor, name, identities).await? {
+    // a damaged segment stops the replay where the chain stops restoring
+    let read = verify::read_segment(&stored, chain, descriptor, name, identities).await.map_err(|err| match err {
+        StreamError::Format(bad) => StreamError::Replay {
+            chain: descriptor.chain_id.clone(),
+            revision: name.first - 1,
+            reason: format!(
+                "{bad}; the chain restores through revision {} only: ask for that revision or an earlier one (`hcp-dr stream verify` names what else is damaged)",
+                name.first - 1
+            ),
+        },
+        other => other,
+    })?;
+    match read {
         Some(segment) => Ok(segment),
         None => Err(StreamError::Input(format!("chain {} is encrypted: pass --identity FILE", descriptor.chain_id))),
     }

@@ -177,6 +177,22 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let out = env.hcp_dr(&["backups", "describe", &format!("{store_arg}/clusters/demo/latest")], &[]);
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&regular_id), "latest is the regular backup: {}", text(&out));
 
+    // a segment damaged: a restore through it is refused, saying how far the chain goes
+    let mut segments: Vec<std::path::PathBuf> = support::files(&store).into_iter().filter(|f| f.ends_with(".seg")).map(|f| store.join(f)).collect();
+    segments.sort();
+    let victim = segments.last().unwrap().clone();
+    let original = std::fs::read(&victim).unwrap();
+    let mut bytes = original.clone();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x08;
+    std::fs::write(&victim, bytes).unwrap();
+    let folders = backup_folders(&env);
+    let out = env.hcp_dr(&["restore", "--from", &store_arg, "--hosted-cluster", "demo", "--at-revision", &durable.to_string(), "--kubeconfig", &kubeconfig_b, "--overwrite"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("damaged or altered") && text(&out).contains("the chain restores through revision"), "{}", text(&out));
+    assert_eq!(backup_folders(&env), folders, "a refused point wrote nothing");
+    std::fs::write(&victim, original).unwrap();
+
     // a drill of the newest durable revision onto mgmt-a (text report)
     let kubeconfig_a = env.sandbox.clusters[0].kubeconfig.to_str().unwrap().to_string();
     let durable_arg = durable.to_string();
