@@ -195,6 +195,8 @@ struct ChainOutcome {
     moves: Vec<Move>,
     warnings: Vec<String>,
     ended: Ended,
+    /// The break was counted in the metrics when it happened (a full spool).
+    break_counted: bool,
 }
 
 /// A chain task's inputs.
@@ -319,7 +321,7 @@ pub async fn run_with(cluster: Cluster, settings: StreamSettings, hooks: Hooks) 
                 match outcome.ended {
                     Ended::Stopped | Ended::HandedOver => {}
                     Ended::Broken(reason) => {
-                        if let Some(m) = &metrics {
+                        if let Some(m) = metrics.as_ref().filter(|_| !outcome.break_counted) {
                             m.breaks.fetch_add(1, Ordering::Relaxed);
                         }
                         tracing::warn!("{}: chain {chain_id} ends at revision {last}: {reason}; taking a new base", report.hosted_cluster);
@@ -776,6 +778,7 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
         moves,
         warnings,
         ended,
+        break_counted: out.full.is_some(),
     }
 }
 
@@ -863,6 +866,10 @@ impl Output {
                     segment.span()
                 );
                 tracing::warn!("{name}: {reason}");
+                if let Some(m) = &self.lag.metrics {
+                    // the break is said now; the chain ends once its spool is uploaded
+                    m.breaks.fetch_add(1, Ordering::Relaxed);
+                }
                 self.full = Some(reason);
                 Ok(())
             }

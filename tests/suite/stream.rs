@@ -675,3 +675,208 @@ async fn a_replay_whose_revisions_overtake_each_other_is_still_exact() {
     assert!(want == got, "{}", differences(&want, &got));
     assert!(ttls.values().all(|ttl| *ttl == 600), "{ttls:?}");
 }
+
+// ---------------------------------------------------------------------
+// The store unreachable: the spool, through the library
+
+/// A store that refuses every write while `down` is set (an outage).
+struct Outage {
+    inner: Arc<dyn Store>,
+    down: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl Store for Outage {
+    fn url(&self) -> String {
+        self.inner.url()
+    }
+    async fn put(&self, key: &str, body: hcp_dr::store::Body<'_>) -> Result<hcp_dr::store::PutReport, hcp_dr::store::StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(hcp_dr::store::StoreError::Io { path: key.into(), source: std::io::Error::other("the store is down (test outage)") });
+        }
+        self.inner.put(key, body).await
+    }
+    async fn get(&self, key: &str) -> Result<hcp_dr::store::Body<'static>, hcp_dr::store::StoreError> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<hcp_dr::store::ObjectInfo>, hcp_dr::store::StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), hcp_dr::store::StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn presign_get(&self, key: &str, ttl: Duration) -> Result<Option<String>, hcp_dr::store::StoreError> {
+        self.inner.presign_get(key, ttl).await
+    }
+}
+
+/// A stream of the plain etcd through an [`Outage`] with a spool of
+/// `limit` bytes, running until `stop`.
+struct Spooling {
+    down: Arc<AtomicBool>,
+    spool: hcp_dr::stream::spool::SpoolSettings,
+    metrics: Arc<hcp_dr::stream::metrics::ClusterMetrics>,
+    stop: tokio::sync::watch::Sender<bool>,
+    running: tokio::task::JoinHandle<ClusterReport>,
+}
+
+impl Spooling {
+    async fn start(plain: &Plain, limit: u64) -> Spooling {
+        let down = Arc::new(AtomicBool::new(false));
+        let store: Arc<dyn Store> = Arc::new(Outage { inner: plain.store.clone(), down: down.clone() });
+        let spool = hcp_dr::stream::spool::SpoolSettings::new(plain.dir.path().join("spool"), limit);
+        let metrics = hcp_dr::stream::metrics::Registry::default().cluster("clusters", "plain");
+        let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store, source: Arc::new(FixedMembers(vec![plain.member.clone()])) };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (_never, lost) = tokio::sync::watch::channel(None);
+        let hooks = hcp_dr::stream::run::Hooks { stop: stopped, lost, metrics: Some(metrics.clone()), spool: Some(spool.clone()) };
+        let running = tokio::spawn(hcp_dr::stream::run::run_with(cluster, Plain::settings(Duration::from_secs(3600), None), hooks));
+        let marker = put(&mut plain.client.clone(), "/stream-test/spool-marker", "m").await;
+        until(|| async { plain.durable_through().await >= marker }, "the stream never wrote its first revision").await;
+        Spooling { down, spool, metrics, stop, running }
+    }
+
+    fn spooled(&self) -> u64 {
+        self.metrics.spooled_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Files in the spool directory.
+    fn files(&self) -> Vec<PathBuf> {
+        files_under(&self.spool.dir)
+    }
+
+    async fn stop(self) -> ClusterReport {
+        self.stop.send(true).unwrap();
+        self.running.await.unwrap()
+    }
+}
+
+/// Wait for `ready` (polled every 100 ms, at most 60 s), else fail saying `what`.
+async fn until<F: std::future::Future<Output = bool>>(ready: impl Fn() -> F, what: &str) {
+    for _ in 0..600 {
+        if ready().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} (waited 60 s)");
+}
+
+/// A value zstd cannot shrink much: hex of a xorshift sequence.
+fn noise(seed: u64, chars: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..chars.div_ceil(16))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{x:016x}")
+        })
+        .collect::<String>()[..chars]
+        .to_string()
+}
+
+/// The store down for a while: the stream spools its segments on disk,
+/// keeps watching, and uploads them in order when the store answers: no
+/// break, one contiguous chain that replays key by key at every point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_down_for_a_while_is_caught_up_from_the_spool_in_order() {
+    let plain = Plain::start().await;
+    let streaming = Spooling::start(&plain, 64 << 20).await;
+    let durable_before = plain.durable_through().await;
+    streaming.down.store(true, Ordering::SeqCst);
+    let mut client = plain.client.clone();
+    let mut written = Vec::new();
+    for i in 0..8 {
+        written.push(put(&mut client, &format!("/t/outage/{i}"), &format!("v{i}")).await);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let last = put_three(&mut client, "/t/outage/three/").await;
+    until(|| async { streaming.files().len() >= 2 }, "the segments written during the outage were not spooled").await;
+    assert!(streaming.spooled() > 0, "hcp_dr_stream_spooled_bytes says nothing waits");
+    assert_eq!(plain.durable_through().await, durable_before, "the store took a segment while it was down");
+    for file in streaming.files() {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600, "{}", file.display());
+    }
+
+    streaming.down.store(false, Ordering::SeqCst);
+    until(|| async { plain.durable_through().await >= last }, "the spooled segments were not uploaded once the store answered").await;
+    until(|| async { streaming.spooled() == 0 && streaming.files().is_empty() }, "the spool was not emptied").await;
+    let spool_used = streaming.spool.used();
+    let report = streaming.stop().await;
+    assert!(report.error.is_none() && report.breaks.is_empty(), "{report:#?}");
+    assert_eq!(report.chains.len(), 1, "{report:#?}");
+    assert_eq!(spool_used, 0);
+
+    let chains = plain.chains().await;
+    let span = chains[0].span().unwrap();
+    assert!(span.problem.is_none() && span.through >= last, "{span:#?}");
+    let verdict = verify::verify_chain(plain.store.as_ref(), &chains[0], None).await.unwrap();
+    assert!(verdict.ok && verdict.content_checked, "{verdict:#?}");
+    plain.assert_replays(written[3], "in the middle of the outage").await;
+    plain.assert_replays(last, "at the end of the outage").await;
+}
+
+/// The store down past a tiny spool: the chain breaks when the spool is
+/// full (the metrics say so at once), what was spooled is uploaded when
+/// the store answers, the revisions after it are reported lost, and a new
+/// chain starts from a new base. The spool never holds more than its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_down_past_a_full_spool_breaks_the_chain_and_a_new_one_starts() {
+    let plain = Plain::start().await;
+    // room for a segment of a value of 1000 hex digits (500 bytes of
+    // entropy), not for one of 6000 (3000 bytes of entropy)
+    let limit = 3000;
+    let streaming = Spooling::start(&plain, limit).await;
+    let chains_before = plain.chains().await.len();
+    streaming.down.store(true, Ordering::SeqCst);
+    let mut client = plain.client.clone();
+    let spooled = put(&mut client, "/t/full/spooled", &noise(1, 1000)).await;
+    until(|| async { streaming.files().len() == 1 }, "the first segment of the outage was not spooled").await;
+    let dropped = put(&mut client, "/t/full/dropped", &noise(2, 6000)).await;
+    until(|| async { streaming.metrics.breaks.load(Ordering::SeqCst) == 1 }, "the full spool was not reported as a break").await;
+    assert!(streaming.spooled() <= limit && streaming.spool.used() <= limit, "the spool holds {} bytes, past its bound {limit}", streaming.spool.used());
+    let lost_too = put(&mut client, "/t/full/while-down", "lost").await;
+
+    streaming.down.store(false, Ordering::SeqCst);
+    until(|| async { plain.chains().await.len() > chains_before }, "no new chain started once the store answered").await;
+    let after = put(&mut client, "/t/full/after", "kept").await;
+    until(|| async { plain.durable_through().await >= after }, "the new chain did not write").await;
+    let report = streaming.stop().await;
+    assert!(report.error.is_none(), "{report:#?}");
+    assert_eq!(report.breaks.len(), 1, "{report:#?}");
+    let broken = &report.breaks[0];
+    assert_eq!(broken.last_revision, spooled, "the spooled segment was uploaded: {broken:#?}");
+    assert!(broken.reason.contains("store unreachable") && broken.reason.contains(&format!("the spool ({limit} bytes) is full")), "{broken:#?}");
+    let (from, to) = broken.lost().expect("revisions lost");
+    assert_eq!(from, dropped);
+    // the write while down is in the new base, or lost with the dropped segment
+    assert!(to == broken.next_base_revision.unwrap() - 1 && broken.next_base_revision.unwrap() >= lost_too, "{broken:#?}");
+    assert!(report.warnings.iter().any(|w| w.contains(&format!("revisions {from}..{to}")) && w.contains("in no chain")), "{:#?}", report.warnings);
+    assert!(files_under(&plain.dir.path().join("spool")).is_empty(), "spool files left behind");
+
+    let chains = plain.chains().await;
+    let old = &chains[chains_before - 1];
+    let verdict = verify::verify_chain(plain.store.as_ref(), old, None).await.unwrap();
+    assert!(verdict.ok && verdict.good_through == Some(spooled), "{verdict:#?}");
+    let new_chain = chains.last().unwrap().descriptor.as_ref().unwrap();
+    assert!(new_chain.previous.as_ref().is_some_and(|p| p.chain_id == old.layout.chain_id && p.last_revision == spooled), "{new_chain:#?}");
+    plain.assert_replays(spooled, "the last revision the spool kept").await;
+    let err = plain.replay_to(Target::Revision(dropped), "dropped").await.unwrap_err().to_string();
+    assert!(err.contains("cannot be restored"), "{err}");
+    plain.assert_replays(after, "after the new base").await;
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.path().is_dir() {
+            out.extend(files_under(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
+}
