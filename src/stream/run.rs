@@ -789,8 +789,6 @@ async fn join_upload(upload: &mut Option<tokio::task::JoinHandle<Result<Spooled,
     }
 }
 
-/// How long a stopping chain keeps trying to upload its spool.
-const STOP_DRAIN: Duration = Duration::from_secs(20);
 /// How often a spooling chain says how much waits.
 const SPOOL_REPORT: Duration = Duration::from_secs(30);
 
@@ -950,8 +948,8 @@ impl Output {
         self.gauge = now;
     }
 
-    /// Write what is open, upload what is spooled (for [`STOP_DRAIN`] at
-    /// most), then end as `ended`: failed when a write fails or a stop
+    /// Write what is open, upload what is spooled (for the spool's
+    /// `stop_drain`, 20 s by default, at most), then end as `ended`: failed when a write fails or a stop
     /// leaves revisions not durable; broken when the spool was full or a
     /// hand-over leaves revisions in the spool.
     async fn finish(&mut self, writer: &mut ChainWriter, ended: Ended) -> Ended {
@@ -964,7 +962,8 @@ impl Output {
         {
             return Ended::Failed(err);
         }
-        let deadline = tokio::time::Instant::now() + STOP_DRAIN;
+        let drain = writer.spool().map_or(Duration::ZERO, |s| s.settings().stop_drain);
+        let deadline = tokio::time::Instant::now() + drain;
         while writer.spooling() && tokio::time::Instant::now() < deadline {
             let handle = match self.upload.take() {
                 Some(handle) => handle,
@@ -994,8 +993,8 @@ impl Output {
         };
         let (first, last) = spool.span().unwrap_or_default();
         let left = format!(
-            "the store did not take the spool within {}s: revisions {first}..{last} are not durable ({} segments, {}); they stay in {} and a restarted stream uploads them first when they continue the chain",
-            STOP_DRAIN.as_secs(),
+            "the store did not take the spool within {}: revisions {first}..{last} are not durable ({} segments, {}); they stay in {} and a restarted stream uploads them first when they continue the chain",
+            crate::duration::show(drain),
             spool.len(),
             crate::space::bytes(spool.bytes()),
             spool.dir().display()

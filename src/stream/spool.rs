@@ -20,12 +20,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::{ChainLayout, SegmentName};
 
+/// How long a stopping chain keeps trying to upload its spool, by default.
+pub const STOP_DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Where segments wait, and how many bytes may wait (every chain of the
 /// process together).
 #[derive(Debug, Clone)]
 pub struct SpoolSettings {
     pub dir: PathBuf,
     pub limit: u64,
+    /// How long a stopping chain keeps trying to upload its spool.
+    pub stop_drain: std::time::Duration,
     /// Bytes spooled now by every chain sharing these settings.
     used: Arc<AtomicU64>,
 }
@@ -58,7 +63,13 @@ pub struct Spooled {
 
 impl SpoolSettings {
     pub fn new(dir: PathBuf, limit: u64) -> SpoolSettings {
-        SpoolSettings { dir, limit, used: Arc::new(AtomicU64::new(0)) }
+        SpoolSettings { dir, limit, stop_drain: STOP_DRAIN, used: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Give a stopping chain `drain` (not [`STOP_DRAIN`]) to upload its spool.
+    pub fn with_stop_drain(mut self, drain: std::time::Duration) -> SpoolSettings {
+        self.stop_drain = drain;
+        self
     }
 
     /// Bytes spooled now, every chain together.

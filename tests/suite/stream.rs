@@ -722,9 +722,12 @@ struct Spooling {
 
 impl Spooling {
     async fn start(plain: &Plain, limit: u64) -> Spooling {
+        Spooling::start_with(plain, hcp_dr::stream::spool::SpoolSettings::new(plain.dir.path().join("spool"), limit)).await
+    }
+
+    async fn start_with(plain: &Plain, spool: hcp_dr::stream::spool::SpoolSettings) -> Spooling {
         let down = Arc::new(AtomicBool::new(false));
         let store: Arc<dyn Store> = Arc::new(Outage { inner: plain.store.clone(), down: down.clone() });
-        let spool = hcp_dr::stream::spool::SpoolSettings::new(plain.dir.path().join("spool"), limit);
         let metrics = hcp_dr::stream::metrics::Registry::default().cluster("clusters", "plain");
         let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store, source: Arc::new(FixedMembers(vec![plain.member.clone()])) };
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -879,4 +882,41 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A stop while the store is down: the spool gets its bounded time, then
+/// the run fails naming the revisions that are not durable and where they
+/// wait; the next run uploads them first and resumes the chain after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_while_the_store_is_down_leaves_the_spool_to_the_next_run() {
+    let plain = Plain::start().await;
+    let dir = plain.dir.path().join("spool");
+    let spool = hcp_dr::stream::spool::SpoolSettings::new(dir.clone(), 64 << 20).with_stop_drain(Duration::from_secs(1));
+    let streaming = Spooling::start_with(&plain, spool).await;
+    let durable_before = plain.durable_through().await;
+    streaming.down.store(true, Ordering::SeqCst);
+    let mut client = plain.client.clone();
+    let first = put(&mut client, "/t/stop/first", "1").await;
+    until(|| async { streaming.files().len() == 1 }, "the first segment of the outage was not spooled").await;
+    let last = put(&mut client, "/t/stop/last", "2").await;
+    let report = streaming.stop().await;
+    let error = report.error.clone().unwrap_or_else(|| panic!("a stop leaving revisions not durable did not fail: {report:#?}"));
+    assert!(error.contains(&format!("revisions {first}..{last} are not durable")) && error.contains(&dir.display().to_string()), "{error}");
+    assert_eq!(plain.durable_through().await, durable_before);
+    assert_eq!(files_under(&dir).len(), 2, "the spooled segments are kept for the next run");
+
+    let streaming = Spooling::start(&plain, 64 << 20).await;
+    let after = put(&mut client, "/t/stop/after", "3").await;
+    until(|| async { plain.durable_through().await >= after }, "the resumed chain did not write").await;
+    let report = streaming.stop().await;
+    assert!(report.error.is_none() && report.breaks.is_empty(), "{report:#?}");
+    assert!(report.warnings.iter().any(|w| w.contains("left in the spool uploaded first") && w.contains(&format!("revisions {first}..{last}"))), "{:#?}", report.warnings);
+    assert!(matches!(report.chains[0].start, hcp_dr::stream::run::ChainStart::Resumed { after } if after == last), "{report:#?}");
+    assert!(files_under(&dir).is_empty(), "spool files left behind");
+    let chains = plain.chains().await;
+    assert_eq!(chains.len(), 1);
+    let verdict = verify::verify_chain(plain.store.as_ref(), &chains[0], None).await.unwrap();
+    assert!(verdict.ok && verdict.content_checked, "{verdict:#?}");
+    plain.assert_replays(first, "the first revision the spool kept over the stop").await;
+    plain.assert_replays(after, "after the restart").await;
 }
