@@ -516,7 +516,15 @@ async fn upload_left(cluster: &Cluster, spool: &SpoolSettings, report: &mut Clus
     };
     for (chain_id, segments) in found {
         let layout = ChainLayout::new(&cluster.namespace, &cluster.hosted_cluster, &chain_id);
-        let mut through = chains.iter().find(|c| c.layout.chain_id == chain_id).and_then(|c| c.span()).filter(|span| span.problem.is_none()).map(|span| span.through);
+        let Some(listing) = chains.iter().find(|c| c.layout.chain_id == chain_id) else {
+            // a chain of another store (a spool directory shared by two
+            // streams), or one pruned since: left alone
+            let message = format!("chain {chain_id}: segments in the spool ({}) belong to no chain of this store: left there", spool.chain_dir(&layout).display());
+            tracing::warn!("{}: {message}", report.hosted_cluster);
+            report.warnings.push(message);
+            continue;
+        };
+        let mut through = listing.span().filter(|span| span.problem.is_none()).map(|span| span.through);
         let (mut uploaded, mut lost): (Vec<(i64, i64)>, Vec<(i64, i64)>) = (Vec::new(), Vec::new());
         let mut stopped = None;
         for (name, path) in segments {
@@ -565,7 +573,7 @@ async fn upload_left(cluster: &Cluster, spool: &SpoolSettings, report: &mut Clus
         }
         if let (Some(first), Some(last)) = (lost.first(), lost.last()) {
             let message = format!(
-                "chain {chain_id}: {} segments an earlier run left in the spool (revisions {}..{}) do not continue the chain as the store holds it (it is gone, or they are damaged or after a gap): dropped, those revisions are lost",
+                "chain {chain_id}: {} segments an earlier run left in the spool (revisions {}..{}) do not continue the chain as the store holds it (they are damaged or after a gap): dropped, those revisions are lost",
                 lost.len(),
                 first.0,
                 last.1
@@ -863,11 +871,11 @@ impl Output {
                     spool.settings().limit,
                     segment.span()
                 );
-                tracing::warn!("{name}: {reason}");
                 if let Some(m) = &self.lag.metrics {
                     // the break is said now; the chain ends once its spool is uploaded
                     m.breaks.fetch_add(1, Ordering::Relaxed);
                 }
+                tracing::warn!("{name}: {reason}");
                 self.full = Some(reason);
                 Ok(())
             }

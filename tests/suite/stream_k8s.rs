@@ -14,8 +14,10 @@
 //! - relisting: demo no longer selected stops (its open segment written,
 //!   the Lease released), selected again starts again;
 //! - `/metrics` passes `promtool check metrics` and says the lag, segments,
-//!   bytes and Lease; `/healthz` answers 200, and 503 with the reason once
-//!   the store refused a cluster's segments for good; the rendered stream alerts
+//!   bytes and Lease; `/healthz` answers 200; the store refusing a
+//!   cluster's segments with no room to spool breaks its chain (the
+//!   metric counts it, the process lives on, a new chain starts once the
+//!   store answers); the rendered stream alerts
 //!   pass `promtool check rules` and fire in `promtool test rules` on series
 //!   named and labelled as the scrape.
 
@@ -426,14 +428,20 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     std::fs::write(dir.join("stream-tests.yml"), tests.to_string()).unwrap();
     promtool_ok(&["test", "rules", "stream-tests.yml"], dir, None);
 
-    // one shard by hand, to S3: the store refusing its segments fails the
-    // cluster's stream, and /healthz says so (503, why) while the process lives on
+    // one shard by hand, to S3, with no room to spool (--spool-size 0): the
+    // store refusing its segments breaks the cluster's chain at once (the
+    // metric says so), the process lives on (/healthz 200) and a new chain
+    // starts once the store takes writes again
     let s3_store = format!("s3://{}/stream-k8s", hcp_dr_e2e::sandbox::BUCKET);
     let shard = format!("{mine}/2");
-    let by_hand: Vec<String> = ["stream", "--all", "--shard", &shard, "--lease-namespace", "hcp-dr", "--to", &s3_store, "--s3-endpoint", env.sandbox.s3.https_url(), "--segment-interval", "1s", "-o", "json"]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+    let spool_dir = env.dir.path().join("spool-by-hand");
+    let spool_dir = spool_dir.to_str().unwrap();
+    let by_hand: Vec<String> = [
+        "stream", "--all", "--shard", &shard, "--lease-namespace", "hcp-dr", "--to", &s3_store, "--s3-endpoint", env.sandbox.s3.https_url(), "--segment-interval", "1s", "--spool-dir", spool_dir, "--spool-size", "0", "-o", "json",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
     let mut hand = Pod::start(&env, "laptop", &by_hand, &admin);
     hand.wait_for("started at base revision");
     put(&env, "/hcp-dr-test/k8s/by-hand").await;
@@ -450,22 +458,19 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     };
     env.sandbox.set_s3_faults(Some(&refuse)).unwrap();
     put(&env, "/hcp-dr-test/k8s/refused").await;
-    let refused = hand.wait_after(0, "(attempt 3 of 4)");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let (code, reason) = loop {
-        let (code, body) = hand.get("/healthz");
-        if code != 200 || std::time::Instant::now() > deadline {
-            break (code, body);
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let refused = hand.wait_after(0, "is full");
+    let metrics = hand.get("/metrics").1;
+    assert!(metrics.contains("hcp_dr_stream_chain_breaks_total{namespace=\"clusters\",hosted_cluster=\"demo\"} 1\n"), "{metrics}\n{}", hand.log[refused..].join("\n"));
+    assert!(metrics.contains("hcp_dr_stream_spooled_bytes{namespace=\"clusters\",hosted_cluster=\"demo\"} 0\n"), "{metrics}");
+    assert!(metrics.contains("hcp_dr_stream_up 1\n"), "{metrics}");
+    assert_eq!(hand.get("/healthz").0, 200, "a break is not a dead loop");
     env.sandbox.set_s3_faults(None).unwrap();
-    assert_eq!(code, 503, "{reason}\n{}", hand.log[refused..].join("\n"));
-    assert!(reason.starts_with("clusters/demo: the stream failed: ") && reason.ends_with('\n') && reason.lines().count() == 1, "{reason}");
-    assert!(hand.get("/metrics").1.contains("hcp_dr_stream_up 0\n"));
+    hand.wait_after(refused, "started at base revision");
     let (status, report, _) = hand.term();
-    assert_eq!(status.code(), Some(1), "{report:#}");
-    assert!(report["clusters"][0]["error"].as_str().is_some_and(|e| e.contains("4 attempts")), "{report:#}");
+    assert_eq!(status.code(), Some(0), "{report:#}");
+    let breaks = &report["clusters"][0]["breaks"];
+    assert!(breaks[0]["reason"].as_str().is_some_and(|r| r.contains("store unreachable") && r.contains("the spool (0 bytes) is full")), "{report:#}");
+    assert!(breaks[0]["next_chain"].is_string(), "{report:#}");
 
     // bad input: exit 2, saying how to fix it, nothing written
     let out = env.hcp_dr(&["stream", "--all", "--shard-from-hostname", "2", "--to", &store_arg, "--lease-namespace", "hcp-dr"], &[("HOSTNAME", "laptop")]);
