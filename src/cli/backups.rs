@@ -524,6 +524,9 @@ struct StreamsVerified {
     ok: bool,
     problems: Vec<String>,
     chains: Vec<crate::stream::verify::ChainVerdict>,
+    /// With --deep: each chain replayed to the next one's base, compared.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    handovers: Vec<crate::stream::deep::Handover>,
 }
 
 /// `<store>/<ns>/<cluster>/stream` (every chain) or `.../stream/<chain-id>`
@@ -720,19 +723,41 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                 Err(e) => return fail(OpsError::Input(e.to_string())),
             };
             if let Some((root, ns, hc, chain)) = split_stream_url(&backup) {
-                if deep {
-                    return fail(OpsError::Input(format!("--deep: `{backup}` names a stream, whose chains have no snapshot to restore; drop --deep (hcp-dr stream replay replays a chain)")));
-                }
                 let store = match store::open(&root, s3.s3()).await {
                     Ok(s) => s,
                     Err(e) => return fail(e.into()),
                 };
                 return match backups::verify_streams(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref()).await {
                     Ok(chains) => {
-                        let report = StreamsVerified { problems: chains.iter().filter_map(backups::chain_problem).collect(), ok: chains.iter().all(|c| c.ok), stream: backup, chains };
+                        let handovers = match deep {
+                            true => match backups::compare_handovers(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref()).await {
+                                Ok(h) => h,
+                                Err(e) => return fail(e),
+                            },
+                            false => Vec::new(),
+                        };
+                        let mut problems: Vec<String> = chains.iter().filter_map(backups::chain_problem).collect();
+                        problems.extend(handovers.iter().filter(|h| !h.ok).map(|h| {
+                            format!("chain {} replayed to revision {} differs from chain {}'s base in {} key(s): {}", h.chain_id, h.revision, h.next_chain_id, h.differences, h.shown.join("; "))
+                        }));
+                        let ok = chains.iter().all(|c| c.ok) && handovers.iter().all(|h| h.ok);
+                        let report = StreamsVerified { problems, ok, stream: backup, chains, handovers };
                         print(output, &report, || {
                             let mut out = format!("{}: {}\n", report.stream, if report.ok { "OK" } else { "FAILED" });
                             out.push_str(&render_chains(&report.chains));
+                            for h in &report.handovers {
+                                out.push_str(&format!(
+                                    "  chain {} replayed to revision {} against chain {}'s base: {} key(s) compared, {}\n",
+                                    h.chain_id,
+                                    h.revision,
+                                    h.next_chain_id,
+                                    h.keys_compared,
+                                    if h.ok { "identical".to_string() } else { format!("{} DIFFERENT", h.differences) }
+                                ));
+                            }
+                            if deep && report.handovers.is_empty() {
+                                out.push_str("  --deep: no chain hands over to a next one here (nothing to replay against)\n");
+                            }
                             for p in &report.problems {
                                 out.push_str(&format!("  problem: {p}\n"));
                             }

@@ -476,6 +476,23 @@ pub async fn verify_streams(
     super::stream::verify_chains(store, namespace, hosted_cluster, chain, identities, "point at the store `hcp-dr stream` writes to (or drop --streams)").await
 }
 
+/// `backups verify --deep` of a stream: every chain that hands over to a
+/// next one replayed to that one's base revision and compared with it,
+/// key by key (`chain`: only the handover from that chain).
+pub async fn compare_handovers(
+    store: &dyn Store,
+    namespace: &str,
+    hosted_cluster: &str,
+    chain: Option<&str>,
+    identities: Option<&Identities>,
+) -> Result<Vec<crate::stream::deep::Handover>, OpsError> {
+    let tools = crate::etcd::scratch::ScratchTools::find().map_err(|e| OpsError::Input(e.replace("the deep check did not run", "--deep replays each chain against the next base")))?;
+    let (chains, _) = crate::stream::catalog::chains(store, namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+    let mut handovers = crate::stream::deep::compare_handovers(store, &chains, identities, &tools).await.map_err(super::stream::stream_error)?;
+    handovers.retain(|h| chain.is_none_or(|id| h.chain_id == id));
+    Ok(handovers)
+}
+
 /// A failed chain verdict as one problem line: the first problem (naming
 /// the object) and the revision the chain is good through.
 pub fn chain_problem(verdict: &ChainVerdict) -> Option<String> {

@@ -20,6 +20,7 @@
 //! | `/metrics` (lag, segments, bytes, breaks) and `/healthz` | `metrics.rs` |
 //! | the management-cluster objects over time (object sets) | `objects.rs` |
 //! | checking a chain | `verify.rs` |
+//! | replay against reality: a chain replayed to the next base, compared | `deep.rs` |
 //! | replaying a chain into a snapshot | `replay.rs` |
 //!
 //! Unlike the staged pipelines it has no journal: what it wrote is its own
@@ -29,6 +30,7 @@
 pub mod base;
 pub mod catalog;
 pub mod codec;
+pub mod deep;
 pub mod format;
 pub mod lease;
 pub mod metrics;

@@ -114,7 +114,6 @@ pub async fn replay(
     identities: Option<&Identities>,
     tools: &ScratchTools,
 ) -> Result<ReplayReport, StreamError> {
-    let clock = Instant::now();
     if out.exists() {
         return Err(StreamError::Input(format!("--out {}: the file exists; give a new path (hcp-dr never overwrites a snapshot)", out.display())));
     }
@@ -126,6 +125,23 @@ pub async fn replay(
             catalog::describe_windows(&catalog::windows(&chains))
         ))
     })?;
+    replay_chain(store, &chain, &descriptor, target, out, identities, tools).await
+}
+
+/// Replay `chain` (whose descriptor is `descriptor`) to `target`, which
+/// it must hold, into `out`: [`replay`] once the chain is chosen, and
+/// `backups verify --deep`, which replays a chain to the next one's base.
+pub async fn replay_chain(
+    store: &dyn Store,
+    chain: &ChainListing,
+    descriptor: &ChainDescriptor,
+    target: Target,
+    out: &Path,
+    identities: Option<&Identities>,
+    tools: &ScratchTools,
+) -> Result<ReplayReport, StreamError> {
+    let clock = Instant::now();
+    let (namespace, hosted_cluster) = (&chain.layout.namespace, &chain.layout.hosted_cluster);
     if descriptor.encrypted() && identities.is_none() {
         return Err(crate::archive::encryption::EncryptionError::IdentityNeeded { what: format!("chain {}", descriptor.chain_id), recipients: descriptor.coding.recipients.clone() }.into());
     }
@@ -138,7 +154,7 @@ pub async fn replay(
         .map_err(|e| StreamError::Scratch(e.to_string()))?;
     let base_file = scratch.path().join("base.db");
     let mut file = tokio::fs::File::create(&base_file).await.map_err(|source| StreamError::Io { what: base_file.display().to_string(), source })?;
-    let read = base::read(store, &chain.layout, &descriptor, identities, &mut file).await?;
+    let read = base::read(store, &chain.layout, descriptor, identities, &mut file).await?;
     drop(file);
     if let Some(mismatch) = read.mismatch(&descriptor.base, &chain.layout.artifact(&descriptor.base.artifact)) {
         return Err(StreamError::Base(format!("{mismatch}; `hcp-dr stream verify` shows what else is damaged")));
@@ -146,7 +162,7 @@ pub async fn replay(
     let in_memory = memory_scratch(descriptor.base.raw.size);
     let data = in_memory.as_ref().map_or_else(|| scratch.path().join("etcd"), |dir| dir.path().join("etcd"));
     let mut etcd = tools.start_restored(&base_file, &data, &SCRATCH_FLAGS).await.map_err(StreamError::Scratch)?;
-    let replayed = apply(store, &chain, &descriptor, target, through, identities, &etcd.client_url).await;
+    let replayed = apply(store, chain, descriptor, target, through, identities, &etcd.client_url).await;
     let result = match replayed {
         Ok(applied) => snapshot(&etcd.client_url, out, applied.revision).await.map(|written| (applied, written)),
         Err(err) => Err(err),

@@ -50,6 +50,7 @@ mod sigkill;
 mod signals;
 mod snapshot_verify;
 mod stream;
+mod stream_deep;
 mod stream_k8s;
 mod stream_retention;
 mod undo_safety;
