@@ -514,7 +514,7 @@ async fn upload_left(cluster: &Cluster, spool: &SpoolSettings, report: &mut Clus
             return;
         }
     };
-    for (chain_id, segments) in found {
+    for super::spool::Left { chain_id, segments } in found {
         let layout = ChainLayout::new(&cluster.namespace, &cluster.hosted_cluster, &chain_id);
         let Some(listing) = chains.iter().find(|c| c.layout.chain_id == chain_id) else {
             // a chain of another store (a spool directory shared by two
@@ -525,7 +525,9 @@ async fn upload_left(cluster: &Cluster, spool: &SpoolSettings, report: &mut Clus
             continue;
         };
         let mut through = listing.span().filter(|span| span.problem.is_none()).map(|span| span.through);
-        let (mut uploaded, mut lost): (Vec<(i64, i64)>, Vec<(i64, i64)>) = (Vec::new(), Vec::new());
+        // the revisions of each segment uploaded, and of each dropped
+        let mut uploaded: Vec<(i64, i64)> = Vec::new();
+        let mut lost: Vec<(i64, i64)> = Vec::new();
         let mut stopped = None;
         for (name, path) in segments {
             if stopped.is_some() {

@@ -109,7 +109,7 @@ impl SpoolSettings {
     /// The chains of a cluster with segments left in the spool (by an
     /// earlier run), each with its segment files in revision order. Files
     /// that are not segments (a `.partial` a crash left) are removed.
-    pub fn found(&self, namespace: &str, hosted_cluster: &str) -> Result<Vec<(String, Vec<(SegmentName, PathBuf)>)>, SpoolError> {
+    pub fn found(&self, namespace: &str, hosted_cluster: &str) -> Result<Vec<Left>, SpoolError> {
         let dir = self.cluster_dir(namespace, hosted_cluster);
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
@@ -137,12 +137,19 @@ impl SpoolSettings {
             if segments.is_empty() {
                 let _ = std::fs::remove_dir(&chain_dir);
             } else {
-                chains.push((entry.file_name().to_string_lossy().into_owned(), segments));
+                chains.push(Left { chain_id: entry.file_name().to_string_lossy().into_owned(), segments });
             }
         }
-        chains.sort_by(|a, b| a.0.cmp(&b.0));
+        chains.sort_by(|a, b| a.chain_id.cmp(&b.chain_id));
         Ok(chains)
     }
+}
+
+/// A chain's segments an earlier run left in the spool, oldest first.
+#[derive(Debug)]
+pub struct Left {
+    pub chain_id: String,
+    pub segments: Vec<(SegmentName, PathBuf)>,
 }
 
 /// One chain's spooled segments, oldest first.
@@ -286,8 +293,8 @@ mod tests {
         assert_eq!(std::fs::metadata(&head.path).unwrap().permissions().mode() & 0o777, 0o600);
         let found = settings.found("clusters", "demo").unwrap();
         assert_eq!(found.len(), 1);
-        assert_eq!(found[0].0, layout.chain_id);
-        assert_eq!(found[0].1.iter().map(|(n, _)| n.first).collect::<Vec<_>>(), [5, 7]);
+        assert_eq!(found[0].chain_id, layout.chain_id);
+        assert_eq!(found[0].segments.iter().map(|(n, _)| n.first).collect::<Vec<_>>(), [5, 7]);
         assert_eq!(spool.remove_head().unwrap().name.first, 5);
         assert_eq!(settings.used(), 4);
         spool.remove_head().unwrap();
