@@ -685,6 +685,7 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
     let mut troubles = 0usize;
     let mut stop_at = *task.stop.borrow();
     let mut out = Output::new(name.clone(), task.durable.clone(), task.aids.metrics.clone());
+    let mut caught_up = false;
     let ended = loop {
         if stop_at == StopAt::Now {
             break out.finish(&mut writer, Ended::Stopped).await;
@@ -737,7 +738,23 @@ async fn chain_task(mut task: ChainTask) -> ChainOutcome {
                     let reason = format!("compacted: etcd ({member}) compacted its history to revision {compact_revision} before the stream had revision {next} (the stream was down or behind for too long)");
                     break out.finish(&mut writer, Ended::Broken(reason)).await;
                 }
-                Some(WatchItem::Current { at }) => out.lag.current(&writer, at),
+                Some(WatchItem::Current { at }) => {
+                    out.lag.current(&writer, at);
+                    // the revisions made while no stream ran (a resume
+                    // after a crash or a restart) are older than any
+                    // interval: durable as soon as the watch has caught up
+                    // with them (etcd answers a progress request only
+                    // then), not an interval after they arrived
+                    if !caught_up {
+                        caught_up = true;
+                        if matches!(task.start, ChainStart::Resumed { .. })
+                            && writer.due().is_some()
+                            && let Err(err) = out.write(&mut writer).await
+                        {
+                            break Ended::Failed(err);
+                        }
+                    }
+                }
                 Some(WatchItem::Gap { expected, got, member }) => {
                     let reason = format!("gap: {member} sent revision {got} where {expected} was due");
                     break out.finish(&mut writer, Ended::Broken(reason)).await;

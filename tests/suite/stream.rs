@@ -920,3 +920,38 @@ async fn a_stop_while_the_store_is_down_leaves_the_spool_to_the_next_run() {
     plain.assert_replays(first, "the first revision the spool kept over the stop").await;
     plain.assert_replays(after, "after the restart").await;
 }
+
+/// What etcd wrote while no stream ran (after a crash or a restart) is
+/// older than any interval: a resumed chain makes it durable as soon as
+/// the watch has caught up with it (the member's first progress answer),
+/// not a whole `--segment-interval` later: with a 10-minute interval the
+/// catch-up segment still comes within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resumed_chain_writes_what_it_missed_once_caught_up_not_an_interval_later() {
+    let plain = Plain::start().await;
+    let report = plain.stream_while(Plain::settings(Duration::from_secs(3600), None), async {}).await;
+    assert!(report.error.is_none(), "{report:#?}");
+    let mut client = plain.client.clone();
+    let mut missed = 0;
+    for i in 0..5 {
+        missed = put(&mut client, &format!("/t/missed/{i}"), "while no stream ran").await;
+    }
+    let mut settings = Plain::settings(Duration::from_secs(3600), None);
+    settings.cut.interval = Duration::from_secs(600);
+    let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store: plain.store.clone(), source: Arc::new(FixedMembers(vec![plain.member.clone()])) };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(run(cluster, settings, stopped));
+    let mut caught_up = false;
+    for _ in 0..600 {
+        if plain.durable_through().await >= missed {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).unwrap();
+    let report = running.await.unwrap();
+    assert!(caught_up, "the revisions missed while down were not durable within a minute of resuming (interval 10 minutes): {report:#?}");
+    assert!(matches!(report.chains[0].start, hcp_dr::stream::run::ChainStart::Resumed { .. }), "{report:#?}");
+    plain.assert_replays(missed, "what was written while no stream ran").await;
+}
