@@ -321,4 +321,49 @@ mod tests {
         writer.push(&record(43, "c")).unwrap();
         assert!(matches!(writer.flush().await.unwrap(), Flushed::Stored(n) if n.first == 43));
     }
+
+    #[tokio::test]
+    async fn segments_the_store_refuses_wait_in_the_spool_and_upload_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        // the store's root is a file: every put fails until it is a directory
+        let root = dir.path().join("store");
+        std::fs::write(&root, b"not a directory").unwrap();
+        let store: Arc<dyn Store> = Arc::new(crate::store::LocalStore::new(&root));
+        let layout = ChainLayout::new("clusters", "demo", "20261121T180000Z-0a1b2c");
+        let cut = Cut { interval: Duration::from_secs(10), size: 1 << 20 };
+        let spool = SpoolSettings::new(dir.path().join("spool"), 1 << 20);
+        let mut writer = ChainWriter::new(store.clone(), layout.clone(), 1, None, cut, 40).with_spool(spool.clone());
+        writer.push(&record(41, "a")).unwrap();
+        let Flushed::Spooled { name, error: Some(error) } = writer.flush().await.unwrap() else { panic!("not spooled") };
+        assert_eq!((name.first, writer.last_durable(), writer.last_pushed()), (41, 40, 41));
+        assert!(!error.is_empty());
+        // the store is back, but 42 must not reach it before 41
+        std::fs::remove_file(&root).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        writer.push(&record(42, "b")).unwrap();
+        assert!(matches!(writer.flush().await.unwrap(), Flushed::Spooled { ref name, error: None } if name.first == 42));
+        assert!(store.list("clusters/").await.unwrap().is_empty(), "a segment reached the store before the ones spooled before it");
+        for expected in [41, 42] {
+            let upload = writer.upload().expect("a spooled segment");
+            assert_eq!(upload.segment().name.first, expected);
+            let segment = upload.run().await.unwrap();
+            writer.uploaded(&segment).unwrap();
+            assert_eq!(writer.last_durable(), expected);
+        }
+        assert!(!writer.spooling() && spool.used() == 0);
+        assert_eq!((writer.written().segments, writer.written().first_revision), (2, Some(41)));
+        writer.push(&record(43, "c")).unwrap();
+        assert!(matches!(writer.flush().await.unwrap(), Flushed::Stored(n) if n.first == 43));
+        assert_eq!(store.list("clusters/").await.unwrap().len(), 3);
+
+        // no room: the segment is dropped, nothing kept past the bound
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::write(&root, b"down again").unwrap();
+        let tiny = SpoolSettings::new(dir.path().join("tiny"), 10);
+        let mut writer = ChainWriter::new(store, layout, 1, None, cut, 43).with_spool(tiny.clone());
+        writer.push(&record(44, "d")).unwrap();
+        let Flushed::Full { name, error } = writer.flush().await.unwrap() else { panic!("not full") };
+        assert!(name.first == 44 && error.contains("has no room"), "{error}");
+        assert!(!writer.spooling() && tiny.used() == 0 && writer.last_durable() == 43);
+    }
 }
