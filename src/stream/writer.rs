@@ -6,7 +6,7 @@
 //! durable, under its final name, before the next one is started.
 //!
 //! With a spool (`super::spool`), a segment the store refuses (or does not
-//! take within a minute) is kept on local disk instead, and so is every
+//! take within 30 s) is kept on local disk instead, and so is every
 //! segment after it until the spooled ones are uploaded, oldest first
 //! ([`ChainWriter::upload`]): the store never holds segment N+1 without N.
 //! Only the store makes a segment durable.
@@ -85,8 +85,10 @@ impl Upload {
     }
 }
 
-/// A segment `put` that does not answer in this long counts as failed.
-const PUT_TIMEOUT: Duration = Duration::from_secs(60);
+/// A segment `put` that does not answer in this long counts as failed
+/// (an 8 MiB segment needs 270 KB/s; with the 20 s a stop gives the spool,
+/// a stop stays within the StatefulSet's 60 s grace period).
+const PUT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Put `bytes` at `key` and check the store holds them; the error as a sentence.
 pub(crate) async fn put_checked(store: &dyn Store, key: &str, bytes: &[u8], sha256: &str) -> Result<(), String> {
