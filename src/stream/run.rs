@@ -1037,6 +1037,16 @@ impl Output {
     }
 }
 
+impl Drop for Output {
+    /// The chain's spooled bytes leave the cluster's gauge with it (an
+    /// aborted task too); what stays on disk is the next run's.
+    fn drop(&mut self) {
+        if let Some(m) = &self.lag.metrics {
+            m.spooled_bytes.fetch_sub(self.gauge.min(m.spooled_bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        }
+    }
+}
+
 /// The lag metric of a chain: the newest instant the watched member
 /// confirmed the stream had everything (through a revision), waiting for
 /// that revision to be durable.

@@ -241,6 +241,14 @@ impl ChainSpool {
     }
 }
 
+impl Drop for ChainSpool {
+    /// A chain task that ends (or is aborted: its Lease lost) gives its
+    /// share of the bound back; its files stay for the next run.
+    fn drop(&mut self) {
+        self.settings.release(self.bytes());
+    }
+}
+
 fn io(what: String) -> impl FnOnce(std::io::Error) -> SpoolError {
     move |source| SpoolError::Io { what, source }
 }
