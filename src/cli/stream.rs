@@ -217,6 +217,13 @@ pub struct RunArgs {
     /// then takes them from the newest backup before it).
     #[arg(long)]
     pub no_objects: bool,
+    /// Start a new chain from the cluster's newest regular backup instead of
+    /// a new snapshot when it can serve: taken within --base-interval,
+    /// compressed, encrypted to exactly --encrypt-to (or neither), and its
+    /// revision still in etcd's history. Its snapshot is copied in the
+    /// store; etcd is not asked for one.
+    #[arg(long, env = "HCP_DR_BASE_FROM_BACKUP")]
+    pub base_from_backup: bool,
     /// Stop after this long, as SIGTERM does (drills, tests); without it
     /// the stream runs until SIGTERM or SIGINT [range: 1s to 366d].
     #[arg(long = "for", value_name = "DURATION", value_parser = RUN_FOR)]
@@ -383,6 +390,7 @@ async fn exec_stream(args: RunArgs, output: Output) -> Exit {
         encrypt_to: args.encrypt_to,
         watch: Default::default(),
         objects_interval: (!args.no_objects).then_some(args.objects_interval),
+        base_from_backup: args.base_from_backup,
         spool_dir: args.spool_dir.unwrap_or_else(|| std::env::temp_dir().join("hcp-dr-spool")),
         spool_size: args.spool_size.0,
     };

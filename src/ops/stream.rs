@@ -97,6 +97,8 @@ pub struct StreamOptions {
     /// Read each cluster's management-cluster objects this often and store
     /// a set when they changed (`stream::objects`); `None`: not recorded.
     pub objects_interval: Option<Duration>,
+    /// `--base-from-backup`.
+    pub base_from_backup: bool,
     /// Where segments the store does not take wait (`stream::spool`), and
     /// how many bytes may wait, every cluster together.
     pub spool_dir: std::path::PathBuf,
@@ -252,6 +254,7 @@ pub async fn stream(options: StreamOptions, interrupt: &mut Interrupt) -> Result
         level: crate::archive::compression::DEFAULT_LEVEL,
         recipients,
         watch: options.watch,
+        base_from_backup: options.base_from_backup,
     };
     let lease = options.lease.as_ref().map(|l| LeaseConfig { client: client.clone(), namespace: l.namespace.clone(), holder: lease::holder_identity(&l.hostname), duration: l.duration });
     let registry = Arc::new(Registry::default());

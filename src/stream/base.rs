@@ -64,7 +64,83 @@ pub async fn take(source: &dyn MemberSource, store: Arc<dyn Store>, layout: &Cha
         size: stored.size,
         sha256: stored.sha256,
         raw: crate::store::PutReport { size: raw.size, sha256: raw.sha256 },
+        backup_id: None,
     })
+}
+
+/// A base from the cluster's newest complete regular backup, when it can
+/// serve (`--base-from-backup`); `Ok(None)` with the reason when it cannot,
+/// and a snapshot is taken instead. It serves when it was taken within
+/// `max_age`, its snapshots are compressed (format version 3) and encrypted
+/// to exactly the chain's recipients (or neither: the bytes are copied as
+/// they are stored, never decrypted), and etcd still holds the history
+/// after its revision (the watch starts right after it). Its best snapshot
+/// is copied into the chain's folder, checked against the manifest's size
+/// and SHA-256: etcd is not asked for a snapshot at all.
+pub async fn from_backup(
+    source: &dyn MemberSource,
+    store: Arc<dyn Store>,
+    layout: &ChainLayout,
+    recipients: Option<&Recipients>,
+    max_age: std::time::Duration,
+) -> Result<Result<Base, String>, StreamError> {
+    use crate::archive::{Layout, MANIFEST, check::read_manifest_at};
+    let prefix = Layout::cluster_prefix(&layout.namespace, &layout.hosted_cluster);
+    let listed = store.list(&prefix).await.map_err(super::store_error(format!("listing {prefix}")))?;
+    let mut ids: Vec<String> = listed.iter().filter(|o| o.key.ends_with(MANIFEST)).filter_map(|o| Layout::from_key(&o.key)).map(|l| l.backup_id).collect();
+    ids.sort();
+    let mut newest = None;
+    for id in ids.iter().rev() {
+        let backup = Layout::new(&layout.namespace, &layout.hosted_cluster, id);
+        if let Some(manifest) = read_manifest_at(store.as_ref(), &backup.manifest()).await
+            && manifest.point_in_time.is_none()
+        {
+            newest = Some((backup, manifest));
+            break;
+        }
+    }
+    let Some((backup, manifest)) = newest else { return Ok(Err("no complete regular backup in the store".into())) };
+    let id = &manifest.backup_id;
+    let Some(taken) = manifest.timings.started else { return Ok(Err(format!("backup {id} does not record when it was taken"))) };
+    if Utc::now() - taken > chrono::Duration::from_std(max_age).unwrap_or(chrono::TimeDelta::MAX) {
+        return Ok(Err(format!("the newest backup, {id}, is older than --base-interval")));
+    }
+    let Some(best) = manifest.best_snapshot() else { return Ok(Err(format!("backup {id} lists no snapshot"))) };
+    let Some(raw) = manifest.raw(&best.artifact) else { return Ok(Err(format!("backup {id} is not compressed (a chain's base is zstd)"))) };
+    let mut theirs: Vec<String> = manifest.recipients().to_vec();
+    let mut ours: Vec<String> = recipients.map(Recipients::names).unwrap_or_default();
+    theirs.sort();
+    ours.sort();
+    if theirs != ours {
+        return Ok(Err(format!("backup {id} is encrypted to other recipients than the stream (its bytes are copied, never decrypted)")));
+    }
+    // etcd must still hold what came after it: a read at its revision
+    // fails once etcd has compacted past it
+    let reached = source.reach(&[]).await.map_err(StreamError::Members)?;
+    let mut client = reached.member.connect().await?;
+    let options = etcd_client::GetOptions::new().with_revision(best.revision).with_limit(1).with_keys_only();
+    if let Err(err) = client.get("/", Some(options)).await {
+        return Ok(Err(format!("etcd no longer holds the history after backup {id}'s revision {} ({err})", best.revision)));
+    }
+    let artifact = ChainLayout::base_name(&best.member);
+    let key = layout.artifact(&artifact);
+    let body = store.get(&backup.artifact(&best.artifact)).await.map_err(super::store_error(format!("reading backup {id}'s snapshot")))?;
+    let stored = store.put(&key, body).await.map_err(super::store_error(format!("storing the base {key}")))?;
+    if (stored.size, stored.sha256.as_str()) != (best.size, best.sha256.as_str()) {
+        let _ = store.delete(&key).await;
+        return Err(StreamError::Base(format!("backup {id}'s snapshot {} does not match its manifest: `hcp-dr backups verify` shows what is damaged; nothing was kept", best.artifact)));
+    }
+    Ok(Ok(Base {
+        how: BaseKind::Backup,
+        member: best.member.clone(),
+        revision: best.revision,
+        taken,
+        artifact,
+        size: stored.size,
+        sha256: stored.sha256,
+        raw: crate::store::PutReport { size: raw.size, sha256: raw.sha256.clone() },
+        backup_id: Some(id.clone()),
+    }))
 }
 
 /// What reading a chain's base found: the stored bytes' digest, and the

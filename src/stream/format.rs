@@ -166,6 +166,9 @@ pub enum BaseKind {
     /// An etcd snapshot of one member, taken by the stream without pausing
     /// or scaling anything (etcd serves it from one read transaction).
     Snapshot,
+    /// The best snapshot of the cluster's newest regular backup
+    /// (`--base-from-backup`), copied as it was stored: no load on etcd.
+    Backup,
 }
 
 /// The etcd snapshot a chain starts from.
@@ -186,6 +189,9 @@ pub struct Base {
     /// Size and SHA-256 of the snapshot as etcd streamed it (its trailing
     /// hash included): what a reader gets after decoding.
     pub raw: PutReport,
+    /// The regular backup it was copied from (`how: backup`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
 }
 
 /// How segments (and the base) are encoded.
@@ -501,7 +507,7 @@ pub(crate) fn for_test(layout: &ChainLayout, revision: i64, stored: PutReport, r
         namespace: layout.namespace.clone(),
         hosted_cluster: layout.hosted_cluster.clone(),
         started: Utc::now(),
-        base: Base { how: BaseKind::Snapshot, member: "etcd-0".into(), revision, taken: Utc::now(), artifact: "base/etcd-0.db".into(), size: stored.size, sha256: stored.sha256, raw },
+        base: Base { how: BaseKind::Snapshot, member: "etcd-0".into(), revision, taken: Utc::now(), artifact: "base/etcd-0.db".into(), size: stored.size, sha256: stored.sha256, raw, backup_id: None },
         coding: Coding { compression: "zstd".into(), level: 1, recipients: Vec::new() },
         previous: None,
         tool_version: "0".into(),

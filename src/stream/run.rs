@@ -57,6 +57,9 @@ pub struct StreamSettings {
     pub level: i32,
     pub recipients: Option<Recipients>,
     pub watch: WatchSettings,
+    /// Start a new chain from the cluster's newest regular backup when it
+    /// can serve (`base::from_backup`), a snapshot otherwise.
+    pub base_from_backup: bool,
 }
 
 /// The cluster streamed, where to, and where its members are found.
@@ -632,7 +635,24 @@ fn spawn_base(cluster: &Arc<Cluster>, settings: &Arc<StreamSettings>, previous: 
     tracing::info!("{}/{}: taking a base for chain {} (nothing is paused)", cluster.namespace, cluster.hosted_cluster, layout.chain_id);
     let handle = tokio::spawn(async move {
         let clock = std::time::Instant::now();
-        let base = base::take(cluster.source.as_ref(), cluster.store.clone(), &task_layout, settings.level, settings.recipients.as_ref()).await?;
+        let label = format!("{}/{}", cluster.namespace, cluster.hosted_cluster);
+        let from_backup = match settings.base_from_backup {
+            true => match base::from_backup(cluster.source.as_ref(), cluster.store.clone(), &task_layout, settings.recipients.as_ref(), settings.base_interval).await? {
+                Ok(base) => {
+                    tracing::info!("{label}: chain {} starts from backup {} (revision {}): no snapshot asked of etcd", task_layout.chain_id, base.backup_id.as_deref().unwrap_or("?"), base.revision);
+                    Some(base)
+                }
+                Err(why) => {
+                    tracing::info!("{label}: a snapshot for chain {}, not a backup: {why}", task_layout.chain_id);
+                    None
+                }
+            },
+            false => None,
+        };
+        let base = match from_backup {
+            Some(base) => base,
+            None => base::take(cluster.source.as_ref(), cluster.store.clone(), &task_layout, settings.level, settings.recipients.as_ref()).await?,
+        };
         let descriptor = ChainDescriptor {
             format: CHAIN_FORMAT.into(),
             format_version: FORMAT_VERSION,

@@ -1,6 +1,8 @@
 //! Point-in-time restore (`restore --at`, `drill --at`) on the sandbox
 //! (HighlyAvailable, the shipped etcd-init): ConfigMaps are written through
-//! the hosted API at known instants while `hcp-dr stream` runs, and the
+//! the hosted API at known instants while `hcp-dr stream` runs (its chain
+//! based on the regular backup taken just before, `--base-from-backup`),
+//! and the
 //! NodePool is scaled on the management cluster before and after one of
 //! them; the cluster is then restored onto the other management cluster
 //! at an instant between two writes and holds exactly the writes before
@@ -61,7 +63,8 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
             pools.patch(&pool_name, &Default::default(), &patch).await.expect("scale the NodePool");
         }
     };
-    let mut streaming = Streaming::start_with(&env, &store, &[("HCP_DR_OBJECTS_INTERVAL", "1s")]);
+    // the chain starts from that backup's snapshot: etcd is not asked for one
+    let mut streaming = Streaming::start_with(&env, &store, &[("HCP_DR_OBJECTS_INTERVAL", "1s"), ("HCP_DR_BASE_FROM_BACKUP", "true")]);
     streaming.wait_for("started at base revision", Duration::from_secs(120));
     streaming.wait_for("objects changed, set", Duration::from_secs(60));
     create(&hosted, "before-1").await;
@@ -79,6 +82,9 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let (status, report) = streaming.term();
     assert!(status.success(), "{report:#}");
     let durable = report["clusters"][0]["last_durable_revision"].as_i64().unwrap();
+    let chain_id = report["clusters"][0]["chains"][0]["chain_id"].as_str().unwrap().to_string();
+    let descriptor: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("clusters/demo/stream").join(&chain_id).join("chain.json")).unwrap()).unwrap();
+    assert_eq!((descriptor["base"]["how"].as_str(), descriptor["base"]["backup_id"].as_str()), (Some("backup"), Some(regular_id.as_str())), "{descriptor:#}");
 
     // points that cannot be restored: exit 2, nothing written, nothing on mgmt-b
     let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();

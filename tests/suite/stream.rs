@@ -140,6 +140,7 @@ impl Plain {
             level: 1,
             recipients: encrypt_to.map(|key| hcp_dr::archive::encryption::Recipients::parse(&[key.to_string()]).unwrap().unwrap()),
             watch: Default::default(),
+            base_from_backup: false,
         }
     }
 

@@ -31,7 +31,7 @@ async fn a_chain_replayed_to_the_next_base_matches_it_and_a_forged_one_does_not(
     let mut client = connect_client(&[source.client_url()], None).await.unwrap();
     let root = dir.path().join("store");
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(&root));
-    let settings = StreamSettings { cut: Cut { interval: Duration::from_millis(300), size: 1 << 20 }, base_interval: Duration::from_secs(2), level: 1, recipients: None, watch: Default::default() };
+    let settings = StreamSettings { cut: Cut { interval: Duration::from_millis(300), size: 1 << 20 }, base_interval: Duration::from_secs(2), level: 1, recipients: None, watch: Default::default(), base_from_backup: false };
     let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store: store.clone(), source: Arc::new(FixedMembers(vec![Member { name: "etcd-0".into(), url: source.client_url(), tls: None }])) };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let running = tokio::spawn(run(cluster, settings, stopped));
