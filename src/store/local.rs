@@ -196,7 +196,14 @@ impl Store for LocalStore {
             };
             while let Some(entry) = entries.next_entry().await.map_err(io(&dir))? {
                 let path = entry.path();
-                let meta = entry.metadata().await.map_err(io(&path))?;
+                let meta = match entry.metadata().await {
+                    Ok(meta) => meta,
+                    // renamed or deleted since the folder was read (a
+                    // `.partial` becoming its object, an object deleted):
+                    // not there any more, as a listing a moment later says
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(err) => return Err(io(&path)(err)),
+                };
                 if meta.is_dir() {
                     stack.push(path);
                     continue;
@@ -255,6 +262,32 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let err = LocalStore::new(file.join("store")).check_writable(false).await.unwrap_err().to_string();
         assert!(err.contains(&file.join("store").display().to_string()) && err.contains("Not a directory"), "{err}");
+    }
+
+    /// Objects written (`.partial`, renamed) and deleted while a listing
+    /// runs never fail it: each is listed or not, as it was a moment later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_during_writes_and_deletes_does_not_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(LocalStore::new(dir.path().join("store")));
+        for i in 0..50 {
+            store.put(&format!("c/d/kept-{i:02}"), Box::new(&b"x"[..])).await.unwrap();
+        }
+        let writer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for round in 0..200 {
+                    let key = format!("c/d/churn-{}", round % 7);
+                    store.put(&key, Box::new(&b"y"[..])).await.unwrap();
+                    store.delete(&key).await.unwrap();
+                }
+            })
+        };
+        while !writer.is_finished() {
+            let listed = store.list("c/").await.unwrap_or_else(|e| panic!("a listing failed during writes: {e}"));
+            assert_eq!(listed.iter().filter(|o| o.key.contains("/kept-")).count(), 50);
+        }
+        writer.await.unwrap();
     }
 
     #[tokio::test]
