@@ -85,8 +85,9 @@ pub enum Command {
         /// Only the point is checked, not the backup.
         #[arg(long, value_name = "TIME", value_parser = super::stream::rfc3339, conflicts_with_all = ["at_revision", "deep", "streams"])]
         at: Option<chrono::DateTime<chrono::Utc>>,
-        /// As --at, for exactly this etcd revision of the stream.
-        #[arg(long, value_name = "REVISION", value_parser = clap::value_parser!(i64).range(1..), conflicts_with_all = ["deep", "streams"])]
+        /// As --at, for exactly this etcd revision of the stream [range: 1
+        /// to 1000000000000000000].
+        #[arg(long, value_name = "REVISION", value_parser = clap::value_parser!(i64).range(1..=1_000_000_000_000_000_000), conflicts_with_all = ["deep", "streams"])]
         at_revision: Option<i64>,
         /// age identity file to decrypt an encrypted backup and check its
         /// plaintext too (without it, only the stored bytes are checked).

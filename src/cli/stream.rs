@@ -162,7 +162,7 @@ pub struct RunArgs {
     /// (a StatefulSet pod `hcp-dr-stream-3` is part 3), of COUNT (the
     /// StatefulSet's replicas); the name is $HOSTNAME, else the kernel's
     /// [range: 1 to 256].
-    #[arg(long, value_name = "COUNT", requires = "all", conflicts_with = "shard")]
+    #[arg(long, value_name = "COUNT", requires = "all", conflicts_with = "shard", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::ops::shard::MAX_SHARDS as u64))]
     pub shard_from_hostname: Option<usize>,
     /// With --all: list the HostedClusters again this often [range: 1s to 1h].
     #[arg(long, default_value = "30s", value_parser = RELIST_EVERY, env = "HCP_DR_RELIST_EVERY")]
