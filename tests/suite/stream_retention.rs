@@ -192,7 +192,7 @@ async fn backups_verify_checks_every_segment_and_names_the_first_bad_one() {
     let cases: [(Vec<String>, &str); 3] = [
         (vec!["--streams".into(), format!("{store}/{NS}/other/{id}")], "has no stream chain"),
         (vec![format!("{stream_url}/20261120T000000Z-ffffff")], "no stream chain 20261120T000000Z-ffffff"),
-        (vec!["--deep".into(), stream_url.clone()], "drop --deep"),
+        (vec!["--deep".into(), "--at-revision".into(), "105".into(), stream_url.clone()], "cannot be used with"),
     ];
     for (args, says) in cases {
         let mut all = vec!["backups", "verify"];
