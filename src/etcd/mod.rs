@@ -7,6 +7,7 @@
 //! short or corrupted in transit is caught before the backup is called good.
 
 pub mod bbolt;
+pub mod bolt;
 pub mod latest_keys;
 pub mod scratch;
 pub mod verify;

@@ -7,6 +7,7 @@ mod support;
 mod api_faults;
 mod backup;
 mod backups;
+mod bolt;
 mod bad_input;
 mod cli_conveniences;
 mod cluster;
