@@ -256,6 +256,15 @@ pub fn api(client: &Client, gvk: &Gvk, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, &gvk.api_resource())
 }
 
+/// coordination.k8s.io/v1 Lease: the hcp-dr lock and the stream's shard
+/// ownership both take one.
+const LEASE: Gvk = Gvk { group: "coordination.k8s.io", version: "v1", kind: "Lease", plural: "leases" };
+
+/// The Leases of `namespace`.
+pub fn lease_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    api(client, &LEASE, namespace)
+}
+
 /// A namespaced dynamic API for a discovered resource.
 pub fn api_for(client: &Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), namespace, resource)

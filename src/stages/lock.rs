@@ -7,13 +7,12 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Duration as ChronoDuration, SecondsFormat, Utc};
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
-use kube::core::ApiResource;
+use kube::api::{DeleteParams, DynamicObject, PostParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::StageError;
 use super::context::BackupContext;
-use crate::kube::{is_conflict, is_not_found, request};
+use crate::kube::{is_conflict, is_not_found, lease_api, request};
 use crate::pipeline::{Stage, StageId, StageFailure, Step, UndoInput};
 
 /// Which hosted cluster's Lease a run takes, as whom, and for how long.
@@ -54,17 +53,6 @@ impl Lockable for BackupContext {
     fn lock_warning(&mut self, warning: String) {
         self.warnings.push(warning);
     }
-}
-
-fn leases(target: &LeaseTarget<'_>) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "coordination.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "coordination.k8s.io/v1".into(),
-        kind: "Lease".into(),
-        plural: "leases".into(),
-    };
-    Api::namespaced_with(target.client.clone(), target.namespace, &resource)
 }
 
 /// The Lease's name for a hosted cluster.
@@ -134,7 +122,7 @@ impl<C: Lockable> Stage<C> for Lock {
     }
     async fn run(&self, ctx: &mut C, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let target = ctx.lease_target();
-        let api = leases(&target);
+        let api = lease_api(target.client, target.namespace);
         let name = lease_name(target.hosted_cluster);
         let now = Utc::now();
         let spec = json!({
@@ -208,7 +196,7 @@ impl<C: Lockable> Stage<C> for Lock {
 
 /// Delete the Lease if this run holds it.
 async fn release(target: &LeaseTarget<'_>) -> Result<(), StageFailure> {
-    let api = leases(target);
+    let api = lease_api(target.client, target.namespace);
     let name = lease_name(target.hosted_cluster);
     let what = format!("Lease {}/{name}", target.namespace);
     let Some(lease) = api.get_opt(&name).await.map_err(request(format!("reading {what}")))? else {

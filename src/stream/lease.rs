@@ -24,11 +24,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, SecondsFormat, Utc};
 use kube::Client;
 use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::ApiResource;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::kube::{is_conflict, is_not_found};
+use crate::kube::{is_conflict, is_not_found, lease_api};
 
 /// Where a cluster's Lease is and who takes it.
 #[derive(Clone)]
@@ -107,17 +106,6 @@ pub enum Acquire {
     Busy(HeldBy),
 }
 
-fn leases(client: &Client, namespace: &str) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "coordination.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "coordination.k8s.io/v1".into(),
-        kind: "Lease".into(),
-        plural: "leases".into(),
-    };
-    Api::namespaced_with(client.clone(), namespace, &resource)
-}
-
 /// Why a Lease request failed (the API server could not be asked, or refused).
 #[derive(Debug, thiserror::Error)]
 #[error("Lease {namespace}/{name}: {what}: {source}")]
@@ -142,7 +130,7 @@ impl LeaseConfig {
     /// Take the Lease of `namespace/hosted_cluster` if nobody else holds it.
     pub async fn acquire(&self, namespace: &str, hosted_cluster: &str) -> Result<Acquire, LeaseError> {
         let name = lease_name(namespace, hosted_cluster);
-        let api = leases(&self.client, &self.namespace);
+        let api = lease_api(&self.client, &self.namespace);
         let fail = |what: &'static str| {
             let (namespace, name) = (self.namespace.clone(), name.clone());
             move |source| LeaseError { namespace, name, what, source }
