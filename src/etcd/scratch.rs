@@ -40,11 +40,12 @@ impl Drop for TempDir {
 }
 
 impl ScratchTools {
-    /// `etcd` and `etcdctl` from `PATH`, or why not.
-    pub fn find() -> Result<ScratchTools, String> {
+    /// `etcd` and `etcdctl` from `PATH`, or why not, ending in what needed
+    /// them (`purpose`: "the deep check did not run", "a replay runs one").
+    pub fn find_for(purpose: &str) -> Result<ScratchTools, String> {
         match (which("etcd"), which("etcdctl")) {
             (Some(etcd), Some(etcdctl)) => Ok(ScratchTools { etcd, etcdctl }),
-            _ => Err("no etcd/etcdctl binaries in PATH (apt-get install etcd-server etcd-client): the deep check did not run".into()),
+            _ => Err(format!("no etcd/etcdctl binaries in PATH (apt-get install etcd-server etcd-client): {purpose}")),
         }
     }
 

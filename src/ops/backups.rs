@@ -486,7 +486,7 @@ pub async fn compare_handovers(
     chain: Option<&str>,
     identities: Option<&Identities>,
 ) -> Result<Vec<crate::stream::deep::Handover>, OpsError> {
-    let tools = crate::etcd::scratch::ScratchTools::find().map_err(|e| OpsError::Input(e.replace("the deep check did not run", "--deep replays each chain against the next base")))?;
+    let tools = crate::etcd::scratch::ScratchTools::find_for("--deep replays each chain against the next base").map_err(OpsError::Input)?;
     let (chains, _) = crate::stream::catalog::chains(store, namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
     let mut handovers = crate::stream::deep::compare_handovers(store, &chains, identities, &tools).await.map_err(super::stream::stream_error)?;
     handovers.retain(|h| chain.is_none_or(|id| h.chain_id == id));
@@ -559,7 +559,7 @@ async fn verify_metered(store: &dyn Store, layout: &Layout, deep: bool, identiti
         streams: Vec::new(),
     };
     let scratch = if deep {
-        match crate::etcd::scratch::ScratchTools::find() {
+        match crate::etcd::scratch::ScratchTools::find_for("the deep check did not run") {
             Ok(tools) => Some(tools),
             Err(why) => {
                 report.deep_skipped = Some(why);

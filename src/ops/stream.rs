@@ -706,7 +706,7 @@ pub async fn replay(options: &ReadOptions, target: Target, out: &std::path::Path
         return Err(OpsError::Input(format!("--at-revision {r}: etcd revisions start at 1")));
     }
     let (store, identities) = open_for_reading(options).await?;
-    let tools = crate::etcd::scratch::ScratchTools::find().map_err(|e| OpsError::Input(e.replace("the deep check did not run", "a replay runs one")))?;
+    let tools = crate::etcd::scratch::ScratchTools::find_for("a replay runs one").map_err(OpsError::Input)?;
     crate::stream::replay::replay(store.as_ref(), &options.namespace, &options.hosted_cluster, target, out, identities.as_ref(), &tools).await.map_err(stream_error)
 }
 

@@ -124,7 +124,7 @@ struct Plain {
 
 impl Plain {
     async fn start() -> Plain {
-        let tools = ScratchTools::find().unwrap_or_else(|e| panic!("{e}: install them with `apt-get install etcd-server etcd-client` (e2e/setup does)"));
+        let tools = ScratchTools::find_for("the deep check did not run").unwrap_or_else(|e| panic!("{e}: install them with `apt-get install etcd-server etcd-client` (e2e/setup does)"));
         let dir = tempfile::tempdir().unwrap();
         let source = EtcdProcess::start_plain(&dir.path().join("source")).await.expect("etcd");
         let client = connect_client(&[source.client_url()], None).await.unwrap();
