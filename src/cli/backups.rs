@@ -728,15 +728,8 @@ pub async fn exec(command: Command, output: Output) -> Exit {
                     Ok(s) => s,
                     Err(e) => return fail(e.into()),
                 };
-                return match backups::verify_streams(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref()).await {
-                    Ok(chains) => {
-                        let handovers = match deep {
-                            true => match backups::compare_handovers(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref()).await {
-                                Ok(h) => h,
-                                Err(e) => return fail(e),
-                            },
-                            false => Vec::new(),
-                        };
+                return match backups::verify_stream(store.as_ref(), &ns, &hc, chain.as_deref(), identities.as_ref(), deep).await {
+                    Ok((chains, handovers)) => {
                         let mut problems: Vec<String> = chains.iter().filter_map(backups::chain_problem).collect();
                         problems.extend(handovers.iter().filter(|h| !h.ok).map(|h| {
                             format!("chain {} replayed to revision {} differs from chain {}'s base in {} key(s): {}", h.chain_id, h.revision, h.next_chain_id, h.differences, h.shown.join("; "))

@@ -473,24 +473,29 @@ pub async fn verify_streams(
     chain: Option<&str>,
     identities: Option<&Identities>,
 ) -> Result<Vec<ChainVerdict>, OpsError> {
-    super::stream::verify_chains(store, namespace, hosted_cluster, chain, identities, "point at the store `hcp-dr stream` writes to (or drop --streams)").await
+    Ok(verify_stream(store, namespace, hosted_cluster, chain, identities, false).await?.0)
 }
 
-/// `backups verify --deep` of a stream: every chain that hands over to a
-/// next one replayed to that one's base revision and compared with it,
-/// key by key (`chain`: only the handover from that chain).
-pub async fn compare_handovers(
+/// `backups verify <stream>`: [`verify_streams`] and, `deep`, every chain
+/// that hands over to a next one replayed to that one's base revision and
+/// compared with it, key by key (`chain`: only the handover from that
+/// chain is replayed), from one listing of the chains.
+pub async fn verify_stream(
     store: &dyn Store,
     namespace: &str,
     hosted_cluster: &str,
     chain: Option<&str>,
     identities: Option<&Identities>,
-) -> Result<Vec<crate::stream::deep::Handover>, OpsError> {
-    let tools = crate::etcd::scratch::ScratchTools::find_for("--deep replays each chain against the next base").map_err(OpsError::Input)?;
+    deep: bool,
+) -> Result<(Vec<ChainVerdict>, Vec<crate::stream::deep::Handover>), OpsError> {
     let (chains, _) = crate::stream::catalog::chains(store, namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
-    let mut handovers = crate::stream::deep::compare_handovers(store, &chains, identities, &tools).await.map_err(super::stream::stream_error)?;
-    handovers.retain(|h| chain.is_none_or(|id| h.chain_id == id));
-    Ok(handovers)
+    let verdicts = super::stream::verify_chains(store, &chains, namespace, hosted_cluster, chain, identities, "point at the store `hcp-dr stream` writes to (or drop --streams)").await?;
+    if !deep {
+        return Ok((verdicts, Vec::new()));
+    }
+    let tools = crate::etcd::scratch::ScratchTools::find_for("--deep replays each chain against the next base").map_err(OpsError::Input)?;
+    let handovers = crate::stream::deep::compare_handovers(store, &chains, chain, identities, &tools).await.map_err(super::stream::stream_error)?;
+    Ok((verdicts, handovers))
 }
 
 /// A failed chain verdict as one problem line: the first problem (naming

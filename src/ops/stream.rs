@@ -647,25 +647,26 @@ pub async fn verify(options: &ReadOptions, chain: Option<&str>) -> Result<Verify
     let (store, identities) = open_for_reading(options).await?;
     let hosted_cluster = format!("{}/{}", options.namespace, options.hosted_cluster);
     let remedy = "no chain to verify (is `hcp-dr stream` writing to another store?)";
-    let verdicts = verify_chains(store.as_ref(), &options.namespace, &options.hosted_cluster, chain, identities.as_ref(), remedy).await?;
+    let (chains, _) = catalog::chains(store.as_ref(), &options.namespace, &options.hosted_cluster).await.map_err(stream_error)?;
+    let verdicts = verify_chains(store.as_ref(), &chains, &options.namespace, &options.hosted_cluster, chain, identities.as_ref(), remedy).await?;
     let ok = verdicts.iter().all(|v| v.ok);
     Ok(VerifyReport { hosted_cluster, store: store.url(), chains: verdicts, ok })
 }
 
-/// The chains of `namespace/hosted_cluster` in `store` that `chain`
-/// selects (all of them when `None`), each verified (`stream verify`,
-/// `backups verify` of a stream). Bad input when none is selected: an
-/// unknown chain id is named with the chains there are; a cluster without
-/// any chain gets `remedy`.
+/// The chains of `namespace/hosted_cluster` in `store` (`chains`, as
+/// listed by [`catalog::chains`]) that `chain` selects (all of them when
+/// `None`), each verified (`stream verify`, `backups verify` of a stream).
+/// Bad input when none is selected: an unknown chain id is named with the
+/// chains there are; a cluster without any chain gets `remedy`.
 pub(crate) async fn verify_chains(
     store: &dyn Store,
+    chains: &[catalog::ChainListing],
     namespace: &str,
     hosted_cluster: &str,
     chain: Option<&str>,
     identities: Option<&Identities>,
     remedy: &str,
 ) -> Result<Vec<crate::stream::verify::ChainVerdict>, OpsError> {
-    let (chains, _) = catalog::chains(store, namespace, hosted_cluster).await.map_err(stream_error)?;
     let picked: Vec<_> = chains.iter().filter(|c| chain.is_none_or(|id| c.layout.chain_id == id)).collect();
     if picked.is_empty() {
         let known: Vec<&str> = chains.iter().map(|c| c.layout.chain_id.as_str()).collect();

@@ -40,13 +40,17 @@ pub struct Handover {
 }
 
 /// Compare every handover between `chains` (oldest first) whose earlier
-/// chain holds the later chain's base revision. Chains that do not
-/// overlap (a break) have nothing to compare and are passed by.
-pub async fn compare_handovers(store: &dyn Store, chains: &[ChainListing], identities: Option<&Identities>, tools: &ScratchTools) -> Result<Vec<Handover>, StreamError> {
+/// chain holds the later chain's base revision (`chain`: only the one from
+/// that chain; no other is replayed). Chains that do not overlap (a break)
+/// have nothing to compare and are passed by.
+pub async fn compare_handovers(store: &dyn Store, chains: &[ChainListing], chain: Option<&str>, identities: Option<&Identities>, tools: &ScratchTools) -> Result<Vec<Handover>, StreamError> {
     let mut out = Vec::new();
     for pair in chains.windows(2) {
         let (earlier, later) = (&pair[0], &pair[1]);
         let (Ok(first), Ok(next)) = (&earlier.descriptor, &later.descriptor) else { continue };
+        if chain.is_some_and(|id| first.chain_id != id) {
+            continue;
+        }
         let Some(span) = earlier.span() else { continue };
         let revision = next.base.revision;
         if !(span.base <= revision && revision <= span.through) {

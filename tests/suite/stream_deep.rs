@@ -57,6 +57,12 @@ async fn a_chain_replayed_to_the_next_base_matches_it_and_a_forged_one_does_not(
     let handovers = verified["handovers"].as_array().unwrap();
     assert!(!handovers.is_empty(), "chains handed over every 2s: {verified:#}");
     assert!(handovers.iter().all(|h| h["ok"] == true && h["keys_compared"].as_u64().unwrap() > 10), "{verified:#}");
+    // a chain named: its handover alone
+    let asked = handovers[0]["chain_id"].as_str().unwrap();
+    let out = hcp_dr(&["backups", "verify", &format!("{url}/{asked}"), "--deep", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let one = json_report(&out);
+    assert_eq!(one["handovers"].as_array().unwrap().iter().map(|h| h["chain_id"].as_str().unwrap()).collect::<Vec<_>>(), [asked], "{one:#}");
 
     // forge the first chain: one value changed before the next base, re-sealed, renamed
     let (chains, _) = catalog::chains(store.as_ref(), "clusters", "plain").await.unwrap();
