@@ -241,11 +241,17 @@ fn fate(run: &RunReport, keep: bool) -> DrillCluster {
 }
 
 /// Drill start to Available: the stages before `wait`, then as long as
-/// `wait` took to see the cluster Available.
+/// `wait` took to see the cluster Available; in whole milliseconds, as the
+/// RPO is. The sum of nanosecond durations ends in float noise
+/// (2.6507814610000002): 17 significant digits, which serde_json (without
+/// its `float_roundtrip` feature) reads back one bit off, so a JSON reader
+/// saw another number than the metrics file's. A millisecond value prints
+/// short and reads back exactly everywhere.
 pub fn rto_seconds(run: &RunReport) -> Option<f64> {
     let wait = run.stages.iter().position(|s| s.name == <crate::stages::restore::wait::Wait as crate::pipeline::StageId>::NAME)?;
     let available = run.output_of::<crate::stages::restore::wait::Wait>().ok()??.available_after_seconds;
-    Some(run.stages[..wait].iter().map(|s| s.duration.as_secs_f64()).sum::<f64>() + available)
+    let seconds = run.stages[..wait].iter().map(|s| s.duration.as_secs_f64()).sum::<f64>() + available;
+    Some((seconds * 1000.0).round() / 1000.0)
 }
 
 /// Run (or abort, or dry-run) a drill, then write its report.
@@ -428,5 +434,23 @@ mod tests {
         assert_eq!(report_base(Path::new("/tmp/r.md")), PathBuf::from("/tmp/r"));
         assert_eq!(report_base(Path::new("/tmp/r.json")), PathBuf::from("/tmp/r"));
         assert_eq!(report_base(Path::new("/tmp/drill-1")), PathBuf::from("/tmp/drill-1"));
+    }
+
+    #[test]
+    fn the_rto_is_whole_milliseconds_so_a_json_reader_gets_the_metrics_files_number() {
+        let run = RunReport {
+            operation: "drill".into(),
+            outcome: RunOutcome::Succeeded,
+            stages: vec![
+                stage("verify", 1.234567891, StageStatus::Succeeded, None),
+                stage("wait", 30.0, StageStatus::Succeeded, Some(json!({"available_after_seconds": 1.41621357, "backup_revision": 7, "revisions": {}, "nodes_ready": {}}))),
+            ],
+            journal: None,
+        };
+        let rto = rto_seconds(&run).unwrap();
+        assert_eq!(rto.to_string(), "2.651");
+        // the metrics file prints it with `{}`, `-o json` with serde_json
+        let read_back: f64 = serde_json::from_str(&serde_json::to_string(&rto).unwrap()).unwrap();
+        assert_eq!(read_back, rto.to_string().parse::<f64>().unwrap());
     }
 }
