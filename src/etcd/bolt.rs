@@ -1029,6 +1029,21 @@ mod tests {
     }
 
     #[test]
+    fn a_database_without_its_hash_is_appended_to_and_gets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bare.db");
+        std::fs::write(&path, testdb::etcd_like()).unwrap();
+        let mut appender = Appender::open(&path).unwrap();
+        let err = appender.push(&record(8, Vec::new())).unwrap_err().to_string();
+        assert!(err.contains("revision 8") && err.contains("no events"), "{err}");
+        // a refused record changes nothing: the same revision goes in after it
+        appender.push(&record(8, vec![put("/n", b"v", 8, 8, 1, 0)])).unwrap();
+        let finished = appender.finish().unwrap();
+        assert_eq!(finished.size % 512, 32);
+        assert_eq!(dump(&path).iter().filter(|(b, k, _)| b.as_slice() == b"key" && k[..8] == 8i64.to_be_bytes()).count(), 1);
+    }
+
+    #[test]
     fn a_damaged_snapshot_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = base_file(dir.path());
