@@ -17,7 +17,6 @@
 //!   under the watch (it moves to another); a tampered segment found.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,16 +24,15 @@ use std::time::Duration;
 
 use chrono::Utc;
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
-use hcp_dr::etcd::Member;
-use hcp_dr::etcd::scratch::ScratchTools;
-use hcp_dr::store::{LocalStore, Store};
+use hcp_dr::store::Store;
 use hcp_dr::stream::replay::{Target, replay};
-use hcp_dr::stream::run::{Cluster, ClusterReport, StreamSettings, run};
+use hcp_dr::stream::run::{Cluster, ClusterReport, run};
 use hcp_dr::stream::source::FixedMembers;
-use hcp_dr::stream::writer::Cut;
 use hcp_dr::stream::{StreamError, catalog, verify};
-use hcp_dr_e2e::procs::etcd::{EtcdProcess, connect_client, restore_scratch};
+use hcp_dr_e2e::procs::etcd::{connect_client, restore_scratch};
 
+use crate::support::logged::Logged;
+use crate::support::plain::{Plain, put, revision_of};
 use crate::support::{self, Env, json_report, text};
 
 /// What replay must reproduce of a key: key, value, create revision, mod
@@ -89,14 +87,6 @@ fn value_of(keys: &[Kv], key: &str) -> Option<Vec<u8>> {
     keys.iter().find(|kv| kv.0 == key.as_bytes()).map(|kv| kv.1.clone())
 }
 
-fn revision_of(header: Option<&etcd_client::ResponseHeader>) -> i64 {
-    header.expect("a response header").revision()
-}
-
-async fn put(client: &mut Client, key: &str, value: &str) -> i64 {
-    revision_of(client.put(key, value, None).await.expect("put").header())
-}
-
 /// Three keys in one transaction: one revision.
 async fn put_three(client: &mut Client, prefix: &str) -> i64 {
     let ops: Vec<TxnOp> = (1..=3).map(|i| TxnOp::put(format!("{prefix}{i}"), format!("together-{i}"), None)).collect();
@@ -113,68 +103,8 @@ async fn put_leased(client: &mut Client, key: &str, ttl: i64) -> (i64, i64) {
 // ---------------------------------------------------------------------
 // A plain etcd, through the library
 
-struct Plain {
-    dir: tempfile::TempDir,
-    _source: EtcdProcess,
-    client: Client,
-    member: Member,
-    store: Arc<dyn Store>,
-    tools: ScratchTools,
-}
-
+/// What [`Plain`] replays, checked key by key.
 impl Plain {
-    async fn start() -> Plain {
-        let tools = ScratchTools::find_for("the deep check did not run").unwrap_or_else(|e| panic!("{e}: install them with `apt-get install etcd-server etcd-client` (e2e/setup does)"));
-        let dir = tempfile::tempdir().unwrap();
-        let source = EtcdProcess::start_plain(&dir.path().join("source")).await.expect("etcd");
-        let client = connect_client(&[source.client_url()], None).await.unwrap();
-        let member = Member { name: "etcd-0".into(), url: source.client_url(), tls: None };
-        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("store")));
-        Plain { dir, _source: source, client, member, store, tools }
-    }
-
-    fn settings(base_interval: Duration, encrypt_to: Option<&str>) -> StreamSettings {
-        StreamSettings {
-            cut: Cut { interval: Duration::from_millis(300), size: 1 << 20 },
-            base_interval,
-            level: 1,
-            recipients: encrypt_to.map(|key| hcp_dr::archive::encryption::Recipients::parse(&[key.to_string()]).unwrap().unwrap()),
-            watch: Default::default(),
-            base_from_backup: false,
-        }
-    }
-
-    /// Stream while `work` runs, then stop; the report.
-    async fn stream_while(&self, settings: StreamSettings, work: impl std::future::Future<Output = ()>) -> ClusterReport {
-        let cluster = Cluster { namespace: "clusters".into(), hosted_cluster: "plain".into(), store: self.store.clone(), source: Arc::new(FixedMembers(vec![self.member.clone()])) };
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(run(cluster, settings, stopped));
-        let chains_before = self.chains().await.len();
-        // a chain exists (resumed, or its base taken) before the work starts
-        let mut client = self.client.clone();
-        let marker = put(&mut client, "/stream-test/marker", &Utc::now().to_rfc3339()).await;
-        for _ in 0..200 {
-            if self.durable_through().await >= marker && self.chains().await.len() >= chains_before.max(1) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(self.durable_through().await >= marker, "the stream never wrote revision {marker}");
-        work.await;
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        stop.send(true).unwrap();
-        running.await.unwrap()
-    }
-
-    async fn chains(&self) -> Vec<catalog::ChainListing> {
-        catalog::chains(self.store.as_ref(), "clusters", "plain").await.unwrap().0
-    }
-
-    /// The newest chain's last revision reached without a gap.
-    async fn durable_through(&self) -> i64 {
-        self.chains().await.last().and_then(|c| c.span()).map_or(0, |s| s.through)
-    }
-
     async fn replay_to(&self, target: Target, name: &str) -> Result<(hcp_dr::stream::replay::ReplayReport, PathBuf), StreamError> {
         let out = self.dir.path().join(format!("{name}.db"));
         replay(self.store.as_ref(), "clusters", "plain", target, &out, None, &self.tools).await.map(|r| (r, out))
@@ -399,11 +329,7 @@ async fn a_replay_slower_than_a_lease_keeps_the_lease_alive() {
 // The sandbox, through the binary
 
 /// A running `hcp-dr stream`: its log lines as they come.
-pub struct Streaming {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    log: String,
-}
+pub struct Streaming(Logged);
 
 impl Streaming {
     pub fn start(env: &Env, store: &Path) -> Streaming {
@@ -415,61 +341,23 @@ impl Streaming {
         let args = ["stream", "--hosted-cluster", "clusters/demo", "--to", store.to_str().unwrap(), "--segment-interval", "1s", "-o", "json"];
         let mut vars = vec![("HCP_DR_LOG_FORMAT", "text"), ("NO_COLOR", "1")];
         vars.extend_from_slice(extra_env);
-        let mut child = env
-            .command(&args, &vars)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start hcp-dr stream");
-        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Streaming { child, lines, log: String::new() }
+        Streaming(Logged::spawn("hcp-dr stream", env.command(&args, &vars)))
     }
 
-    /// Wait until a log line contains `needle`; that line.
+    /// Wait until a log line not seen yet contains `needle`; that line.
     pub fn wait_for(&mut self, needle: &str, within: Duration) -> String {
-        let start = std::time::Instant::now();
-        while start.elapsed() < within {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) => {
-                    self.log.push_str(&line);
-                    self.log.push('\n');
-                    if line.contains(needle) {
-                        return line;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        panic!("no log line with `{needle}` within {within:?}:\n{}", self.log);
+        let at = self.0.wait_after(self.0.log.len(), needle, within);
+        self.0.log[at].clone()
     }
 
     /// SIGTERM; the exit status and the JSON report.
-    pub fn term(mut self) -> (std::process::ExitStatus, serde_json::Value) {
-        let sent = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        assert!(sent.success());
-        let mut stdout = String::new();
-        std::io::Read::read_to_string(self.child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
-        let status = self.child.wait().unwrap();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
-            self.log.push_str(&line);
-            self.log.push('\n');
-        }
-        let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}): {stdout}\n--- log\n{}", self.log));
+    pub fn term(self) -> (std::process::ExitStatus, serde_json::Value) {
+        let (status, report, _) = self.0.term();
         (status, report)
     }
 
-    fn kill(mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
+    fn kill(self) {
+        self.0.kill(); // SIGKILL
     }
 }
 
@@ -665,7 +553,7 @@ async fn a_replay_whose_revisions_overtake_each_other_is_still_exact() {
     let out = plain.dir.path().join("overtaken.db");
     let store = plain.dir.path().join("store");
     let args = ["stream", "replay", "--hosted-cluster", "clusters/plain", "--from", store.to_str().unwrap(), "--at-revision", &last.to_string(), "--out", out.to_str().unwrap(), "-o", "json"];
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(args).env("HCP_DR_TEST_REPLAY_OVERTAKE", "8").output().expect("run hcp-dr");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-dr")).args(args).env("HCP_DR_TEST_REPLAY_OVERTAKE", "8").env("HCP_DR_REPLAY_THROUGH_ETCD", "1").output().expect("run hcp-dr");
     assert!(output.status.success(), "{}", text(&output));
     let replayed = json_report(&output);
     assert_eq!(replayed["revision"], last, "{replayed:#}");

@@ -21,13 +21,14 @@
 //!   pass `promtool check rules` and fire in `promtool test rules` on series
 //!   named and labelled as the scrape.
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::support::logged::Logged;
 use crate::support::{self, Env, text};
 
 const RUNBOOKS: &str = "https://git.example.com/platform/hcp-dr/blob/main/docs/runbooks";
@@ -60,10 +61,7 @@ fn hcp_dr(args: &[&str]) -> std::process::Output {
 
 /// A running stream pod: its log lines as they come (all kept, in order).
 struct Pod {
-    name: String,
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    log: Vec<String>,
+    logged: Logged,
     metrics: Option<String>,
 }
 
@@ -82,47 +80,25 @@ impl Pod {
             ("HCP_DR_LOG_FORMAT", "text"),
             ("NO_COLOR", "1"),
         ];
-        let mut child = env.command(&args, &vars).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("start hcp-dr stream");
-        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut pod = Pod { name: hostname.to_string(), child, lines, log: Vec::new(), metrics: None };
+        let mut pod = Pod { logged: Logged::spawn(hostname, env.command(&args, &vars)), metrics: None };
         let serving = pod.wait_for("serving /metrics and /healthz on ");
         pod.metrics = serving.rsplit(' ').next().map(str::to_string);
         pod
     }
 
+    /// The log lines read so far.
+    fn log(&self) -> &[String] {
+        &self.logged.log
+    }
+
     /// Wait until a log line after line `from` contains `needle`; its index.
     fn wait_after(&mut self, from: usize, needle: &str) -> usize {
-        if let Some(at) = self.log.iter().skip(from).position(|l| l.contains(needle)) {
-            return from + at;
-        }
-        let start = std::time::Instant::now();
-        while start.elapsed() < Duration::from_secs(120) {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) => {
-                    let hit = line.contains(needle);
-                    self.log.push(line);
-                    if hit {
-                        return self.log.len() - 1;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        panic!("{}: no log line with `{needle}`:\n{}", self.name, self.log.join("\n"));
+        self.logged.wait_after(from, needle, Duration::from_secs(120))
     }
 
     fn wait_for(&mut self, needle: &str) -> String {
         let at = self.wait_after(0, needle);
-        self.log[at].clone()
+        self.log()[at].clone()
     }
 
     /// `GET path` on the pod's metrics address: status and body.
@@ -137,22 +113,13 @@ impl Pod {
         (status, body.to_string())
     }
 
-    /// SIGTERM; the exit status and the JSON report.
-    fn term(mut self) -> (std::process::ExitStatus, Value, Vec<String>) {
-        assert!(Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success());
-        let mut stdout = String::new();
-        self.child.stdout.as_mut().unwrap().read_to_string(&mut stdout).unwrap();
-        let status = self.child.wait().unwrap();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
-            self.log.push(line);
-        }
-        let report = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{}: no JSON report ({e}): {stdout}\n--- log\n{}", self.name, self.log.join("\n")));
-        (status, report, self.log)
+    /// SIGTERM; the exit status, the JSON report and the whole log.
+    fn term(self) -> (std::process::ExitStatus, Value, Vec<String>) {
+        self.logged.term()
     }
 
-    fn kill(mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
+    fn kill(self) {
+        self.logged.kill(); // SIGKILL
     }
 }
 
@@ -348,8 +315,8 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     let lost = second.wait_after(took, "is now held by `intruder`");
     put(&env, "/hcp-dr-test/k8s/while-lost").await;
     let again = second.wait_after(lost, "took Lease hcp-dr/hcp-dr-stream.clusters.demo");
-    let written_after = second.log.iter().skip(lost + 1).position(|l| l.contains("segment ") && l.contains("written")).map(|i| i + lost + 1);
-    assert!(written_after.is_none_or(|at| at > again), "a segment written without the Lease:\n{}", second.log.join("\n"));
+    let written_after = second.log().iter().skip(lost + 1).position(|l| l.contains("segment ") && l.contains("written")).map(|i| i + lost + 1);
+    assert!(written_after.is_none_or(|at| at > again), "a segment written without the Lease:\n{}", second.log().join("\n"));
     second.wait_after(again, "segment ");
 
     // relisting: no longer selected, demo stops (open segment written, Lease released); selected again, it starts again
@@ -460,7 +427,7 @@ async fn the_rendered_statefulset_streams_its_shard_with_one_writer_per_cluster(
     put(&env, "/hcp-dr-test/k8s/refused").await;
     let refused = hand.wait_after(0, "is full");
     let metrics = hand.get("/metrics").1;
-    assert!(metrics.contains("hcp_dr_stream_chain_breaks_total{namespace=\"clusters\",hosted_cluster=\"demo\"} 1\n"), "{metrics}\n{}", hand.log[refused..].join("\n"));
+    assert!(metrics.contains("hcp_dr_stream_chain_breaks_total{namespace=\"clusters\",hosted_cluster=\"demo\"} 1\n"), "{metrics}\n{}", hand.log()[refused..].join("\n"));
     assert!(metrics.contains("hcp_dr_stream_spooled_bytes{namespace=\"clusters\",hosted_cluster=\"demo\"} 0\n"), "{metrics}");
     assert!(metrics.contains("hcp_dr_stream_up 1\n"), "{metrics}");
     assert_eq!(hand.get("/healthz").0, 200, "a break is not a dead loop");

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod existing;
+pub mod logged;
+pub mod plain;
 pub mod shell;
 
 use std::path::{Path, PathBuf};
@@ -474,22 +476,13 @@ pub fn kill_in(env: &Env, args: &[&str], journal: &Path, stage: &str) {
 /// its result is journaled (`HCP_DR_TEST_HOLD_AFTER`); SIGKILL it when its
 /// log says it holds there. `journal` is only shown when it fails.
 pub fn kill_after(env: &Env, args: &[&str], journal: &Path, stage: &str) {
-    use std::io::BufRead;
     let mut child = env
         .command(args, &[("HCP_DR_TEST_HOLD_AFTER", stage), ("HCP_DR_LOG_FORMAT", "text")])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = logged::lines_of(child.stderr.take().unwrap());
     let holding = format!("holding after `{stage}`");
     let mut log = String::new();
     let start = std::time::Instant::now();
