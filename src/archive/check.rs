@@ -158,6 +158,39 @@ pub async fn read_manifest_at(store: &dyn Store, key: &str) -> Option<Manifest> 
     Manifest::parse(&bytes).ok()
 }
 
+/// The newest regular backup of `namespace/hosted_cluster` in `store`
+/// (complete: it has a manifest; not a point-in-time backup, which is made
+/// from the stream) that `accept`s its id and manifest (`None`: the
+/// manifest is there but unreadable), with that manifest. Manifests are
+/// read newest first, only as far as needed.
+pub async fn newest_regular(
+    store: &dyn Store,
+    namespace: &str,
+    hosted_cluster: &str,
+    accept: impl Fn(&str, Option<&Manifest>) -> bool,
+) -> Result<Option<(String, Option<Manifest>)>, crate::store::StoreError> {
+    use super::{Layout, MANIFEST};
+    let prefix = Layout::cluster_prefix(namespace, hosted_cluster);
+    let mut ids: Vec<String> = store
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .filter_map(|o| Layout::from_key(&o.key).filter(|_| o.key.ends_with(MANIFEST)))
+        .map(|l| l.backup_id)
+        .collect();
+    ids.sort();
+    for id in ids.into_iter().rev() {
+        let manifest = read_manifest_at(store, &Layout::new(namespace, hosted_cluster, &id).manifest()).await;
+        if manifest.as_ref().is_some_and(|m| m.point_in_time.is_some()) {
+            continue;
+        }
+        if accept(&id, manifest.as_ref()) {
+            return Ok(Some((id, manifest)));
+        }
+    }
+    Ok(None)
+}
+
 /// The size and SHA-256 of what `key` holds in `store`, streamed back.
 pub(crate) async fn hash_stored(store: &dyn Store, key: &str) -> Result<PutReport, CheckError> {
     rehash(store, key, None).await

@@ -88,15 +88,20 @@ pub struct Args {
     pub seed: super::SeedArgs,
     #[command(flatten)]
     pub run: crate::ops::RunFlags,
-    /// Refused: a migration moves the cluster as it is now (the source's
-    /// writers stopped, nothing lost), never an earlier point. To bring the
-    /// cluster back as it was at a point of its stream on another
-    /// management cluster: `hcp-dr restore --at TIME --kubeconfig DEST`.
-    #[arg(long, value_name = "TIME", hide = true)]
-    pub at: Option<String>,
-    /// Refused, as --at.
-    #[arg(long, value_name = "REVISION", hide = true)]
-    pub at_revision: Option<String>,
+    /// Move the cluster as it was at TIME (RFC 3339) of its stream (`hcp-dr
+    /// stream` writing to --via), e.g. when it was corrupted after TIME: the
+    /// source is stopped and backed up as in every migration (the writes
+    /// after TIME stay in that backup), then the stream is replayed to TIME
+    /// and the destination restores that point.
+    #[arg(long, value_name = "TIME", value_parser = super::stream::rfc3339, conflicts_with_all = ["at_revision", "resume", "abort"])]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// As --at, to exactly this etcd revision of the stream [range: 1 to
+    /// 1000000000000000000].
+    #[arg(long, value_name = "REVISION", value_parser = clap::value_parser!(i64).range(1..=1_000_000_000_000_000_000), conflicts_with_all = ["resume", "abort"])]
+    pub at_revision: Option<i64>,
+    /// The age identity file that opens an encrypted stream (with --at).
+    #[arg(long, value_name = "FILE")]
+    pub identity: Option<PathBuf>,
 }
 
 fn options(args: Args, output: Output) -> MigrateOptions {
@@ -128,6 +133,7 @@ fn options(args: Args, output: Output) -> MigrateOptions {
         etcd_access: args.etcd_access,
         tls: TlsOverride::default(),
         etcd_seed: args.seed.inputs(),
+        at: super::AtArgs { at: args.at, at_revision: args.at_revision }.point(args.identity.as_deref()),
         run: args.run,
         observer: super::report::progress(output),
     }
@@ -138,10 +144,8 @@ pub async fn exec(args: Args, output: Output) -> Exit {
         Ok(i) => i,
         Err(exit) => return exit,
     };
-    if args.at.is_some() || args.at_revision.is_some() {
-        eprintln!(
-            "error: migrate moves the cluster as it is now (its source's writers stopped, nothing lost), not an earlier point: drop --at/--at-revision; to bring the cluster back as it was at a point of its stream on another management cluster, run `hcp-dr restore --at TIME --from STORE --hosted-cluster NAME --kubeconfig DEST` (docs/runbooks/restore.md, \"A point in time\")"
-        );
+    if args.identity.is_some() && args.at.is_none() && args.at_revision.is_none() {
+        eprintln!("error: --identity opens an encrypted stream for --at/--at-revision: a migration's own backup is not encrypted; drop --identity or add --at");
         return Exit::Usage;
     }
     let aborting = args.run.aborting();
@@ -165,6 +169,10 @@ pub fn render(result: &MigrateResult) -> String {
     }
     if let Some(etcd) = result.run.output_of::<crate::stages::restore::wait::Wait>().ok().flatten().and_then(|h| h.etcd) {
         out.push_str(&super::one_cluster_line(&etcd));
+    }
+    if let Some(point) = &result.point_in_time {
+        out.push_str(&format!("{}\n", point.describe()));
+        out.push_str("the writes after the point are in the source's own backup above, not restored\n");
     }
     if let Some(rto) = result.rto_seconds {
         out.push_str(&format!("RTO (API down on the source until Available on the destination): {rto:.1}s\n"));
@@ -207,6 +215,7 @@ mod tests {
                 name("10.0.0.5", "HostedCluster Ignition (NodePort)", false, "a NodePort address"),
             ],
             warnings: Vec::new(),
+            point_in_time: None,
             recorded: None,
         };
         let text = render(&result);

@@ -54,6 +54,9 @@ pub struct MigrateOptions {
     pub etcd_seed: crate::stages::restore::etcd_seed::EtcdSeedInputs,
     /// Playbook, journal, resume/abort, dry-run.
     pub run: super::RunFlags,
+    /// `--at`/`--at-revision` (with `--identity` for an encrypted stream):
+    /// restore the cluster as it was at that point of its stream.
+    pub at: Option<super::point_in_time::AtPoint>,
     pub observer: Option<std::sync::Arc<dyn crate::pipeline::runner::Observer>>,
 }
 
@@ -72,6 +75,9 @@ pub struct MigrateResult {
     /// managed, which they left alone, and why.
     pub dns_names: Vec<crate::hosted::publishing::PublishedName>,
     pub warnings: Vec<String>,
+    /// The point of the stream restored (`--at`), when one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point_in_time: Option<super::point_in_time::Materialized>,
     /// The result record written beside the backup (`results/`), for
     /// `hcp-dr report`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,7 +125,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
     if !(300..=7 * 24 * 3600).contains(&presign) {
         return Err(OpsError::Input(format!("--presign-ttl {presign}s is out of range: between 5m and 168h")));
     }
-    Ok(MigrateInputs {
+    let mut inputs = MigrateInputs {
         source: BackupInputs {
             hosted_cluster: hosted_cluster.clone(),
             namespace: options.namespace.clone(),
@@ -161,7 +167,7 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
             overwrite: false,
             etcd_access: options.etcd_access,
             backup_of: None,
-            identity: None,
+            identity: options.at.as_ref().and_then(|at| at.identity.clone()),
             dns: None,
             mover_image: options.platform.mover_image.clone(),
             // the source's writers stay stopped from the snapshot on
@@ -176,7 +182,35 @@ fn new_inputs(options: &MigrateOptions) -> Result<MigrateInputs, OpsError> {
         route53_endpoint: options.route53_endpoint.clone(),
         dns_direct: options.dns_direct,
         dns_wait_seconds: options.dns_wait.as_secs(),
-    })
+        at: options.at.clone(),
+    };
+    if inputs.at.is_some() {
+        // a point-in-time backup is compressed: etcd's download needs a raw copy staged
+        super::restore::stage_in_own_store(&mut inputs.destination)?;
+    }
+    Ok(inputs)
+}
+
+/// `--at`: refuse, before the source is paused (`fresh`: not a resumed
+/// run), a playbook that would not restore the point, a point the stream
+/// cannot restore, or an identity that cannot be read; the identities.
+async fn check_point(inputs: &MigrateInputs, playbook: &crate::pipeline::Playbook, store: &dyn store::Store, fresh: bool) -> Result<Option<crate::archive::encryption::Identities>, OpsError> {
+    let Some(at) = &inputs.at else { return Ok(None) };
+    let identities = at.identity.as_deref().map(crate::archive::encryption::Identities::from_file).transpose().map_err(|e| OpsError::Input(e.to_string()))?;
+    if !fresh {
+        return Ok(identities);
+    }
+    let names: Vec<&str> = playbook.stages.iter().map(|s| s.name.as_str()).collect();
+    let point = names.iter().position(|n| *n == <crate::stages::migrate::point::PointInTime as crate::pipeline::StageId>::NAME);
+    let verify = names.iter().position(|n| *n == <crate::stages::restore::verify::Verify as crate::pipeline::StageId>::NAME);
+    if point.is_none() || verify.is_some_and(|v| point.is_some_and(|p| p > v)) {
+        return Err(OpsError::Input(format!(
+            "--at needs the stage point-in-time before verify in the playbook ({}): without it the destination would restore the cluster as it is now; add `- name: point-in-time` after package",
+            playbook.origin
+        )));
+    }
+    super::point_in_time::check_point(store, &inputs.source.namespace, &inputs.source.hosted_cluster, at).await?;
+    Ok(identities)
 }
 
 /// Seconds per succeeded stage, and the RTO: from scale-down's start on the
@@ -252,6 +286,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
     s3.endpoint = s3.endpoint.or_else(|| inputs.source.s3_endpoint.clone());
     s3.ca_bundle = s3.ca_bundle.or_else(|| inputs.source.ca_bundle.clone());
     let source_store = store::open(&inputs.source.store, s3.clone()).await?;
+    let keys = if options.run.aborting() { None } else { check_point(&inputs, &playbook, source_store.as_ref(), journal_given.is_none()).await? };
     let dest_store = store::open(&inputs.destination.store, s3.clone()).await?;
     let staging = match &inputs.destination.stage_snapshot_to {
         Some(url) => Some(store::open(url, s3.clone()).await?),
@@ -271,6 +306,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         destination: {
             let mut destination = RestoreContext::new(dest_client, dest_store, staging, inputs.destination.clone());
             destination.management = Some(destination_binding.management_cluster());
+            destination.keys = keys;
             destination
         },
         dns,
@@ -297,7 +333,9 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         // the backup is taken with the source's API down: a migration that
         // finished lost no write
         record.rto_seconds = rto_seconds.filter(|_| passed);
-        record.rpo_seconds = Some(0.0).filter(|_| passed);
+        // (unless it restored an earlier point: the writes after it are
+        // in its own backup, deliberately not restored)
+        record.rpo_seconds = Some(0.0).filter(|_| passed && inputs.at.is_none());
         record.target = Some(format!("{}/{} on {}", source.namespace, source.hosted_cluster, destination_binding.management_cluster().server));
         record.failures.extend(run.outcome.failed_stage().map(|stage| format!("stage {stage}")));
         results::write_noting(ctx.source.store.as_ref(), &record, &mut warnings).await
@@ -309,6 +347,7 @@ pub async fn migrate(options: MigrateOptions, interrupt: &mut Interrupt) -> Resu
         rto_seconds,
         stage_seconds,
         dns_names: ctx.published.clone(),
+        point_in_time: ctx.destination.inputs.point_in_time.clone(),
         warnings,
         run,
     })

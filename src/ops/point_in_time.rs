@@ -32,7 +32,7 @@ use crate::stream::replay::Target;
 
 /// `--at TIME` or `--at-revision R`, and the identity that opens an
 /// encrypted stream.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AtPoint {
     pub target: Target,
     pub identity: Option<PathBuf>,
@@ -84,44 +84,58 @@ impl Materialized {
     }
 }
 
-/// The complete regular backups of a cluster (with their manifests),
-/// newest first. Point-in-time backups are left out: their objects are
-/// some regular backup's.
-async fn regular_backups(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<Vec<Manifest>, OpsError> {
-    let prefix = Layout::cluster_prefix(namespace, hosted_cluster);
-    let mut ids: Vec<String> = store
-        .list(&prefix)
-        .await?
-        .into_iter()
-        .filter_map(|o| Layout::from_key(&o.key).filter(|_| o.key.ends_with(archive::MANIFEST)))
-        .map(|l| l.backup_id)
-        .collect();
-    ids.sort();
-    let mut manifests = Vec::new();
-    for id in ids.iter().rev() {
-        let layout = Layout::new(namespace, hosted_cluster, id);
-        if let Some(manifest) = archive::check::read_manifest_at(store, &layout.manifest()).await
-            && manifest.point_in_time.is_none()
-        {
-            manifests.push(manifest);
-        }
-    }
-    Ok(manifests)
-}
-
 /// When a backup's state was taken: its manifest's start, else its id's time.
 fn taken(manifest: &Manifest) -> Option<DateTime<Utc>> {
     manifest.timings.started.or_else(|| archive::parse_backup_id(&manifest.backup_id).ok())
 }
 
-/// The newest regular backup taken at or before `at`.
-fn objects_backup<'a>(backups: &'a [Manifest], at: DateTime<Utc>, namespace: &str, hosted_cluster: &str, store: &str) -> Result<&'a Manifest, OpsError> {
-    backups.iter().find(|m| taken(m).is_some_and(|t| t <= at)).ok_or_else(|| {
+/// The newest regular backup of the cluster taken at or before `at`.
+async fn objects_backup(store: &dyn Store, at: DateTime<Utc>, namespace: &str, hosted_cluster: &str) -> Result<Manifest, OpsError> {
+    let found = archive::check::newest_regular(store, namespace, hosted_cluster, |_, m| m.and_then(taken).is_some_and(|t| t <= at)).await?;
+    found.and_then(|(_, manifest)| manifest).ok_or_else(|| {
         OpsError::Input(format!(
-            "no complete backup of {namespace}/{hosted_cluster} in {store} was taken at or before {}: a point-in-time restore takes the HostedCluster, NodePools and secrets from one (the stream records etcd only); take one with `hcp-dr backup`, or pick a later point (`hcp-dr backups list` shows both)",
+            "no complete backup of {namespace}/{hosted_cluster} in {} was taken at or before {}: a point-in-time restore takes the HostedCluster, NodePools and secrets from one (the stream records etcd only); take one with `hcp-dr backup`, or pick a later point (`hcp-dr backups list` shows both)",
+            store.url(),
             at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         ))
     })
+}
+
+/// Check, from listings and manifests only, that `at` can be restored
+/// from `store`'s stream of `namespace/hosted_cluster`: it has chains, a
+/// window that can hold the point, and (for a time) a regular backup taken
+/// at or before it to take the objects from. A point refused here is
+/// refused before anything is replayed, paused or written; the replay
+/// still checks the rest (when the stream received its last record).
+pub async fn check_point(store: &dyn Store, namespace: &str, hosted_cluster: &str, at: &AtPoint) -> Result<(), OpsError> {
+    let (chains, _) = catalog::chains(store, namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+    if chains.is_empty() {
+        return Err(OpsError::Input(format!(
+            "{namespace}/{hosted_cluster} has no stream chain in {}: --at and --at-revision restore from `hcp-dr stream`'s chains; without one, restore a backup (--backup-id)",
+            store.url()
+        )));
+    }
+    let windows = catalog::windows(&chains);
+    let refuse = |reason: String| {
+        OpsError::Input(format!(
+            "{} cannot be restored from the stream of {namespace}/{hosted_cluster} in {}: {reason}; the windows that can:\n{}",
+            at.target,
+            store.url(),
+            catalog::describe_windows(&windows)
+        ))
+    };
+    match at.target {
+        Target::Revision(revision) if !windows.iter().any(|w| w.from <= revision && revision <= w.through) => {
+            return Err(refuse("no chain holds it (a base at or before it and segments reaching it without a gap)".into()));
+        }
+        Target::Time(t) if t > Utc::now() => return Err(refuse("it is in the future".into())),
+        Target::Time(t) if !windows.iter().any(|w| w.base_taken <= t) => return Err(refuse("no chain's base was taken at or before it".into())),
+        Target::Time(t) => {
+            objects_backup(store, t, namespace, hosted_cluster).await?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Make the backup of `namespace/hosted_cluster` at `at` in `store`
@@ -143,16 +157,11 @@ pub async fn materialize(
 ) -> Result<Materialized, OpsError> {
     let clock = std::time::Instant::now();
     let identities = at.identity.as_deref().map(Identities::from_file).transpose().map_err(|e| OpsError::Input(e.to_string()))?;
+    check_point(store.as_ref(), namespace, hosted_cluster, at).await?;
     let (chains, _) = catalog::chains(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
-    if chains.is_empty() {
-        return Err(OpsError::Input(format!(
-            "{namespace}/{hosted_cluster} has no stream chain in {}: --at and --at-revision restore from `hcp-dr stream`'s chains; without one, restore a backup (--backup-id)",
-            store.url()
-        )));
-    }
     let stream_through = catalog::windows(&chains).iter().map(|w| w.through).max().unwrap_or_default();
-    let backups = regular_backups(store.as_ref(), namespace, hosted_cluster).await?;
-    if let Some(newest) = backups.first() {
+    let newest = archive::check::newest_regular(store.as_ref(), namespace, hosted_cluster, |_, m| m.is_some()).await?;
+    if let Some((_, Some(newest))) = &newest {
         precheck(newest)?;
     }
     if dry_run {
@@ -160,9 +169,9 @@ pub async fn materialize(
             Target::Time(t) => t,
             _ => Utc::now(),
         };
-        let objects = objects_backup(&backups, at_time, namespace, hosted_cluster, &store.url())?;
+        let objects = objects_backup(store.as_ref(), at_time, namespace, hosted_cluster).await?;
         let sets = crate::stream::objects::list(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
-        let set = crate::stream::objects::at(&sets, at_time).filter(|set| taken(objects).is_none_or(|t| set.taken > t));
+        let set = crate::stream::objects::at(&sets, at_time).filter(|set| taken(&objects).is_none_or(|t| set.taken > t));
         return Ok(Materialized {
             backup_id: objects.backup_id.clone(),
             point: PointInTime {
@@ -179,7 +188,7 @@ pub async fn materialize(
             dry_run: true,
         });
     }
-    let tools = crate::etcd::scratch::ScratchTools::find().map_err(|e| OpsError::Input(e.replace("the deep check did not run", "a point-in-time restore replays one")))?;
+    let tools = crate::etcd::scratch::ScratchTools::find_for("a point-in-time restore replays one").map_err(OpsError::Input)?;
     let scratch = tempfile::Builder::new()
         .prefix("hcp-dr-point-")
         .tempdir()
@@ -188,11 +197,11 @@ pub async fn materialize(
     let replayed = crate::stream::replay::replay(store.as_ref(), namespace, hosted_cluster, at.target, &out, identities.as_ref(), &tools)
         .await
         .map_err(super::stream::stream_error)?;
-    let objects = objects_backup(&backups, replayed.received, namespace, hosted_cluster, &store.url())?;
-    precheck(objects)?;
+    let objects = objects_backup(store.as_ref(), replayed.received, namespace, hosted_cluster).await?;
+    precheck(&objects)?;
     // the stream's objects, when it read them after that backup
     let sets = crate::stream::objects::list(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
-    let set = crate::stream::objects::at(&sets, replayed.received).filter(|set| taken(objects).is_none_or(|t| set.taken > t));
+    let set = crate::stream::objects::at(&sets, replayed.received).filter(|set| taken(&objects).is_none_or(|t| set.taken > t));
     let stream_encrypted = chains
         .iter()
         .find(|c| c.layout.chain_id == replayed.chain_id)
@@ -220,7 +229,7 @@ pub async fn materialize(
     };
     let backup_id = archive::new_backup_id(replayed.received);
     let layout = Layout::new(namespace, hosted_cluster, &backup_id);
-    write(store, &layout, objects, set_archive, &replayed.base_member, &out, point.clone(), replayed.seconds).await?;
+    write(store, &layout, &objects, set_archive, &replayed.base_member, &out, point.clone(), replayed.seconds).await?;
     Ok(Materialized { backup_id, point, stream_through, replay_seconds: clock.elapsed().as_secs_f64(), dry_run: false })
 }
 

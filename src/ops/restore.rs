@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::OpsError;
 use super::backup::check_name;
 use crate::archive::results::{self, Kind, ResultRecord};
-use crate::archive::{Layout, parse_backup_id};
+use crate::archive::parse_backup_id;
 use crate::pipeline::{Interrupt, OnFailure, RunReport};
 use crate::stages::context::EtcdAccess;
 use crate::stages::restore::dns::TakenOver;
@@ -117,23 +117,9 @@ pub fn split_backup_url(url: &str) -> Option<(String, String, String, String)> {
 /// and was taken as a backup: a point-in-time backup (`restore --at`) is
 /// made from the stream, and `latest` means the newest one taken.
 pub async fn latest_backup(store: &dyn Store, namespace: &str, hosted_cluster: &str) -> Result<String, OpsError> {
-    let prefix = Layout::cluster_prefix(namespace, hosted_cluster);
-    let mut ids: Vec<String> = store
-        .list(&prefix)
-        .await?
-        .into_iter()
-        .filter_map(|o| Layout::from_key(&o.key).filter(|_| o.key.ends_with(crate::archive::MANIFEST)))
-        .map(|l| l.backup_id)
-        .collect();
-    ids.sort();
-    while let Some(id) = ids.last() {
-        let manifest = crate::archive::check::read_manifest_at(store, &Layout::new(namespace, hosted_cluster, id).manifest()).await;
-        if manifest.is_none_or(|m| m.point_in_time.is_none()) {
-            break;
-        }
-        ids.pop();
-    }
-    ids.pop().ok_or_else(|| {
+    // an unreadable manifest is the newest all the same: verify says what is wrong with it
+    let newest = crate::archive::check::newest_regular(store, namespace, hosted_cluster, |_, _| true).await?;
+    newest.map(|(id, _)| id).ok_or_else(|| {
         OpsError::Input(format!(
             "no complete backup of {namespace}/{hosted_cluster} in {}: check the store URL, --hosted-cluster and -n (hcp-dr backups list)",
             store.url()
@@ -343,7 +329,7 @@ pub(crate) async fn prepare_decryption(
 
 /// Stage the snapshot copy in the backup's own store when that is S3 and
 /// `--stage-snapshot-to` names no other.
-fn stage_in_own_store(inputs: &mut RestoreInputs) -> Result<(), OpsError> {
+pub(crate) fn stage_in_own_store(inputs: &mut RestoreInputs) -> Result<(), OpsError> {
     if inputs.stage_snapshot_to.is_none() && matches!(store::StoreUrl::parse(&inputs.store)?, store::StoreUrl::S3 { .. }) {
         inputs.stage_snapshot_to = Some(inputs.store.clone());
     }

@@ -84,21 +84,12 @@ pub async fn from_backup(
     recipients: Option<&Recipients>,
     max_age: std::time::Duration,
 ) -> Result<Result<Base, String>, StreamError> {
-    use crate::archive::{Layout, MANIFEST, check::read_manifest_at};
-    let prefix = Layout::cluster_prefix(&layout.namespace, &layout.hosted_cluster);
-    let listed = store.list(&prefix).await.map_err(super::store_error(format!("listing {prefix}")))?;
-    let mut ids: Vec<String> = listed.iter().filter(|o| o.key.ends_with(MANIFEST)).filter_map(|o| Layout::from_key(&o.key)).map(|l| l.backup_id).collect();
-    ids.sort();
-    let mut newest = None;
-    for id in ids.iter().rev() {
-        let backup = Layout::new(&layout.namespace, &layout.hosted_cluster, id);
-        if let Some(manifest) = read_manifest_at(store.as_ref(), &backup.manifest()).await
-            && manifest.point_in_time.is_none()
-        {
-            newest = Some((backup, manifest));
-            break;
-        }
-    }
+    use crate::archive::Layout;
+    let (namespace, hosted_cluster) = (&layout.namespace, &layout.hosted_cluster);
+    let found = crate::archive::check::newest_regular(store.as_ref(), namespace, hosted_cluster, |_, manifest| manifest.is_some())
+        .await
+        .map_err(super::store_error(format!("listing the backups of {namespace}/{hosted_cluster}")))?;
+    let newest = found.and_then(|(id, manifest)| Some((Layout::new(namespace, hosted_cluster, &id), manifest?)));
     let Some((backup, manifest)) = newest else { return Ok(Err("no complete regular backup in the store".into())) };
     let id = &manifest.backup_id;
     let Some(taken) = manifest.timings.started else { return Ok(Err(format!("backup {id} does not record when it was taken"))) };

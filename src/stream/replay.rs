@@ -33,7 +33,8 @@ use crate::etcd::scratch::ScratchTools;
 use crate::store::{LocalStore, Store};
 
 /// What to replay to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "value")]
 pub enum Target {
     /// Exactly this revision.
     Revision(i64),

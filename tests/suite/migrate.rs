@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::Value;
 use support::*;
 
-const STAGES: [&str; 25] = [
+const STAGES: [&str; 26] = [
     "lock",
     "preflight",
     "destination-check",
@@ -26,6 +26,7 @@ const STAGES: [&str; 25] = [
     "export",
     "snapshot-finish",
     "package",
+    "point-in-time",
     "dns-withdraw",
     "detach-hosts",
     "verify",

@@ -7,10 +7,13 @@
 //! them; the cluster is then restored onto the other management cluster
 //! at an instant between two writes and holds exactly the writes before
 //! it, as one etcd cluster, with the NodePool as it was then (the stream's
-//! object set, not the older backup's). Around it: points that cannot be restored (before the stream,
-//! in the future, a backup named too) and `migrate --at` are refused with
-//! exit 2 and change nothing; the point-in-time backup is listed, verifies, and is not
-//! `latest`; a drill of the newest durable revision passes its checks.
+//! object set, not the older backup's). Around it: points that cannot be
+//! restored (before the stream, in the future, a backup named too) are
+//! refused with exit 2 and change nothing; the point-in-time backup is
+//! listed, verifies, and is not `latest`; a drill of the newest durable
+//! revision passes its checks. `migrate --at` moves a live cluster to
+//! mgmt-b as it was at a point: the source stopped and backed up, torn
+//! down, the destination with exactly the writes before the point.
 
 use std::time::Duration;
 
@@ -105,10 +108,7 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let out = env.hcp_dr(&["restore", "--from", &backup_url, "--at", &between.to_rfc3339(), "--kubeconfig", &kubeconfig_b], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("give --from the store's URL"), "{}", text(&out));
-    let out = env.hcp_dr(&["migrate", "--hosted-cluster", "demo", "--to-kubeconfig", &kubeconfig_b, "--at", &between.to_rfc3339()], &[]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("hcp-dr restore --at TIME"), "migrate points at restore --at: {}", text(&out));
-    env.assert_in_service("after the refused migration").await;
+    env.assert_in_service("after the refused points").await;
     assert_eq!(backup_folders(&env), folders, "a refused point wrote nothing");
     let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
     assert!(support::hc_on(&b).await.is_none(), "nothing was created on mgmt-b");
@@ -209,4 +209,81 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{}", text(&out));
     assert!(said.contains(&format!("point in time: revision {durable} -> revision {durable}")) && said.contains("0 later revision(s)"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_at_moves_the_cluster_as_it_was_at_the_point() {
+    let env = support::env("SingleReplica").await;
+    let store = env.local_store();
+    let store_arg = store.to_str().unwrap().to_string();
+    let hosted = hosted_client(&env.mgmt, "clusters", "demo").await.expect("hosted client");
+    let regular = support::backup_to_local(&env);
+    let regular_id = regular.file_name().unwrap().to_string_lossy().to_string();
+    let mut streaming = Streaming::start_with(&env, &store, &[]);
+    streaming.wait_for("started at base revision", Duration::from_secs(120));
+    create(&hosted, "before-1").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let between = Utc::now();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    create(&hosted, "after-1").await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, report) = streaming.term();
+    assert!(status.success(), "{report:#}");
+
+    // the stream is in the local store: the destination's etcd downloads a copy staged in S3
+    let mut args = support::migrate_json_args(&env);
+    let via = args.iter().position(|a| a == "--via").unwrap() + 1;
+    args[via] = store_arg.clone();
+    args.extend(["--stage-snapshot-to".to_string(), format!("s3://{}/staging", hcp_dr_e2e::sandbox::BUCKET)]);
+    let with = |extra: &[&str]| {
+        let mut all: Vec<String> = args.clone();
+        all.extend(extra.iter().map(|s| s.to_string()));
+        all
+    };
+    let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");
+    // a point the stream cannot restore, an identity without a point: refused before the source is touched
+    let folders = backup_folders(&env);
+    for (extra, says) in [(vec!["--at-revision", "1"], "the windows that can:"), (vec!["--identity", "/nonexistent"], "--identity opens an encrypted stream")] {
+        let all = with(&extra);
+        let out = env.hcp_dr(&all.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
+        assert!(text(&out).contains(says), "{extra:?}: {}", text(&out));
+    }
+    env.assert_in_service("after the refused migrations").await;
+    assert!(support::hc_on(&b).await.is_none(), "nothing was created on mgmt-b");
+    assert_eq!(backup_folders(&env), folders, "a refused migration wrote nothing");
+
+    let all = with(&["--at", &between.to_rfc3339()]);
+    let out = env.hcp_dr(&all.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["outcome"], "succeeded", "{report:#}");
+    let point = &report["point_in_time"];
+    assert_eq!(point["objects_from"], regular_id.as_str(), "{point:#}");
+    assert!(point["later_revisions"].as_i64().unwrap() >= 1, "the later write is not restored: {point:#}");
+    let pit_id = point["backup_id"].as_str().unwrap().to_string();
+    let point_stage = report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "point-in-time").expect("the point-in-time stage ran");
+    let source_revision = point_stage["output"]["source_revision"].as_i64().unwrap();
+    assert!(source_revision > point["revision"].as_i64().unwrap(), "{point_stage:#}");
+
+    // the source is gone; the destination holds exactly the write before the point
+    assert!(support::hc_on(&env.mgmt).await.is_none(), "the source HostedCluster is still on mgmt-a");
+    wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
+    let hosted_b = hosted_client(&b, "clusters", "demo").await.expect("hosted client on mgmt-b");
+    let names: Vec<String> = Api::<ConfigMap>::namespaced(hosted_b, hcp_dr_e2e::drill::WORKLOAD_NS)
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
+        .collect();
+    assert_eq!(names, ["before-1"], "exactly the writes before {between}");
+    // the writes after the point are kept: the migration's own backup, taken with the source stopped
+    let now = backup_folders(&env);
+    let own: Vec<&String> = now.iter().filter(|f| !folders.contains(f) && **f != pit_id).collect();
+    assert_eq!(own.len(), 1, "the migration's own backup beside {pit_id}: {now:?}");
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("clusters/demo").join(own[0]).join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["etcd"][0]["revision"].as_i64(), Some(source_revision), "{manifest:#}");
 }

@@ -12,6 +12,7 @@ pub mod check;
 pub mod dns;
 pub mod hosts;
 pub mod ovn;
+pub mod point;
 pub mod teardown;
 
 use async_trait::async_trait;
@@ -45,6 +46,10 @@ pub struct MigrateInputs {
     /// external-dns to withdraw them.
     pub dns_direct: bool,
     pub dns_wait_seconds: u64,
+    /// `--at`/`--at-revision`: the destination restores the cluster as it
+    /// was at this point of its stream (`point-in-time`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<crate::ops::point_in_time::AtPoint>,
 }
 
 /// The context of one migration: a backup context on the source, a restore
@@ -241,6 +246,8 @@ pub fn migrate_catalog() -> Catalog<MigrateContext> {
         .after(&[EtcdSnapshot::NAME])
         .with(OnSource::new(Package, false))
         .after(&[SnapshotFinish::NAME, Export::NAME, Preflight::NAME])
+        .with(point::PointInTime)
+        .after(&[Package::NAME])
         .with(DnsWithdraw)
         .after(&[Package::NAME, DestinationCheck::NAME])
         .with(DetachHosts)
