@@ -9,10 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// The binaries a scratch restore needs.
+/// The binaries a scratch restore needs, and how a stream replay applies
+/// its revisions (`stream::replay`).
 pub struct ScratchTools {
     pub etcd: PathBuf,
     pub etcdctl: PathBuf,
+    /// Replay through a scratch etcd's API instead of writing the base's
+    /// database directly (`HCP_DR_REPLAY_THROUGH_ETCD=1`; tests set it).
+    pub replay_through_etcd: bool,
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -44,7 +48,11 @@ impl ScratchTools {
     /// them (`purpose`: "the deep check did not run", "a replay runs one").
     pub fn find_for(purpose: &str) -> Result<ScratchTools, String> {
         match (which("etcd"), which("etcdctl")) {
-            (Some(etcd), Some(etcdctl)) => Ok(ScratchTools { etcd, etcdctl }),
+            (Some(etcd), Some(etcdctl)) => Ok(ScratchTools {
+                etcd,
+                etcdctl,
+                replay_through_etcd: std::env::var("HCP_DR_REPLAY_THROUGH_ETCD").is_ok_and(|v| v == "1" || v == "true"),
+            }),
             _ => Err(format!("no etcd/etcdctl binaries in PATH (apt-get install etcd-server etcd-client): {purpose}")),
         }
     }

@@ -316,7 +316,10 @@ async fn a_replay_slower_than_a_lease_keeps_the_lease_alive() {
     let slow = SlowSegments { inner: plain.store.clone(), delay: Duration::from_millis(2500) };
     let out = plain.dir.path().join("slow.db");
     let started = std::time::Instant::now();
-    let replayed = replay(&slow, "clusters", "plain", Target::Revision(last), &out, None, &plain.tools).await.unwrap_or_else(|e| panic!("{e}"));
+    // the lease lives in a scratch etcd only on the way through one
+    let tools = hcp_dr::etcd::scratch::ScratchTools { replay_through_etcd: true, ..hcp_dr::etcd::scratch::ScratchTools::find_for("this test").unwrap() };
+    let replayed = replay(&slow, "clusters", "plain", Target::Revision(last), &out, None, &tools).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(replayed.scratch.starts_with("a scratch etcd"), "{replayed:#?}");
     assert!(started.elapsed() > Duration::from_secs(6), "the replay took {:?}: not longer than the lease's TTL", started.elapsed());
     assert_eq!(replayed.revision, last);
     let want = keyspace(&mut plain.client.clone(), last).await;
