@@ -227,7 +227,8 @@ fn timings(state: &JournalState) -> (BTreeMap<String, f64>, Option<f64>) {
     let available = wait.output.as_ref().and_then(|o| <crate::stages::restore::wait::Healthy as serde::Deserialize>::deserialize(o).ok()).map(|h| h.available_after_seconds);
     let rto = match (down, wait.started_at, available) {
         (Some(down), Some(wait_start), Some(after)) => {
-            Some((wait_start - down).num_milliseconds() as f64 / 1000.0 + after)
+            // whole milliseconds, as the drill's: a JSON reader gets the printed number
+            Some((((wait_start - down).num_milliseconds() as f64 / 1000.0 + after) * 1000.0).round() / 1000.0)
         }
         _ => None,
     };
