@@ -567,7 +567,7 @@ async fn main() {
             applied / ran.wall.as_secs_f64()
         );
     }
-    println!("(revisions/s are over the whole command: the base restored into the scratch etcd, the replay, the snapshot and its check)");
+    println!("(revisions/s are over the whole command: the base read from the store and decompressed, the replay (written into the base's database, or through a scratch etcd with HCP_DR_REPLAY_THROUGH_ETCD=1), the result's offline check)");
     sandbox.shutdown().await;
 }
 
