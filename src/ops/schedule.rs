@@ -61,12 +61,12 @@ pub const STREAM_NAME: &str = "hcp-dr-stream";
 /// any cluster (its Leases are a Role's, in its own namespace). Each with why.
 pub fn stream_rules() -> Vec<(Value, &'static str)> {
     vec![
-        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedclusters"], "verbs": ["get", "list"]}),
-         "--all lists the HostedClusters (again every --relist-every) and takes those whose UID hashes to its shard; each is read for its HCP namespace"),
-        (json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list"]}),
-         "the etcd client certificate of each HCP namespace; and the cluster's secrets, recorded with its objects (--objects-interval) as a backup exports them"),
-        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["*"], "verbs": ["get", "list"]}),
-         "the cluster's objects over time: its NodePools and every namespaced HyperShift resource of its HCP namespace, read as a backup's export reads them"),
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["hostedclusters"], "verbs": ["get", "list", "watch"]}),
+         "--all lists the HostedClusters (again every --relist-every) and takes those whose UID hashes to its shard; each is read for its HCP namespace, and watched: a change of its spec records the objects again"),
+        (json!({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}),
+         "the etcd client certificate of each HCP namespace; and the cluster's secrets, recorded with its objects as a backup exports them (again when one changes: watched)"),
+        (json!({"apiGroups": ["hypershift.openshift.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}),
+         "the cluster's objects over time: its NodePools and every namespaced HyperShift resource of its HCP namespace, read as a backup's export reads them; NodePools and the HostedControlPlane watched, so a change is recorded within seconds"),
         (json!({"apiGroups": ["cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io", "bootstrap.cluster.x-k8s.io", "controlplane.cluster.x-k8s.io", "addons.cluster.x-k8s.io", "ipam.cluster.x-k8s.io", "runtime.cluster.x-k8s.io", "capi-provider.agent-install.openshift.io"], "resources": ["*"], "verbs": ["get", "list"]}),
          "the Cluster API and platform objects of the HCP namespace, recorded with the cluster's objects"),
         (json!({"apiGroups": ["agent-install.openshift.io"], "resources": ["agents", "infraenvs", "nmstateconfigs"], "verbs": ["get", "list"]}),
@@ -529,10 +529,10 @@ mod tests {
         assert!(env.contains(&json!({"name": "AWS_ENDPOINT_URL_S3", "value": "https://minio.example:9000"})), "{env:?}");
         assert_eq!(sts["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"], "9102");
         assert_eq!(objects[10]["spec"]["clusterIP"], "None");
-        // nothing changed on any cluster: read verbs only, but the Leases, in its namespace only
+        // nothing changed on any cluster: read verbs only (get, list, watch), but the Leases, in its namespace only
         for rule in objects[6]["rules"].as_array().unwrap() {
             let verbs: Vec<&str> = rule["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-            assert!(verbs.iter().all(|v| ["get", "list"].contains(v) || (*v == "create" && rule["resources"][0] == "pods/portforward")), "{rule}");
+            assert!(verbs.iter().all(|v| ["get", "list", "watch"].contains(v) || (*v == "create" && rule["resources"][0] == "pods/portforward")), "{rule}");
         }
         assert_eq!(objects[8]["metadata"]["namespace"], "hcp-dr");
         assert_eq!(objects[8]["rules"], json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]));

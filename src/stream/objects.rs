@@ -8,12 +8,18 @@
 //! <namespace>/<hosted-cluster>/stream/objects/<YYYYMMDDTHHMMSS.mmmZ>-<sha256>.tar.gz[.age]
 //! ```
 //!
-//! The objects are read every `--objects-interval`; a set is written only
+//! The objects are read when a watch sees one of them change (the
+//! HostedCluster's or a NodePool's or the HostedControlPlane's spec, as
+//! their generation says, or any Secret of the cluster's namespace), a
+//! second later so a burst is read once, and in any case every
+//! `--objects-interval` (what no watch covers: Cluster API and platform
+//! objects, and a watch that failed); a set is written only
 //! when they differ from the newest one stored (the SHA-256 of the
 //! deterministic `objects.tar.gz` is in the name, so a restart compares
 //! without reading anything back). The time in the name is when the
 //! objects were read: a restore to time T takes the newest set read at or
-//! before T, so a change is seen at most one interval late. Encrypted sets
+//! before T, so a watched change is seen a second or two late, any other
+//! at most one interval late. Encrypted sets
 //! (`--encrypt-to`) end in `.age`; the name's digest is of the plaintext
 //! archive, checked when the set is read back.
 
@@ -131,9 +137,89 @@ pub struct ObjectsReport {
     pub last_failure: Option<String>,
 }
 
+/// How long after a watched change the objects are read: the rest of a
+/// burst (a NodePool scaled, its status, the HostedCluster's) lands first.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// What counts as a change of an object: its generation when it has one
+/// (its spec changed; status updates and reconciles do not move it), else
+/// its resourceVersion (Secrets).
+fn change_key(meta: &kube::api::ObjectMeta) -> String {
+    match meta.generation {
+        Some(generation) => format!("g{generation}"),
+        None => format!("rv{}", meta.resource_version.as_deref().unwrap_or_default()),
+    }
+}
+
+/// Watch `api` (restricted by `fields`) and wake `changed` whenever an
+/// object is added, deleted or changed as [`change_key`] says, after the
+/// first complete list. A watch that fails is retried with backoff and
+/// says so once: the interval still reads the objects meanwhile.
+async fn watch_changes<K>(api: kube::Api<K>, fields: Option<String>, what: String, changed: Arc<tokio::sync::Notify>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let mut config = watcher::Config::default();
+    if let Some(fields) = &fields {
+        config = config.fields(fields);
+    }
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let (mut listed, mut failing) = (false, false);
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(err) => {
+                if !failing {
+                    tracing::warn!("{what}: watching for changes failed ({err}); the objects are still read every --objects-interval");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        if failing {
+            tracing::info!("{what}: watching for changes again");
+            failing = false;
+        }
+        match event {
+            watcher::Event::Init => {}
+            watcher::Event::InitDone => listed = true,
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                let key = change_key(object.meta());
+                let before = seen.insert(object.meta().name.clone().unwrap_or_default(), key.clone());
+                if listed && before.as_ref() != Some(&key) {
+                    changed.notify_one();
+                }
+            }
+            watcher::Event::Delete(object) => {
+                seen.remove(object.meta().name.as_deref().unwrap_or_default());
+                changed.notify_one();
+            }
+        }
+    }
+}
+
 impl Recorder {
-    /// Read the objects every interval (the first time at once) and write
-    /// a set when they changed, until `stop` turns true.
+    /// Watch the objects that say when to read them again ([`watch_changes`]).
+    fn watch(&self, changed: &Arc<tokio::sync::Notify>) -> tokio::task::JoinSet<()> {
+        use crate::hosted::{HOSTED_CLUSTER, HOSTED_CONTROL_PLANE, NODE_POOL};
+        let (ns, name) = (&self.namespace, &self.hosted_cluster);
+        let hcp_ns = crate::hosted::hcp_namespace(ns, name);
+        let mut watches = tokio::task::JoinSet::new();
+        let api = |gvk, namespace: &str| crate::kube::api(&self.client, gvk, namespace);
+        watches.spawn(watch_changes(api(&HOSTED_CLUSTER, ns), Some(format!("metadata.name={name}")), format!("HostedCluster {ns}/{name}"), changed.clone()));
+        watches.spawn(watch_changes(api(&NODE_POOL, ns), None, format!("NodePools in {ns}"), changed.clone()));
+        watches.spawn(watch_changes(api(&HOSTED_CONTROL_PLANE, &hcp_ns), None, format!("HostedControlPlane in {hcp_ns}"), changed.clone()));
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.client.clone(), ns);
+        watches.spawn(watch_changes(secrets, None, format!("Secrets in {ns}"), changed.clone()));
+        watches
+    }
+
+    /// Read the objects at once, then whenever a watched one changes and
+    /// every interval, and write a set when they changed, until `stop`
+    /// turns true.
     pub async fn run(self, mut stop: signal::Receiver<bool>) -> ObjectsReport {
         let mut report = ObjectsReport::default();
         let label = format!("{}/{}", self.namespace, self.hosted_cluster);
@@ -146,6 +232,8 @@ impl Recorder {
             }
         };
         let api_groups = crate::stages::context::ApiGroups::default();
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let _watches = self.watch(&changed);
         loop {
             if *stop.borrow() {
                 break;
@@ -165,6 +253,12 @@ impl Recorder {
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.interval) => {}
+                _ = changed.notified() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(SETTLE) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
                 _ = stop.changed() => {}
             }
         }

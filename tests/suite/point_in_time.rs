@@ -219,8 +219,17 @@ async fn migrate_at_moves_the_cluster_as_it_was_at_the_point() {
     let hosted = hosted_client(&env.mgmt, "clusters", "demo").await.expect("hosted client");
     let regular = support::backup_to_local(&env);
     let regular_id = regular.file_name().unwrap().to_string_lossy().to_string();
-    let mut streaming = Streaming::start_with(&env, &store, &[]);
+    // objects read every hour: only the watch can record the NodePool's change in time
+    let mut streaming = Streaming::start_with(&env, &store, &[("HCP_DR_OBJECTS_INTERVAL", "1h")]);
     streaming.wait_for("started at base revision", Duration::from_secs(120));
+    streaming.wait_for("objects changed, set", Duration::from_secs(60));
+    let pools = support::np_api(&env.mgmt, "clusters");
+    let pool = pools.list(&Default::default()).await.expect("NodePools").items.into_iter().next().expect("a NodePool");
+    let pool_name = pool.metadata.name.clone().unwrap();
+    let replicas = pool.data["spec"]["replicas"].as_i64().expect("replicas");
+    let patch = kube::api::Patch::Merge(json!({"spec": {"replicas": replicas + 1}}));
+    pools.patch(&pool_name, &Default::default(), &patch).await.expect("scale the NodePool");
+    streaming.wait_for("objects changed, set", Duration::from_secs(20));
     create(&hosted, "before-1").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let between = Utc::now();
@@ -280,6 +289,8 @@ async fn migrate_at_moves_the_cluster_as_it_was_at_the_point() {
         .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
         .collect();
     assert_eq!(names, ["before-1"], "exactly the writes before {between}");
+    let restored_pool = support::np_api(&b, "clusters").get(&pool_name).await.expect("NodePool on mgmt-b");
+    assert_eq!(restored_pool.data["spec"]["replicas"].as_i64(), Some(replicas + 1), "the NodePool as the watched change left it");
     // the writes after the point are kept: the migration's own backup, taken with the source stopped
     let now = backup_folders(&env);
     let own: Vec<&String> = now.iter().filter(|f| !folders.contains(f) && **f != pit_id).collect();
