@@ -546,6 +546,13 @@ async fn main() {
         report["scratch"].as_str().unwrap_or("?"),
         replayed.rss_kib as f64 / 1024.0
     );
+    let phase = |name: &str| report["phases"][name].as_f64().unwrap_or_default();
+    println!(
+        "replay phases: base read, decompressed and checked {:.1}s; revisions applied and hashed {:.1}s; result checked offline {:.1}s",
+        phase("base_seconds"),
+        phase("apply_seconds"),
+        phase("check_seconds")
+    );
     let ratio = pitr / plain.as_secs_f64();
     println!(
         "point-in-time restore of base + {applied:.0} revisions: {pitr:.1}s (replay {replay_seconds:.1}s + etcdctl snapshot restore {:.1}s) against the base's plain restore {:.1}s: {ratio:.2}x; goal <= 1.5x {}",
