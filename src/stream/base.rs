@@ -162,6 +162,9 @@ impl BaseRead {
     }
 }
 
+/// The buffers of [`read`]'s copy.
+const COPY_BUFFER: usize = 4 << 20;
+
 /// Read the base of the chain `descriptor` describes, hashing what is
 /// stored and, when it can be decoded (not encrypted, or `identities`
 /// given), decoding it into `sink` (a scratch file, or nowhere) while
@@ -184,9 +187,14 @@ pub async fn read(
     let raw = if decodable {
         let recipients = descriptor.encrypted().then_some(descriptor.coding.recipients.as_slice());
         let decoded = crate::archive::compression::decode(Box::new(hashing), &what, recipients, identities, Some(descriptor.base.raw.size)).await?;
-        let (mut decoded, raw) = HashingReader::new(decoded);
-        tokio::io::copy(&mut decoded, sink).await.map_err(io)?;
-        tokio::io::AsyncWriteExt::flush(sink).await.map_err(io)?;
+        let (decoded, raw) = HashingReader::new(decoded);
+        // large buffers both ways: a file sink writes through tokio's
+        // blocking pool, one hop per write (8 KiB writes made reading a
+        // 1 GiB base take 2.7 times `zstd -d`)
+        let mut decoded = tokio::io::BufReader::with_capacity(COPY_BUFFER, decoded);
+        let mut sink = tokio::io::BufWriter::with_capacity(COPY_BUFFER, sink);
+        tokio::io::copy_buf(&mut decoded, &mut sink).await.map_err(io)?;
+        tokio::io::AsyncWriteExt::flush(&mut sink).await.map_err(io)?;
         Some(raw)
     } else {
         let mut hashing = hashing;
