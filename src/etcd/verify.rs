@@ -256,7 +256,9 @@ pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Repo
         return check_decompressed(file, &source);
     }
     if !encryption::is_age(&head[..n]) {
-        return check(file, metadata.len(), &source);
+        // a second handle hashes the file beside the page walk: two cores, one pass each
+        let second = File::open(path).ok();
+        return check(file, metadata.len(), &source, second);
     }
     let Some(identities) = decryption.identities else {
         return Err(EncryptionError::IdentityNeeded {
@@ -281,7 +283,7 @@ pub fn verify_file_with(path: &Path, decryption: &Decryption<'_>) -> Result<Repo
     }
     let len = reader.seek(SeekFrom::End(0)).map_err(read_error)?;
     reader.seek(SeekFrom::Start(0)).map_err(read_error)?;
-    check(reader, len, &source)
+    check(reader, len, &source, None)
 }
 
 /// Decompress a zstd snapshot into a private scratch file (removed when
@@ -309,7 +311,7 @@ fn check_decompressed(compressed: impl Read, source: &str) -> Result<Report, Ver
     let mut file = scratch.reopen().map_err(scratch_error)?;
     let len = file.seek(SeekFrom::End(0)).map_err(scratch_error)?;
     file.seek(SeekFrom::Start(0)).map_err(scratch_error)?;
-    check(file, len, source)
+    check(file, len, source, scratch.reopen().ok())
 }
 
 /// Read up to `buf.len()` bytes from the start, then go back to the start.
@@ -328,7 +330,7 @@ fn read_head(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// Verify a snapshot of `len` bytes read from `reader`.
 pub fn verify_reader<R: Read + Seek>(reader: R, len: u64) -> Result<Report, VerifyError> {
-    check(reader, len, "(reader)")
+    check(reader, len, "(reader)", None)
 }
 
 /// Fetch `key` from `store` into a private scratch file (under `TMPDIR`),
@@ -549,7 +551,9 @@ impl Drop for Scratch {
     }
 }
 
-fn check<R: Read + Seek>(mut reader: R, len: u64, source: &str) -> Result<Report, VerifyError> {
+/// `second`: another handle to the same bytes (its own offset), which
+/// hashes them on a thread of its own while `reader` walks the pages.
+fn check<R: Read + Seek>(mut reader: R, len: u64, source: &str, second: Option<File>) -> Result<Report, VerifyError> {
     let read_error = |err: std::io::Error| VerifyError::Read {
         what: source.to_string(),
         source: err,
@@ -602,8 +606,18 @@ fn check<R: Read + Seek>(mut reader: R, len: u64, source: &str) -> Result<Report
         };
         return Ok(report(verdict, None, None));
     }
-    let (expected, actual) = trailing_hash(&mut reader, len).map_err(read_error)?;
-    let (mut summary, structure_error) = walk(&mut reader, len - HASH_LEN)?;
+    let hashing = second.map(|mut file| std::thread::spawn(move || trailing_hash(&mut file, len)));
+    let ((expected, actual), (mut summary, structure_error)) = match hashing {
+        Some(thread) => {
+            let walked = walk(&mut reader, len - HASH_LEN)?;
+            let hashed = thread.join().map_err(|_| read_error(std::io::Error::other("the hashing thread panicked")))?.map_err(read_error)?;
+            (hashed, walked)
+        }
+        None => {
+            let hashed = trailing_hash(&mut reader, len).map_err(read_error)?;
+            (hashed, walk(&mut reader, len - HASH_LEN)?)
+        }
+    };
     let verdict = match (expected == actual, &structure_error) {
         (true, None) => Verdict::Ok,
         (true, Some(reason)) => Verdict::Corrupt {
