@@ -210,9 +210,10 @@ pub struct RunArgs {
     /// NodePools, their secrets, the HyperShift, Cluster API and platform
     /// objects: what a backup exports) this often, and store a set when
     /// they changed: a restore to a time gets them as they were then, at
-    /// most this late. A change of the HostedCluster's, a NodePool's or
-    /// the HostedControlPlane's spec or of a Secret is watched and read
-    /// within seconds [range: 1s to 1h].
+    /// most this late. A change of the HostedCluster's, one of its
+    /// NodePools' or the HostedControlPlane's spec, or of a Secret named
+    /// after the cluster, is watched and read within seconds [range: 1s to
+    /// 1h].
     #[arg(long, default_value = "30s", value_parser = OBJECTS_INTERVAL, env = "HCP_DR_OBJECTS_INTERVAL")]
     pub objects_interval: Duration,
     /// Do not record the management-cluster objects (a restore to a time

@@ -9,8 +9,9 @@
 //! ```
 //!
 //! The objects are read when a watch sees one of them change (the
-//! HostedCluster's or a NodePool's or the HostedControlPlane's spec, as
-//! their generation says, or any Secret of the cluster's namespace), a
+//! HostedCluster's or one of its NodePools' or the HostedControlPlane's
+//! spec, as their generation says, or a Secret named after the cluster:
+//! `<name>-...`; a shared one it references is read at the interval), a
 //! second later so a burst is read once, and in any case every
 //! `--objects-interval` (what no watch covers: Cluster API and platform
 //! objects, and a watch that failed); a set is written only
@@ -155,7 +156,7 @@ fn change_key(meta: &kube::api::ObjectMeta) -> String {
 /// object is added, deleted or changed as [`change_key`] says, after the
 /// first complete list. A watch that fails is retried with backoff and
 /// says so once: the interval still reads the objects meanwhile.
-async fn watch_changes<K>(api: kube::Api<K>, fields: Option<String>, what: String, changed: Arc<tokio::sync::Notify>)
+async fn watch_changes<K>(api: kube::Api<K>, fields: Option<String>, relevant: impl Fn(&K) -> bool + Send, what: String, changed: Arc<tokio::sync::Notify>)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -186,6 +187,7 @@ where
         match event {
             watcher::Event::Init => {}
             watcher::Event::InitDone => listed = true,
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) | watcher::Event::Delete(object) if !relevant(&object) => {}
             watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
                 let key = change_key(object.meta());
                 let before = seen.insert(object.meta().name.clone().unwrap_or_default(), key.clone());
@@ -209,11 +211,16 @@ impl Recorder {
         let hcp_ns = crate::hosted::hcp_namespace(ns, name);
         let mut watches = tokio::task::JoinSet::new();
         let api = |gvk, namespace: &str| crate::kube::api(&self.client, gvk, namespace);
-        watches.spawn(watch_changes(api(&HOSTED_CLUSTER, ns), Some(format!("metadata.name={name}")), format!("HostedCluster {ns}/{name}"), changed.clone()));
-        watches.spawn(watch_changes(api(&NODE_POOL, ns), None, format!("NodePools in {ns}"), changed.clone()));
-        watches.spawn(watch_changes(api(&HOSTED_CONTROL_PLANE, &hcp_ns), None, format!("HostedControlPlane in {hcp_ns}"), changed.clone()));
+        watches.spawn(watch_changes(api(&HOSTED_CLUSTER, ns), Some(format!("metadata.name={name}")), |_| true, format!("HostedCluster {ns}/{name}"), changed.clone()));
+        // several clusters share a namespace: only this one's NodePools and Secrets wake it
+        let cluster = name.clone();
+        let its_pool = move |pool: &kube::api::DynamicObject| pool.data["spec"]["clusterName"].as_str() == Some(cluster.as_str());
+        watches.spawn(watch_changes(api(&NODE_POOL, ns), None, its_pool, format!("NodePools in {ns}"), changed.clone()));
+        watches.spawn(watch_changes(api(&HOSTED_CONTROL_PLANE, &hcp_ns), None, |_| true, format!("HostedControlPlane in {hcp_ns}"), changed.clone()));
         let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(self.client.clone(), ns);
-        watches.spawn(watch_changes(secrets, None, format!("Secrets in {ns}"), changed.clone()));
+        let prefix = format!("{name}-");
+        let its_secret = move |secret: &k8s_openapi::api::core::v1::Secret| secret.metadata.name.as_ref().is_some_and(|n| n.starts_with(&prefix));
+        watches.spawn(watch_changes(secrets, None, its_secret, format!("Secrets in {ns}"), changed.clone()));
         watches
     }
 
