@@ -44,6 +44,11 @@ pub struct Candidate {
     pub id: String,
     pub taken: DateTime<Utc>,
     pub complete: bool,
+    /// A point-in-time backup (`restore --at`): made from the stream and a
+    /// regular backup's objects, not taken. It does not count for the keep
+    /// rules (each would push a regular backup out) and goes with the
+    /// regular backups of its time.
+    pub derived: bool,
 }
 
 /// The decision for one backup, with why.
@@ -76,7 +81,7 @@ fn newest_per<K: Ord>(complete: &[&Candidate], key: impl Fn(&Candidate) -> K, n:
 pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec<Decision> {
     let mut sorted: Vec<&Candidate> = backups.iter().collect();
     sorted.sort_by(|a, b| b.taken.cmp(&a.taken).then(b.id.cmp(&a.id)));
-    let complete: Vec<&Candidate> = sorted.iter().copied().filter(|c| c.complete).collect();
+    let complete: Vec<&Candidate> = sorted.iter().copied().filter(|c| c.complete && !c.derived).collect();
     let last: BTreeSet<String> = policy.keep_last.map(|n| complete.iter().take(n).map(|c| c.id.clone()).collect()).unwrap_or_default();
     let daily = policy.keep_daily.map(|n| newest_per(&complete, |c| c.taken.date_naive(), n)).unwrap_or_default();
     let weekly = policy
@@ -86,11 +91,14 @@ pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec
     let any_keep_rule = policy.keep_last.is_some() || policy.keep_daily.is_some() || policy.keep_weekly.is_some();
     let newest_complete = complete.first().map(|c| c.id.clone());
 
-    sorted
+    let mut decisions: Vec<Decision> = sorted
         .iter()
         .map(|c| {
             let mut reasons = Vec::new();
-            let keep = if !c.complete {
+            let keep = if c.derived {
+                // decided below, from the regular backups kept
+                true
+            } else if !c.complete {
                 if now - c.taken > policy.incomplete_after {
                     reasons.push(format!("incomplete (no manifest) for more than {}h", policy.incomplete_after.num_hours()));
                     false
@@ -127,7 +135,32 @@ pub fn decide(backups: &[Candidate], policy: &Policy, now: DateTime<Utc>) -> Vec
                 reasons,
             }
         })
-        .collect()
+        .collect();
+    // a point-in-time backup stays while a regular backup as old or older
+    // stays (max-age still applies): it goes with the backups of its time
+    let oldest_kept = sorted.iter().zip(&decisions).filter(|(c, d)| d.keep && c.complete && !c.derived).map(|(c, _)| c.taken).min();
+    for (c, decision) in sorted.iter().zip(decisions.iter_mut()) {
+        if !c.derived {
+            continue;
+        }
+        let (keep, why) = match oldest_kept {
+            // only --max-age: it alone decides, as for the regular backups
+            _ if !any_keep_rule => (true, "point in time"),
+            Some(oldest) if c.taken >= oldest => (true, "point in time: a regular backup as old or older is kept"),
+            Some(_) => (false, "point in time: older than every regular backup kept"),
+            // nothing to go with: never the last backups a cluster has
+            None => (true, "point in time: no regular backup is kept to go with"),
+        };
+        decision.keep = keep;
+        decision.reasons.push(why.into());
+        if let Some(max_age) = policy.max_age
+            && now - c.taken > max_age
+        {
+            decision.keep = false;
+            decision.reasons.push(format!("older than max-age ({}d)", max_age.num_days()));
+        }
+    }
+    decisions
 }
 
 /// One `hcp-dr stream` chain as retention sees it (a cluster's chains are
@@ -183,6 +216,7 @@ mod tests {
                 id: format!("b{i:02}"),
                 taken: now - Duration::hours(1) - Duration::hours(12 * i),
                 complete: true,
+                derived: false,
             })
             .collect();
         (backups, now)
@@ -244,8 +278,8 @@ mod tests {
     fn the_newest_complete_backup_always_stays() {
         let now = at("2026-11-21T12:00:00Z");
         let b = vec![
-            Candidate { id: "old".into(), taken: now - Duration::days(90), complete: true },
-            Candidate { id: "partial".into(), taken: now - Duration::days(2), complete: false },
+            Candidate { id: "old".into(), taken: now - Duration::days(90), complete: true, derived: false },
+            Candidate { id: "partial".into(), taken: now - Duration::days(2), complete: false, derived: false },
         ];
         let p = Policy { max_age: Some(Duration::days(30)), incomplete_after: Duration::hours(24), ..Policy::default() };
         let d = decide(&b, &p, now);
@@ -254,12 +288,34 @@ mod tests {
     }
 
     #[test]
+    fn point_in_time_backups_count_for_no_rule_and_go_with_the_backups_of_their_time() {
+        let now = at("2026-11-21T12:00:00Z");
+        let regular = |id: &str, hours: i64| Candidate { id: id.into(), taken: now - Duration::hours(hours), complete: true, derived: false };
+        let point = |id: &str, hours: i64| Candidate { id: id.into(), taken: now - Duration::hours(hours), complete: true, derived: true };
+        let b = vec![point("p1", 1), regular("r2", 2), point("p3", 3), regular("r4", 4), point("p5", 5), regular("r6", 6)];
+        // keep-last 2 keeps two regular backups, not a point-in-time one in their place
+        let p = Policy { keep_last: Some(2), ..Policy::default() };
+        let d = decide(&b, &p, now);
+        assert_eq!(kept(&d), ["p1", "r2", "p3", "r4"]);
+        assert!(d.iter().find(|x| x.id == "p5").unwrap().reasons.iter().any(|r| r.contains("older than every regular backup kept")), "{d:?}");
+        // max-age cuts them as any backup
+        let p = Policy { keep_last: Some(3), max_age: Some(Duration::hours(2)), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["p1", "r2"]);
+        // --max-age alone decides for them as for the others
+        let p = Policy { max_age: Some(Duration::hours(4)), ..Policy::default() };
+        assert_eq!(kept(&decide(&b, &p, now)), ["p1", "r2", "p3", "r4"]);
+        // no regular backup kept: the point-in-time ones stay (never a cluster's last backups)
+        let only = vec![point("p1", 1)];
+        assert_eq!(kept(&decide(&only, &Policy { keep_last: Some(1), ..Policy::default() }, now)), ["p1"]);
+    }
+
+    #[test]
     fn incomplete_backups_go_only_when_old() {
         let now = at("2026-11-21T12:00:00Z");
         let b = vec![
-            Candidate { id: "good".into(), taken: now - Duration::hours(2), complete: true },
-            Candidate { id: "writing".into(), taken: now - Duration::minutes(5), complete: false },
-            Candidate { id: "crashed".into(), taken: now - Duration::hours(30), complete: false },
+            Candidate { id: "good".into(), taken: now - Duration::hours(2), complete: true, derived: false },
+            Candidate { id: "writing".into(), taken: now - Duration::minutes(5), complete: false, derived: false },
+            Candidate { id: "crashed".into(), taken: now - Duration::hours(30), complete: false, derived: false },
         ];
         let p = Policy { keep_last: Some(5), incomplete_after: Duration::hours(24), ..Policy::default() };
         assert_eq!(kept(&decide(&b, &p, now)), ["writing", "good"]);

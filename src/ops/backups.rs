@@ -723,6 +723,7 @@ pub async fn prune(
                 id: b.backup_id.clone(),
                 taken: b.taken,
                 complete: b.complete,
+                derived: b.point_in_time.is_some(),
             })
             .collect();
         for Decision { id, mut keep, mut reasons } in retention::decide(&candidates, policy, now) {
