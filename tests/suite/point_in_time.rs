@@ -34,6 +34,21 @@ async fn create(hosted: &kube::Client, name: &str) {
     api.create(&PostParams::default(), &cm).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
 }
 
+/// The ConfigMaps [`create`] wrote (`before-*`, `after-*`) that demo on
+/// `mgmt` holds, through its hosted API.
+async fn written(mgmt: &kube::Client) -> Vec<String> {
+    let hosted = hosted_client(mgmt, "clusters", "demo").await.expect("hosted client");
+    Api::<ConfigMap>::namespaced(hosted, hcp_dr_e2e::drill::WORKLOAD_NS)
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
+        .collect()
+}
+
 /// The backup folders of demo in the local store (complete or not).
 fn backup_folders(env: &Env) -> Vec<String> {
     let dir = env.local_store().join("clusters/demo");
@@ -155,16 +170,7 @@ async fn a_point_between_two_writes_is_restored_onto_the_other_management_cluste
 
     wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
     support::assert_one_etcd_cluster(&b, &env.hcp_ns(), 3, "a point-in-time restore").await;
-    let hosted_b = hosted_client(&b, "clusters", "demo").await.expect("hosted client on mgmt-b");
-    let names: Vec<String> = Api::<ConfigMap>::namespaced(hosted_b, hcp_dr_e2e::drill::WORKLOAD_NS)
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .filter_map(|cm| cm.metadata.name)
-        .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
-        .collect();
+    let names = written(&b).await;
     assert_eq!(names, ["before-1", "before-2"], "exactly the writes before {between}");
     // the management-cluster objects as they were then: the stream's set
     assert!(point["object_set"].as_str().is_some_and(|s| s.ends_with(".tar.gz")), "{point:#}");
@@ -278,16 +284,7 @@ async fn migrate_at_moves_the_cluster_as_it_was_at_the_point() {
     // the source is gone; the destination holds exactly the write before the point
     assert!(support::hc_on(&env.mgmt).await.is_none(), "the source HostedCluster is still on mgmt-a");
     wait_available(&b, "clusters", "demo", Duration::from_secs(60)).await.expect("Available on mgmt-b");
-    let hosted_b = hosted_client(&b, "clusters", "demo").await.expect("hosted client on mgmt-b");
-    let names: Vec<String> = Api::<ConfigMap>::namespaced(hosted_b, hcp_dr_e2e::drill::WORKLOAD_NS)
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .filter_map(|cm| cm.metadata.name)
-        .filter(|n| n.starts_with("before-") || n.starts_with("after-"))
-        .collect();
+    let names = written(&b).await;
     assert_eq!(names, ["before-1"], "exactly the writes before {between}");
     let restored_pool = support::np_api(&b, "clusters").get(&pool_name).await.expect("NodePool on mgmt-b");
     assert_eq!(restored_pool.data["spec"]["replicas"].as_i64(), Some(replicas + 1), "the NodePool as the watched change left it");
