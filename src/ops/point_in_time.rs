@@ -109,13 +109,18 @@ async fn objects_backup(store: &dyn Store, at: DateTime<Utc>, namespace: &str, h
 /// still checks the rest (when the stream received its last record).
 pub async fn check_point(store: &dyn Store, namespace: &str, hosted_cluster: &str, at: &AtPoint) -> Result<(), OpsError> {
     let (chains, _) = catalog::chains(store, namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+    check_chains(store, &chains, namespace, hosted_cluster, at).await
+}
+
+/// [`check_point`] on the chains already listed.
+async fn check_chains(store: &dyn Store, chains: &[catalog::ChainListing], namespace: &str, hosted_cluster: &str, at: &AtPoint) -> Result<(), OpsError> {
     if chains.is_empty() {
         return Err(OpsError::Input(format!(
             "{namespace}/{hosted_cluster} has no stream chain in {}: --at and --at-revision restore from `hcp-dr stream`'s chains; without one, restore a backup (--backup-id)",
             store.url()
         )));
     }
-    let windows = catalog::windows(&chains);
+    let windows = catalog::windows(chains);
     let refuse = |reason: String| {
         OpsError::Input(format!(
             "{} cannot be restored from the stream of {namespace}/{hosted_cluster} in {}: {reason}; the windows that can:\n{}",
@@ -157,8 +162,8 @@ pub async fn materialize(
 ) -> Result<Materialized, OpsError> {
     let clock = std::time::Instant::now();
     let identities = at.identity.as_deref().map(Identities::from_file).transpose().map_err(|e| OpsError::Input(e.to_string()))?;
-    check_point(store.as_ref(), namespace, hosted_cluster, at).await?;
     let (chains, _) = catalog::chains(store.as_ref(), namespace, hosted_cluster).await.map_err(super::stream::stream_error)?;
+    check_chains(store.as_ref(), &chains, namespace, hosted_cluster, at).await?;
     let stream_through = catalog::windows(&chains).iter().map(|w| w.through).max().unwrap_or_default();
     let newest = archive::check::newest_regular(store.as_ref(), namespace, hosted_cluster, |_, m| m.is_some()).await?;
     if let Some((_, Some(newest))) = &newest {
