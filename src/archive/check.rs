@@ -310,6 +310,10 @@ pub trait Inspect: Send {
         false
     }
     async fn inspect(&mut self, member: &MemberSnapshot, copy: &std::path::Path) -> Result<(), CheckError>;
+    /// The copy once [`Inspect::inspect`] accepted it, to keep beyond the
+    /// check (it is removed when the `TempPath` is dropped; by default
+    /// at once).
+    fn keep(&mut self, _member: &MemberSnapshot, _copy: tempfile::TempPath) {}
 }
 
 /// As [`check_backup_with`], with the member snapshots `inspect` wants
@@ -475,6 +479,7 @@ async fn check(store: &dyn Store, layout: &Layout, identities: Option<&Identitie
         report.bytes_checked += got.size;
         if let (Some(member), Some(path), Some(inspect)) = (member, copy_path, inspect.as_deref_mut()) {
             inspect.inspect(member, &path).await?;
+            inspect.keep(member, path);
         }
     }
     for member in &manifest.etcd {
@@ -685,6 +690,51 @@ mod tests {
         let mut damaged = Keeper { kept: Vec::new() };
         assert!(check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut damaged).await.is_err());
         assert!(damaged.kept.is_empty(), "a snapshot that failed its check was handed over");
+    }
+
+    /// Keeps the checked copy past the check, and notes where copies were.
+    struct Holder {
+        seen: Vec<std::path::PathBuf>,
+        held: Option<tempfile::TempPath>,
+        hold: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Inspect for Holder {
+        fn wants(&self, _manifest: &Manifest, _member: &MemberSnapshot) -> bool {
+            true
+        }
+        async fn inspect(&mut self, _member: &MemberSnapshot, copy: &Path) -> Result<(), CheckError> {
+            self.seen.push(copy.to_path_buf());
+            Ok(())
+        }
+        fn keep(&mut self, _member: &MemberSnapshot, copy: tempfile::TempPath) {
+            if self.hold {
+                self.held = Some(copy);
+            }
+        }
+    }
+
+    /// A copy is removed once inspected unless the inspector keeps it
+    /// (restore's verify keeps the one `snapshot-url` stages); a kept copy
+    /// holds the checked plaintext and goes when it is dropped.
+    #[tokio::test]
+    async fn a_checked_copy_is_removed_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, recipient) = key();
+        let (store, layout) = encrypted_backup(dir.path(), &recipient).await;
+        let mut passing = Holder { seen: Vec::new(), held: None, hold: false };
+        check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut passing).await.unwrap();
+        assert_eq!(passing.seen.len(), 1);
+        assert!(!passing.seen[0].exists(), "a copy nobody kept outlived the check");
+        let mut holding = Holder { seen: Vec::new(), held: None, hold: true };
+        check_backup_inspecting(store.as_ref(), &layout, Some(&ids), &mut holding).await.unwrap();
+        let held = holding.held.take().expect("the copy was handed over to keep");
+        let snapshot: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        assert_eq!(std::fs::read(&held).unwrap(), snapshot, "the kept copy is not the checked plaintext");
+        let path = held.to_path_buf();
+        drop(held);
+        assert!(!path.exists(), "a dropped copy stayed on disk");
     }
 
     /// Wants no snapshot and leaves the unwanted ones unread.

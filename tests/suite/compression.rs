@@ -58,11 +58,17 @@ async fn a_compressed_backup_of_kubernetes_objects_verifies_and_restores_elsewhe
     let kubeconfig_b = env.sandbox.clusters[1].kubeconfig.to_str().unwrap().to_string();
     let staging = format!("s3://{}/staging", hcp_dr_e2e::sandbox::BUCKET);
     let endpoint = env.sandbox.s3.https_url().to_string();
-    let out = env.hcp_dr(&["restore", "--from", &backup, "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--wait", "5m", "-o", "json"], &[]);
+    // killed as `snapshot-url` starts and resumed: the resumed run has no
+    // checked copy and stages by decompressing from the store
+    let journal = env.dir.path().join("compressed-restore.jsonl");
+    let restore = ["restore", "--from", &backup, "--kubeconfig", &kubeconfig_b, "--stage-snapshot-to", &staging, "--s3-endpoint", &endpoint, "--wait", "5m", "--journal", journal.to_str().unwrap()];
+    kill_in(&env, &restore, &journal, "snapshot-url");
+    let out = env.hcp_dr(&["restore", "--resume", journal.to_str().unwrap(), "--kubeconfig", &kubeconfig_b, "-o", "json"], &[]);
     assert!(out.status.success(), "{}", text(&out));
     let report = json_report(&out);
     let url = &report["stages"].as_array().unwrap().iter().find(|s| s["name"] == "snapshot-url").unwrap()["output"];
     assert_eq!(url["staged"], true, "{url}");
+    assert!(url.get("from_checked_copy").is_none(), "a resumed run has no checked copy to stage from: {url}");
     let staged = env.sandbox.s3.root().join(hcp_dr_e2e::sandbox::BUCKET).join("staging").join(url["key"].as_str().unwrap());
     assert!(!staged.exists(), "the decompressed copy {} was not deleted", staged.display());
     let b = env.sandbox.clusters[1].api.client().await.expect("mgmt-b client");

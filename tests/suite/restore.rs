@@ -60,6 +60,9 @@ async fn backup_from_s3_restores_onto_another_management_cluster() {
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let stopped = json_report(&out);
     assert_eq!(stopped["outcome"], "stopped", "{stopped:#}");
+    // the compressed snapshot was staged from the copy verify checked, not downloaded and decompressed again
+    let url = &stopped["stages"].as_array().unwrap().iter().find(|s| s["name"] == "snapshot-url").unwrap()["output"];
+    assert_eq!((&url["staged"], &url["from_checked_copy"]), (&Value::Bool(true), &Value::Bool(true)), "{url}");
     assert!(hc_exists(&b).await, "the stop undid the restore");
     let journal = stopped["journal"].as_str().unwrap().to_string();
     let out = env.hcp_dr(&["restore", "--abort", &journal, "--kubeconfig", &kubeconfig_b], &[]);

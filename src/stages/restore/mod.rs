@@ -148,6 +148,17 @@ pub struct RestoreContext {
     /// The guest volumes to re-create when not the manifest's own: a
     /// drill's, renamed with its objects by `rewrite`.
     pub guest_volumes: Option<Vec<crate::archive::GuestVolumeRecord>>,
+    /// The snapshot `verify` checked, as etcd reads it (decrypted and
+    /// decompressed), kept under TMPDIR when it is to be staged: `snapshot-url`
+    /// uploads it instead of downloading and decoding it a second time.
+    /// Never journaled; a resumed run stages from the store.
+    pub checked_copy: Option<CheckedCopy>,
+}
+
+/// A checked snapshot copy (removed when dropped).
+pub struct CheckedCopy {
+    pub member: String,
+    pub path: tempfile::TempPath,
 }
 
 impl RestoreContext {
@@ -166,6 +177,7 @@ impl RestoreContext {
             management: None,
             dns: None,
             guest_volumes: None,
+            checked_copy: None,
         }
     }
 }

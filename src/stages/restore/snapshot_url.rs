@@ -7,9 +7,15 @@
 //!
 //! An encrypted or compressed backup's snapshot is always staged: etcd's
 //! download can neither decrypt nor decompress, so a decoded copy is
-//! streamed (never written locally) to the staging store (the backup's own
-//! S3 store unless `--stage-snapshot-to` names another), presigned for a
-//! short time, and deleted like any staged copy.
+//! uploaded to the staging store (the backup's own S3 store unless
+//! `--stage-snapshot-to` names another), presigned for a short time, and
+//! deleted like any staged copy.
+//!
+//! What is uploaded is the copy `verify` made while it checked the snapshot
+//! (under TMPDIR, private, removed once staged): the snapshot is downloaded
+//! and decoded once per restore. A resumed run, which has no such copy,
+//! streams it from the store, decoding on the way. Either way the staged
+//! bytes are hashed as they go and must match the manifest.
 //!
 //! The URL is never journaled or printed: it grants read access to the
 //! snapshot until it expires. A resumed run presigns again.
@@ -34,6 +40,10 @@ pub struct UrlRecord {
     pub key: String,
     /// Set when the key is a temporary copy in the staging store.
     pub staged: bool,
+    /// The staged copy was uploaded from the copy `verify` checked, not
+    /// read from the store again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_checked_copy: bool,
     pub expires: chrono::DateTime<chrono::Utc>,
 }
 
@@ -132,10 +142,16 @@ impl Stage<RestoreContext> for SnapshotUrl {
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let manifest = manifest(ctx, step).await?;
         let (url, key, staged) = source_key(ctx, &manifest)?;
+        let best_member = manifest.best_snapshot().map(|best| best.member.clone());
+        let checked = match staged {
+            true => ctx.checked_copy.take().filter(|copy| Some(&copy.member) == best_member.as_ref()),
+            false => None,
+        };
         let record = UrlRecord {
             store: url.clone(),
             key: key.clone(),
             staged,
+            from_checked_copy: checked.is_some(),
             expires: chrono::Utc::now() + chrono::Duration::seconds(ctx.inputs.presign_ttl_seconds as i64),
         };
         if staged {
@@ -143,12 +159,28 @@ impl Stage<RestoreContext> for SnapshotUrl {
             step.record(serde_json::to_value(&record)?)?;
             let source = ctx.inputs.layout().artifact(&best.artifact);
             let meter = crate::pipeline::Meter::new();
-            meter.expect(best.size);
             step.show(&meter);
-            let body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
+            // the copy verify checked, when this run made one (not on a
+            // resumed run): no second download and decoding
             // the manifest's digest of what the copy must hold: the raw
             // snapshot, for one decrypted or decompressed on the way
-            let (body, want_size, want_sha) = super::verify::plaintext_of(ctx, &manifest, &best.artifact, &source, body).await?;
+            let (body, want_size, want_sha) = match &checked {
+                Some(copy) => {
+                    let (size, sha256) = super::verify::wanted(&manifest, &best.artifact)?;
+                    meter.expect(size);
+                    let file = tokio::fs::File::open(&copy.path).await.map_err(|e| {
+                        StageError::Precondition(format!("the checked copy of {source} at {}: {e}", copy.path.display()))
+                    })?;
+                    tracing::info!(member = %best.member, "staging the snapshot from the copy verify checked");
+                    let body: crate::store::Body<'static> = Box::new(meter.reader(tokio::io::BufReader::with_capacity(4 << 20, file)));
+                    (body, size, sha256)
+                }
+                None => {
+                    meter.expect(best.size);
+                    let body: crate::store::Body<'static> = Box::new(meter.reader(ctx.store.get(&source).await?));
+                    super::verify::plaintext_of(ctx, &manifest, &best.artifact, &source, body).await?
+                }
+            };
             let staging = ctx.staging.as_ref().ok_or(StageError::Missing("the staging store"))?;
             let put = match staging.put(&key, body).await {
                 Ok(put) => put,
@@ -161,11 +193,19 @@ impl Stage<RestoreContext> for SnapshotUrl {
             if put.sha256 != want_sha || put.size != want_size {
                 staging.delete(&key).await?;
                 return Err(StageError::Precondition(format!(
-                    "the snapshot copied to {url}/{key} is {} bytes with SHA-256 {}, not the manifest's {} bytes with {}: the backup changed while it was read; run the restore again",
-                    put.size, put.sha256, want_size, want_sha
+                    "the snapshot copied to {url}/{key} is {} bytes with SHA-256 {}, not the manifest's {} bytes with {}: {}; run the restore again",
+                    put.size,
+                    put.sha256,
+                    want_size,
+                    want_sha,
+                    match checked {
+                        Some(_) => "the copy verify checked changed under TMPDIR before it was staged",
+                        None => "the backup changed while it was read",
+                    }
                 ))
                 .into());
             }
+            drop(checked);
         }
         ctx.snapshot_url = None;
         ensure_url(ctx, step).await?;

@@ -71,10 +71,10 @@ pub async fn plaintext_of(
     key: &str,
     body: crate::store::Body<'static>,
 ) -> Result<(crate::store::Body<'static>, u64, String), StageFailure> {
-    let Some(stored) = manifest.artifact(name) else {
-        return Err(StageError::Precondition(format!("the manifest does not list the artifact {name}")).into());
-    };
-    let Some(plain) = manifest.plaintext(name) else { return Ok((body, stored.size, stored.sha256.clone())) };
+    let (size, sha256) = wanted(manifest, name)?;
+    if manifest.plaintext(name).is_none() {
+        return Ok((body, size, sha256));
+    }
     if manifest.encrypted() && ctx.keys.is_none() {
         return Err(EncryptionError::IdentityNeeded {
             what: format!("backup {}/{}", ctx.store.url(), ctx.inputs.layout().dir()),
@@ -83,7 +83,17 @@ pub async fn plaintext_of(
         .into());
     }
     let body = crate::archive::compression::decoded(manifest, name, key, body, ctx.keys.as_ref()).await?;
-    Ok((body, plain.size, plain.sha256.clone()))
+    Ok((body, size, sha256))
+}
+
+/// The size and SHA-256 artifact `name` has as the restore uses it: the
+/// raw or plaintext ones for an artifact stored compressed or encrypted.
+pub fn wanted(manifest: &Manifest, name: &str) -> Result<(u64, String), StageFailure> {
+    match (manifest.plaintext(name), manifest.artifact(name)) {
+        (Some(plain), _) => Ok((plain.size, plain.sha256.clone())),
+        (None, Some(stored)) => Ok((stored.size, stored.sha256.clone())),
+        (None, None) => Err(StageError::Precondition(format!("the manifest does not list the artifact {name}")).into()),
+    }
 }
 
 /// The manifest `verify` checked, for a plan (`None` before it ran: a
@@ -92,9 +102,12 @@ pub fn verified_manifest(step: &Step<'_>) -> Option<Manifest> {
     step.output_of::<Verify>().ok().flatten().and_then(|verified| verified.manifest)
 }
 
-/// Reads the best member snapshot offline from the copy the check made.
+/// Reads the best member snapshot offline from the copy the check made,
+/// and keeps that copy when it is to be staged.
 struct BestOffline {
     report: Option<crate::etcd::verify::Report>,
+    keep: bool,
+    kept: Option<super::CheckedCopy>,
 }
 
 #[async_trait]
@@ -111,6 +124,11 @@ impl crate::archive::check::Inspect for BestOffline {
         let report = crate::etcd::verify::verify_copy(copy).await.map_err(|e| crate::archive::check::CheckError::Offline(e.to_string()))?;
         self.report = Some(report);
         Ok(())
+    }
+    fn keep(&mut self, member: &crate::archive::MemberSnapshot, copy: tempfile::TempPath) {
+        if self.keep {
+            self.kept = Some(super::CheckedCopy { member: member.member.clone(), path: copy });
+        }
     }
 }
 
@@ -176,8 +194,8 @@ impl Stage<RestoreContext> for Verify {
         let layout = ctx.inputs.layout();
         // Every artifact is read once: the best snapshot is read offline
         // from the copy made while it was hashed (TMPDIR's room for it is
-        // checked before anything is read).
-        let mut best_offline = BestOffline { report: None };
+        // checked before anything is read), and staged from it too.
+        let mut best_offline = BestOffline { report: None, keep: ctx.staging.is_some(), kept: None };
         let checked = crate::archive::check::check_backup_inspecting(&store, &layout, ctx.keys.as_ref(), &mut best_offline).await?;
         let (manifest, objects, report) = loaded(checked)?;
         let best = manifest
@@ -225,6 +243,7 @@ impl Stage<RestoreContext> for Verify {
             ));
         }
         ctx.objects = Some(objects);
+        ctx.checked_copy = best_offline.kept.filter(|copy| copy.member == best.member);
         Ok(output)
     }
 }
