@@ -96,8 +96,20 @@ impl Tools {
         cmd
     }
 
+    /// hcp-dr with `args`; under `HCP_DR_BENCH_WRAP` when set (a command
+    /// and its arguments, e.g. `heaptrack -o DIR/backup` to profile the
+    /// runs: their times and RSS are then the wrapper's, not comparable).
     pub fn hcp_dr(&self, kubeconfig: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-dr"));
+        let bin = env!("CARGO_BIN_EXE_hcp-dr");
+        let wrap = std::env::var("HCP_DR_BENCH_WRAP").unwrap_or_default();
+        let mut cmd = match wrap.split_whitespace().collect::<Vec<_>>().split_first() {
+            Some((wrapper, wrapper_args)) => {
+                let mut cmd = Command::new(wrapper);
+                cmd.args(wrapper_args).arg(bin);
+                cmd
+            }
+            None => Command::new(bin),
+        };
         cmd.args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("HCP_DR_CA_BUNDLE", self.sandbox_dir.join("ca.crt"))
