@@ -29,12 +29,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::arg;
-use common::tools::{HCP_NS, NS, Tools, mib, raw_restore, report, run_ok, stage_times};
+use common::tools::{HCP_NS, NS, Tools, mib, raw_restore, report, run_ok, snapshot_sizes, stage_times};
 use hcp_dr_e2e::sandbox::BUCKET;
 use serde_json::Value;
 
@@ -65,15 +64,6 @@ fn streaming_seconds(report: &Value) -> f64 {
         panic!("the backup's report has no etcd-snapshot .. snapshot-finish stages: {names:?}");
     };
     stages[from..=to].iter().map(|s| s["duration"].as_f64().unwrap_or_default()).sum()
-}
-
-/// The backup's raw and stored snapshot sizes, from its manifest in S3.
-fn snapshot_sizes(tools: &Tools, url: &str, work: &Path) -> (u64, u64) {
-    let file = work.join("manifest.json");
-    run_ok(tools.aws(&["s3", "cp", &format!("{url}/manifest.json"), file.to_str().expect("path")]));
-    let manifest: Value = serde_json::from_slice(&std::fs::read(&file).expect("manifest")).expect("manifest JSON");
-    let stored = manifest["etcd"][0]["size"].as_u64().expect("size");
-    (manifest["compression"]["artifacts"][0]["size"].as_u64().unwrap_or(stored), stored)
 }
 
 fn per_gib(d: Duration, bytes: u64) -> f64 {

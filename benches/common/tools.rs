@@ -185,3 +185,12 @@ pub fn stage_times(report: &Value) -> String {
         })
         .unwrap_or_default()
 }
+
+/// The backup's raw and stored snapshot sizes, from its manifest in S3.
+pub fn snapshot_sizes(tools: &Tools, url: &str, work: &Path) -> (u64, u64) {
+    let file = work.join("manifest.json");
+    run_ok(tools.aws(&["s3", "cp", &format!("{url}/manifest.json"), file.to_str().expect("path")]));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&file).expect("manifest")).expect("manifest JSON");
+    let stored = manifest["etcd"][0]["size"].as_u64().expect("size");
+    (manifest["compression"]["artifacts"][0]["size"].as_u64().unwrap_or(stored), stored)
+}

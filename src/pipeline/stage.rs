@@ -289,6 +289,12 @@ impl<'a> Step<'a> {
         }
     }
 
+    /// Whether this is a dry-run's step (nothing after it will use what it
+    /// keeps for later stages).
+    pub fn dry_run(&self) -> bool {
+        matches!(self.record, Record::DryRun(_))
+    }
+
     /// A step with no journal and no earlier stages (tests).
     pub fn detached(stage: &'static str, params: &'a Value) -> Self {
         Step {

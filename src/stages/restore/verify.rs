@@ -194,8 +194,9 @@ impl Stage<RestoreContext> for Verify {
         let layout = ctx.inputs.layout();
         // Every artifact is read once: the best snapshot is read offline
         // from the copy made while it was hashed (TMPDIR's room for it is
-        // checked before anything is read), and staged from it too.
-        let mut best_offline = BestOffline { report: None, keep: ctx.staging.is_some(), kept: None };
+        // checked before anything is read), and staged from it too (not
+        // kept by a dry run: nothing is staged)
+        let mut best_offline = BestOffline { report: None, keep: ctx.staging.is_some() && !step.dry_run(), kept: None };
         let checked = crate::archive::check::check_backup_inspecting(&store, &layout, ctx.keys.as_ref(), &mut best_offline).await?;
         let (manifest, objects, report) = loaded(checked)?;
         let best = manifest
