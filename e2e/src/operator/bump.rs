@@ -136,8 +136,9 @@ impl BumpCache {
         std::fs::create_dir_all(&self.dir).map_err(io_err("creating", &self.dir))?;
         let started = std::time::Instant::now();
         let made = bump_revision(snapshot, work, bump).await?;
-        tracing::info!(sha256, bump, seconds = started.elapsed().as_secs_f64(), "emulated --bump-revision");
-        EMULATED_NANOS.fetch_add(started.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        let took = started.elapsed();
+        tracing::info!(sha256, bump, seconds = took.as_secs_f64(), "emulated --bump-revision");
+        EMULATED_NANOS.fetch_add(took.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         if std::fs::rename(&made, &path).is_err() {
             // another file system: copy, then move within the cache
             let partial = self.dir.join(format!(".{}-{}.partial", key.0, key.1));

@@ -142,9 +142,11 @@ impl Stage<RestoreContext> for SnapshotUrl {
     async fn run(&self, ctx: &mut RestoreContext, step: &mut Step<'_>) -> Result<Self::Output, StageFailure> {
         let manifest = manifest(ctx, step).await?;
         let (url, key, staged) = source_key(ctx, &manifest)?;
-        let best_member = manifest.best_snapshot().map(|best| best.member.clone());
+        let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?;
+        // the copy verify checked, when this run made one (not on a resumed
+        // run): no second download and decoding
         let checked = match staged {
-            true => ctx.checked_copy.take().filter(|copy| Some(&copy.member) == best_member.as_ref()),
+            true => ctx.checked_copy.take().filter(|copy| copy.member == best.member),
             false => None,
         };
         let record = UrlRecord {
@@ -155,13 +157,10 @@ impl Stage<RestoreContext> for SnapshotUrl {
             expires: chrono::Utc::now() + chrono::Duration::seconds(ctx.inputs.presign_ttl_seconds as i64),
         };
         if staged {
-            let best = manifest.best_snapshot().ok_or(StageError::Missing("a member snapshot"))?.clone();
             step.record(serde_json::to_value(&record)?)?;
             let source = ctx.inputs.layout().artifact(&best.artifact);
             let meter = crate::pipeline::Meter::new();
             step.show(&meter);
-            // the copy verify checked, when this run made one (not on a
-            // resumed run): no second download and decoding
             // the manifest's digest of what the copy must hold: the raw
             // snapshot, for one decrypted or decompressed on the way
             let (body, want_size, want_sha) = match &checked {

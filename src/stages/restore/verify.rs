@@ -244,7 +244,8 @@ impl Stage<RestoreContext> for Verify {
             ));
         }
         ctx.objects = Some(objects);
-        ctx.checked_copy = best_offline.kept.filter(|copy| copy.member == best.member);
+        // only the best snapshot is inspected, so only it can be kept
+        ctx.checked_copy = best_offline.kept;
         Ok(output)
     }
 }
